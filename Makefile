@@ -1,0 +1,42 @@
+# Every target sets up what it needs: on a fresh clone `make test` and `make demo` are enough.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export RAILYARD_TEST_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+.PHONY: all venv demo test bench bench-quick lint db-upgrade clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/railyard db upgrade
+	$(BIN)/railyard demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/append.py
+
+bench-quick: $(STAMP)
+	$(BIN)/python bench/append.py --quick
+
+lint: $(STAMP)
+	$(BIN)/ruff check engine workflows migrations tests bench
+	$(BIN)/mypy engine
+
+db-upgrade: $(STAMP)
+	$(BIN)/railyard db upgrade
+
+clean:
+	rm -rf $(VENV) railyard.db railyard.db-wal railyard.db-shm

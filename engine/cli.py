@@ -1,0 +1,292 @@
+"""The `railyard` command line (Typer + Rich).
+
+Exit codes are a contract: 0 ok, 1 a domain refusal (its code printed),
+2 a usage error, 3 an audit finding. Every read command takes `--json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engine import config
+from engine.core import Engine
+from engine.errors import Code, RailyardError
+from engine.events import Event
+from engine.registry import Registry
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_AUDIT = 3
+
+#: Codes that report a broken log rather than a refused request: exit 3.
+AUDIT_CODES = frozenset({Code.HASH_MISMATCH, Code.SEQ_GAP, Code.STATE_MISMATCH, Code.SNAPSHOT_MISMATCH})
+
+app = typer.Typer(
+    name="railyard",
+    help="Run LLM agent tasks as explicit, versioned state machines over a hash-chained event log.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+out = Console()
+err = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
+
+
+class GraphFormat(StrEnum):
+    mermaid = "mermaid"
+    dot = "dot"
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+# -- plumbing -------------------------------------------------------------
+def _fail(error: RailyardError) -> NoReturn:
+    err.print(f"[bold red]{error.code}[/]: {error.message}", highlight=False, markup=True)
+    raise typer.Exit(EXIT_AUDIT if error.code in AUDIT_CODES else EXIT_REFUSED)
+
+
+@contextmanager
+def _engine() -> Iterator[Engine]:
+    try:
+        with Engine(config.database_url()) as engine:
+            yield engine
+    except RailyardError as error:
+        _fail(error)
+
+
+def _parse_json(value: str | None, option: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc.msg}", param_hint=option) from None
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint=option)
+    return parsed
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def _summary(data: dict[str, Any], width: int = 60) -> str:
+    if not data:
+        return ""
+    shown = data["args"] if "args" in data else data.get("input", data)
+    text = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def history_table(events: list[Event], title: str | None = None) -> Table:
+    """The timeline as a Rich table (seq, time, actor, from, trigger, to, data)."""
+    table = Table(title=title, show_lines=False)
+    for column in ("seq", "at (UTC)", "actor", "from", "trigger", "to", "data"):
+        table.add_column(column, overflow="fold")
+    for ev in events:
+        table.add_row(
+            str(ev.seq),
+            ev.at.strftime("%Y-%m-%d %H:%M:%S"),
+            ev.actor,
+            ev.from_state or "",
+            ev.trigger,
+            ev.to_state,
+            _summary(ev.data),
+        )
+    return table
+
+
+# -- commands -------------------------------------------------------------
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
+    """Create or migrate the schema of RAILYARD_DATABASE_URL to REVISION (default: head)."""
+    from engine import migrations
+
+    url = config.database_url()
+    migrations.upgrade(url, revision)
+    out.print(f"database at revision {migrations.current(url)}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: Annotated[str, typer.Argument(help="Target revision ('base' drops everything).")]) -> None:
+    """Migrate the schema down to REVISION."""
+    from engine import migrations
+
+    url = config.database_url()
+    migrations.downgrade(url, revision)
+    out.print(f"database at revision {migrations.current(url) or 'base'}")
+
+
+@db_app.command("current")
+def db_current(as_json: JsonFlag = False) -> None:
+    """Print the schema revision the database is at."""
+    from engine import migrations
+
+    revision = migrations.current(config.database_url())
+    if as_json:
+        _print_json({"revision": revision})
+    else:
+        out.print(revision or "base (empty)")
+
+
+@app.command("workflows")
+def workflows(as_json: JsonFlag = False) -> None:
+    """List the workflow definitions the code defines (RAILYARD_WORKFLOWS), every version."""
+    try:
+        registry = Registry.from_env()
+    except RailyardError as error:
+        _fail(error)
+    rows: list[dict[str, Any]] = [
+        {
+            "workflow": wf.name,
+            "version": wf.version,
+            "digest": wf.digest,
+            "initial": wf.initial_state,
+            "states": len(wf.states),
+            "description": wf.description,
+        }
+        for wf in registry
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="Workflows")
+    for column in ("workflow", "version", "states", "initial", "digest", "description"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["workflow"], str(r["version"]), str(r["states"]), r["initial"], r["digest"][:12],
+                      r["description"])
+    out.print(table)
+
+
+@app.command("start")
+def start(
+    workflow: Annotated[str, typer.Argument(help="Workflow name.")],
+    actor: ActorOpt,
+    input_json: Annotated[str | None, typer.Option("--input", help="Task input as a JSON object.")] = None,
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: newest).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a task; prints its id."""
+    payload = _parse_json(input_json, "--input")
+    with _engine() as engine:
+        task_id = engine.start(workflow, payload, actor=actor, version=version)
+        view = engine.get(task_id)
+    if as_json:
+        _print_json(view.to_dict())
+    else:
+        out.print(task_id)
+
+
+@app.command("show")
+def show(task_id: Annotated[str, typer.Argument(help="Task id.")], as_json: JsonFlag = False) -> None:
+    """Where a task stands: state, seq, status and the triggers it allows."""
+    with _engine() as engine:
+        view = engine.get(task_id)
+    if as_json:
+        _print_json(view.to_dict())
+        return
+    table = Table(show_header=False, title=f"task {view.task_id}")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    table.add_row("workflow", f"{view.workflow}@{view.version}")
+    table.add_row("state", f"{view.state} ({view.kind})")
+    table.add_row("status", view.status)
+    table.add_row("seq", str(view.seq))
+    table.add_row("allowed", ", ".join(view.allowed) or "(none: terminal)")
+    table.add_row("input", json.dumps(view.input, ensure_ascii=False))
+    out.print(table)
+
+
+@app.command("history")
+def history(task_id: Annotated[str, typer.Argument(help="Task id.")], as_json: JsonFlag = False) -> None:
+    """The task's timeline, one row per event."""
+    with _engine() as engine:
+        events = engine.history(task_id)
+    if as_json:
+        _print_json([e.to_dict() for e in events])
+    else:
+        out.print(history_table(events, title=f"history of {task_id}"))
+
+
+def _fire_command(
+    fire: Callable[[Engine], Any], as_json: bool
+) -> None:
+    with _engine() as engine:
+        task = fire(engine)
+        view = engine.get(task.task_id)
+    if as_json:
+        _print_json(view.to_dict())
+    else:
+        out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
+
+
+@app.command("fire")
+def fire(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    trigger: Annotated[str, typer.Argument(help="Trigger the current state allows.")],
+    actor: ActorOpt,
+    payload: Annotated[str | None, typer.Option("--payload", help="Arguments as a JSON object.")] = None,
+    expected_seq: Annotated[
+        int | None, typer.Option("--expected-seq", help="Refuse if the task has moved past this seq.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Fire a human or system trigger (approve, signal, ...) on a task."""
+    args = _parse_json(payload, "--payload")
+    _fire_command(lambda e: e.fire(task_id, trigger, args, actor=actor, expected_seq=expected_seq), as_json)
+
+
+@app.command("cancel")
+def cancel(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    actor: ActorOpt,
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel a task from any non-terminal state."""
+    _fire_command(lambda e: e.cancel(task_id, actor=actor, reason=reason), as_json)
+
+
+@app.command("graph")
+def graph(
+    workflow: Annotated[str, typer.Argument(help="Workflow name.")],
+    version: Annotated[int | None, typer.Option("--version", help="Version (default: newest).")] = None,
+    fmt: Annotated[GraphFormat, typer.Option("--format", help="Diagram language.")] = GraphFormat.mermaid,
+) -> None:
+    """Print the workflow's state diagram (Mermaid or Graphviz dot)."""
+    try:
+        definition = Registry.from_env().get(workflow, version)
+    except RailyardError as error:
+        _fail(error)
+    sys.stdout.write(definition.machine.graph(fmt.value) + "\n")
+
+
+@app.command("demo")
+def demo() -> None:
+    """Walk the example workflow through its paths and refusals on RAILYARD_DATABASE_URL."""
+    from engine.demo import run_demo
+
+    try:
+        run_demo(config.database_url(), out)
+    except RailyardError as error:
+        _fail(error)

@@ -1,0 +1,23 @@
+"""Configuration from the environment: the one place that reads RAILYARD_* variables."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_DATABASE_URL = "sqlite:///railyard.db"
+DEFAULT_WORKFLOW_MODULES = ("workflows",)
+DEFAULT_SNAPSHOT_EVERY = 25
+
+
+def database_url() -> str:
+    return os.environ.get("RAILYARD_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+def workflow_modules() -> list[str]:
+    raw = os.environ.get("RAILYARD_WORKFLOWS", "")
+    names = [m.strip() for m in raw.split(",") if m.strip()]
+    return names or list(DEFAULT_WORKFLOW_MODULES)
+
+
+def roles_file() -> str | None:
+    return os.environ.get("RAILYARD_ROLES_FILE") or None

@@ -1,0 +1,280 @@
+"""`Engine`: the public entry point that joins definitions, decisions and the store.
+
+The engine loads a task by folding its log, asks the pure `decide` whether a
+trigger becomes a transition, seals the event into the hash chain and appends
+it under optimistic concurrency. It keeps no task in memory between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import config
+from engine.canonical import GENESIS_HASH, canonical_json, now
+from engine.decide import decide, validate_payload
+from engine.definition import CANCEL, START, StateKind, Workflow
+from engine.errors import Code, ConcurrencyConflict, IntegrityError, Refused
+from engine.events import Event, seal
+from engine.fold import TaskState, apply, fold
+from engine.registry import Registry
+from engine.roles import Authoriser, default_authoriser
+from engine.store import Loaded, Store, TaskRow
+
+log = logging.getLogger("railyard.engine")
+
+MAX_ACTOR_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """What `get` answers: where a task stands and what may happen next."""
+
+    task_id: str
+    workflow: str
+    version: int
+    digest: str
+    state: str
+    kind: StateKind
+    status: str
+    seq: int
+    allowed: list[str]
+    input: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "workflow": self.workflow,
+            "version": self.version,
+            "digest": self.digest,
+            "state": self.state,
+            "kind": str(self.kind),
+            "status": self.status,
+            "seq": self.seq,
+            "allowed": self.allowed,
+            "input": self.input,
+            "facts": self.facts,
+        }
+
+
+class Engine:
+    """Start tasks, fire triggers, read state and history. Thread-safe; share one per process."""
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        registry: Registry | None = None,
+        *,
+        authoriser: Authoriser | None = None,
+        snapshot_every: int = config.DEFAULT_SNAPSHOT_EVERY,
+        store: Store | None = None,
+    ) -> None:
+        if snapshot_every < 1:
+            raise ValueError("snapshot_every must be >= 1")
+        self.store = store if store is not None else Store(database_url or config.database_url())
+        self.registry = registry if registry is not None else Registry.from_env()
+        self.authoriser = authoriser if authoriser is not None else default_authoriser()
+        self.snapshot_every = snapshot_every
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- commands -------------------------------------------------------
+    def start(
+        self,
+        workflow: str,
+        input: Mapping[str, Any] | None = None,
+        actor: str = "",
+        version: int | None = None,
+    ) -> str:
+        """Start a task on `workflow` (newest version unless `version`); returns its id."""
+        _check_actor(actor)
+        definition = self.registry.get(workflow, version)
+        _, input_json = validate_payload(definition.input, f"{definition.ref} input", input)
+        task_id = str(uuid.uuid4())
+        at = now()
+        first = seal(
+            task_id=task_id,
+            seq=1,
+            at=at,
+            actor=actor,
+            from_state=None,
+            trigger=START,
+            to_state=definition.initial_state,
+            data={"workflow": definition.ref, "digest": definition.digest, "input": input_json or {}},
+            prev_hash=GENESIS_HASH,
+        )
+        row = TaskRow(
+            task_id=task_id,
+            workflow=definition.name,
+            version=definition.version,
+            digest=definition.digest,
+            state=first.to_state,
+            status=str(definition.status_of(first.to_state)),
+            seq=1,
+            last_hash=first.hash,
+            created_at=at,
+            updated_at=at,
+        )
+        self.store.create(row, first)
+        return task_id
+
+    def fire(
+        self,
+        task_id: str,
+        trigger: str,
+        payload: Mapping[str, Any] | None = None,
+        actor: str = "",
+        expected_seq: int | None = None,
+    ) -> TaskState:
+        """Load the task, decide, append. With `expected_seq`, refuse if the task has moved past it."""
+        _check_actor(actor)
+        task = self.load(task_id)
+        if expected_seq is not None and expected_seq != task.seq:
+            raise ConcurrencyConflict(task_id, expected_seq, task.seq)
+        return self.transition(task, trigger, payload, actor=actor)
+
+    def transition(
+        self, task: TaskState, trigger: str, payload: Mapping[str, Any] | None = None, *, actor: str
+    ) -> TaskState:
+        """Advance a task the caller already holds (state and seq known): decide, then one append.
+
+        This is the worker's path: no read before the write. If the task moved
+        meanwhile the append conflicts and nothing is written.
+        """
+        _check_actor(actor)
+        definition = self.definition_of(task)
+        roles: Set[str] = self.authoriser.roles_of(actor)
+        decision = decide(definition, task, trigger, payload, actor=actor, roles=roles)
+        event = seal(
+            task_id=task.task_id,
+            seq=task.seq + 1,
+            at=now(),
+            actor=actor,
+            from_state=decision.from_state,
+            trigger=decision.trigger,
+            to_state=decision.to_state,
+            data=decision.data,
+            prev_hash=task.last_hash,
+        )
+        after = apply(definition, task, event)
+        snapshot = None
+        if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
+            snapshot = (after.seq, after.last_hash, canonical_json(after.to_doc()))
+        self.store.append(task.task_id, task.seq, [event], status=str(after.status), snapshot=snapshot)
+        return after
+
+    def cancel(self, task_id: str, actor: str = "", reason: str = "") -> TaskState:
+        """Move the task to `cancelled` from any non-terminal state."""
+        return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor)
+
+    # -- queries --------------------------------------------------------
+    def load(self, task_id: str) -> TaskState:
+        """The task's state: the newest snapshot plus the events after it, checked against the task row."""
+        loaded = self.store.load(task_id)
+        if loaded is None:
+            raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        definition = self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
+        return self._fold_checked(definition, loaded)
+
+    def get(self, task_id: str) -> TaskView:
+        task = self.load(task_id)
+        definition = self.definition_of(task)
+        return TaskView(
+            task_id=task.task_id,
+            workflow=task.workflow,
+            version=task.version,
+            digest=task.digest,
+            state=task.state,
+            kind=definition.state(task.state).kind,
+            status=str(task.status),
+            seq=task.seq,
+            allowed=[] if task.terminal else definition.triggers(task.state),
+            input=task.input,
+            facts=task.facts,
+        )
+
+    def history(self, task_id: str) -> list[Event]:
+        """Every event of the task, in order."""
+        if self.store.row(task_id) is None:
+            raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        return self.store.events(task_id)
+
+    def definition_of(self, task: TaskState) -> Workflow:
+        return self._definition(task.workflow, task.version, task.digest)
+
+    # -- internals ------------------------------------------------------
+    def _definition(self, name: str, version: int, digest: str) -> Workflow:
+        definition = self.registry.find(name, version)
+        if definition is None:
+            raise Refused(
+                f"task is pinned to {name}@{version}, which the loaded code does not define",
+                code=Code.DEFINITION_MISSING,
+                workflow=name,
+                version=version,
+            )
+        if definition.digest != digest:
+            raise Refused(
+                f"{name}@{version} changed since the task started (digest {digest[:12]} now "
+                f"{definition.digest[:12]}): publish the change as a new version",
+                code=Code.DEFINITION_CHANGED,
+                workflow=name,
+                version=version,
+                stored_digest=digest,
+                loaded_digest=definition.digest,
+            )
+        return definition
+
+    def _fold_checked(self, definition: Workflow, loaded: Loaded) -> TaskState:
+        row = loaded.row
+        if loaded.snapshot is not None:
+            try:
+                start = TaskState.from_doc(json.loads(loaded.snapshot.doc))
+                if (start.task_id, start.seq, start.last_hash) != (row.task_id, loaded.snapshot.seq,
+                                                                    loaded.snapshot.hash):
+                    raise IntegrityError("snapshot header disagrees with its row", code=Code.SNAPSHOT_MISMATCH)
+                task = start
+                for event in loaded.events:
+                    task = apply(definition, task, event)
+                if _matches(task, row):
+                    return task
+                log.warning("task %s: snapshot at seq %s does not lead to the task row; folding from zero",
+                            row.task_id, loaded.snapshot.seq)
+            except (IntegrityError, KeyError, ValueError, TypeError) as exc:
+                log.warning("task %s: snapshot at seq %s unusable (%s); folding from zero",
+                            row.task_id, loaded.snapshot.seq, exc)
+            events: list[Event] = self.store.events(row.task_id, 0, row.seq)
+        else:
+            events = loaded.events
+        task = fold(definition, events)
+        if not _matches(task, row):
+            raise IntegrityError(
+                f"task {row.task_id}: row says {row.state}@{row.seq}, its events fold to {task.state}@{task.seq}",
+                code=Code.STATE_MISMATCH,
+                task_id=row.task_id,
+            )
+        return task
+
+
+def _matches(task: TaskState, row: TaskRow) -> bool:
+    return (task.state, task.seq, task.last_hash, str(task.status)) == (
+        row.state, row.seq, row.last_hash, row.status)
+
+
+def _check_actor(actor: str) -> None:
+    if not isinstance(actor, str) or not actor.strip() or len(actor) > MAX_ACTOR_LENGTH:
+        raise Refused(
+            f"an actor (1 to {MAX_ACTOR_LENGTH} characters) is required for every write",
+            code=Code.ACTOR_REQUIRED,
+        )

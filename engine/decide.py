@@ -1,0 +1,123 @@
+"""Decide whether a trigger becomes a transition: a pure function of the definition and the folded task.
+
+No database and no clock: the same inputs always give the same decision, so
+tests call it directly and a worker can decide on a task it already holds
+without reading anything. Checks run in a fixed order and each fails with its
+own stable code: terminal task, trigger allowed in this state, payload schema,
+domain guards, the actor's role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from engine.definition import Action, GuardContext, Workflow, guard_name
+from engine.errors import Code, Refused
+from engine.fold import TaskState
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A transition the engine has accepted, ready to be sealed into the next event."""
+
+    trigger: str
+    from_state: str
+    to_state: str
+    data: dict[str, Any]
+
+
+def decide(
+    definition: Workflow,
+    task: TaskState,
+    trigger: str,
+    payload: Mapping[str, Any] | None,
+    *,
+    actor: str,
+    roles: Set[str] = frozenset(),
+) -> Decision:
+    """Accept `trigger` with `payload` from `actor`, or raise `Refused` with the first failing check's code."""
+    if task.terminal:
+        raise Refused(
+            f"task {task.task_id} is in terminal state {task.state!r}",
+            code=Code.TASK_TERMINAL,
+            task_id=task.task_id,
+            state=task.state,
+        )
+    candidates = definition.candidates(task.state, trigger)
+    if not candidates:
+        raise Refused(
+            f"trigger {trigger!r} is not allowed in state {task.state!r}",
+            code=Code.TRIGGER_NOT_ALLOWED,
+            task_id=task.task_id,
+            state=task.state,
+            trigger=trigger,
+            allowed=definition.triggers(task.state),
+        )
+    args_model, args_json = validate_payload(candidates[0].args, trigger, payload)
+
+    refusals: list[str] = []
+    for action in candidates:
+        reasons = _guard_refusals(action, GuardContext(task=task, args=args_model, actor=actor))
+        if reasons:
+            refusals.extend(reasons)
+            continue
+        if action.role is not None and action.role not in roles:
+            raise Refused(
+                f"{actor!r} may not fire {trigger!r}: role {action.role!r} required",
+                code=Code.FORBIDDEN,
+                task_id=task.task_id,
+                trigger=trigger,
+                role=action.role,
+                actor=actor,
+            )
+        data: dict[str, Any] = {}
+        if args_json is not None:
+            data["args"] = args_json
+        if action.guards:
+            data["guards"] = [guard_name(g) for g in action.guards]
+        return Decision(trigger=trigger, from_state=task.state, to_state=action.target, data=data)
+
+    raise Refused(
+        f"trigger {trigger!r} refused by its guards: {'; '.join(refusals)}",
+        code=Code.DOMAIN_INVALID,
+        task_id=task.task_id,
+        trigger=trigger,
+        reasons=refusals,
+    )
+
+
+def validate_payload(
+    model: type[BaseModel] | None, what: str, payload: Mapping[str, Any] | None
+) -> tuple[BaseModel | None, dict[str, Any] | None]:
+    """Validate `payload` against `model`; the JSON form is what the log records."""
+    if payload is not None and not isinstance(payload, Mapping):
+        raise Refused(f"{what}: payload must be a JSON object", code=Code.PAYLOAD_INVALID)
+    if model is None:
+        if payload:
+            raise Refused(
+                f"{what} takes no arguments, got {sorted(payload)}",
+                code=Code.PAYLOAD_INVALID,
+                errors=[{"loc": [k], "msg": "unexpected argument"} for k in sorted(payload)],
+            )
+        return None, None
+    try:
+        instance = model.model_validate(dict(payload or {}))
+    except ValidationError as exc:
+        # Only locations and messages: the rejected values may be sensitive and stay out of logs.
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        summary = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in errors)
+        raise Refused(f"{what}: invalid payload: {summary}", code=Code.PAYLOAD_INVALID, errors=errors) from None
+    return instance, instance.model_dump(mode="json")
+
+
+def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:
+    reasons = []
+    for guard in action.guards:
+        reason = guard(ctx)
+        if reason is not None:
+            reasons.append(f"{guard_name(guard).rsplit('.', 1)[-1]}: {reason}")
+    return reasons

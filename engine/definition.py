@@ -1,0 +1,424 @@
+"""Workflow definitions: the states, actions and rules a task of `name@version` obeys.
+
+A `Workflow` is immutable and validated as it is built: every defect is
+collected and reported in one `DefinitionError`, so an author fixes them in one
+pass. A valid workflow carries a canonical content digest (sha256 over its
+states, actions, argument schemas and transitions); every task stores the
+digest it started on, which is how code changed under an unchanged version is
+caught.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.canonical import canonical_json, sha256_hex
+from engine.errors import DefinitionError
+
+if TYPE_CHECKING:
+    from engine.fold import TaskState
+    from engine.machine import CompiledMachine
+
+
+class StateKind(StrEnum):
+    AGENT = "agent"
+    TOOL = "tool"
+    APPROVAL = "approval"
+    WAIT = "wait"
+    TERMINAL = "terminal"
+
+
+class Status(StrEnum):
+    """What a worker may do with a task, derived from the kind of its current state."""
+
+    RUNNABLE = "runnable"  # agent and tool states: a worker advances them
+    BLOCKED = "blocked"  # approval and wait states: they wait for a human, a signal or a deadline
+    TERMINAL = "terminal"
+
+
+STATUS_OF_KIND: dict[StateKind, Status] = {
+    StateKind.AGENT: Status.RUNNABLE,
+    StateKind.TOOL: Status.RUNNABLE,
+    StateKind.APPROVAL: Status.BLOCKED,
+    StateKind.WAIT: Status.BLOCKED,
+    StateKind.TERMINAL: Status.TERMINAL,
+}
+
+#: Triggers the engine itself owns; a definition cannot declare actions with these names.
+START = "start"
+CANCEL = "cancel"
+EXPIRED = "expired"
+TOOL_OUTCOMES = ("succeeded", "failed", "unknown")
+CANCELLED_STATE = "cancelled"
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class GuardContext:
+    """What a guard sees: the task as folded so far, the validated arguments, and the trusted actor."""
+
+    task: TaskState
+    args: BaseModel | None
+    actor: str
+
+
+#: A guard returns None to let the transition through, or a short reason to refuse it (DOMAIN_INVALID).
+Guard = Callable[[GuardContext], str | None]
+
+
+class CancelArgs(BaseModel):
+    """Arguments of the built-in `cancel` trigger, available in every non-terminal state."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=500)
+
+
+@dataclass(frozen=True)
+class Action:
+    """A trigger a state allows: its argument model, its target, its guards and the role it needs.
+
+    Two actions with the same name in one state are allowed only when every one
+    of them has guards: the first (in declaration order) whose guards all pass wins.
+    """
+
+    name: str
+    target: str
+    args: type[BaseModel] | None = None
+    guards: Sequence[Guard] = ()
+    role: str | None = None
+    description: str = ""
+
+    def spec(self) -> dict[str, Any]:
+        """The digest-relevant content of this action."""
+        return {
+            "name": self.name,
+            "target": self.target,
+            "args": self.args.model_json_schema() if self.args is not None else None,
+            "guards": [guard_name(g) for g in self.guards],
+            "role": self.role,
+            "description": self.description,
+        }
+
+
+def guard_name(guard: Guard) -> str:
+    return f"{getattr(guard, '__module__', '?')}.{getattr(guard, '__qualname__', repr(guard))}"
+
+
+@dataclass(frozen=True)
+class State:
+    """A state of the machine. Use one of the kinds below, not this base."""
+
+    name: str
+    actions: Sequence[Action] = ()
+    description: str = ""
+    kind: ClassVar[StateKind]
+
+    def outgoing(self) -> list[Action]:
+        """Every transition leaving this state that the definition declares (built-ins excluded)."""
+        return list(self.actions)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": str(self.kind),
+            "description": self.description,
+            "actions": [a.spec() for a in self.actions],
+        }
+
+
+@dataclass(frozen=True)
+class Agent(State):
+    """The model proposes exactly one of `actions`; the engine checks it before it becomes a transition."""
+
+    kind: ClassVar[StateKind] = StateKind.AGENT
+
+
+@dataclass(frozen=True)
+class Tool(State):
+    """The engine runs `tool`; its outcome (`succeeded`, `failed`, `unknown`) is the next transition."""
+
+    tool: str = ""
+    on_succeeded: str = ""
+    on_failed: str = ""
+    on_unknown: str = ""
+    kind: ClassVar[StateKind] = StateKind.TOOL
+
+    def outgoing(self) -> list[Action]:
+        targets = (self.on_succeeded, self.on_failed, self.on_unknown)
+        return [*self.actions, *(Action(o, t) for o, t in zip(TOOL_OUTCOMES, targets, strict=True) if t)]
+
+    def spec(self) -> dict[str, Any]:
+        out = super().spec()
+        out.update(tool=self.tool, on_succeeded=self.on_succeeded, on_failed=self.on_failed,
+                   on_unknown=self.on_unknown)
+        return out
+
+
+@dataclass(frozen=True)
+class _Deadlined(State):
+    deadline: timedelta | None = None
+    on_expired: str | None = None
+
+    def outgoing(self) -> list[Action]:
+        out = list(self.actions)
+        if self.on_expired:
+            out.append(Action(EXPIRED, self.on_expired))
+        return out
+
+    def spec(self) -> dict[str, Any]:
+        out = super().spec()
+        out.update(
+            deadline_seconds=self.deadline.total_seconds() if self.deadline is not None else None,
+            on_expired=self.on_expired,
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class Approval(_Deadlined):
+    """Waits for a human holding `role` to take one of `actions` (each may name its own role)."""
+
+    role: str = ""
+    kind: ClassVar[StateKind] = StateKind.APPROVAL
+
+    def outgoing(self) -> list[Action]:
+        # An approval action without a role of its own needs the state's role; `expired` is the system's.
+        return [a if a.role or a.name == EXPIRED else replace(a, role=self.role or None) for a in super().outgoing()]
+
+    def spec(self) -> dict[str, Any]:
+        out = super().spec()
+        out["role"] = self.role
+        return out
+
+
+@dataclass(frozen=True)
+class Wait(_Deadlined):
+    """Waits for an external signal (one of `actions`) or its deadline."""
+
+    kind: ClassVar[StateKind] = StateKind.WAIT
+
+
+@dataclass(frozen=True)
+class Terminal(State):
+    """Nothing leaves a terminal state."""
+
+    kind: ClassVar[StateKind] = StateKind.TERMINAL
+
+
+@dataclass(frozen=True, eq=False)
+class Workflow:
+    """A workflow definition `name@version`, validated and compiled as it is built.
+
+    `states[0]` is the initial state unless `initial` names another. A terminal
+    state `cancelled` and a `cancel` trigger (from every non-terminal state, role
+    `cancel_role` if set) are added when the definition does not declare them,
+    so every task can be stopped.
+    """
+
+    name: str
+    version: int
+    states: Sequence[State]
+    initial: str | None = None
+    input: type[BaseModel] | None = None
+    description: str = ""
+    cancel_role: str | None = None
+    _by_name: dict[str, State] = field(init=False, repr=False)
+    _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
+    _machine: CompiledMachine = field(init=False, repr=False)
+    _digest: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        states = list(self.states)
+        if not any(s.name == CANCELLED_STATE for s in states):
+            states.append(Terminal(CANCELLED_STATE, description="Stopped by `cancel`."))
+        object.__setattr__(self, "states", tuple(states))
+        problems = _validate(self)
+        if problems:
+            raise DefinitionError(self.ref, problems)
+        object.__setattr__(self, "_by_name", {s.name: s for s in self.states})
+        object.__setattr__(self, "_table", _transition_table(self))
+        from engine.machine import compile_machine
+
+        object.__setattr__(self, "_machine", compile_machine(self))
+        object.__setattr__(self, "_digest", sha256_hex(canonical_json(self.spec())))
+
+    # -- identity -------------------------------------------------------
+    @property
+    def ref(self) -> str:
+        """`name@version`, the form every interface prints."""
+        return f"{self.name}@{self.version}"
+
+    @property
+    def digest(self) -> str:
+        return self._digest
+
+    @property
+    def initial_state(self) -> str:
+        return self.initial or self.states[0].name
+
+    @property
+    def machine(self) -> CompiledMachine:
+        """The `transitions` machine compiled once for this version and shared by all its tasks."""
+        return self._machine
+
+    # -- queries the runtime uses -----------------------------------------
+    def state(self, name: str) -> State:
+        return self._by_name[name]
+
+    def has_state(self, name: str) -> bool:
+        return name in self._by_name
+
+    def status_of(self, state: str) -> Status:
+        return STATUS_OF_KIND[self._by_name[state].kind]
+
+    def candidates(self, state: str, trigger: str) -> tuple[Action, ...]:
+        """The transitions `trigger` may take from `state`, in declaration order (empty: not allowed)."""
+        return self._table.get((state, trigger), ())
+
+    def triggers(self, state: str) -> list[str]:
+        """The triggers allowed in `state`, in declaration order."""
+        return self._machine.triggers(state)
+
+    def transitions(self) -> Iterable[tuple[str, Action]]:
+        """Every (source, action) pair, built-ins included."""
+        for (source, _trigger), actions in self._table.items():
+            for action in actions:
+                yield source, action
+
+    def spec(self) -> dict[str, Any]:
+        """The canonical content that the digest covers."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "initial": self.initial_state,
+            "input": self.input.model_json_schema() if self.input is not None else None,
+            "description": self.description,
+            "cancel_role": self.cancel_role,
+            "states": [s.spec() for s in self.states],
+        }
+
+
+def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
+    out = state.outgoing()
+    if state.kind is not StateKind.TERMINAL:
+        out.append(Action(CANCEL, CANCELLED_STATE, CancelArgs, role=wf.cancel_role))
+    return out
+
+
+def _transition_table(wf: Workflow) -> dict[tuple[str, str], tuple[Action, ...]]:
+    table: dict[tuple[str, str], list[Action]] = {}
+    for state in wf.states:
+        for action in _outgoing_with_builtins(wf, state):
+            table.setdefault((state.name, action.name), []).append(action)
+    return {k: tuple(v) for k, v in table.items()}
+
+
+def _validate(wf: Workflow) -> list[str]:
+    """Every problem with the definition, in a stable order. Empty means valid."""
+    problems: list[str] = []
+    if not _NAME.match(wf.name or ""):
+        problems.append(f"workflow name {wf.name!r} must match {_NAME.pattern}")
+    if not isinstance(wf.version, int) or isinstance(wf.version, bool) or wf.version < 1:
+        problems.append(f"version {wf.version!r} must be an integer >= 1")
+    if wf.input is not None and not _forbids_extra(wf.input):
+        problems.append(f"input model {wf.input.__name__} must set extra='forbid'")
+
+    names: dict[str, State] = {}
+    for state in wf.states:
+        if not _NAME.match(state.name or ""):
+            problems.append(f"state name {state.name!r} must match {_NAME.pattern}")
+        if state.name in names:
+            problems.append(f"duplicate state name {state.name!r}")
+        names[state.name] = state
+    if not wf.states:
+        problems.append("a workflow needs at least one state")
+        return problems
+
+    initial = wf.initial or wf.states[0].name
+    if initial not in names:
+        problems.append(f"initial state {initial!r} is not defined")
+    elif names[initial].kind is StateKind.TERMINAL:
+        problems.append(f"initial state {initial!r} is terminal")
+
+    for state in wf.states:
+        problems.extend(_validate_state(wf, state, names))
+
+    if initial in names:
+        unreachable = [s.name for s in wf.states if s.name not in _reachable(wf, initial, names)]
+        problems.extend(f"state {n!r} is unreachable from {initial!r}" for n in unreachable)
+    return problems
+
+
+def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list[str]:
+    problems: list[str] = []
+    where = f"state {state.name!r}"
+    if state.kind is StateKind.TERMINAL:
+        if state.actions:
+            problems.append(f"{where} is terminal but has exits: {[a.name for a in state.actions]}")
+        return problems
+    if state.kind is StateKind.AGENT and not state.actions:
+        problems.append(f"{where} is an agent state with no action")
+    if isinstance(state, Tool):
+        if not state.tool:
+            problems.append(f"{where} is a tool state that names no tool")
+        if not state.on_succeeded:
+            problems.append(f"{where} is a tool state with no on_succeeded target")
+        if state.actions:
+            problems.append(f"{where} is a tool state: its exits are on_succeeded/on_failed/on_unknown")
+    if isinstance(state, Approval) and not state.role:
+        problems.append(f"{where} is an approval state with no role")
+    if isinstance(state, Approval | Wait):
+        if state.kind is StateKind.APPROVAL and not state.actions:
+            problems.append(f"{where} is an approval state with no action")
+        if (state.deadline is None) != (state.on_expired is None):
+            problems.append(f"{where}: deadline and on_expired go together")
+        if state.deadline is not None and state.deadline <= timedelta(0):
+            problems.append(f"{where}: deadline must be positive")
+
+    reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES}
+    by_trigger: dict[str, list[Action]] = {}
+    for action in state.actions:
+        if not _NAME.match(action.name or ""):
+            problems.append(f"{where}: action name {action.name!r} must match {_NAME.pattern}")
+        if action.name in reserved:
+            problems.append(f"{where}: action name {action.name!r} is reserved by the engine")
+        if action.args is not None and not _forbids_extra(action.args):
+            problems.append(f"{where}: action {action.name!r} argument model must set extra='forbid'")
+        by_trigger.setdefault(action.name, []).append(action)
+    for action in state.outgoing():
+        if action.target not in names:
+            problems.append(f"{where}: action {action.name!r} targets unknown state {action.target!r}")
+    for trigger, actions in by_trigger.items():
+        if len(actions) < 2:
+            continue
+        if any(not a.guards for a in actions):
+            problems.append(
+                f"{where}: trigger {trigger!r} is shared by {len(actions)} transitions and not all have guards"
+            )
+        if len({a.args for a in actions}) > 1:
+            problems.append(f"{where}: trigger {trigger!r} has transitions with different argument models")
+    return problems
+
+
+def _forbids_extra(model: Any) -> bool:
+    return isinstance(model, type) and issubclass(model, BaseModel) and model.model_config.get("extra") == "forbid"
+
+
+def _reachable(wf: Workflow, initial: str, names: dict[str, State]) -> set[str]:
+    seen = {initial}
+    frontier = [initial]
+    while frontier:
+        state = names[frontier.pop()]
+        for action in _outgoing_with_builtins(wf, state):
+            if action.target in names and action.target not in seen:
+                seen.add(action.target)
+                frontier.append(action.target)
+    return seen

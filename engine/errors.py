@@ -1,0 +1,133 @@
+"""Every refusal Railyard can give, as one closed enum of stable codes.
+
+Callers (the CLI, the HTTP API, a worker, an auditor's script) branch on the
+code, never on message text, so a code is never renamed or reused. The
+reference page `docs/errors.md` is checked against this enum by a test.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class Code(StrEnum):
+    """Stable refusal and finding codes. The docstring of each is its reference text."""
+
+    # Definitions and the registry
+    DEFINITION_INVALID = "DEFINITION_INVALID"
+    WORKFLOW_UNKNOWN = "WORKFLOW_UNKNOWN"
+    VERSION_UNKNOWN = "VERSION_UNKNOWN"
+    DEFINITION_MISSING = "DEFINITION_MISSING"
+    DEFINITION_CHANGED = "DEFINITION_CHANGED"
+    # Tasks and transitions
+    TASK_NOT_FOUND = "TASK_NOT_FOUND"
+    TASK_TERMINAL = "TASK_TERMINAL"
+    TRIGGER_NOT_ALLOWED = "TRIGGER_NOT_ALLOWED"
+    PAYLOAD_INVALID = "PAYLOAD_INVALID"
+    DOMAIN_INVALID = "DOMAIN_INVALID"
+    FORBIDDEN = "FORBIDDEN"
+    CONCURRENCY_CONFLICT = "CONCURRENCY_CONFLICT"
+    # Configuration and callers
+    CONFIG_INVALID = "CONFIG_INVALID"
+    ACTOR_REQUIRED = "ACTOR_REQUIRED"
+    # The store
+    SCHEMA_MISSING = "SCHEMA_MISSING"
+    DATABASE_ERROR = "DATABASE_ERROR"
+    # Integrity of a task's log (found on load, and by replay)
+    HASH_MISMATCH = "HASH_MISMATCH"
+    SEQ_GAP = "SEQ_GAP"
+    STATE_MISMATCH = "STATE_MISMATCH"
+    SNAPSHOT_MISMATCH = "SNAPSHOT_MISMATCH"
+
+
+#: One line per code: what it means and what the caller should do. docs/errors.md mirrors it.
+CODE_REFERENCE: dict[Code, str] = {
+    Code.DEFINITION_INVALID: "A workflow definition failed validation; every problem is listed at once.",
+    Code.WORKFLOW_UNKNOWN: "No workflow of that name is registered (check RAILYARD_WORKFLOWS).",
+    Code.VERSION_UNKNOWN: "The workflow exists but not in the version asked for.",
+    Code.DEFINITION_MISSING: "A stored task is pinned to a name@version the running code does not define.",
+    Code.DEFINITION_CHANGED: (
+        "The definition's content digest differs from the one the task (or the registry) "
+        "recorded: the code changed without a new version."
+    ),
+    Code.TASK_NOT_FOUND: "No task with that id exists in this database.",
+    Code.TASK_TERMINAL: "The task is in a terminal state; nothing can leave it.",
+    Code.TRIGGER_NOT_ALLOWED: "The trigger is not one the task's current state allows.",
+    Code.PAYLOAD_INVALID: "The payload (or start input) does not match its schema; the log is unchanged.",
+    Code.DOMAIN_INVALID: "A domain guard of the transition refused it; the log is unchanged.",
+    Code.FORBIDDEN: "The actor does not hold the role the transition requires.",
+    Code.CONCURRENCY_CONFLICT: (
+        "Another writer appended first (expected_seq did not match); reload and decide again."
+    ),
+    Code.CONFIG_INVALID: "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
+    Code.ACTOR_REQUIRED: "Every write names the actor who made it; an empty or over-long actor is refused.",
+    Code.SCHEMA_MISSING: "The database has no Railyard schema: run `railyard db upgrade`.",
+    Code.DATABASE_ERROR: "The database refused or failed the operation; details are in the server log.",
+    Code.HASH_MISMATCH: "An event's hash or prev_hash does not match the chain: the log was edited.",
+    Code.SEQ_GAP: "Event sequence numbers are not 1, 2, 3, ... without gaps or repeats.",
+    Code.STATE_MISMATCH: "The task row disagrees with the state folded from its events.",
+    Code.SNAPSHOT_MISMATCH: "A snapshot disagrees with the fold of the events it claims to cache.",
+}
+
+
+class RailyardError(Exception):
+    """Base of every refusal: a stable `code`, a human message and structured details."""
+
+    code: Code = Code.DATABASE_ERROR
+
+    def __init__(self, message: str, *, code: Code | None = None, **details: Any) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape every interface prints: `{code, message, details}`."""
+        return {"code": str(self.code), "message": self.message, "details": self.details}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class Refused(RailyardError):
+    """A domain refusal: the request was understood and declined; the log is unchanged."""
+
+
+class DefinitionError(RailyardError):
+    """A workflow definition is invalid. `problems` lists every defect found, not just the first."""
+
+    code = Code.DEFINITION_INVALID
+
+    def __init__(self, workflow: str, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"workflow {workflow} is invalid:\n{lines}", workflow=workflow, problems=self.problems)
+
+
+class ConcurrencyConflict(RailyardError):
+    """Another writer got there first: nothing was written; reload and decide again."""
+
+    code = Code.CONCURRENCY_CONFLICT
+
+    def __init__(self, task_id: str, expected: int, actual: int | None) -> None:
+        self.task_id = task_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"task {task_id}: expected seq {expected}, found {actual}",
+            task_id=task_id,
+            expected=expected,
+            actual=actual,
+        )
+
+
+class StoreError(RailyardError):
+    """A database failure, mapped to a code at the store boundary (the raw text goes to logs only)."""
+
+    code = Code.DATABASE_ERROR
+
+
+class IntegrityError(RailyardError):
+    """A task's stored log does not hold together (edited, truncated, or out of step with its row)."""

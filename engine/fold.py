@@ -1,0 +1,137 @@
+"""Fold a task's events into its state: a pure function, no database, no clock.
+
+The state of a task is never kept alive in memory between steps; it is what
+the fold of its log says. Loading folds from the latest snapshot; replay folds
+from zero. Both use `apply`, so they cannot disagree about what an event means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine.canonical import GENESIS_HASH
+from engine.definition import START, Status, Workflow
+from engine.errors import Code, IntegrityError
+from engine.events import Event
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """Everything the runtime knows about a task after its first `seq` events.
+
+    `facts` maps each trigger taken to the validated arguments it was last taken
+    with: the task's accumulated context, which guards read.
+    """
+
+    task_id: str
+    workflow: str
+    version: int
+    digest: str
+    state: str
+    status: Status
+    seq: int
+    last_hash: str
+    input: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.workflow}@{self.version}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.status is Status.TERMINAL
+
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON form stored in snapshots."""
+        return {
+            "task_id": self.task_id,
+            "workflow": self.workflow,
+            "version": self.version,
+            "digest": self.digest,
+            "state": self.state,
+            "status": str(self.status),
+            "seq": self.seq,
+            "last_hash": self.last_hash,
+            "input": self.input,
+            "facts": self.facts,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> TaskState:
+        return cls(
+            task_id=doc["task_id"],
+            workflow=doc["workflow"],
+            version=int(doc["version"]),
+            digest=doc["digest"],
+            state=doc["state"],
+            status=Status(doc["status"]),
+            seq=int(doc["seq"]),
+            last_hash=doc["last_hash"],
+            input=doc["input"],
+            facts=doc["facts"],
+        )
+
+
+def initial(definition: Workflow, event: Event) -> TaskState:
+    """The state after the `start` event (seq 1)."""
+    if event.seq != 1 or event.trigger != START or event.prev_hash != GENESIS_HASH:
+        raise IntegrityError(
+            f"task {event.task_id}: first event is not a start event at seq 1",
+            code=Code.SEQ_GAP if event.seq != 1 else Code.HASH_MISMATCH,
+            task_id=event.task_id,
+            seq=event.seq,
+        )
+    return TaskState(
+        task_id=event.task_id,
+        workflow=definition.name,
+        version=definition.version,
+        digest=event.data.get("digest", definition.digest),
+        state=event.to_state,
+        status=definition.status_of(event.to_state),
+        seq=1,
+        last_hash=event.hash,
+        input=event.data.get("input", {}),
+    )
+
+
+def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
+    """The state after `event`. Checks only that the event continues the chain (seq and prev_hash)."""
+    if event.seq != task.seq + 1:
+        raise IntegrityError(
+            f"task {task.task_id}: event seq {event.seq} does not follow {task.seq}",
+            code=Code.SEQ_GAP,
+            task_id=task.task_id,
+            seq=event.seq,
+        )
+    if event.prev_hash != task.last_hash:
+        raise IntegrityError(
+            f"task {task.task_id}: event {event.seq} does not chain to event {task.seq}",
+            code=Code.HASH_MISMATCH,
+            task_id=task.task_id,
+            seq=event.seq,
+        )
+    facts = task.facts
+    args = event.data.get("args")
+    if args is not None:
+        facts = {**facts, event.trigger: args}
+    return replace(
+        task,
+        state=event.to_state,
+        status=definition.status_of(event.to_state),
+        seq=event.seq,
+        last_hash=event.hash,
+        facts=facts,
+    )
+
+
+def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None = None) -> TaskState:
+    """Fold `events` onto `start` (a snapshot), or from the `start` event when there is none."""
+    task = start
+    for event in events:
+        task = initial(definition, event) if task is None else apply(definition, task, event)
+    if task is None:
+        raise IntegrityError("no events to fold", code=Code.SEQ_GAP)
+    return task

@@ -1,0 +1,80 @@
+"""Compile a workflow definition into a `transitions` machine, once per version.
+
+The machine holds the structure (states, triggers, sources, destinations) and
+draws the diagrams. It has no model attached: a task's current state is the
+fold of its events, never a live object, so one machine serves every task of
+that version. The runtime asks it which triggers a state allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from transitions import Machine
+
+if TYPE_CHECKING:
+    from engine.definition import Workflow
+
+GraphFormat = Literal["mermaid", "dot"]
+
+
+class CompiledMachine:
+    """A definition's shared `transitions.Machine` plus the per-state trigger lists read from it."""
+
+    def __init__(self, workflow: Workflow) -> None:
+        self._workflow = workflow
+        self._states = [s.name for s in workflow.states]
+        self._transitions = [
+            {"trigger": action.name, "source": source, "dest": action.target}
+            for source, action in workflow.transitions()
+        ]
+        self.machine = Machine(
+            model=None,
+            states=self._states,
+            transitions=self._transitions,
+            initial=workflow.initial_state,
+            auto_transitions=False,
+            send_event=True,
+        )
+        # The machine answers which triggers a state has; the definition's order is kept for display.
+        declared = list(dict.fromkeys((t["source"], t["trigger"]) for t in self._transitions))
+        self._triggers: Mapping[str, list[str]] = {
+            state: [t for s, t in declared if s == state and t in set(self.machine.get_triggers(state))]
+            for state in self._states
+        }
+
+    def triggers(self, state: str) -> list[str]:
+        return self._triggers.get(state, [])
+
+    def destinations(self, state: str, trigger: str) -> list[str]:
+        return [str(t.dest) for t in self.machine.get_transitions(trigger=trigger, source=state)]
+
+    def graph(self, fmt: GraphFormat = "mermaid", *, current: str | None = None) -> str:
+        """The diagram source, drawn by transitions' diagram support (Mermaid, or Graphviz dot)."""
+        from transitions.extensions.diagrams import GraphMachine
+
+        class _Marker:
+            """A throwaway model: diagrams highlight the state a model is in."""
+
+        engine: Literal["mermaid", "graphviz"] = "mermaid" if fmt == "mermaid" else "graphviz"
+        gm = GraphMachine(
+            model=_Marker(),
+            states=self._states,
+            transitions=self._transitions,
+            initial=self._workflow.initial_state,
+            auto_transitions=False,
+            graph_engine=engine,
+            title=self._workflow.ref,
+            show_conditions=False,
+        )
+        if current is not None and current != self._workflow.initial_state:
+            gm.set_state(current)
+        graph: Any = gm.get_graph(force_new=True)
+        if fmt == "mermaid":
+            return str(graph.draw(None))
+        return str(graph.source)
+
+
+def compile_machine(workflow: Workflow) -> CompiledMachine:
+    return CompiledMachine(workflow)

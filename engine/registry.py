@@ -1,0 +1,95 @@
+"""The registry: every workflow version the running code defines, side by side.
+
+New tasks start on the newest version unless one is named; a stored task is
+resolved to exactly the version it is pinned to, and its digest must match.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Iterator, Sequence
+
+from engine import config
+from engine.definition import Workflow
+from engine.errors import Code, DefinitionError, RailyardError, Refused
+
+
+class Registry:
+    """Workflow definitions by name and version."""
+
+    def __init__(self, workflows: Iterable[Workflow] = ()) -> None:
+        self._by_name: dict[str, dict[int, Workflow]] = {}
+        for wf in workflows:
+            self.register(wf)
+
+    def register(self, workflow: Workflow) -> Workflow:
+        """Add `workflow`; the same object twice is harmless, two different contents under one ref are not."""
+        versions = self._by_name.setdefault(workflow.name, {})
+        existing = versions.get(workflow.version)
+        if existing is not None and existing.digest != workflow.digest:
+            raise DefinitionError(
+                workflow.ref, [f"two different definitions claim {workflow.ref} (digests differ)"]
+            )
+        versions[workflow.version] = workflow
+        return workflow
+
+    def get(self, name: str, version: int | None = None) -> Workflow:
+        """The named version, or the newest; refuses with WORKFLOW_UNKNOWN / VERSION_UNKNOWN."""
+        versions = self._by_name.get(name)
+        if not versions:
+            raise Refused(
+                f"no workflow named {name!r}; known: {sorted(self._by_name)}",
+                code=Code.WORKFLOW_UNKNOWN,
+                workflow=name,
+            )
+        if version is None:
+            return versions[max(versions)]
+        found = versions.get(version)
+        if found is None:
+            raise Refused(
+                f"workflow {name!r} has no version {version}; known: {sorted(versions)}",
+                code=Code.VERSION_UNKNOWN,
+                workflow=name,
+                version=version,
+                known=sorted(versions),
+            )
+        return found
+
+    def find(self, name: str, version: int) -> Workflow | None:
+        return self._by_name.get(name, {}).get(version)
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(self._by_name.get(name, {}))
+
+    def __iter__(self) -> Iterator[Workflow]:
+        for name in sorted(self._by_name):
+            for version in sorted(self._by_name[name]):
+                yield self._by_name[name][version]
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_name.values())
+
+    @classmethod
+    def from_modules(cls, modules: Sequence[str]) -> Registry:
+        """Import each module and register every `Workflow` it defines at module level."""
+        registry = cls()
+        for module_name in modules:
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                raise RailyardError(
+                    f"cannot import workflow module {module_name!r}: {exc}",
+                    code=Code.CONFIG_INVALID,
+                    module=module_name,
+                ) from None
+            for value in vars(module).values():
+                candidates = value if isinstance(value, list | tuple) else (value,)
+                for candidate in candidates:
+                    if isinstance(candidate, Workflow):
+                        registry.register(candidate)
+        return registry
+
+    @classmethod
+    def from_env(cls) -> Registry:
+        """The registry of the modules RAILYARD_WORKFLOWS names (default: the project's `workflows`)."""
+        return cls.from_modules(config.workflow_modules())

@@ -1,0 +1,47 @@
+"""Who holds which role. Identity always comes from the trusted caller, never from a payload."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Set
+from pathlib import Path
+from typing import Protocol
+
+from engine import config
+from engine.errors import Code, RailyardError
+
+
+class Authoriser(Protocol):
+    def roles_of(self, actor: str) -> Set[str]: ...
+
+
+class StaticRoles:
+    """Roles from a mapping `actor -> roles`; an unknown actor holds none."""
+
+    def __init__(self, roles: Mapping[str, Set[str] | list[str]] | None = None) -> None:
+        self._roles = {actor: frozenset(r) for actor, r in (roles or {}).items()}
+
+    def roles_of(self, actor: str) -> Set[str]:
+        return self._roles.get(actor, frozenset())
+
+
+def roles_from_file(path: str | Path) -> StaticRoles:
+    """Read a TOML roles file: `[users]` then `bob = ["refund_approver"]`."""
+    try:
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RailyardError(f"cannot read roles file {path}: {exc}", code=Code.CONFIG_INVALID) from None
+    users = doc.get("users", {})
+    if not isinstance(users, dict) or not all(
+        isinstance(v, list) and all(isinstance(r, str) for r in v) for v in users.values()
+    ):
+        raise RailyardError(
+            f"roles file {path}: [users] must map names to lists of role names", code=Code.CONFIG_INVALID
+        )
+    return StaticRoles(users)
+
+
+def default_authoriser() -> Authoriser:
+    """RAILYARD_ROLES_FILE if set; otherwise nobody holds any role."""
+    path = config.roles_file()
+    return roles_from_file(path) if path else StaticRoles()

@@ -1,0 +1,73 @@
+"""The tables, as SQLAlchemy Core metadata. Alembic migrations create them; this module only describes them.
+
+`alembic check` compares this metadata with a migrated database, so the two
+cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+#: One row per task: the head of its log (state, seq, last hash), kept in step by `append`.
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("task_id", String(64), primary_key=True),
+    Column("workflow", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("digest", String(64), nullable=False),
+    Column("state", String(64), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("last_hash", String(64), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_tasks_status", "status"),
+    Index("ix_tasks_workflow_version", "workflow", "version"),
+)
+
+#: The append-only log. `data` is the canonical JSON text that was hashed, byte for byte.
+events = Table(
+    "events",
+    metadata,
+    Column("task_id", String(64), ForeignKey("tasks.task_id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("from_state", String(64), nullable=True),
+    Column("trigger", String(64), nullable=False),
+    Column("to_state", String(64), nullable=False),
+    Column("data", Text, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+)
+
+#: A cache of the folded state every N events: loading starts from it, replay checks it.
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("task_id", String(64), ForeignKey("tasks.task_id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("hash", String(64), nullable=False),
+    Column("doc", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)

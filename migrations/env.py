@@ -1,0 +1,60 @@
+"""Alembic environment: the only way Railyard's schema is created or changed, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from engine import config as railyard_config
+from engine.store.database import normalize_url
+from engine.store.schema import metadata
+
+config = context.config
+target_metadata = metadata
+
+
+def _url() -> str:
+    return normalize_url(config.attributes.get("railyard_url") or railyard_config.database_url())
+
+
+def run_migrations_offline() -> None:
+    """Emit the SQL instead of running it (`alembic upgrade head --sql`)."""
+    url = _url()
+    context.configure(
+        url=url,
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=url.startswith("sqlite"),
+        dialect_opts={"paramstyle": "named"},
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    url = _url()
+    engine = create_engine(url, poolclass=pool.NullPool)
+    with engine.connect() as conn:
+        _run(conn)
+    engine.dispose()
+
+
+def _run(connection: object) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=_url().startswith("sqlite"),
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,77 @@
+"""`expense@1`: a small expense claim, the foundation's example workflow.
+
+The claimant's agent drafts a claim; an approver holding `expense_approver`
+approves it or sends it back. It exercises every part of a definition: an input
+model, an agent state, an argument model with a guard, an approval role, a
+deadline and terminal states.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine import Action, Agent, Approval, GuardContext, Terminal, Wait, Workflow
+
+
+class ExpenseInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    employee: str = Field(min_length=1, max_length=100)
+    limit_cents: int = Field(ge=1, description="The most this employee may claim, in minor units.")
+
+
+class Claim(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    amount_cents: int = Field(ge=1, description="Amount in minor units (cents).")
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    description: str = Field(min_length=1, max_length=300)
+
+
+class Comment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    comment: str = Field(min_length=1, max_length=500)
+
+
+def within_limit(ctx: GuardContext) -> str | None:
+    """The claim may not exceed the limit the task was started with."""
+    assert isinstance(ctx.args, Claim)
+    limit = int(ctx.task.input["limit_cents"])
+    if ctx.args.amount_cents > limit:
+        return f"amount {ctx.args.amount_cents} exceeds the limit {limit}"
+    return None
+
+
+EXPENSE = Workflow(
+    name="expense",
+    version=1,
+    description="An employee's expense claim, drafted by an agent and approved by a human.",
+    input=ExpenseInput,
+    states=[
+        Agent(
+            "drafting",
+            description="The agent turns the employee's receipts into one claim.",
+            actions=[
+                Action("submit", "review", Claim, guards=[within_limit], description="Submit the claim."),
+                Action("withdraw", "withdrawn", description="The employee no longer wants to claim."),
+            ],
+        ),
+        Approval(
+            "review",
+            role="expense_approver",
+            deadline=timedelta(hours=72),
+            on_expired="needs_human",
+            actions=[
+                Action("approve", "paid", Comment),
+                Action("send_back", "drafting", Comment),
+            ],
+        ),
+        Wait(
+            "needs_human",
+            description="Nobody decided in time; an operator picks the claim up.",
+            actions=[Action("resume", "review", role="expense_operator")],
+        ),
+        Terminal("paid"),
+        Terminal("withdrawn"),
+    ],
+)
