@@ -1,0 +1,93 @@
+"""Small workflows the tests drive; they use every state kind."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine import Action, Agent, Approval, GuardContext, Terminal, Tool, Wait, Workflow
+
+ROLES = {"dana": {"approver"}, "olga": {"operator"}}
+
+
+class OrderInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    customer: str
+    balance: int = Field(ge=0)
+
+
+class Proposal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    amount: int = Field(ge=1)
+    reason: str = Field(min_length=1, max_length=300)
+
+
+class Note(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str = Field(min_length=1)
+
+
+def within_balance(ctx: GuardContext) -> str | None:
+    assert isinstance(ctx.args, Proposal)
+    balance = int(ctx.task.input["balance"])
+    return None if ctx.args.amount <= balance else f"amount {ctx.args.amount} exceeds balance {balance}"
+
+
+def small_amount(ctx: GuardContext) -> str | None:
+    assert isinstance(ctx.args, Proposal)
+    return None if ctx.args.amount <= 100 else "not small"
+
+
+def large_amount(ctx: GuardContext) -> str | None:
+    assert isinstance(ctx.args, Proposal)
+    return None if ctx.args.amount > 100 else "not large"
+
+
+def refund_states(*, extra_terminal: str | None = None) -> list:  # type: ignore[type-arg]
+    states = [
+        Agent("assessing", actions=[
+            Action("propose", "auto_refund", Proposal, guards=[within_balance, small_amount]),
+            Action("propose", "awaiting_approval", Proposal, guards=[within_balance, large_amount]),
+            Action("give_up", "rejected"),
+            Action("note", "assessing", Note),
+        ]),
+        Approval("awaiting_approval", role="approver", deadline=timedelta(hours=48), on_expired="needs_human",
+                 actions=[Action("approve", "executing"), Action("reject", "rejected", Note)]),
+        Tool("auto_refund", tool="payments.refund", on_succeeded="completed", on_failed="needs_human",
+             on_unknown="needs_human"),
+        Tool("executing", tool="payments.refund", on_succeeded="completed", on_failed="needs_human",
+             on_unknown="needs_human"),
+        Wait("needs_human", actions=[Action("resume", "assessing", role="operator"),
+                                     Action("close", "rejected", Note, role="operator")]),
+        Terminal("completed"),
+        Terminal("rejected"),
+    ]
+    if extra_terminal:
+        states.append(Terminal(extra_terminal))
+    return states
+
+
+REFUND_V1 = Workflow(name="refund", version=1, input=OrderInput, states=refund_states())
+REFUND_V2 = Workflow(name="refund", version=2, input=OrderInput, states=refund_states(),
+                     description="v2: same states, new description")
+
+
+class TickArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n: int
+
+
+#: A loop for long logs: `tick` keeps the task where it is, `finish` ends it.
+COUNTER = Workflow(
+    name="counter",
+    version=1,
+    states=[
+        Agent("counting", actions=[Action("tick", "counting", TickArgs), Action("finish", "done")]),
+        Terminal("done"),
+    ],
+)
+
+
+def all_workflows() -> list[Workflow]:
+    return [REFUND_V1, REFUND_V2, COUNTER]

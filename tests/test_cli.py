@@ -1,0 +1,173 @@
+"""The `railyard` command line: commands, --json output and the exit-code contract (0, 1, 2, 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
+
+from engine.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    roles = tmp_path / "roles.toml"
+    roles.write_text('[users]\ndana = ["approver"]\nolga = ["operator"]\n', encoding="utf-8")
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", url)
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.sample_workflows,workflows")
+    monkeypatch.setenv("RAILYARD_ROLES_FILE", str(roles))
+    assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
+    yield url
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def start_refund(balance: int = 500) -> str:
+    code, out, _ = invoke("start", "refund", "--input", json.dumps({"customer": "c1", "balance": balance}),
+                          "--as", "ann")
+    assert code == 0, out
+    return out.strip()
+
+
+def test_workflows_lists_every_version(cli_env: str) -> None:
+    code, out, _ = invoke("workflows", "--json")
+    assert code == 0
+    refs = {(w["workflow"], w["version"]) for w in json.loads(out)}
+    assert {("refund", 1), ("refund", 2), ("counter", 1), ("expense", 1)} <= refs
+
+
+def test_start_show_fire_history_cancel(cli_env: str) -> None:
+    task_id = start_refund()
+    code, out, _ = invoke("show", task_id, "--json")
+    assert code == 0
+    shown = json.loads(out)
+    assert (shown["state"], shown["seq"], shown["version"]) == ("assessing", 1, 2)
+
+    code, out, _ = invoke("fire", task_id, "propose", "--payload", '{"amount": 300, "reason": "broken"}',
+                          "--as", "model", "--json")
+    assert code == 0 and json.loads(out)["state"] == "awaiting_approval"
+    code, out, _ = invoke("fire", task_id, "approve", "--as", "dana")
+    assert code == 0 and "executing" in out
+
+    code, out, _ = invoke("cancel", task_id, "--as", "ann", "--reason", "customer called")
+    assert code == 0 and "cancelled" in out
+    code, out, _ = invoke("history", task_id, "--json")
+    events = json.loads(out)
+    assert [e["trigger"] for e in events] == ["start", "propose", "approve", "cancel"]
+    assert events[1]["data"]["args"] == {"amount": 300, "reason": "broken"}
+    assert all(len(e["hash"]) == 64 for e in events)
+    code, out, _ = invoke("history", task_id)
+    assert code == 0 and "propose" in out
+
+
+def test_start_on_a_named_version(cli_env: str) -> None:
+    code, out, _ = invoke("start", "refund", "--version", "1", "--input", '{"customer": "c", "balance": 1}',
+                          "--as", "ann", "--json")
+    assert code == 0 and json.loads(out)["version"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "code_text"),
+    [
+        (["start", "nope", "--as", "ann"], "WORKFLOW_UNKNOWN"),
+        (["start", "refund", "--version", "9", "--as", "ann"], "VERSION_UNKNOWN"),
+        (["start", "refund", "--input", '{"customer": "c"}', "--as", "ann"], "PAYLOAD_INVALID"),
+        (["show", "missing-task"], "TASK_NOT_FOUND"),
+        (["history", "missing-task", "--json"], "TASK_NOT_FOUND"),
+        (["graph", "nope"], "WORKFLOW_UNKNOWN"),
+    ],
+)
+def test_domain_refusals_exit_1_with_their_code(cli_env: str, args: list[str], code_text: str) -> None:
+    code, _, err = invoke(*args)
+    assert code == 1
+    assert code_text in err
+
+
+def test_refused_transitions_exit_1_and_leave_the_log_unchanged(cli_env: str) -> None:
+    task_id = start_refund(balance=100)
+    for args, code_text in [
+        (["fire", task_id, "approve", "--as", "dana"], "TRIGGER_NOT_ALLOWED"),
+        (["fire", task_id, "propose", "--payload", '{"amount": 500, "reason": "x"}', "--as", "m"], "DOMAIN_INVALID"),
+        (["fire", task_id, "propose", "--payload", '{"amount": "x", "reason": "x"}', "--as", "m"], "PAYLOAD_INVALID"),
+        (["fire", task_id, "note", "--payload", '{"note": "x"}', "--as", "m", "--expected-seq", "7"],
+         "CONCURRENCY_CONFLICT"),
+    ]:
+        code, _, err = invoke(*args)
+        assert (code, code_text in err) == (1, True), err
+    assert json.loads(invoke("show", task_id, "--json")[1])["seq"] == 1
+
+
+def test_role_comes_from_the_roles_file(cli_env: str) -> None:
+    task_id = start_refund()
+    assert invoke("fire", task_id, "propose", "--payload", '{"amount": 300, "reason": "x"}', "--as", "m")[0] == 0
+    code, _, err = invoke("fire", task_id, "approve", "--as", "bob")
+    assert code == 1 and "FORBIDDEN" in err
+    assert invoke("fire", task_id, "approve", "--as", "dana")[0] == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["start", "refund"],  # --as missing
+        ["start", "refund", "--as", "ann", "--input", "{not json"],
+        ["start", "refund", "--as", "ann", "--input", "[1, 2]"],
+        ["graph", "refund", "--format", "png"],
+        ["no-such-command"],
+    ],
+)
+def test_usage_errors_exit_2(cli_env: str, args: list[str]) -> None:
+    assert invoke(*args)[0] == 2
+
+
+def test_a_tampered_log_exits_3(cli_env: str) -> None:
+    task_id = start_refund()
+    engine = create_engine(cli_env)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE tasks SET state = 'completed' WHERE task_id = :t"), {"t": task_id})
+    engine.dispose()
+    code, _, err = invoke("show", task_id)
+    assert code == 3 and "STATE_MISMATCH" in err
+
+
+def test_graph_prints_mermaid_and_dot(cli_env: str) -> None:
+    code, out, _ = invoke("graph", "refund", "--version", "1")
+    assert code == 0 and "stateDiagram-v2" in out and "assessing --> awaiting_approval: propose" in out
+    code, out, _ = invoke("graph", "refund", "--format", "dot")
+    assert code == 0 and out.startswith("digraph")
+
+
+def test_the_installed_console_script_runs(tmp_path: Path) -> None:
+    """`railyard db upgrade && railyard workflows` on the SQLite default, as a user types them."""
+    exe = Path(sys.executable).with_name("railyard")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
+    for command in (["db", "upgrade"], ["workflows"]):
+        done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "railyard.db").exists()
+    assert "expense" in done.stdout
+
+
+def test_demo_runs_on_a_fresh_database(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("railyard")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
+    for command in (["db", "upgrade"], ["demo"]):
+        done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+    assert "DOMAIN_INVALID" in done.stdout and "FORBIDDEN" in done.stdout
+    assert "hash chain verified" in done.stdout
