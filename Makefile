@@ -32,7 +32,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/append.py --quick
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine workflows migrations tests bench
+	$(BIN)/ruff check engine workflows migrations tests bench tools
 	$(BIN)/mypy engine
 
 db-upgrade: $(STAMP)

@@ -8,6 +8,8 @@ The public surface a user reads first:
 - branch on refusals: `Code` and the `RailyardError` family.
 """
 
+import logging
+
 from engine.chain import Finding, verify_chain
 from engine.core import Engine, TaskView
 from engine.decide import Decision, decide
@@ -38,6 +40,10 @@ from engine.fold import TaskState, fold
 from engine.registry import Registry
 from engine.roles import StaticRoles, roles_from_file
 from engine.store import Store
+
+# A library logs; the application decides where logs go. Without this, Python's last-resort
+# handler would print raw database messages to a user's terminal.
+logging.getLogger("railyard").addHandler(logging.NullHandler())
 
 __all__ = [
     "Action",

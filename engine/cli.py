@@ -7,6 +7,7 @@ Exit codes are a contract: 0 ok, 1 a domain refusal (its code printed),
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,7 +43,8 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 app.add_typer(db_app, name="db")
 
 out = Console()
-err = Console(stderr=True)
+# soft_wrap: a refusal stays on one line (`CODE: message`) however narrow the terminal, for scripts.
+err = Console(stderr=True, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
@@ -55,6 +57,9 @@ class GraphFormat(StrEnum):
 
 def main() -> None:
     """Console-script entry point."""
+    # Like `python -m`, let RAILYARD_WORKFLOWS name modules in the directory the user is in.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     app()
 
 

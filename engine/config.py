@@ -6,7 +6,7 @@ import os
 
 DEFAULT_DATABASE_URL = "sqlite:///railyard.db"
 DEFAULT_WORKFLOW_MODULES = ("workflows",)
-DEFAULT_SNAPSHOT_EVERY = 25
+DEFAULT_SNAPSHOT_EVERY = 10
 
 
 def database_url() -> str:

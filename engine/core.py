@@ -146,17 +146,25 @@ class Engine:
         return self.transition(task, trigger, payload, actor=actor)
 
     def transition(
-        self, task: TaskState, trigger: str, payload: Mapping[str, Any] | None = None, *, actor: str
+        self,
+        task: TaskState,
+        trigger: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        actor: str,
+        system: bool = False,
     ) -> TaskState:
         """Advance a task the caller already holds (state and seq known): decide, then one append.
 
         This is the worker's path: no read before the write. If the task moved
-        meanwhile the append conflicts and nothing is written.
+        meanwhile the append conflicts and nothing is written. `system=True` is
+        for the engine's own components (tool runner, timers): only they may fire
+        tool outcomes and `expired`.
         """
         _check_actor(actor)
         definition = self.definition_of(task)
         roles: Set[str] = self.authoriser.roles_of(actor)
-        decision = decide(definition, task, trigger, payload, actor=actor, roles=roles)
+        decision = decide(definition, task, trigger, payload, actor=actor, roles=roles, system=system)
         event = seal(
             task_id=task.task_id,
             seq=task.seq + 1,
@@ -175,7 +183,7 @@ class Engine:
         self.store.append(task.task_id, task.seq, [event], status=str(after.status), snapshot=snapshot)
         return after
 
-    def cancel(self, task_id: str, actor: str = "", reason: str = "") -> TaskState:
+    def cancel(self, task_id: str, actor: str, reason: str) -> TaskState:
         """Move the task to `cancelled` from any non-terminal state."""
         return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor)
 

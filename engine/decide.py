@@ -38,8 +38,13 @@ def decide(
     *,
     actor: str,
     roles: Set[str] = frozenset(),
+    system: bool = False,
 ) -> Decision:
-    """Accept `trigger` with `payload` from `actor`, or raise `Refused` with the first failing check's code."""
+    """Accept `trigger` with `payload` from `actor`, or raise `Refused` with the first failing check's code.
+
+    `system` is True only when the engine itself fires (a tool outcome, a deadline):
+    those triggers are refused to every other caller, whatever roles it holds.
+    """
     if task.terminal:
         raise Refused(
             f"task {task.task_id} is in terminal state {task.state!r}",
@@ -65,6 +70,14 @@ def decide(
         if reasons:
             refusals.extend(reasons)
             continue
+        if action.system and not system:
+            raise Refused(
+                f"{trigger!r} is fired by the engine only, not by {actor!r}",
+                code=Code.FORBIDDEN,
+                task_id=task.task_id,
+                trigger=trigger,
+                actor=actor,
+            )
         if action.role is not None and action.role not in roles:
             raise Refused(
                 f"{actor!r} may not fire {trigger!r}: role {action.role!r} required",

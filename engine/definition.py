@@ -95,6 +95,8 @@ class Action:
     guards: Sequence[Guard] = ()
     role: str | None = None
     description: str = ""
+    #: Fired only by the engine itself (a tool outcome, a deadline), never by a caller of `fire`.
+    system: bool = False
 
     def spec(self) -> dict[str, Any]:
         """The digest-relevant content of this action."""
@@ -153,7 +155,8 @@ class Tool(State):
 
     def outgoing(self) -> list[Action]:
         targets = (self.on_succeeded, self.on_failed, self.on_unknown)
-        return [*self.actions, *(Action(o, t) for o, t in zip(TOOL_OUTCOMES, targets, strict=True) if t)]
+        outcomes = (Action(o, t, system=True) for o, t in zip(TOOL_OUTCOMES, targets, strict=True) if t)
+        return [*self.actions, *outcomes]
 
     def spec(self) -> dict[str, Any]:
         out = super().spec()
@@ -170,7 +173,7 @@ class _Deadlined(State):
     def outgoing(self) -> list[Action]:
         out = list(self.actions)
         if self.on_expired:
-            out.append(Action(EXPIRED, self.on_expired))
+            out.append(Action(EXPIRED, self.on_expired, system=True))
         return out
 
     def spec(self) -> dict[str, Any]:
@@ -191,7 +194,7 @@ class Approval(_Deadlined):
 
     def outgoing(self) -> list[Action]:
         # An approval action without a role of its own needs the state's role; `expired` is the system's.
-        return [a if a.role or a.name == EXPIRED else replace(a, role=self.role or None) for a in super().outgoing()]
+        return [a if a.role or a.system else replace(a, role=self.role or None) for a in super().outgoing()]
 
     def spec(self) -> dict[str, Any]:
         out = super().spec()
@@ -350,6 +353,10 @@ def _validate(wf: Workflow) -> list[str]:
 
     for state in wf.states:
         problems.extend(_validate_state(wf, state, names))
+
+    cancelled = names.get(CANCELLED_STATE)
+    if cancelled is not None and cancelled.kind is not StateKind.TERMINAL:
+        problems.append(f"state {CANCELLED_STATE!r} is where `cancel` leads: it must be terminal")
 
     if initial in names:
         unreachable = [s.name for s in wf.states if s.name not in _reachable(wf, initial, names)]

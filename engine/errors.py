@@ -12,7 +12,7 @@ from typing import Any
 
 
 class Code(StrEnum):
-    """Stable refusal and finding codes. The docstring of each is its reference text."""
+    """Stable refusal and finding codes; `CODE_REFERENCE` below holds the reference text of each."""
 
     # Definitions and the registry
     DEFINITION_INVALID = "DEFINITION_INVALID"
@@ -48,8 +48,8 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.VERSION_UNKNOWN: "The workflow exists but not in the version asked for.",
     Code.DEFINITION_MISSING: "A stored task is pinned to a name@version the running code does not define.",
     Code.DEFINITION_CHANGED: (
-        "The definition's content digest differs from the one the task (or the registry) "
-        "recorded: the code changed without a new version."
+        "The definition's content digest differs from the one the task recorded when it "
+        "started: the code changed without a new version."
     ),
     Code.TASK_NOT_FOUND: "No task with that id exists in this database.",
     Code.TASK_TERMINAL: "The task is in a terminal state; nothing can leave it.",

@@ -76,9 +76,12 @@ class Registry:
         for module_name in modules:
             try:
                 module = importlib.import_module(module_name)
-            except ModuleNotFoundError as exc:
+            except RailyardError:
+                raise  # e.g. a DefinitionError raised while the module built its workflows
+            except Exception as exc:  # any import failure is a configuration problem
+                # A syntax error or a failing import in a user's module is reported, not a traceback.
                 raise RailyardError(
-                    f"cannot import workflow module {module_name!r}: {exc}",
+                    f"cannot import workflow module {module_name!r}: {type(exc).__name__}: {exc}",
                     code=Code.CONFIG_INVALID,
                     module=module_name,
                 ) from None

@@ -102,7 +102,7 @@ def registry() -> Registry:
 def make_engine(db_url: str, registry: Registry) -> Iterator[object]:
     engines: list[Engine] = []
 
-    def factory(snapshot_every: int = 25) -> Engine:
+    def factory(snapshot_every: int = 10) -> Engine:
         eng = Engine(db_url, registry, authoriser=StaticRoles(ROLES), snapshot_every=snapshot_every)
         engines.append(eng)
         return eng

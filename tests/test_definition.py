@@ -174,3 +174,22 @@ def test_graph_renders_mermaid_and_dot() -> None:
     dot = REFUND_V1.machine.graph("dot")
     assert dot.startswith("digraph")
     assert "assessing -> awaiting_approval" in dot
+
+
+def test_a_declared_cancelled_state_must_be_terminal() -> None:
+    with pytest.raises(DefinitionError, match="'cancelled' is where `cancel` leads: it must be terminal"):
+        Workflow(name="w", version=1, states=[Agent("a", actions=[Action("x", "b")]), Terminal("b"),
+                                               Wait("cancelled", actions=[Action("back", "a")])])
+
+
+def test_registry_reports_a_module_that_fails_while_importing(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    Path(str(tmp_path), "broken_flows.py").write_text("def oops(:\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(Exception) as caught:
+        Registry.from_modules(["broken_flows"])
+    assert getattr(caught.value, "code", None) is Code.CONFIG_INVALID
+    assert "SyntaxError" in str(caught.value)

@@ -36,11 +36,11 @@ def test_a_task_runs_to_completion_and_its_chain_verifies(eng: Engine) -> None:
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
     eng.fire(task_id, "propose", {"amount": 300, "reason": "damaged"}, actor="model")
     eng.fire(task_id, "approve", {}, actor="dana")
-    done = eng.fire(task_id, "succeeded", {}, actor="system")
+    done = eng.transition(eng.load(task_id), "succeeded", {}, actor="tool-runner", system=True)
     assert (done.state, done.seq, done.terminal) == ("completed", 4, True)
     events = eng.history(task_id)
     assert [e.trigger for e in events] == ["start", "propose", "approve", "succeeded"]
-    assert [e.actor for e in events] == ["ann", "model", "dana", "system"]
+    assert [e.actor for e in events] == ["ann", "model", "dana", "tool-runner"]
     assert verify_chain(events) == []
     assert eng.get(task_id).allowed == []
 
@@ -65,6 +65,18 @@ def test_bad_input_is_refused_with_its_code_and_the_log_is_unchanged(
     assert caught.value.code is code
     assert snapshot_of_log(eng, task_id) == before
     assert eng.get(task_id).seq == 1
+
+
+@pytest.mark.parametrize("trigger", ["succeeded", "failed", "unknown", "expired"])
+def test_engine_owned_triggers_are_refused_to_callers(eng: Engine, trigger: str) -> None:
+    """Tool outcomes and deadlines come from the engine's own components, never from `fire`."""
+    task_id = eng.start("refund", ORDER, actor="ann")
+    eng.fire(task_id, "propose", {"amount": 300 if trigger == "expired" else 50, "reason": "x"}, actor="model")
+    before = snapshot_of_log(eng, task_id)
+    with pytest.raises(RailyardError) as caught:
+        eng.fire(task_id, trigger, {}, actor="dana")
+    assert caught.value.code is Code.FORBIDDEN
+    assert snapshot_of_log(eng, task_id) == before
 
 
 def test_unknown_workflow_version_and_task_are_refused(eng: Engine) -> None:

@@ -65,6 +65,18 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self.expected_seq[task_id] += 1
 
+    @rule(task_id=tasks, outcome=st.sampled_from(["succeeded", "failed", "unknown", "expired"]))
+    def engine_fires(self, task_id: str, outcome: str) -> None:
+        """The engine's own components (tool runner, timers) fire outcomes and deadlines."""
+        before = self._log(task_id)
+        try:
+            self.eng.transition(self.eng.load(task_id), outcome, {}, actor="system", system=True)
+        except RailyardError as refusal:
+            assert refusal.code in {"TRIGGER_NOT_ALLOWED", "TASK_TERMINAL"}
+            assert self._log(task_id) == before
+            return
+        self.expected_seq[task_id] += 1
+
     @rule(task_id=tasks)
     def cancel(self, task_id: str) -> None:
         terminal = self.eng.load(task_id).terminal

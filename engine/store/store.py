@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, DateTime, Integer, Row, Text, column, insert, select, text, update
 from sqlalchemy import exc as sa_exc
 
 from engine.canonical import canonical_json, now, utc
@@ -25,6 +25,34 @@ from engine.store.database import WRITE, make_engine
 from engine.store.schema import events, snapshots, tasks
 
 log = logging.getLogger("railyard.store")
+
+# k = 0: the task row; k = 1: its newest snapshot (at or below the row's seq); k = 2: the events after it.
+_LOAD = text(
+    """
+    WITH t AS (
+        SELECT task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at
+        FROM tasks WHERE task_id = :task_id
+    ), s AS (
+        SELECT seq, hash, doc FROM snapshots
+        WHERE task_id = :task_id AND seq <= (SELECT seq FROM t)
+        ORDER BY seq DESC LIMIT 1
+    )
+    SELECT 0 AS k, seq, workflow AS t1, digest AS t2, state AS t3, status AS t4, last_hash AS t5,
+           task_id AS t6, CAST(NULL AS TEXT) AS t7, version AS n1, created_at AS ts1, updated_at AS ts2
+    FROM t
+    UNION ALL
+    SELECT 1, seq, hash, doc, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM s
+    UNION ALL
+    SELECT 2, e.seq, e.actor, e.from_state, e.trigger, e.to_state, e.data, e.prev_hash, e.hash, NULL, e.at, NULL
+    FROM events e
+    WHERE e.task_id = :task_id AND e.seq > COALESCE((SELECT seq FROM s), 0) AND e.seq <= (SELECT seq FROM t)
+    ORDER BY k, seq
+    """
+).columns(
+    column("k", Integer), column("seq", Integer),
+    *(column(f"t{i}", Text) for i in range(1, 8)),
+    column("n1", Integer), column("ts1", DateTime(timezone=True)), column("ts2", DateTime(timezone=True)),
+)
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:
@@ -185,28 +213,28 @@ class Store:
         return _task_row(found) if found is not None else None
 
     def load(self, task_id: str) -> Loaded | None:
-        """The task row, its newest snapshot and the events after that snapshot up to the row's seq."""
-        newest = (
-            select(func.max(snapshots.c.seq)).where(snapshots.c.task_id == task_id).scalar_subquery()
-        )
-        query = (
-            select(tasks, snapshots.c.seq.label("snap_seq"), snapshots.c.hash.label("snap_hash"),
-                   snapshots.c.doc.label("snap_doc"))
-            .select_from(
-                tasks.outerjoin(snapshots, (snapshots.c.task_id == tasks.c.task_id) & (snapshots.c.seq == newest))
-            )
-            .where(tasks.c.task_id == task_id)
-        )
+        """The task row, its newest snapshot and the events after that snapshot up to the row's seq.
+
+        One statement, so one round trip and one consistent view even without a
+        transaction: the row, the snapshot and the events can never disagree
+        because a writer slipped in between two reads.
+        """
         with self._errors(), self._reader() as conn:
-            found = conn.execute(query).first()
-            if found is None:
-                return None
-            row = _task_row(found)
-            snap = None
-            if found.snap_seq is not None and found.snap_seq <= row.seq:
-                snap = Snapshot(task_id, found.snap_seq, found.snap_hash, found.snap_doc)
-            after = snap.seq if snap is not None else 0
-            tail = self._events(conn, task_id, after, row.seq) if row.seq > after else []
+            rows = conn.execute(_LOAD, {"task_id": task_id}).all()
+        if not rows or rows[0].k != 0:
+            return None
+        head = rows[0]
+        row = TaskRow(task_id=head.t6, workflow=head.t1, version=head.n1, digest=head.t2, state=head.t3,
+                      status=head.t4, seq=head.seq, last_hash=head.t5, created_at=utc(head.ts1),
+                      updated_at=utc(head.ts2))
+        snap = None
+        tail: list[Event] = []
+        for r in rows[1:]:
+            if r.k == 1:
+                snap = Snapshot(task_id, r.seq, r.t1, r.t2)
+            else:
+                tail.append(Event(task_id=task_id, seq=r.seq, at=utc(r.ts1), actor=r.t1, from_state=r.t2,
+                                  trigger=r.t3, to_state=r.t4, data=json.loads(r.t5), prev_hash=r.t6, hash=r.t7))
         return Loaded(row, snap, tail)
 
     def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
