@@ -1,0 +1,200 @@
+"""The documentation is checked: the error table is generated, and the examples run.
+
+Fenced blocks in README.md and docs/*.md are handled by their info string:
+
+- ```python               executed, in document order, in one namespace per file;
+- ```python no-run        shown only (a fragment);
+- ```LANG file=NAME       written to NAME in the working directory, not executed
+                          (a workflow module to import, a roles file);
+- ```console / ```bash    run in docs/tutorial.md only. In `console` blocks each line
+                          starting with `$ ` is a command (other lines are sample
+                          output, not compared); in `bash` blocks every line is. A
+                          command is `railyard ...` (the venv's), `export NAME=VALUE`,
+                          or `NAME=$(railyard ...)`; `$NAME` expands. A trailing
+                          `# exit N` expects exit status N (default 0), and
+                          `# exit N CODE` also expects `CODE:` on stderr.
+
+Every file runs in a fresh temporary directory, with RAILYARD_DATABASE_URL pointing
+at a SQLite file there that is migrated first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from engine import Engine, migrations
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL_DOCS = {"tutorial.md"}
+RAILYARD = Path(sys.executable).parent / "railyard"
+
+FENCE = re.compile(r"^(\s*)```(.*)$")
+EXPECT = re.compile(r"\s+#\s*exit\s+(\d+)(?:\s+([A-Z_]+))?\s*$")
+ASSIGN = re.compile(r"^([A-Za-z_]\w*)=\$\((.*)\)$")
+EXPORT = re.compile(r"^export\s+([A-Za-z_]\w*)=(.*)$")
+VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # line number of the block's first body line
+    lang: str
+    options: tuple[str, ...]
+    text: str
+
+    def option(self, name: str) -> str | None:
+        for option in self.options:
+            key, _, value = option.partition("=")
+            if key == name:
+                return value or key
+        return None
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown file, in order."""
+    found: list[Block] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if opening is None:
+            i += 1
+            continue
+        indent, info = opening.group(1), opening.group(2).split()
+        body: list[str] = []
+        i += 1
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i].removeprefix(indent))
+            i += 1
+        start = i - len(body) + 1
+        found.append(Block(path, start, info[0] if info else "", tuple(info[1:]), "\n".join(body) + "\n"))
+        i += 1
+    return found
+
+
+def run_python(block: Block, namespace: dict[str, Any]) -> None:
+    # Leading newlines make tracebacks point at the right line of the Markdown file.
+    code = compile("\n" * (block.line - 1) + block.text, str(block.path), "exec")
+    exec(code, namespace)
+
+
+def commands(block: Block) -> list[tuple[int, str]]:
+    """(line number, command) pairs, with backslash continuations joined."""
+    out: list[tuple[int, str]] = []
+    pending = ""
+    for offset, raw in enumerate(block.text.splitlines()):
+        if not pending:
+            if block.lang == "console":
+                if not raw.startswith("$ "):
+                    continue
+                raw = raw[2:]
+            elif not raw.strip() or raw.lstrip().startswith("#"):
+                continue
+            first = block.line + offset
+        if raw.endswith("\\"):
+            pending += raw[:-1] + " "
+            continue
+        out.append((first, pending + raw))
+        pending = ""
+    return out
+
+
+def expand(command: str, env: dict[str, str], where: str) -> str:
+    """Replace `$NAME` and `${NAME}` with their values (quotes are not special, unlike in a shell)."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in env, f"{where}: ${name} is not set"
+        return env[name]
+
+    return VARIABLE.sub(value, command)
+
+
+def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
+    for line, command in commands(block):
+        where = f"{block.path.name}:{line}: {command}"
+        expected_exit, expected_code = 0, None
+        expect = EXPECT.search(command)
+        if expect:
+            expected_exit, expected_code = int(expect.group(1)), expect.group(2)
+            command = command[: expect.start()]
+        command = expand(command.strip(), env, where)
+
+        if export := EXPORT.match(command):
+            env[export.group(1)] = " ".join(shlex.split(export.group(2)))
+            continue
+        target = None
+        if assign := ASSIGN.match(command):
+            target, command = assign.group(1), assign.group(2)
+        argv = shlex.split(command)
+        assert argv and argv[0] == "railyard", f"{where}: only `railyard` commands are run"
+        result = subprocess.run([str(RAILYARD), *argv[1:]], env=env, cwd=cwd, capture_output=True, text=True,
+                                timeout=120, check=False)
+        shown = f"{where}\n--- stdout\n{result.stdout}--- stderr\n{result.stderr}"
+        assert result.returncode == expected_exit, f"exit {result.returncode}, expected {expected_exit}: {shown}"
+        if expected_code is not None:
+            assert f"{expected_code}:" in result.stderr, f"expected {expected_code} on stderr: {shown}"
+        if target is not None:
+            env[target] = result.stdout.strip()
+
+
+def _gen_errors_doc() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_errors_doc", REPO / "tools" / "gen_errors_doc.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_error_reference_is_generated_from_the_enum() -> None:
+    doc = REPO / "docs" / "errors.md"
+    text = doc.read_text(encoding="utf-8")
+    assert _gen_errors_doc().regenerate(text) == text, (
+        "docs/errors.md is out of date with engine.errors: run `python tools/gen_errors_doc.py`"
+    )
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'railyard.db'}"
+    for name in ("RAILYARD_WORKFLOWS", "RAILYARD_ROLES_FILE", "PYTHONPATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", url)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    migrations.upgrade(url)
+
+    run_commands = path.name in SHELL_DOCS
+    if run_commands:
+        assert RAILYARD.exists(), f"no railyard console script next to {sys.executable}"
+    env = dict(os.environ)
+    namespace: dict[str, Any] = {"__name__": f"docs_{path.stem.lower()}"}
+    written: list[str] = []
+    try:
+        for block in blocks(path):
+            if (target := block.option("file")) is not None:
+                (tmp_path / target).write_text(block.text, encoding="utf-8")
+                written.append(Path(target).stem)
+            elif block.lang == "python" and block.option("no-run") is None:
+                run_python(block, namespace)
+            elif block.lang in ("console", "bash") and run_commands:
+                run_shell(block, env, tmp_path)
+    finally:
+        for value in namespace.values():
+            if isinstance(value, Engine):
+                value.close()
+        for module in written:
+            sys.modules.pop(module, None)
