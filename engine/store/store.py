@@ -15,44 +15,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, DateTime, Integer, Row, Text, column, insert, select, text, update
+from sqlalchemy import Connection, Row, insert, select
 from sqlalchemy import exc as sa_exc
 
 from engine.canonical import canonical_json, now, utc
 from engine.errors import Code, ConcurrencyConflict, RailyardError, StoreError
 from engine.events import Event
+from engine.store import queries
 from engine.store.database import WRITE, make_engine
 from engine.store.schema import events, snapshots, tasks
 
 log = logging.getLogger("railyard.store")
-
-# k = 0: the task row; k = 1: its newest snapshot (at or below the row's seq); k = 2: the events after it.
-_LOAD = text(
-    """
-    WITH t AS (
-        SELECT task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at
-        FROM tasks WHERE task_id = :task_id
-    ), s AS (
-        SELECT seq, hash, doc FROM snapshots
-        WHERE task_id = :task_id AND seq <= (SELECT seq FROM t)
-        ORDER BY seq DESC LIMIT 1
-    )
-    SELECT 0 AS k, seq, workflow AS t1, digest AS t2, state AS t3, status AS t4, last_hash AS t5,
-           task_id AS t6, CAST(NULL AS TEXT) AS t7, version AS n1, created_at AS ts1, updated_at AS ts2
-    FROM t
-    UNION ALL
-    SELECT 1, seq, hash, doc, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM s
-    UNION ALL
-    SELECT 2, e.seq, e.actor, e.from_state, e.trigger, e.to_state, e.data, e.prev_hash, e.hash, NULL, e.at, NULL
-    FROM events e
-    WHERE e.task_id = :task_id AND e.seq > COALESCE((SELECT seq FROM s), 0) AND e.seq <= (SELECT seq FROM t)
-    ORDER BY k, seq
-    """
-).columns(
-    column("k", Integer), column("seq", Integer),
-    *(column(f"t{i}", Text) for i in range(1, 8)),
-    column("n1", Integer), column("ts1", DateTime(timezone=True)), column("ts2", DateTime(timezone=True)),
-)
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:
@@ -94,7 +67,6 @@ class Store:
         self.url = url
         self.engine = make_engine(url, **engine_kwargs)
         self.dialect = self.engine.dialect.name
-        self._pg_append_sql: dict[tuple[int, bool], str] = {}
 
     def close(self) -> None:
         self.engine.dispose()
@@ -130,9 +102,9 @@ class Store:
             if self.dialect == "postgresql":
                 self._append_postgres(task_id, expected_seq, new_events, status, snapshot)
             else:
-                self._append_generic(task_id, expected_seq, new_events, status, snapshot)
+                self._append_sqlite(task_id, expected_seq, new_events, status, snapshot)
 
-    def _append_generic(
+    def _append_sqlite(
         self,
         task_id: str,
         expected_seq: int,
@@ -141,19 +113,31 @@ class Store:
         snapshot: tuple[int, str, str] | None,
     ) -> None:
         last = new_events[-1]
-        at = now()
-        with self._writer() as conn:
-            result = conn.execute(
-                update(tasks)
-                .where(tasks.c.task_id == task_id, tasks.c.seq == expected_seq)
-                .values(seq=last.seq, state=last.to_state, status=status, last_hash=last.hash, updated_at=at)
-            )
-            if result.rowcount != 1:
-                actual = conn.execute(select(tasks.c.seq).where(tasks.c.task_id == task_id)).scalar()
-                raise ConcurrencyConflict(task_id, expected_seq, actual)
-            conn.execute(insert(events), [_event_values(e) for e in new_events])
-            if snapshot is not None:
-                conn.execute(insert(snapshots).values(_snapshot_values(task_id, snapshot, at)))
+        at = queries.sqlite_instant(now())
+        raw = self.engine.raw_connection()
+        try:
+            cur: Any = raw.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute(queries.MOVE_TASK_SQLITE,
+                            (last.seq, last.to_state, status, last.hash, at, task_id, expected_seq))
+                if cur.rowcount != 1:
+                    cur.execute(queries.TASK_SEQ_SQLITE, (task_id,))
+                    found = cur.fetchone()
+                    raise ConcurrencyConflict(task_id, expected_seq, found[0] if found else None)
+                cur.executemany(queries.INSERT_EVENT_SQLITE, [
+                    (e.task_id, e.seq, queries.sqlite_instant(e.at), e.actor, e.from_state, e.trigger, e.to_state,
+                     canonical_json(e.data), e.prev_hash, e.hash)
+                    for e in new_events
+                ])
+                if snapshot is not None:
+                    cur.execute(queries.INSERT_SNAPSHOT_SQLITE, (task_id, *snapshot, at))
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+        finally:
+            raw.close()
 
     def _append_postgres(
         self,
@@ -163,48 +147,24 @@ class Store:
         status: str,
         snapshot: tuple[int, str, str] | None,
     ) -> None:
-        # One statement, one round trip, its own transaction (autocommit): the
-        # UPDATE ... WHERE seq = expected gates the INSERTs, which select from it.
         last = new_events[-1]
         at = now()
         params: list[Any] = [last.seq, last.to_state, status, last.hash, at, task_id, expected_seq]
-        for ev in new_events:
-            params.extend(
-                (ev.seq, ev.at, ev.actor, ev.from_state, ev.trigger, ev.to_state, canonical_json(ev.data),
-                 ev.prev_hash, ev.hash)
-            )
+        for e in new_events:
+            params.extend((e.seq, e.at, e.actor, e.from_state, e.trigger, e.to_state, canonical_json(e.data),
+                           e.prev_hash, e.hash))
         if snapshot is not None:
-            params.extend((snapshot[0], snapshot[1], snapshot[2], at))
-        sql = self._pg_append_statement(len(new_events), snapshot is not None)
-        with self.engine.connect() as conn:
-            written = conn.exec_driver_sql(sql, tuple(params)).scalar()
-            if not written:
-                actual = conn.execute(select(tasks.c.seq).where(tasks.c.task_id == task_id)).scalar()
-                raise ConcurrencyConflict(task_id, expected_seq, actual)
-
-    def _pg_append_statement(self, n_events: int, with_snapshot: bool) -> str:
-        key = (n_events, with_snapshot)
-        sql = self._pg_append_sql.get(key)
-        if sql is None:
-            row = "(%s::int, %s::timestamptz, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text)"
-            values = ", ".join([row] * n_events)
-            snap = (
-                ", snap AS (INSERT INTO snapshots (task_id, seq, hash, doc, created_at)"
-                " SELECT upd.task_id, %s::int, %s::text, %s::text, %s::timestamptz FROM upd)"
-                if with_snapshot
-                else ""
-            )
-            sql = (
-                "WITH upd AS (UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s"
-                " WHERE task_id = %s AND seq = %s RETURNING task_id),"
-                " ev AS (INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data,"
-                " prev_hash, hash) SELECT upd.task_id, v.seq, v.at, v.actor, v.from_state, v.trigger, v.to_state,"
-                " v.data, v.prev_hash, v.hash FROM upd CROSS JOIN (VALUES " + values + ") AS v(seq, at, actor,"
-                " from_state, trigger, to_state, data, prev_hash, hash) RETURNING 1)" + snap +
-                " SELECT count(*) FROM ev"
-            )
-            self._pg_append_sql[key] = sql
-        return sql
+            params.extend((*snapshot, at))
+        raw = self.engine.raw_connection()
+        try:
+            cur: Any = raw.cursor()  # the driver's own cursor (psycopg accepts prepare=)
+            cur.execute(queries.append_postgres(len(new_events), snapshot is not None), params, prepare=True)
+            if not cur.fetchone()[0]:
+                cur.execute(queries.TASK_SEQ_POSTGRES, (task_id,))
+                found = cur.fetchone()
+                raise ConcurrencyConflict(task_id, expected_seq, found[0] if found else None)
+        finally:
+            raw.close()
 
     # -- reads ----------------------------------------------------------
     def row(self, task_id: str) -> TaskRow | None:
@@ -215,26 +175,33 @@ class Store:
     def load(self, task_id: str) -> Loaded | None:
         """The task row, its newest snapshot and the events after that snapshot up to the row's seq.
 
-        One statement, so one round trip and one consistent view even without a
-        transaction: the row, the snapshot and the events can never disagree
-        because a writer slipped in between two reads.
+        One statement (one round trip, one consistent view) on the driver connection.
         """
-        with self._errors(), self._reader() as conn:
-            rows = conn.execute(_LOAD, {"task_id": task_id}).all()
-        if not rows or rows[0].k != 0:
+        postgres = self.dialect == "postgresql"
+        with self._errors():
+            raw = self.engine.raw_connection()
+            try:
+                cur: Any = raw.cursor()  # the driver's own cursor (psycopg accepts prepare=)
+                if postgres:
+                    cur.execute(queries.LOAD_POSTGRES, {"task_id": task_id}, prepare=True)
+                else:
+                    cur.execute(queries.LOAD_SQLITE, {"task_id": task_id})
+                rows = cur.fetchall()
+            finally:
+                raw.close()
+        if not rows or rows[0][0] != 0:
             return None
-        head = rows[0]
-        row = TaskRow(task_id=head.t6, workflow=head.t1, version=head.n1, digest=head.t2, state=head.t3,
-                      status=head.t4, seq=head.seq, last_hash=head.t5, created_at=utc(head.ts1),
-                      updated_at=utc(head.ts2))
+        _, seq, workflow, digest, state, status, last_hash, tid, _, version, created, updated = rows[0]
+        row = TaskRow(tid, workflow, version, digest, state, status, seq, last_hash,
+                      queries.read_instant(created), queries.read_instant(updated))
         snap = None
         tail: list[Event] = []
         for r in rows[1:]:
-            if r.k == 1:
-                snap = Snapshot(task_id, r.seq, r.t1, r.t2)
+            if r[0] == 1:
+                snap = Snapshot(task_id, r[1], r[2], r[3])
             else:
-                tail.append(Event(task_id=task_id, seq=r.seq, at=utc(r.ts1), actor=r.t1, from_state=r.t2,
-                                  trigger=r.t3, to_state=r.t4, data=json.loads(r.t5), prev_hash=r.t6, hash=r.t7))
+                tail.append(Event(task_id, r[1], queries.read_instant(r[10]), r[2], r[3], r[4], r[5],
+                                  json.loads(r[6]), r[7], r[8]))
         return Loaded(row, snap, tail)
 
     def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
@@ -284,22 +251,28 @@ class Store:
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
-        """Map driver errors to our codes; the raw message goes to the log, cut to 200 characters."""
+        """Map driver errors (raw, or wrapped by SQLAlchemy) to our codes; the raw text goes to the log only."""
+        dbapi = self.engine.dialect.loaded_dbapi
         try:
             yield
         except RailyardError:
             raise
-        except sa_exc.IntegrityError as exc:
-            log.warning("integrity error: %.200s", exc.orig)
-            raise StoreError("the database refused the write (constraint violated)") from None
         except sa_exc.DBAPIError as exc:
-            text = str(exc.orig).lower()
-            log.error("database error: %.200s", exc.orig)
-            if "no such table" in text or ("relation" in text and "does not exist" in text):
-                raise StoreError(
-                    "the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING
-                ) from None
-            raise StoreError(f"database error ({type(exc.orig).__name__})") from None
+            raise _store_error(exc.orig, dbapi) from None
+        except dbapi.Error as exc:
+            raise _store_error(exc, dbapi) from None
+
+
+def _store_error(orig: BaseException | None, dbapi: Any) -> StoreError:
+    """The one mapping from a driver error to a code, cut to 200 characters in the log (it may hold data)."""
+    if isinstance(orig, dbapi.IntegrityError):
+        log.warning("integrity error: %.200s", orig)
+        return StoreError("the database refused the write (constraint violated)")
+    text = str(orig).lower()
+    log.error("database error: %.200s", orig)
+    if "no such table" in text or ("relation" in text and "does not exist" in text):
+        return StoreError("the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING)
+    return StoreError(f"database error ({type(orig).__name__})")
 
 
 def _row_values(row: TaskRow) -> dict[str, Any]:
@@ -330,11 +303,6 @@ def _event_values(ev: Event) -> dict[str, Any]:
         "prev_hash": ev.prev_hash,
         "hash": ev.hash,
     }
-
-
-def _snapshot_values(task_id: str, snapshot: tuple[int, str, str], at: datetime) -> dict[str, Any]:
-    seq, hash_, doc = snapshot
-    return {"task_id": task_id, "seq": seq, "hash": hash_, "doc": doc, "created_at": at}
 
 
 def _task_row(r: Row[Any]) -> TaskRow:

@@ -1,0 +1,98 @@
+"""The hot-path SQL, written out by hand and run on the driver connection.
+
+A transition's append and a task's load run thousands of times a second, and
+building SQLAlchemy statements and result rows costs more than the database
+work itself (measured in `bench/append.py`). These statements are fixed text
+looked up by name, with the driver's own placeholder style. Everything else
+the store does goes through SQLAlchemy Core.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import lru_cache
+
+from engine.canonical import utc
+
+#: Task row (k = 0), its newest snapshot at or below the row's seq (k = 1) and the events after
+#: that snapshot up to the row's seq (k = 2), in one statement: one round trip and one consistent
+#: view, so a writer cannot slip in between the reads. Named parameter: task_id.
+_LOAD = """
+WITH t AS (
+    SELECT task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at
+    FROM tasks WHERE task_id = {task_id}
+), s AS (
+    SELECT seq, hash, doc FROM snapshots
+    WHERE task_id = {task_id} AND seq <= (SELECT seq FROM t)
+    ORDER BY seq DESC LIMIT 1
+)
+SELECT 0 AS k, seq, workflow, digest, state, status, last_hash, task_id, CAST(NULL AS TEXT), version,
+       created_at, updated_at
+FROM t
+UNION ALL
+SELECT 1, seq, hash, doc, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM s
+UNION ALL
+SELECT 2, e.seq, e.actor, e.from_state, e.trigger, e.to_state, e.data, e.prev_hash, e.hash, NULL, e.at, NULL
+FROM events e
+WHERE e.task_id = {task_id} AND e.seq > COALESCE((SELECT seq FROM s), 0) AND e.seq <= (SELECT seq FROM t)
+ORDER BY 1, 2
+"""
+
+LOAD_SQLITE = _LOAD.format(task_id=":task_id")
+LOAD_POSTGRES = _LOAD.format(task_id="%(task_id)s")
+
+# SQLite: one BEGIN IMMEDIATE transaction of these.
+MOVE_TASK_SQLITE = (
+    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ? WHERE task_id = ? AND seq = ?"
+)
+INSERT_EVENT_SQLITE = (
+    "INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_SNAPSHOT_SQLITE = "INSERT INTO snapshots (task_id, seq, hash, doc, created_at) VALUES (?, ?, ?, ?, ?)"
+TASK_SEQ_SQLITE = "SELECT seq FROM tasks WHERE task_id = ?"
+TASK_SEQ_POSTGRES = "SELECT seq FROM tasks WHERE task_id = %s"
+
+
+@lru_cache(maxsize=32)
+def append_postgres(n_events: int, with_snapshot: bool) -> str:
+    """One statement that moves the task row and inserts the events (and a snapshot), or does nothing.
+
+    The UPDATE ... WHERE seq = expected gates the INSERTs, which select from it:
+    if another writer moved the row first, no row is updated and nothing is
+    inserted. Data-modifying CTEs run exactly once, in one transaction
+    (autocommit), in one round trip. It returns the number of events written.
+    Parameters: seq, state, status, last_hash, updated_at, task_id, expected_seq,
+    then 9 per event, then 4 for the snapshot.
+    """
+    row = "(%s::int, %s::timestamptz, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text)"
+    snapshot = (
+        ", snap AS (INSERT INTO snapshots (task_id, seq, hash, doc, created_at)"
+        " SELECT upd.task_id, %s::int, %s::text, %s::text, %s::timestamptz FROM upd)"
+        if with_snapshot
+        else ""
+    )
+    return (
+        "WITH upd AS (UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s"
+        " WHERE task_id = %s AND seq = %s RETURNING task_id),"
+        " ev AS (INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
+        " SELECT upd.task_id, v.seq, v.at, v.actor, v.from_state, v.trigger, v.to_state, v.data, v.prev_hash, v.hash"
+        f" FROM upd CROSS JOIN (VALUES {', '.join([row] * n_events)})"
+        " AS v(seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash) RETURNING 1)"
+        f"{snapshot} SELECT count(*) FROM ev"
+    )
+
+
+#: How SQLAlchemy's SQLite dialect stores a DateTime; the raw path writes the same text so both read alike.
+_SQLITE_INSTANT = "%Y-%m-%d %H:%M:%S.%f"
+
+
+def sqlite_instant(at: datetime) -> str:
+    return utc(at).strftime(_SQLITE_INSTANT)
+
+
+def read_instant(value: datetime | str) -> datetime:
+    """A timestamp as the driver returned it (aware from psycopg, text from sqlite3), as aware UTC."""
+    if isinstance(value, str):
+        return utc(datetime.fromisoformat(value))
+    return utc(value)
