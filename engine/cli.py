@@ -286,6 +286,72 @@ def graph(
     sys.stdout.write(definition.machine.graph(fmt.value) + "\n")
 
 
+@app.command("run")
+def run(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="scripted:PATH, openai:MODEL or anthropic:MODEL (default: RAILYARD_MODEL)."),
+    ] = None,
+    thinking: Annotated[bool, typer.Option("--thinking", help="Ask the model to think (reasoning on).")] = False,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Stop after this many model turns.")] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run model turns while the task is in an agent state; print each event they appended."""
+    from engine.model import adapter_from_spec
+
+    with _engine() as engine:
+        adapter = adapter_from_spec(model) if model else None
+        before = engine.get(task_id).seq
+        task = engine.run(task_id, model=adapter, thinking=thinking, max_turns=max_turns)
+        events = engine.store.events(task_id, after_seq=before)
+        view = engine.get(task.task_id)
+    if as_json:
+        _print_json({"task": view.to_dict(), "events": [e.to_dict() for e in events]})
+        return
+    for ev in events:
+        turn = ev.data.get("turn", {})
+        code = turn.get("code") or ""
+        out.print(f"{ev.seq}  {ev.from_state} --{ev.trigger}--> {ev.to_state}  "
+                  f"[{turn.get('strategy', '')}] {code}", highlight=False)
+    out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
+
+
+@app.command("providers")
+def providers(as_json: JsonFlag = False) -> None:
+    """The capability profiles and the forcing rung each gets, with thinking off and on."""
+    from engine.model.forcing import ladder
+    from engine.model.profiles import load_profiles
+
+    try:
+        profiles = load_profiles()
+    except RailyardError as error:
+        _fail(error)
+    rows = []
+    for p in profiles.values():
+        row = p.to_dict()
+        for label, thinking in (("off", False), ("on", True)):
+            row[f"rung_thinking_{label}"] = str(ladder(p, thinking, n_actions=2)[0])
+            row[f"rung_thinking_{label}_one_action"] = str(ladder(p, thinking, n_actions=1)[0])
+        rows.append(row)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="Capability profiles (rung: several actions / one action)")
+    for column in ("profile", "wire", "native schema", "tool_choice (thinking off)", "tool_choice (thinking on)",
+                   "rung, thinking off", "rung, thinking on"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["name"], r["wire"], r["native_schema"],
+            ", ".join(r["tool_choice_thinking_off"]) or "(not sent)",
+            ", ".join(r["tool_choice_thinking_on"]) or "(not sent)",
+            f"{r['rung_thinking_off']} / {r['rung_thinking_off_one_action']}",
+            f"{r['rung_thinking_on']} / {r['rung_thinking_on_one_action']}",
+        )
+    out.print(table)
+
+
 @app.command("demo")
 def demo() -> None:
     """Walk the example workflow through its paths and refusals on RAILYARD_DATABASE_URL."""

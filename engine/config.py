@@ -21,3 +21,8 @@ def workflow_modules() -> list[str]:
 
 def roles_file() -> str | None:
     return os.environ.get("RAILYARD_ROLES_FILE") or None
+
+
+def model_spec() -> str | None:
+    """RAILYARD_MODEL: `scripted:PATH`, `openai:MODEL` or `anthropic:MODEL`."""
+    return os.environ.get("RAILYARD_MODEL") or None

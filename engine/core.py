@@ -16,11 +16,12 @@ from typing import Any
 
 from engine import config
 from engine.canonical import GENESIS_HASH, canonical_json, now
-from engine.decide import decide, validate_payload
+from engine.decide import Decision, decide, validate_payload
 from engine.definition import CANCEL, START, StateKind, Workflow
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, Refused
 from engine.events import Event, seal
 from engine.fold import TaskState, apply, fold
+from engine.model.types import ModelAdapter
 from engine.registry import Registry
 from engine.roles import Authoriser, default_authoriser
 from engine.store import Loaded, Store, TaskRow
@@ -73,6 +74,7 @@ class Engine:
         authoriser: Authoriser | None = None,
         snapshot_every: int = config.DEFAULT_SNAPSHOT_EVERY,
         store: Store | None = None,
+        model: ModelAdapter | None = None,
     ) -> None:
         if snapshot_every < 1:
             raise ValueError("snapshot_every must be >= 1")
@@ -80,6 +82,7 @@ class Engine:
         self.registry = registry if registry is not None else Registry.from_env()
         self.authoriser = authoriser if authoriser is not None else default_authoriser()
         self.snapshot_every = snapshot_every
+        self.model = model
 
     def close(self) -> None:
         self.store.close()
@@ -165,6 +168,14 @@ class Engine:
         definition = self.definition_of(task)
         roles: Set[str] = self.authoriser.roles_of(actor)
         decision = decide(definition, task, trigger, payload, actor=actor, roles=roles, system=system)
+        return self.commit(task, decision, actor=actor)
+
+    def commit(self, task: TaskState, decision: Decision, *, actor: str) -> TaskState:
+        """Seal an accepted decision into the next event and append it (one round trip).
+
+        Only for decisions `decide` produced for this `task`; the append conflicts if the task moved.
+        """
+        definition = self.definition_of(task)
         event = seal(
             task_id=task.task_id,
             seq=task.seq + 1,
@@ -182,6 +193,32 @@ class Engine:
             snapshot = (after.seq, after.last_hash, canonical_json(after.to_doc()))
         self.store.append(task.task_id, task.seq, [event], status=str(after.status), snapshot=snapshot)
         return after
+
+    def step(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False) -> TaskState:
+        """Run one model turn for a task in an agent state: exactly one event, whatever the model does."""
+        from engine.agent import AgentRunner
+
+        return AgentRunner(self, self._model(model), thinking=thinking).step(self.load(task_id))
+
+    def run(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False,
+            max_turns: int = 50) -> TaskState:
+        """Step while the task is in an agent state; return when it blocks, ends, or leaves agent states."""
+        from engine.agent import AgentRunner
+
+        return AgentRunner(self, self._model(model), thinking=thinking).run(self.load(task_id), max_turns=max_turns)
+
+    def _model(self, model: ModelAdapter | None) -> ModelAdapter:
+        if model is not None:
+            return model
+        if self.model is None:
+            spec = config.model_spec()
+            if spec is None:
+                raise Refused("no model configured: set RAILYARD_MODEL (scripted:PATH, openai:MODEL, "
+                              "anthropic:MODEL)", code=Code.MODEL_NOT_CONFIGURED)
+            from engine.model import adapter_from_spec
+
+            self.model = adapter_from_spec(spec)
+        return self.model
 
     def cancel(self, task_id: str, actor: str, reason: str) -> TaskState:
         """Move the task to `cancelled` from any non-terminal state."""

@@ -3,8 +3,8 @@
 No database and no clock: the same inputs always give the same decision, so
 tests call it directly and a worker can decide on a task it already holds
 without reading anything. Checks run in a fixed order and each fails with its
-own stable code: terminal task, trigger allowed in this state, payload schema,
-domain guards, the actor's role.
+own stable code: terminal task, trigger allowed in this state, identity fields in
+the payload, payload schema, domain guards, engine-only triggers, the actor's role.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine.definition import Action, GuardContext, Workflow, guard_name
+from engine.definition import IDENTITY_FIELDS, Action, GuardContext, Workflow, guard_name
 from engine.errors import Code, Refused
 from engine.fold import TaskState
 
@@ -61,6 +61,13 @@ def decide(
             state=task.state,
             trigger=trigger,
             allowed=definition.triggers(task.state),
+        )
+    if isinstance(payload, Mapping) and IDENTITY_FIELDS & set(payload):
+        raise Refused(
+            f"{trigger}: identity fields {sorted(IDENTITY_FIELDS & set(payload))} come from the trusted caller",
+            code=Code.IDENTITY_OVERRIDE,
+            task_id=task.task_id,
+            trigger=trigger,
         )
     args_model, args_json = validate_payload(candidates[0].args, trigger, payload)
 

@@ -57,6 +57,18 @@ CANCEL = "cancel"
 EXPIRED = "expired"
 TOOL_OUTCOMES = ("succeeded", "failed", "unknown")
 CANCELLED_STATE = "cancelled"
+#: Who is acting, for whom: these come from the trusted caller's context, never from arguments.
+IDENTITY_FIELDS = frozenset({"actor", "tenant", "tenant_id", "customer", "customer_id", "role", "roles", "user",
+                             "user_id"})
+# The agent sub-machine's triggers and generated states (see `Agent`).
+REPAIR = "repair"
+DEMOTE = "demote"
+HAND_OFF = "hand_off"
+PROVIDER_ERROR = "provider_error"
+RETRY = "retry"
+FORCE_SUFFIX = "~force"
+HANDOFF_SUFFIX = "~handoff"
+PROVIDER_ERROR_SUFFIX = "~provider_error"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -138,9 +150,68 @@ class State:
 
 @dataclass(frozen=True)
 class Agent(State):
-    """The model proposes exactly one of `actions`; the engine checks it before it becomes a transition."""
+    """The model proposes exactly one of `actions`; the engine checks it before it becomes a transition.
 
+    The state compiles into a small sub-machine so every forcing attempt is an
+    event: `S -> S~force` (`repair`) on an invalid proposal, at most
+    `max_repairs` times per visit, then `hand_off` to `on_exhausted` (default: the
+    generated hand-off state `S~handoff`); `demote` (a self-loop) when the provider
+    refused the request's shape; `provider_error` to `S~provider_error` when a
+    call failed for good. `S~handoff` and `S~provider_error` wait for an operator
+    to `retry` (back to `S`) or `cancel`.
+    """
+
+    max_repairs: int = 3
+    on_exhausted: str | None = None
     kind: ClassVar[StateKind] = StateKind.AGENT
+
+    @property
+    def base(self) -> str:
+        """The declared agent state this state belongs to (itself, or the state it repairs)."""
+        return self.name
+
+    @property
+    def exhausted_target(self) -> str:
+        return self.on_exhausted or f"{self.base}{HANDOFF_SUFFIX}"
+
+    def outgoing(self) -> list[Action]:
+        return [
+            *self.actions,
+            Action(REPAIR, f"{self.base}{FORCE_SUFFIX}", system=True),
+            Action(DEMOTE, self.name, system=True),
+            Action(HAND_OFF, self.exhausted_target, system=True),
+            Action(PROVIDER_ERROR, f"{self.base}{PROVIDER_ERROR_SUFFIX}", system=True),
+        ]
+
+    def spec(self) -> dict[str, Any]:
+        out = super().spec()
+        out.update(max_repairs=self.max_repairs, on_exhausted=self.on_exhausted)
+        return out
+
+
+@dataclass(frozen=True)
+class Repairing(Agent):
+    """Generated: `S~force`, where the model repairs an invalid proposal for agent state `repairs`."""
+
+    repairs: str = ""
+
+    @property
+    def base(self) -> str:
+        return self.repairs
+
+
+def agent_substates(state: Agent) -> list[State]:
+    """The states an agent state compiles into besides itself."""
+    out: list[State] = [
+        Repairing(f"{state.name}{FORCE_SUFFIX}", state.actions, f"Repairing a proposal in {state.name}.",
+                  state.max_repairs, state.on_exhausted, repairs=state.name),
+        Wait(f"{state.name}{PROVIDER_ERROR_SUFFIX}", [Action(RETRY, state.name)],
+             f"A model call in {state.name} failed for good; an operator retries or cancels."),
+    ]
+    if state.on_exhausted is None:
+        out.append(Wait(f"{state.name}{HANDOFF_SUFFIX}", [Action(RETRY, state.name)],
+                        f"The model could not produce a valid proposal in {state.name}; a human takes over."))
+    return out
 
 
 @dataclass(frozen=True)
@@ -233,6 +304,7 @@ class Workflow:
     input: type[BaseModel] | None = None
     description: str = ""
     cancel_role: str | None = None
+    _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
     _machine: CompiledMachine = field(init=False, repr=False)
@@ -243,10 +315,12 @@ class Workflow:
         if not any(s.name == CANCELLED_STATE for s in states):
             states.append(Terminal(CANCELLED_STATE, description="Stopped by `cancel`."))
         object.__setattr__(self, "states", tuple(states))
+        generated = [sub for s in states if type(s) is Agent for sub in agent_substates(s)]
+        object.__setattr__(self, "_all", (*states, *generated))
         problems = _validate(self)
         if problems:
             raise DefinitionError(self.ref, problems)
-        object.__setattr__(self, "_by_name", {s.name: s for s in self.states})
+        object.__setattr__(self, "_by_name", {s.name: s for s in self._all})
         object.__setattr__(self, "_table", _transition_table(self))
         from engine.machine import compile_machine
 
@@ -268,6 +342,11 @@ class Workflow:
         return self.initial or self.states[0].name
 
     @property
+    def all_states(self) -> tuple[State, ...]:
+        """The declared states and the ones the engine generates (agent sub-states)."""
+        return self._all
+
+    @property
     def machine(self) -> CompiledMachine:
         """The `transitions` machine compiled once for this version and shared by all its tasks."""
         return self._machine
@@ -286,9 +365,10 @@ class Workflow:
         """The transitions `trigger` may take from `state`, in declaration order (empty: not allowed)."""
         return self._table.get((state, trigger), ())
 
-    def triggers(self, state: str) -> list[str]:
-        """The triggers allowed in `state`, in declaration order."""
-        return self._machine.triggers(state)
+    def triggers(self, state: str, *, system: bool = False) -> list[str]:
+        """The triggers a caller may fire in `state`, in declaration order (`system=True`: the engine's too)."""
+        return [t for t in self._machine.triggers(state)
+                if system or not all(a.system for a in self._table[(state, t)])]
 
     def transitions(self) -> Iterable[tuple[str, Action]]:
         """Every (source, action) pair, built-ins included."""
@@ -318,7 +398,7 @@ def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
 
 def _transition_table(wf: Workflow) -> dict[tuple[str, str], tuple[Action, ...]]:
     table: dict[tuple[str, str], list[Action]] = {}
-    for state in wf.states:
+    for state in wf.all_states:
         for action in _outgoing_with_builtins(wf, state):
             table.setdefault((state.name, action.name), []).append(action)
     return {k: tuple(v) for k, v in table.items()}
@@ -341,6 +421,8 @@ def _validate(wf: Workflow) -> list[str]:
         if state.name in names:
             problems.append(f"duplicate state name {state.name!r}")
         names[state.name] = state
+    for state in wf.all_states[len(wf.states):]:
+        names.setdefault(state.name, state)
     if not wf.states:
         problems.append("a workflow needs at least one state")
         return problems
@@ -390,7 +472,9 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
         if state.deadline is not None and state.deadline <= timedelta(0):
             problems.append(f"{where}: deadline must be positive")
 
-    reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES}
+    if isinstance(state, Agent) and (not isinstance(state.max_repairs, int) or state.max_repairs < 0):
+        problems.append(f"{where}: max_repairs must be an integer >= 0")
+    reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES, REPAIR, DEMOTE, HAND_OFF, PROVIDER_ERROR, RETRY}
     by_trigger: dict[str, list[Action]] = {}
     for action in state.actions:
         if not _NAME.match(action.name or ""):
@@ -399,6 +483,11 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
             problems.append(f"{where}: action name {action.name!r} is reserved by the engine")
         if action.args is not None and not _forbids_extra(action.args):
             problems.append(f"{where}: action {action.name!r} argument model must set extra='forbid'")
+        if action.args is not None and IDENTITY_FIELDS & set(action.args.model_fields):
+            problems.append(
+                f"{where}: action {action.name!r} declares identity fields "
+                f"{sorted(IDENTITY_FIELDS & set(action.args.model_fields))}: identity comes from the trusted caller"
+            )
         by_trigger.setdefault(action.name, []).append(action)
     for action in state.outgoing():
         if action.target not in names:

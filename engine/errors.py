@@ -28,6 +28,28 @@ class Code(StrEnum):
     DOMAIN_INVALID = "DOMAIN_INVALID"
     FORBIDDEN = "FORBIDDEN"
     CONCURRENCY_CONFLICT = "CONCURRENCY_CONFLICT"
+    # Model proposals (agent states): each spends a repair, except IDENTITY_OVERRIDE
+    NO_ACTION = "NO_ACTION"
+    OUTPUT_NOT_JSON = "OUTPUT_NOT_JSON"
+    OUTPUT_SCHEMA_INVALID = "OUTPUT_SCHEMA_INVALID"
+    ACTION_UNKNOWN = "ACTION_UNKNOWN"
+    ACTION_NOT_ALLOWED = "ACTION_NOT_ALLOWED"
+    MULTIPLE_ACTIONS = "MULTIPLE_ACTIONS"
+    IDENTITY_OVERRIDE = "IDENTITY_OVERRIDE"
+    REPAIRS_EXHAUSTED = "REPAIRS_EXHAUSTED"
+    STATE_NOT_AGENT = "STATE_NOT_AGENT"
+    MODEL_NOT_CONFIGURED = "MODEL_NOT_CONFIGURED"
+    # Provider errors (a model call failed)
+    TOOL_CHOICE_UNSUPPORTED = "TOOL_CHOICE_UNSUPPORTED"
+    SCHEMA_UNSUPPORTED = "SCHEMA_UNSUPPORTED"
+    RATE_LIMITED = "RATE_LIMITED"
+    CONTEXT_OVERFLOW = "CONTEXT_OVERFLOW"
+    PROVIDER_TIMEOUT = "PROVIDER_TIMEOUT"
+    PROVIDER_AUTH = "PROVIDER_AUTH"
+    CONTENT_FILTERED = "CONTENT_FILTERED"
+    TRUNCATED = "TRUNCATED"
+    EMPTY_RESPONSE = "EMPTY_RESPONSE"
+    PROVIDER_ERROR = "PROVIDER_ERROR"
     # Configuration and callers
     CONFIG_INVALID = "CONFIG_INVALID"
     ACTOR_REQUIRED = "ACTOR_REQUIRED"
@@ -60,6 +82,47 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.CONCURRENCY_CONFLICT: (
         "Another writer appended first (expected_seq did not match); reload and decide again."
     ),
+    Code.NO_ACTION: "The model answered without proposing an action (no tool call, empty output); a repair follows.",
+    Code.OUTPUT_NOT_JSON: "The model's arguments or JSON answer do not parse as a JSON object; a repair follows.",
+    Code.OUTPUT_SCHEMA_INVALID: (
+        "The proposal's arguments fail the action's schema (types, extra "
+        "fields); a repair follows."
+    ),
+    Code.ACTION_UNKNOWN: "The model named an action the workflow does not have; a repair follows.",
+    Code.ACTION_NOT_ALLOWED: "The model named an action the current state does not allow it; a repair follows.",
+    Code.MULTIPLE_ACTIONS: "The model proposed several actions in one turn; exactly one is allowed; a repair follows.",
+    Code.IDENTITY_OVERRIDE: (
+        "A proposal or payload tried to set an identity field (actor, tenant, customer, role): identity comes "
+        "only from the trusted caller. A model that does this is handed to a human at once."
+    ),
+    Code.REPAIRS_EXHAUSTED: (
+        "The model used its repair budget in this state; the task moved to the "
+        "state's on_exhausted target."
+    ),
+    Code.STATE_NOT_AGENT: "A model step was asked for a task that is not in an agent state.",
+    Code.MODEL_NOT_CONFIGURED: (
+        "A model step needs a model: set RAILYARD_MODEL or pass one "
+        "(scripted:PATH, openai:M, anthropic:M)."
+    ),
+    Code.TOOL_CHOICE_UNSUPPORTED: (
+        "The provider refused the request's tool_choice; the ladder moves one "
+        "rung down (no repair spent)."
+    ),
+    Code.SCHEMA_UNSUPPORTED: (
+        "The provider refused native structured output; the ladder moves one "
+        "rung down (no repair spent)."
+    ),
+    Code.RATE_LIMITED: (
+        "The provider rate-limited the call; retried with backoff within a "
+        "budget, never spending repairs."
+    ),
+    Code.CONTEXT_OVERFLOW: "The request exceeds the model's context window; not retried.",
+    Code.PROVIDER_TIMEOUT: "The provider did not answer in time; retried with backoff within a budget.",
+    Code.PROVIDER_AUTH: "The provider refused the credentials; not retried.",
+    Code.CONTENT_FILTERED: "The provider's content filter stopped the answer; not retried.",
+    Code.TRUNCATED: "The answer was cut at the output-token limit; not retried.",
+    Code.EMPTY_RESPONSE: "The provider (or the scripted model, out of turns) returned nothing at all.",
+    Code.PROVIDER_ERROR: "Any other provider failure, including an error event inside a 200 stream; not retried.",
     Code.CONFIG_INVALID: "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
     Code.ACTOR_REQUIRED: "Every write names the actor who made it; an empty or over-long actor is refused.",
     Code.SCHEMA_MISSING: "The database has no Railyard schema: run `railyard db upgrade`.",

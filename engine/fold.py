@@ -15,6 +15,7 @@ from engine.canonical import GENESIS_HASH
 from engine.definition import START, Status, Workflow
 from engine.errors import Code, IntegrityError
 from engine.events import Event
+from engine.visit import next_visit
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class TaskState:
     last_hash: str
     input: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)
+    visit: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -57,6 +59,7 @@ class TaskState:
             "last_hash": self.last_hash,
             "input": self.input,
             "facts": self.facts,
+            "visit": self.visit,
         }
 
     @classmethod
@@ -72,6 +75,7 @@ class TaskState:
             last_hash=doc["last_hash"],
             input=doc["input"],
             facts=doc["facts"],
+            visit=doc.get("visit", {}),
         )
 
 
@@ -94,6 +98,7 @@ def initial(definition: Workflow, event: Event) -> TaskState:
         seq=1,
         last_hash=event.hash,
         input=event.data.get("input", {}),
+        visit=next_visit(definition, {}, event.trigger, event.to_state, event.data),
     )
 
 
@@ -118,8 +123,9 @@ def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
     if args is not None:
         facts = {**facts, event.trigger: args}
     # Positional construction: this runs once per event on every load, and dataclasses.replace is 4x slower.
+    visit = next_visit(definition, task.visit, event.trigger, event.to_state, event.data)
     return TaskState(task.task_id, task.workflow, task.version, task.digest, event.to_state,
-                     definition.status_of(event.to_state), event.seq, event.hash, task.input, facts)
+                     definition.status_of(event.to_state), event.seq, event.hash, task.input, facts, visit)
 
 
 def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None = None) -> TaskState:

@@ -24,7 +24,7 @@ class CompiledMachine:
 
     def __init__(self, workflow: Workflow) -> None:
         self._workflow = workflow
-        self._states = [s.name for s in workflow.states]
+        self._states = [s.name for s in workflow.all_states]
         self._transitions = [
             {"trigger": action.name, "source": source, "dest": action.target}
             for source, action in workflow.transitions()

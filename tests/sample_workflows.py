@@ -44,7 +44,7 @@ def large_amount(ctx: GuardContext) -> str | None:
     return None if ctx.args.amount > 100 else "not large"
 
 
-def refund_states(*, extra_terminal: str | None = None) -> list:  # type: ignore[type-arg]
+def refund_states() -> list:  # type: ignore[type-arg]
     states = [
         Agent("assessing", actions=[
             Action("propose", "auto_refund", Proposal, guards=[within_balance, small_amount]),
@@ -63,8 +63,6 @@ def refund_states(*, extra_terminal: str | None = None) -> list:  # type: ignore
         Terminal("completed"),
         Terminal("rejected"),
     ]
-    if extra_terminal:
-        states.append(Terminal(extra_terminal))
     return states
 
 
@@ -89,5 +87,35 @@ COUNTER = Workflow(
 )
 
 
+class TicketDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ticket_id: str
+    decision: str = Field(pattern="^(ESCALATE|RESOLVE|REQUEST_INFO)$")
+    reason: str = Field(min_length=1, max_length=300)
+
+
+def same_ticket(ctx: GuardContext) -> str | None:
+    assert isinstance(ctx.args, TicketDecision)
+    return None if ctx.args.ticket_id == ctx.task.input["ticket_id"] else "a decision for another ticket"
+
+
+class TicketInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ticket_id: str
+
+
+#: One agent action: the ladder can name the one tool.
+TRIAGE = Workflow(
+    name="triage",
+    version=1,
+    input=TicketInput,
+    states=[
+        Agent("deciding", actions=[Action("decide", "decided", TicketDecision, guards=[same_ticket],
+                                          description="Record the triage decision.")], max_repairs=2),
+        Terminal("decided"),
+    ],
+)
+
+
 def all_workflows() -> list[Workflow]:
-    return [REFUND_V1, REFUND_V2, COUNTER]
+    return [REFUND_V1, REFUND_V2, COUNTER, TRIAGE]

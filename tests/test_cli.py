@@ -171,3 +171,40 @@ def test_demo_runs_on_a_fresh_database(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
     assert "DOMAIN_INVALID" in done.stdout and "FORBIDDEN" in done.stdout
     assert "hash chain verified" in done.stdout
+
+
+def test_run_drives_an_agent_state_with_a_scripted_model(cli_env: str, tmp_path: Path) -> None:
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"profile": "anthropic", "turns": [
+        {"text": "Let me think."},
+        {"tool_calls": [{"name": "propose", "arguments": {"amount": 300, "reason": "broken on arrival"}}]},
+    ]}), encoding="utf-8")
+    task_id = start_refund()
+    code, out, err = invoke("run", task_id, "--model", f"scripted:{script}", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["task"]["state"] == "awaiting_approval"
+    assert [(e["trigger"], e["data"]["turn"]["code"]) for e in result["events"]] == [
+        ("repair", "NO_ACTION"), ("propose", None)]
+    # Nothing to run once the task waits for a human: no model call, no event.
+    code, out, _ = invoke("run", task_id, "--model", f"scripted:{script}", "--json")
+    assert code == 0 and json.loads(out)["events"] == []
+
+
+def test_run_refuses_a_bad_model_spec_and_a_missing_model(cli_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    task_id = start_refund()
+    assert "CONFIG_INVALID" in invoke("run", task_id, "--model", "nonsense")[2]
+    assert "CONFIG_INVALID" in invoke("run", task_id, "--model", "scripted:/no/such/file.json")[2]
+    monkeypatch.delenv("RAILYARD_MODEL", raising=False)
+    code, _, err = invoke("run", task_id)
+    assert code == 1 and "MODEL_NOT_CONFIGURED" in err
+
+
+def test_providers_lists_every_profile_and_its_rungs(cli_env: str) -> None:
+    code, out, _ = invoke("providers", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert {"openai", "anthropic", "gemini", "deepseek", "qwen", "glm", "minimax", "mistral", "ollama"} <= set(rows)
+    assert rows["anthropic"]["rung_thinking_on"] == "auto_reminder"
+    assert rows["anthropic"]["rung_thinking_off_one_action"] == "named_tool"
+    assert rows["minimax"]["tool_choice_thinking_off"] == []

@@ -42,7 +42,8 @@ def test_each_check_fails_with_its_own_code() -> None:
     task = started(balance=200)
     assert refusal(task, "approve", {}) is Code.TRIGGER_NOT_ALLOWED
     assert refusal(task, "propose", {"amount": "lots", "reason": "x"}) is Code.PAYLOAD_INVALID
-    assert refusal(task, "propose", {"amount": 5, "reason": "x", "customer": "c2"}) is Code.PAYLOAD_INVALID
+    assert refusal(task, "propose", {"amount": 5, "reason": "x", "customer": "c2"}) is Code.IDENTITY_OVERRIDE
+    assert refusal(task, "propose", {"amount": 5, "reason": "x", "extra": 1}) is Code.PAYLOAD_INVALID
     assert refusal(task, "propose", ["not", "an", "object"]) is Code.PAYLOAD_INVALID
     assert refusal(task, "give_up", {"why": "no args allowed"}) is Code.PAYLOAD_INVALID
     assert refusal(task, "propose", {"amount": 900, "reason": "x"}) is Code.DOMAIN_INVALID

@@ -50,7 +50,7 @@ def test_a_task_runs_to_completion_and_its_chain_verifies(eng: Engine) -> None:
     [
         ("approve", {}, "dana", Code.TRIGGER_NOT_ALLOWED),
         ("propose", {"amount": -1, "reason": "x"}, "model", Code.PAYLOAD_INVALID),
-        ("propose", {"amount": 10, "reason": "x", "actor": "dana"}, "model", Code.PAYLOAD_INVALID),
+        ("propose", {"amount": 10, "reason": "x", "actor": "dana"}, "model", Code.IDENTITY_OVERRIDE),
         ("propose", {"amount": 10_000, "reason": "x"}, "model", Code.DOMAIN_INVALID),
         ("propose", {"amount": 10, "reason": "x"}, "", Code.ACTOR_REQUIRED),
     ],

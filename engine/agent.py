@@ -1,0 +1,134 @@
+"""One model turn in an agent state: build the request, call the model, append exactly one event.
+
+This is the I/O around the pure parts (`forcing` builds the request,
+`proposal` reads the answer, `decide` checks it). Whatever happens (a valid
+proposal, an invalid one, a request shape the provider refused, a provider
+failure) the turn ends in one event whose data says which strategy was used,
+what was proposed and the code if any. No database transaction is open while
+the model is called.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from engine.decide import Decision, decide
+from engine.definition import DEMOTE, PROVIDER_ERROR, Agent
+from engine.errors import Code, Refused
+from engine.fold import TaskState
+from engine.model.errors import REQUEST_SHAPE, ModelError
+from engine.model.forcing import MODE_OF_RUNG, build_request, choose_rung, demotion_key, model_actions
+from engine.model.profiles import CapabilityProfile, load_profiles, profile_for
+from engine.model.proposal import interpret
+from engine.model.types import ModelAdapter, ModelRequest, ModelResponse
+
+if TYPE_CHECKING:
+    from engine.core import Engine
+
+log = logging.getLogger("railyard.agent")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for RATE_LIMITED and PROVIDER_TIMEOUT: a separate budget that never spends repairs."""
+
+    attempts: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+
+    def delay(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(max, base * 2^attempt)]."""
+        return random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
+
+
+class AgentRunner:
+    """Runs model turns for tasks in agent states, with one adapter and one thinking setting."""
+
+    def __init__(self, engine: Engine, adapter: ModelAdapter, *, thinking: bool = False,
+                 retry: RetryPolicy | None = None, profiles: dict[str, CapabilityProfile] | None = None) -> None:
+        self.engine = engine
+        self.adapter = adapter
+        self.thinking = thinking
+        self.retry = retry or RetryPolicy()
+        provider = getattr(adapter, "profile", None) or adapter.provider
+        self.profile = profile_for(provider, adapter.model, profiles if profiles is not None else load_profiles())
+        self.actor = f"model:{adapter.provider}:{adapter.model}"
+
+    def run(self, task: TaskState, *, max_turns: int = 50) -> TaskState:
+        for _ in range(max_turns):
+            definition = self.engine.definition_of(task)
+            if task.terminal or not isinstance(definition.state(task.state), Agent):
+                break
+            task = self.step(task)
+        return task
+
+    def step(self, task: TaskState) -> TaskState:
+        definition = self.engine.definition_of(task)
+        state = definition.state(task.state)
+        if not isinstance(state, Agent) or task.terminal:
+            raise Refused(f"task {task.task_id} is in {task.state!r}, not an agent state",
+                          code=Code.STATE_NOT_AGENT, task_id=task.task_id, state=task.state)
+        rung = choose_rung(self.profile, self.adapter.model, self.thinking, len(model_actions(state)),
+                           task.visit.get("demoted", []))
+        request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung)
+        turn: dict[str, Any] = {
+            "strategy": str(rung),
+            "model": f"{self.adapter.provider}:{self.adapter.model}",
+            "profile": self.profile.name,
+            "thinking": self.thinking,
+            "mode": MODE_OF_RUNG[rung],
+        }
+        try:
+            response, attempts = self._call(request)
+        except ModelError as error:
+            turn.update(code=str(error.code), messages=[m.to_dict() for m in added])
+            if error.code in REQUEST_SHAPE:
+                # Never re-send this shape to this (model, thinking): the next turn takes the next rung down.
+                turn["demoted"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
+                return self._commit(task, DEMOTE, {"turn": turn})
+            return self._commit(task, PROVIDER_ERROR, {"turn": turn})
+        outcome = interpret(definition, task, response, rung, actor=self.actor)
+        turn.update(
+            code=str(outcome.code) if outcome.code else None,
+            messages=[m.to_dict() for m in [*added, *outcome.messages]],
+            usage={"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens},
+        )
+        if attempts > 1:
+            turn["attempts"] = attempts
+        if outcome.errors:
+            turn["errors"] = outcome.errors
+        data = {**outcome.data, "turn": turn}
+        if outcome.kind == "accept":
+            decision = decide(definition, task, outcome.trigger, data.get("args"), actor=self.actor)
+            return self.engine.commit(task, _with_data(decision, data), actor=self.actor)
+        return self._commit(task, outcome.trigger, data)
+
+    def _commit(self, task: TaskState, trigger: str, data: dict[str, Any]) -> TaskState:
+        """A sub-machine transition (repair, demote, hand_off, provider_error), checked by `decide` like any other."""
+        definition = self.engine.definition_of(task)
+        decision = decide(definition, task, trigger, None, actor=self.actor, system=True)
+        return self.engine.commit(task, _with_data(decision, {**decision.data, **data}), actor=self.actor)
+
+    def _call(self, request: ModelRequest) -> tuple[ModelResponse, int]:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return self.adapter.complete(request), attempt
+            except ModelError as error:
+                if not error.retryable or attempt >= self.retry.attempts:
+                    raise
+                delay = self.retry.delay(attempt)
+                log.info("model call %s; retrying in %.2fs (attempt %s of %s)", error.code, delay, attempt,
+                         self.retry.attempts)
+                self.retry.sleep(delay)
+
+
+def _with_data(decision: Decision, data: dict[str, Any]) -> Decision:
+    return replace(decision, data=data)

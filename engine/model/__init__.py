@@ -1,0 +1,40 @@
+"""Model adapters, capability profiles and the forcing ladder."""
+
+from __future__ import annotations
+
+from engine.errors import Code, RailyardError
+from engine.model.errors import ModelError
+from engine.model.profiles import CapabilityProfile, load_profiles, profile_for
+from engine.model.scripted import ScriptedModel
+from engine.model.types import ModelAdapter, ModelRequest, ModelResponse
+
+__all__ = [
+    "CapabilityProfile",
+    "ModelAdapter",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "ScriptedModel",
+    "adapter_from_spec",
+    "load_profiles",
+    "profile_for",
+]
+
+
+def adapter_from_spec(spec: str) -> ModelAdapter:
+    """`scripted:PATH`, `openai:MODEL` (OPENAI_BASE_URL serves any compatible provider) or `anthropic:MODEL`."""
+    kind, _, rest = spec.partition(":")
+    if not rest:
+        raise RailyardError(f"model {spec!r}: expected scripted:PATH, openai:MODEL or anthropic:MODEL",
+                            code=Code.CONFIG_INVALID)
+    if kind == "scripted":
+        return ScriptedModel.from_file(rest)
+    if kind == "openai":
+        from engine.model.openai_adapter import OpenAIAdapter
+
+        return OpenAIAdapter(rest)
+    if kind == "anthropic":
+        from engine.model.anthropic_adapter import AnthropicAdapter
+
+        return AnthropicAdapter(rest)
+    raise RailyardError(f"unknown model provider {kind!r} in {spec!r}", code=Code.CONFIG_INVALID)

@@ -1,0 +1,206 @@
+"""The forcing ladder: how to ask a model for exactly one allowed action, given what the provider accepts.
+
+Pure: from the definition, the task and the capability profile it builds the
+request; nothing here calls a model. Rungs, highest first:
+
+1. `native_schema`: the provider's native JSON-schema output (strict or loose).
+2. `named_tool`: `tool_choice` naming the one allowed tool (a state with one action).
+3. `required`: the allowed set as tools, `tool_choice: required`.
+4. `auto_reminder`: the allowed set as tools, `tool_choice: auto` (or no field at all
+   where the provider takes none), and a reminder to call exactly one.
+5. `json_instructions`: no tools; the schema in the instructions, JSON mode where offered.
+
+A rung is skipped when the profile (with thinking on or off) does not allow it,
+and when this task already saw the provider refuse it (`demoted`).
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any
+
+from engine.definition import Action, Agent, Workflow
+from engine.fold import TaskState
+from engine.model.profiles import CapabilityProfile
+from engine.model.types import Message, ModelRequest, ResponseSchema, ToolSpec
+
+
+class Rung(StrEnum):
+    NATIVE_SCHEMA = "native_schema"
+    NAMED_TOOL = "named_tool"
+    REQUIRED = "required"
+    AUTO_REMINDER = "auto_reminder"
+    JSON_INSTRUCTIONS = "json_instructions"
+
+
+#: Which conversation mode a rung puts the model in; a reminder marks each change of mode.
+MODE_OF_RUNG = {
+    Rung.NATIVE_SCHEMA: "structured",
+    Rung.NAMED_TOOL: "tools",
+    Rung.REQUIRED: "tools",
+    Rung.AUTO_REMINDER: "tools_auto",
+    Rung.JSON_INSTRUCTIONS: "structured",
+}
+
+
+def demotion_key(profile: CapabilityProfile, model: str, thinking: bool, rung: Rung) -> str:
+    """How a refused rung is remembered: per (profile, model, thinking)."""
+    return f"{profile.name}:{model}:{'thinking' if thinking else 'plain'}:{rung}"
+
+
+def ladder(profile: CapabilityProfile, thinking: bool, n_actions: int) -> list[Rung]:
+    """Every rung the profile allows for this request, highest first (the last one always works)."""
+    modes = profile.tool_choices(thinking)
+    rungs: list[Rung] = []
+    if profile.native_schema in ("strict", "loose"):
+        rungs.append(Rung.NATIVE_SCHEMA)
+    if n_actions == 1 and "named" in modes:
+        rungs.append(Rung.NAMED_TOOL)
+    if "required" in modes:
+        rungs.append(Rung.REQUIRED)
+    rungs.append(Rung.AUTO_REMINDER)
+    rungs.append(Rung.JSON_INSTRUCTIONS)
+    return rungs
+
+
+def choose_rung(profile: CapabilityProfile, model: str, thinking: bool, n_actions: int,
+                demoted: set[str] | list[str]) -> Rung:
+    refused = set(demoted)
+    for rung in ladder(profile, thinking, n_actions):
+        if demotion_key(profile, model, thinking, rung) not in refused:
+            return rung
+    return Rung.JSON_INSTRUCTIONS
+
+
+def model_actions(state: Agent) -> list[Action]:
+    """The actions the model may propose: the state's own, in order (one per name)."""
+    seen: dict[str, Action] = {}
+    for action in state.actions:
+        seen.setdefault(action.name, action)
+    return list(seen.values())
+
+
+def tool_spec(action: Action, strict: bool) -> ToolSpec:
+    schema = action.args.model_json_schema() if action.args is not None else {
+        "type": "object", "properties": {}, "additionalProperties": False}
+    return ToolSpec(action.name, action.description or action.name, schema, strict=strict)
+
+
+def envelope_schema(actions: list[Action]) -> dict[str, Any]:
+    """The JSON shape a structured answer takes: `{"action": NAME, "arguments": {...}}`.
+
+    Each argument model's `$defs` are hoisted to the root so references resolve.
+    """
+    defs: dict[str, Any] = {}
+    variants = []
+    for action in actions:
+        spec = tool_spec(action, strict=False).parameters
+        defs.update(spec.pop("$defs", {}))
+        variants.append(spec)
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": [a.name for a in actions]},
+            "arguments": variants[0] if len(variants) == 1 else {"anyOf": variants},
+        },
+        "required": ["action", "arguments"],
+        "additionalProperties": False,
+    }
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def system_prompt(definition: Workflow, state: Agent, actions: list[Action]) -> str:
+    """Stable for a (definition, state): the prefix every request of a visit shares."""
+    lines = [
+        f"You are the agent of workflow {definition.ref}, in state {state.base!r}.",
+        definition.description,
+        definition.state(state.base).description,
+        "Choose exactly one of these actions and give its arguments:",
+    ]
+    lines += [f"- {a.name}: {a.description or '(no description)'}" for a in actions]
+    lines.append("Identity (who acts, for which customer) comes from the system, never from your arguments.")
+    return "\n".join(line for line in lines if line)
+
+
+def task_context(task: TaskState) -> str:
+    """The task's input and what happened so far, as data in fixed tags."""
+    body = json.dumps({"input": task.input, "facts": task.facts}, ensure_ascii=False, sort_keys=True)
+    return f"<task_context>\n{body}\n</task_context>"
+
+
+def reminder(mode: str, actions: list[Action]) -> str:
+    names = ", ".join(a.name for a in actions)
+    if mode == "structured":
+        return ("<system-reminder>Answer now with only one JSON object: "
+                f'{{"action": one of [{names}], "arguments": {{...}}}}. No other text.</system-reminder>')
+    if mode == "tools_auto":
+        return (f"<system-reminder>Call exactly one of these tools now: {names}. "
+                "Do not answer in text.</system-reminder>")
+    return f"<system-reminder>Use the tools again: call exactly one of {names}.</system-reminder>"
+
+
+def build_request(
+    definition: Workflow,
+    task: TaskState,
+    profile: CapabilityProfile,
+    model: str,
+    thinking: bool,
+    rung: Rung,
+) -> tuple[ModelRequest, list[Message]]:
+    """The request for this turn, and the messages this turn adds to the visit (a reminder, or none).
+
+    The visit's messages are replayed as they were recorded, so each request
+    extends the previous one: nothing is ever deleted or reordered.
+    """
+    state = definition.state(task.state)
+    assert isinstance(state, Agent)
+    actions = model_actions(state)
+    mode = MODE_OF_RUNG[rung]
+    added: list[Message] = []
+    previous = task.visit.get("mode")
+    if mode != previous and (mode != "tools" or previous is not None):
+        added.append(Message("user", reminder(mode, actions)))
+    history = [Message.from_dict(m) for m in task.visit.get("messages", [])]
+    messages = (
+        Message("system", system_prompt(definition, state, actions)),
+        Message("user", task_context(task)),
+        *history,
+        *added,
+    )
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | None = None
+    response_schema: ResponseSchema | None = None
+    if rung is Rung.NATIVE_SCHEMA:
+        mode_name = "strict" if profile.native_schema == "strict" else "loose"
+        response_schema = ResponseSchema("action", envelope_schema(actions), mode_name)  # type: ignore[arg-type]
+    elif rung is Rung.JSON_INSTRUCTIONS:
+        instructions = ("<output_schema>\n" + json.dumps(envelope_schema(actions), sort_keys=True)
+                        + "\n</output_schema>")
+        added_instr = Message("user", instructions)
+        if not any(m.content == instructions for m in history):
+            added.append(added_instr)
+            messages = (*messages, added_instr)
+        if profile.native_schema != "none":
+            response_schema = ResponseSchema("action", {}, "json_object")
+    else:
+        tools = tuple(tool_spec(a, strict=profile.strict_tools) for a in actions)
+        choices = profile.tool_choices(thinking)
+        if rung is Rung.NAMED_TOOL:
+            tool_choice = actions[0].name
+        elif rung is Rung.REQUIRED:
+            tool_choice = "required"
+        else:
+            tool_choice = "auto" if "auto" in choices else None
+    request = ModelRequest(
+        model=model,
+        messages=tuple(messages),
+        tools=tools,
+        tool_choice=tool_choice,
+        response_schema=response_schema,
+        thinking=thinking,
+        parallel_tool_calls=False if tools and profile.strict_tools else None,
+    )
+    return request, added

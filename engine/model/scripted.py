@@ -1,0 +1,91 @@
+"""The scripted model: deterministic answers from a file or a list, for tests, the demo and dry runs.
+
+A script is `{"turns": [...]}` (consumed in order) or `{"by_state": {"STATE": [...]}}`
+(consumed in order per agent state). A turn is one of:
+
+    {"tool_calls": [{"name": N, "arguments": {...}}]}   # arguments may also be a raw string
+    {"text": "..."}
+    {"json": {...}}                                     # native structured output
+    {"error": {"status": 400, "message": "..."}}        # a provider error, classified like a real one
+
+When the turns run out the model answers EMPTY_RESPONSE. Optional keys: `"profile"`
+(whose capabilities the script pretends to have, default `openai`) and `"model"`.
+Every request received is kept in `requests`, so tests assert what was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine.errors import Code, RailyardError
+from engine.model.errors import ModelError, classify
+from engine.model.types import ModelRequest, ModelResponse, ToolCall
+
+_STATE_OF_PROMPT = re.compile(r"in state '([^']+)'")
+
+
+class ScriptedModel:
+    """A `ModelAdapter` that answers from a script."""
+
+    provider = "scripted"
+
+    def __init__(self, script: dict[str, Any] | list[dict[str, Any]], *, model: str | None = None,
+                 profile: str | None = None) -> None:
+        if isinstance(script, list):
+            script = {"turns": script}
+        if not isinstance(script, dict) or not ({"turns", "by_state"} & set(script)):
+            raise RailyardError('a scripted model needs {"turns": [...]} or {"by_state": {...}}',
+                                code=Code.CONFIG_INVALID)
+        self.model = model or str(script.get("model", "scripted"))
+        self.profile = profile or str(script.get("profile", "openai"))
+        self._turns = list(script.get("turns", []))
+        self._by_state = {k: list(v) for k, v in script.get("by_state", {}).items()}
+        self._lock = threading.Lock()
+        self.requests: list[ModelRequest] = []
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedModel:
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RailyardError(f"cannot read scripted model {path}: {exc}", code=Code.CONFIG_INVALID) from None
+        return cls(doc)
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        with self._lock:
+            self.requests.append(request)
+            turn = self._next(request)
+        if turn is None:
+            raise ModelError(Code.EMPTY_RESPONSE, "the script has no more turns")
+        return _answer(turn, len(self.requests))
+
+    def _next(self, request: ModelRequest) -> dict[str, Any] | None:
+        if self._by_state:
+            system = request.messages[0].content if request.messages else ""
+            found = _STATE_OF_PROMPT.search(system)
+            queue = self._by_state.get(found.group(1), []) if found else []
+            return queue.pop(0) if queue else None
+        return self._turns.pop(0) if self._turns else None
+
+
+def _answer(turn: dict[str, Any], n: int) -> ModelResponse:
+    if "error" in turn:
+        error = turn["error"]
+        status, message = error.get("status"), str(error.get("message", ""))
+        raise ModelError(classify(status, message), message, status=status)
+    if "tool_calls" in turn:
+        calls = tuple(
+            ToolCall(f"call_{n}_{i}", str(c.get("name", "")),
+                     c["arguments"] if isinstance(c.get("arguments"), str) else json.dumps(c.get("arguments", {})))
+            for i, c in enumerate(turn["tool_calls"])
+        )
+        return ModelResponse(tool_calls=calls, text=str(turn.get("text", "")), finish_reason="tool_calls")
+    if "json" in turn:
+        return ModelResponse(text=json.dumps(turn["json"]))
+    if "text" in turn:
+        return ModelResponse(text=str(turn["text"]))
+    raise ModelError(Code.EMPTY_RESPONSE, "an empty scripted turn")

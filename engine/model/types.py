@@ -1,0 +1,127 @@
+"""The provider-neutral model interface: what the engine asks, what a provider answers.
+
+Adapters translate these to and from a provider's wire format and nothing
+else: which tools to offer, which `tool_choice` to send and whether to ask for
+native JSON are decided by the forcing ladder before the request is built, so
+an adapter never second-guesses it and a test can assert the request exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+#: `auto`, `none`, `required`, or the name of the one tool the model must call.
+ToolChoice = Literal["auto", "none", "required"] | str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call as the model produced it. `arguments` is the raw JSON text: parsing is a validation layer."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a conversation.
+
+    `reasoning` and `reasoning_signature` carry a thinking model's reasoning so it
+    can be passed back on later turns where the provider requires it.
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    reasoning: str | None = None
+    reasoning_signature: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.reasoning is not None:
+            out["reasoning"] = self.reasoning
+        if self.reasoning_signature is not None:
+            out["reasoning_signature"] = self.reasoning_signature
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Message:
+        return cls(
+            role=doc["role"],
+            content=doc.get("content", ""),
+            tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in doc.get("tool_calls", ())),
+            tool_call_id=doc.get("tool_call_id"),
+            reasoning=doc.get("reasoning"),
+            reasoning_signature=doc.get("reasoning_signature"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool offered to the model: an allowed action, with the JSON schema of its argument model."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    strict: bool = False
+
+
+SchemaMode = Literal["strict", "loose", "json_object"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseSchema:
+    """Native structured output: `strict`/`loose` send `schema`; `json_object` asks only for JSON."""
+
+    name: str
+    schema: dict[str, Any]
+    mode: SchemaMode
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None  # None: the field is not sent at all
+    response_schema: ResponseSchema | None = None
+    thinking: bool = False
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    tool_calls: tuple[ToolCall, ...] = ()
+    text: str = ""
+    reasoning: str | None = None
+    reasoning_signature: str | None = None
+    finish_reason: FinishReason = "stop"
+    usage: Usage = field(default_factory=Usage)
+
+
+class ModelAdapter(Protocol):
+    """One provider connection. `complete` returns a response or raises `ModelError`, never anything else."""
+
+    provider: str
+    model: str
+
+    def complete(self, request: ModelRequest) -> ModelResponse: ...

@@ -1,0 +1,42 @@
+"""The current agent-state visit, folded from the log: the model's conversation and its repair count.
+
+A visit starts when a task enters an agent state and lasts through its
+`repair` and `demote` self-transitions; any other transition ends it. The
+messages of a visit (reminders, the model's calls, the errors fed back) are
+recorded in each turn's event, so a worker that resumes a task rebuilds the
+exact conversation, reminders included (provider prefix caches stay valid),
+without calling the model again. `demoted` outlives visits: a request shape a
+provider refused is not sent again for this task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.definition import DEMOTE, REPAIR, Agent, Workflow
+
+
+def empty_visit(demoted: list[str] | None = None) -> dict[str, Any]:
+    return {"repairs": 0, "mode": None, "messages": [], "demoted": list(demoted or [])}
+
+
+def next_visit(
+    definition: Workflow, visit: dict[str, Any], trigger: str, to_state: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    """The visit after an event: continued on `repair`/`demote`, restarted on entering an agent state."""
+    demoted = list(visit.get("demoted", []))
+    turn = data.get("turn")
+    if turn and turn.get("demoted"):
+        demoted = [*demoted, turn["demoted"]] if turn["demoted"] not in demoted else demoted
+    if trigger in (REPAIR, DEMOTE):
+        out = dict(visit)
+        out["demoted"] = demoted
+        if trigger == REPAIR:
+            out["repairs"] = int(visit.get("repairs", 0)) + 1
+        if turn:
+            out["messages"] = [*visit.get("messages", []), *turn.get("messages", [])]
+            out["mode"] = turn.get("mode", visit.get("mode"))
+        return out
+    if isinstance(definition.state(to_state), Agent):
+        return empty_visit(demoted)
+    return {"demoted": demoted} if demoted else {}

@@ -1,0 +1,345 @@
+"""Agent states: the model proposes only allowed actions; forcing, repairs, demotions and provider errors
+are transitions in the log, each model turn exactly one event."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from engine import Code, Engine, Registry, StaticRoles
+from engine.agent import AgentRunner, RetryPolicy
+from engine.errors import RailyardError
+from engine.model import ScriptedModel
+from engine.model.forcing import Rung, ladder
+from engine.model.profiles import BUILTIN_PROFILES, load_profiles
+from engine.model.types import ModelRequest
+from tests.sample_workflows import ROLES, all_workflows
+
+ORDER = {"customer": "c1", "balance": 500}
+TICKET = {"ticket_id": "T-1"}
+NO_SLEEP = RetryPolicy(attempts=3, base_delay=0.0, sleep=lambda _s: None)
+
+
+@pytest.fixture
+def eng(tmp_path: Any) -> Iterator[Engine]:
+    from engine import migrations
+
+    url = f"sqlite:///{tmp_path}/agent.db"
+    migrations.upgrade(url)
+    with Engine(url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as engine:
+        yield engine
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def run(eng: Engine, task_id: str, model: ScriptedModel, *, thinking: bool = False, turns: int = 50) -> Any:
+    runner = AgentRunner(eng, model, thinking=thinking, retry=NO_SLEEP)
+    return runner.run(eng.load(task_id), max_turns=turns)
+
+
+def trail(eng: Engine, task_id: str) -> list[tuple[str, str, str | None, str | None]]:
+    return [(e.trigger, e.to_state, e.data.get("turn", {}).get("strategy"), e.data.get("turn", {}).get("code"))
+            for e in eng.history(task_id)[1:]]
+
+
+def test_free_text_three_times_then_a_valid_call(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    model = ScriptedModel([{"text": "I would refund."}] * 3 + [call("propose", amount=300, reason="damaged")],
+                          profile="anthropic")
+    task = run(eng, task_id, model)
+    assert task.state == "awaiting_approval"
+    assert trail(eng, task_id) == [
+        ("repair", "assessing~force", "required", "NO_ACTION"),
+        ("repair", "assessing~force", "required", "NO_ACTION"),
+        ("repair", "assessing~force", "required", "NO_ACTION"),
+        ("propose", "awaiting_approval", "required", None),
+    ]
+    last = eng.history(task_id)[-1]
+    assert last.data["args"] == {"amount": 300, "reason": "damaged"}
+    assert last.actor == "model:scripted:scripted"
+
+
+def test_a_model_that_never_complies_is_handed_off_after_exactly_the_budget(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    model = ScriptedModel([{"text": "no"}] * 10, profile="anthropic")
+    task = run(eng, task_id, model)
+    assert task.state == "assessing~handoff" and task.status == "blocked"
+    assert [t[0] for t in trail(eng, task_id)] == ["repair", "repair", "repair", "hand_off"]
+    assert eng.history(task_id)[-1].data["turn"]["code"] == "REPAIRS_EXHAUSTED"
+    assert eng.history(task_id)[-1].data["last_code"] == "NO_ACTION"
+    assert len(model.requests) == 4
+    # An operator sends it back to the agent, with a fresh repair budget.
+    eng.fire(task_id, "retry", actor="olga")
+    assert eng.load(task_id).visit["repairs"] == 0
+
+
+def test_repair_feedback_carries_the_call_and_compact_errors_never_the_raw_input(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    secret = "4111-1111-1111-1111"
+    model = ScriptedModel([call("propose", amount=secret, reason="x"), call("give_up")], profile="anthropic")
+    run(eng, task_id, model)
+    second = model.requests[1]
+    tool_result = second.messages[-1]
+    assert tool_result.role == "tool" and tool_result.tool_call_id == second.messages[-2].tool_calls[0].id
+    feedback = json.loads(tool_result.content)
+    assert feedback["error"] == "OUTPUT_SCHEMA_INVALID"
+    assert feedback["errors"][0]["loc"] == ["amount"]
+    assert feedback["allowed_actions"] == ["propose", "give_up", "note"]
+    assert secret not in tool_result.content
+
+
+def test_each_layer_has_its_code(eng: Engine) -> None:
+    cases = [
+        ({"tool_calls": [{"name": "note", "arguments": {"note": "a"}}, {"name": "give_up", "arguments": {}}]},
+         "MULTIPLE_ACTIONS"),
+        (call("fly_to_the_moon"), "ACTION_UNKNOWN"),
+        (call("approve"), "ACTION_NOT_ALLOWED"),
+        (call("cancel", reason="x"), "ACTION_NOT_ALLOWED"),
+        ({"tool_calls": [{"name": "note", "arguments": "{not json"}]}, "OUTPUT_NOT_JSON"),
+        (call("propose", amount=5), "OUTPUT_SCHEMA_INVALID"),
+        (call("propose", amount=5, reason="x", extra=1), "OUTPUT_SCHEMA_INVALID"),
+        (call("propose", amount=900, reason="x"), "DOMAIN_INVALID"),
+        ({"text": ""}, "NO_ACTION"),
+    ]
+    for turn, code in cases:
+        task_id = eng.start("refund", ORDER, actor="ann", version=1)
+        eng.step(task_id, model=ScriptedModel([turn], profile="anthropic"))
+        event = eng.history(task_id)[-1]
+        assert (event.trigger, event.data["turn"]["code"]) == ("repair", code), turn
+
+
+def test_identity_override_hands_off_at_once_without_a_repair(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    eng.step(task_id, model=ScriptedModel([call("propose", amount=5, reason="x", customer="c2")],
+                                          profile="anthropic"))
+    event = eng.history(task_id)[-1]
+    assert (event.trigger, event.to_state, event.data["turn"]["code"]) == (
+        "hand_off", "assessing~handoff", "IDENTITY_OVERRIDE")
+
+
+def test_tool_choice_unsupported_moves_one_rung_down_without_spending_a_repair(eng: Engine) -> None:
+    task_id = eng.start("triage", TICKET, actor="ann")
+    refusal = {"error": {"status": 400, "message": "Thinking mode does not support this tool_choice"}}
+    model = ScriptedModel([refusal, call("decide", ticket_id="T-1", decision="RESOLVE", reason="ok")],
+                          profile="qwen")
+    task = run(eng, task_id, model)
+    assert task.state == "decided"
+    assert trail(eng, task_id) == [
+        ("demote", "deciding", "named_tool", "TOOL_CHOICE_UNSUPPORTED"),
+        ("decide", "decided", "required", None),
+    ]
+    assert [r.tool_choice for r in model.requests] == ["decide", "required"]
+    # Remembered in the log: a worker resuming this task never re-sends the refused shape.
+    assert eng.history(task_id)[1].data["turn"]["demoted"] == "qwen:scripted:plain:named_tool"
+
+
+def test_refused_shapes_are_never_resent_unchanged(eng: Engine) -> None:
+    task_id = eng.start("triage", TICKET, actor="ann")
+    shape = {"error": {"status": 400, "message": "tool_choice is not supported"}}
+    schema = {"error": {"status": 400, "message": "response_format json_schema is not supported"}}
+    model = ScriptedModel([schema, shape, shape, {"text": "{}"}], profile="openai")
+    run(eng, task_id, model, turns=4)
+    sent = [(r.response_schema is not None, r.tool_choice) for r in model.requests]
+    assert sent[:3] == [(True, None), (False, "decide"), (False, "required")]
+    assert len(set(map(repr, model.requests[:3]))) == 3
+    assert [t[0] for t in trail(eng, task_id)][:3] == ["demote", "demote", "demote"]
+    assert eng.load(task_id).visit["repairs"] == 1  # only the bad answer spent one
+
+
+def test_error_inside_the_provider_is_a_provider_error_state_not_a_repair(eng: Engine) -> None:
+    task_id = eng.start("triage", TICKET, actor="ann")
+    task = run(eng, task_id, ScriptedModel([{"error": {"status": 500, "message": "upstream exploded"}}]))
+    assert task.state == "deciding~provider_error" and task.status == "blocked"
+    event = eng.history(task_id)[-1]
+    assert (event.trigger, event.data["turn"]["code"]) == ("provider_error", "PROVIDER_ERROR")
+    assert "upstream exploded" not in json.dumps(event.data)
+    assert task.visit.get("repairs", 0) == 0
+
+
+def test_retryable_errors_back_off_inside_their_own_budget(eng: Engine) -> None:
+    task_id = eng.start("triage", TICKET, actor="ann")
+    rate = {"error": {"status": 429, "message": "rate limit"}}
+    slept: list[float] = []
+    model = ScriptedModel([rate, rate, call("decide", ticket_id="T-1", decision="ESCALATE", reason="vip")])
+    runner = AgentRunner(eng, model, retry=RetryPolicy(attempts=3, base_delay=0.01, sleep=slept.append))
+    task = runner.step(eng.load(task_id))
+    assert task.state == "decided" and len(slept) == 2
+    assert eng.history(task_id)[-1].data["turn"]["attempts"] == 3
+    # Past the budget it is a provider error with the retryable code, still no repair spent.
+    task_id = eng.start("triage", TICKET, actor="ann")
+    task = AgentRunner(eng, ScriptedModel([rate] * 5), retry=NO_SLEEP).step(eng.load(task_id))
+    assert (task.state, eng.history(task_id)[-1].data["turn"]["code"]) == ("deciding~provider_error",
+                                                                            "RATE_LIMITED")
+
+
+def test_running_out_of_script_is_empty_response(eng: Engine) -> None:
+    task_id = eng.start("triage", TICKET, actor="ann")
+    task = eng.step(task_id, model=ScriptedModel([]))
+    assert eng.history(task_id)[-1].data["turn"]["code"] == "EMPTY_RESPONSE"
+    assert task.state == "deciding~provider_error"
+
+
+def test_reminders_mark_each_change_of_mode_and_are_never_deleted(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    shape = {"error": {"status": 400, "message": "tool_choice required is not supported"}}
+    model = ScriptedModel([{"text": "hmm"}, shape, {"text": "still"}, {"text": "no"}], profile="anthropic")
+    run(eng, task_id, model, turns=4)
+    requests = model.requests
+    for before, after in itertools.pairwise(requests):
+        assert after.messages[: len(before.messages)] == before.messages, "history was rewritten"
+    reminders = [m.content for m in requests[-1].messages if "<system-reminder>" in m.content]
+    # required (tools: no reminder), then auto_reminder after the demotion: exactly one reminder.
+    assert len(reminders) == 1 and "Call exactly one of these tools" in reminders[0]
+    assert [r.tool_choice for r in requests] == ["required", "required", "auto", "auto"]
+
+
+def test_a_resumed_task_rebuilds_the_same_conversation_without_calling_the_model_again(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    first = ScriptedModel([{"text": "no"}, {"text": "no"}], profile="anthropic")
+    run(eng, task_id, first, turns=2)
+    with Engine(eng.store.url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
+        resumed = ScriptedModel([call("give_up")], profile="anthropic")
+        task = AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
+    assert task.state == "rejected"
+    assert len(resumed.requests) == 1
+    expected_prefix = first.requests[-1].messages
+    assert resumed.requests[0].messages[: len(expected_prefix)] == expected_prefix
+
+
+@pytest.mark.parametrize("profile", [p.name for p in BUILTIN_PROFILES])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_no_profile_is_sent_a_tool_choice_it_rejects(eng: Engine, profile: str, thinking: bool) -> None:
+    for workflow, payload in (("triage", TICKET), ("refund", ORDER)):
+        task_id = eng.start(workflow, payload, actor="ann")
+        model = ScriptedModel([{"text": "?"}], profile=profile)
+        eng.step(task_id, model=model, thinking=thinking)
+        request: ModelRequest = model.requests[0]
+        allowed = load_profiles()[profile].tool_choices(thinking)
+        if request.tool_choice is None:
+            assert not request.tools or "auto" not in allowed  # the field is omitted only where it is refused
+        elif request.tool_choice in ("auto", "none", "required"):
+            assert request.tool_choice in allowed
+        else:
+            assert "named" in allowed
+        assert request.thinking is thinking
+
+
+def test_glm_gets_auto_and_minimax_gets_no_tool_choice(eng: Engine) -> None:
+    for profile, expected in (("glm", "auto"), ("minimax", None)):
+        task_id = eng.start("refund", ORDER, actor="ann", version=1)
+        model = ScriptedModel([{"text": "?"}], profile=profile)
+        eng.step(task_id, model=model, thinking=True)
+        assert model.requests[0].tool_choice == expected
+        assert [t.name for t in model.requests[0].tools] == ["propose", "give_up", "note"]
+        assert "<system-reminder>" in model.requests[0].messages[-1].content
+
+
+def test_the_model_never_sees_a_tool_outside_the_allowed_set(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    model = ScriptedModel([{"text": "?"}], profile="deepseek")
+    eng.step(task_id, model=model)
+    assert [t.name for t in model.requests[0].tools] == ["propose", "give_up", "note"]
+
+
+def test_ladder_order_per_profile() -> None:
+    profiles = load_profiles()
+    assert ladder(profiles["openai"], False, 1)[:3] == [Rung.NATIVE_SCHEMA, Rung.NAMED_TOOL, Rung.REQUIRED]
+    assert ladder(profiles["anthropic"], True, 1) == [Rung.AUTO_REMINDER, Rung.JSON_INSTRUCTIONS]
+    assert ladder(profiles["deepseek"], True, 2) == [Rung.AUTO_REMINDER, Rung.JSON_INSTRUCTIONS]
+    assert ladder(profiles["deepseek"], False, 2) == [Rung.REQUIRED, Rung.AUTO_REMINDER, Rung.JSON_INSTRUCTIONS]
+
+
+def test_profiles_can_be_overridden_and_added(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "profiles.toml"
+    path.write_text('[profiles.anthropic]\nnative_schema = "strict"\n\n[profiles.gateway]\nwire = "openai"\n'
+                    'models = ["gw-*"]\ntool_choice_thinking_off = ["auto"]\n', encoding="utf-8")
+    monkeypatch.setenv("RAILYARD_PROFILES_FILE", str(path))
+    profiles = load_profiles()
+    assert profiles["anthropic"].native_schema == "strict"
+    assert profiles["gateway"].tool_choices(False) == frozenset({"auto"})
+    path.write_text('[profiles.anthropic]\nnot_a_setting = 1\n', encoding="utf-8")
+    with pytest.raises(RailyardError) as caught:
+        load_profiles()
+    assert caught.value.code is Code.CONFIG_INVALID
+
+
+def test_step_outside_an_agent_state_is_refused(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    eng.step(task_id, model=ScriptedModel([call("propose", amount=300, reason="x")], profile="anthropic"))
+    with pytest.raises(RailyardError) as caught:
+        eng.step(task_id, model=ScriptedModel([]))
+    assert caught.value.code is Code.STATE_NOT_AGENT
+
+
+def test_step_without_a_model_says_how_to_configure_one(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAILYARD_MODEL", raising=False)
+    task_id = eng.start("triage", TICKET, actor="ann")
+    with pytest.raises(RailyardError) as caught:
+        eng.step(task_id)
+    assert caught.value.code is Code.MODEL_NOT_CONFIGURED
+    assert len(eng.history(task_id)) == 1
+
+
+# -- arbitrary model output ---------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from engine.model.errors import PROVIDER_CODES  # noqa: E402
+from engine.model.proposal import REPAIRABLE  # noqa: E402
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=10,
+)
+names = st.sampled_from(["propose", "give_up", "note", "approve", "cancel", "succeeded", "repair", "retry",
+                         "hand_off", "", "x" * 300, "pro\x00pose"])
+arguments = st.one_of(
+    st.fixed_dictionaries({"amount": st.integers(-10, 1000), "reason": st.text(max_size=400)}),
+    st.fixed_dictionaries({"note": st.text(max_size=50)}),
+    st.dictionaries(st.sampled_from(["amount", "reason", "note", "customer", "actor", "role", "tenant", "zzz"]),
+                    json_values, max_size=4),
+    json_values,
+)
+tool_call = st.builds(lambda n, a, raw: {"name": n, "arguments": raw if raw is not None else a}, names, arguments,
+                      st.none() | st.text(max_size=40) | st.just("\x1b[31m" + "A" * 10_000))
+turns = st.one_of(
+    st.builds(lambda calls: {"tool_calls": calls}, st.lists(tool_call, min_size=0, max_size=3)),
+    st.builds(lambda t: {"text": t}, st.text(max_size=200) | st.just("{" * 5000)),
+    st.builds(lambda j: {"json": j}, json_values | st.fixed_dictionaries({"action": names, "arguments": arguments})),
+    st.builds(lambda s, m: {"error": {"status": s, "message": m}}, st.sampled_from([400, 401, 408, 429, 500, 503]),
+              st.sampled_from(["bad", "tool_choice unsupported", "context length exceeded", "rate limit", ""])),
+)
+
+CLOSED = REPAIRABLE | PROVIDER_CODES | {Code.IDENTITY_OVERRIDE, Code.REPAIRS_EXHAUSTED, Code.FORBIDDEN}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turn=turns, profile=st.sampled_from([p.name for p in BUILTIN_PROFILES]), thinking=st.booleans(),
+       repairs=st.integers(0, 3))
+def test_any_model_output_is_exactly_one_allowed_event_with_a_closed_code(
+    eng: Engine, turn: dict[str, Any], profile: str, thinking: bool, repairs: int
+) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    if repairs:  # enter the step in the middle of a repair visit
+        AgentRunner(eng, ScriptedModel([{"text": "?"}] * repairs, profile="anthropic"), retry=NO_SLEEP).run(
+            eng.load(task_id), max_turns=repairs)
+    before = eng.load(task_id)
+    definition = eng.definition_of(before)
+    task = AgentRunner(eng, ScriptedModel([turn], profile=profile), thinking=thinking, retry=NO_SLEEP).step(before)
+    events = eng.history(task_id)
+    assert len(events) == before.seq + 1, "exactly one event per model turn"
+    event = events[-1]
+    assert event.trigger in definition.triggers(before.state, system=True)
+    assert event.to_state in definition.machine.destinations(before.state, event.trigger)
+    code = event.data["turn"]["code"]
+    assert code is None or Code(code) in CLOSED
+    if code is None:
+        assert event.trigger in ("propose", "give_up", "note")
+    assert task.seq == event.seq
