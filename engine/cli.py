@@ -320,20 +320,13 @@ def run(
 @app.command("providers")
 def providers(as_json: JsonFlag = False) -> None:
     """The capability profiles and the forcing rung each gets, with thinking off and on."""
-    from engine.model.forcing import ladder
+    from engine.model.forcing import rung_table
     from engine.model.profiles import load_profiles
 
     try:
-        profiles = load_profiles()
+        rows = rung_table(load_profiles())
     except RailyardError as error:
         _fail(error)
-    rows = []
-    for p in profiles.values():
-        row = p.to_dict()
-        for label, thinking in (("off", False), ("on", True)):
-            row[f"rung_thinking_{label}"] = str(ladder(p, thinking, n_actions=2)[0])
-            row[f"rung_thinking_{label}_one_action"] = str(ladder(p, thinking, n_actions=1)[0])
-        rows.append(row)
     if as_json:
         _print_json(rows)
         return

@@ -343,3 +343,13 @@ def test_any_model_output_is_exactly_one_allowed_event_with_a_closed_code(
     if code is None:
         assert event.trigger in ("propose", "give_up", "note")
     assert task.seq == event.seq
+
+
+def test_the_repair_budget_is_per_state(eng: Engine) -> None:
+    """triage's agent state allows 2 repairs: the third bad answer hands off."""
+    task_id = eng.start("triage", TICKET, actor="ann")
+    other_ticket = call("decide", ticket_id="T-2", decision="RESOLVE", reason="wrong ticket")
+    task = run(eng, task_id, ScriptedModel([other_ticket] * 5, profile="anthropic"))
+    assert [t[0] for t in trail(eng, task_id)] == ["repair", "repair", "hand_off"]
+    assert [t[3] for t in trail(eng, task_id)] == ["DOMAIN_INVALID", "DOMAIN_INVALID", "REPAIRS_EXHAUSTED"]
+    assert task.state == "deciding~handoff"

@@ -198,3 +198,12 @@ def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                 value.close()
         for module in written:
             sys.modules.pop(module, None)
+
+
+def test_providers_doc_shows_the_table_railyard_providers_prints() -> None:
+    from engine.model.forcing import rung_table_markdown
+    from engine.model.profiles import BUILTIN_PROFILES
+
+    doc = (REPO / "docs" / "providers.md").read_text(encoding="utf-8")
+    between = doc.split("<!-- providers:start -->\n", 1)[1].split("\n<!-- providers:end -->", 1)[0]
+    assert between == rung_table_markdown({p.name: p for p in BUILTIN_PROFILES})

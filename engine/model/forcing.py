@@ -204,3 +204,36 @@ def build_request(
         parallel_tool_calls=False if tools and profile.strict_tools else None,
     )
     return request, added
+
+
+def rung_table(profiles: dict[str, CapabilityProfile]) -> list[dict[str, Any]]:
+    """Every profile with the first rung it gets, thinking off and on, for one and for several actions.
+
+    `railyard providers` prints it and docs/providers.md shows it (a test keeps them equal).
+    """
+    rows = []
+    for profile in profiles.values():
+        row = profile.to_dict()
+        for label, thinking in (("off", False), ("on", True)):
+            row[f"rung_thinking_{label}"] = str(ladder(profile, thinking, n_actions=2)[0])
+            row[f"rung_thinking_{label}_one_action"] = str(ladder(profile, thinking, n_actions=1)[0])
+        rows.append(row)
+    return rows
+
+
+def rung_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:
+    def modes(values: list[str]) -> str:
+        return ", ".join(f"`{v}`" for v in values) or "(field not sent)"
+
+    lines = [
+        "| profile | wire | native schema | tool_choice, thinking off | tool_choice, thinking on "
+        "| rung, thinking off (several / one action) | rung, thinking on (several / one action) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rung_table(profiles):
+        lines.append(
+            f"| `{r['name']}` | {r['wire']} | {r['native_schema']} | {modes(r['tool_choice_thinking_off'])} "
+            f"| {modes(r['tool_choice_thinking_on'])} | `{r['rung_thinking_off']}` / "
+            f"`{r['rung_thinking_off_one_action']}` | `{r['rung_thinking_on']}` / `{r['rung_thinking_on_one_action']}` |"
+        )
+    return "\n".join(lines)
