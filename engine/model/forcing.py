@@ -234,6 +234,7 @@ def rung_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:
         lines.append(
             f"| `{r['name']}` | {r['wire']} | {r['native_schema']} | {modes(r['tool_choice_thinking_off'])} "
             f"| {modes(r['tool_choice_thinking_on'])} | `{r['rung_thinking_off']}` / "
-            f"`{r['rung_thinking_off_one_action']}` | `{r['rung_thinking_on']}` / `{r['rung_thinking_on_one_action']}` |"
+            f"`{r['rung_thinking_off_one_action']}` | `{r['rung_thinking_on']}` / "
+            f"`{r['rung_thinking_on_one_action']}` |"
         )
     return "\n".join(lines)
