@@ -97,7 +97,14 @@ def _print_json(value: Any) -> None:
 def _summary(data: dict[str, Any], width: int = 60) -> str:
     if not data:
         return ""
-    shown = data["args"] if "args" in data else data.get("input", data)
+    if "args" in data:
+        shown = data["args"]
+    elif "input" in data:
+        shown = data["input"]
+    elif "turn" in data:  # a model turn that did not become an action: its strategy and code
+        shown = {k: data["turn"].get(k) for k in ("strategy", "code")}
+    else:
+        shown = data
     text = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
     return text if len(text) <= width else text[: width - 1] + "…"
 

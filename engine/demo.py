@@ -1,7 +1,8 @@
 """`railyard demo`: the example workflow's paths and refusals, printed step by step.
 
-No model is called: the agent's proposals are scripted, so the demo runs the
-same way on every machine. Approver roles come from the demo's own trusted
+No provider is called: the agent's answers come from a scripted model, so the
+demo runs the same way on every machine, through the same forcing ladder and
+repair loop a real model gets. Approver roles come from the demo's own trusted
 context, as they would from RAILYARD_ROLES_FILE.
 """
 
@@ -17,6 +18,7 @@ from engine.chain import verify_chain
 from engine.core import Engine
 from engine.errors import ConcurrencyConflict, RailyardError
 from engine.fold import TaskState
+from engine.model.scripted import ScriptedModel
 from engine.registry import Registry
 from engine.roles import StaticRoles
 
@@ -48,15 +50,24 @@ def run_demo(database_url: str, console: Console) -> None:
             console.print(f"{label}\n   [green]ok[/] -> [cyan]{task.state}[/] (seq {task.seq})")
 
         claim: dict[str, Any] = {"amount_cents": 72_000, "currency": "EUR", "description": "Conference trip"}
-        step("2. the agent proposes submit 720.00 EUR (over the 500.00 limit)",
-             lambda: engine.fire(task_id, "submit", claim, actor="model"))
-        step("3. the agent repairs: submit 420.00 EUR",
-             lambda: engine.fire(task_id, "submit", {**claim, "amount_cents": 42_000}, actor="model"))
-        step("4. bob (no role) tries to approve",
+        # A scripted model (no provider needed): it answers in prose, then over the limit, then correctly.
+        model = ScriptedModel({"profile": "anthropic", "model": "demo", "turns": [
+            {"text": "I'll file the conference trip."},
+            {"tool_calls": [{"name": "submit", "arguments": claim}]},
+            {"tool_calls": [{"name": "submit", "arguments": {**claim, "amount_cents": 42_000}}]},
+        ]})
+        before = engine.get(task_id).seq
+        engine.run(task_id, model=model)
+        for event in engine.store.events(task_id, after_seq=before):
+            turn = event.data["turn"]
+            outcome = f"[red]{turn['code']}[/]" if turn.get("code") else "[green]accepted[/]"
+            console.print(f"2. model turn ({turn['strategy']}): {event.from_state} --{event.trigger}--> "
+                          f"[cyan]{event.to_state}[/] {outcome}")
+        step("3. bob (no role) tries to approve",
              lambda: engine.fire(task_id, "approve", {"comment": "fine"}, actor="bob"))
-        step("5. dana (expense_approver) approves",
+        step("4. dana (expense_approver) approves",
              lambda: engine.fire(task_id, "approve", {"comment": "within policy"}, actor="dana"))
-        step("6. ann tries to cancel the paid claim",
+        step("5. ann tries to cancel the paid claim",
              lambda: engine.cancel(task_id, actor="ann", reason="changed my mind"))
 
         other = engine.start("expense", {"employee": "ben", "limit_cents": 10_000}, actor="ben")
@@ -65,7 +76,7 @@ def run_demo(database_url: str, console: Console) -> None:
         try:
             engine.transition(held, "submit", {**claim, "amount_cents": 5_000}, actor="model")
         except ConcurrencyConflict as conflict:
-            console.print(f"7. two writers on task {other} from seq {held.seq}: the second gets "
+            console.print(f"6. two writers on task {other} from seq {held.seq}: the second gets "
                           f"[red]{conflict.code}[/] (expected {conflict.expected}, found {conflict.actual})")
 
         console.print(history_table(engine.history(task_id), title=f"history of {task_id}"))
