@@ -48,7 +48,7 @@ def classify(status: int | None, message: str) -> Code:
     text = message.lower()
     if status in (401, 403) or "api key" in text or "unauthorized" in text:
         return Code.PROVIDER_AUTH
-    if status == 429 or "rate limit" in text or "overloaded" in text:
+    if status in (429, 529) or "rate limit" in text or "overloaded" in text:
         return Code.RATE_LIMITED
     if status in (408, 504) or "timed out" in text or "timeout" in text:
         return Code.PROVIDER_TIMEOUT
@@ -56,7 +56,8 @@ def classify(status: int | None, message: str) -> Code:
         return Code.TOOL_CHOICE_UNSUPPORTED
     if "context length" in text or "context window" in text or "maximum context" in text or "too long" in text:
         return Code.CONTEXT_OVERFLOW
-    if "response_format" in text or "json_schema" in text or "json schema" in text or "structured output" in text:
+    if any(k in text for k in ("response_format", "json_schema", "json schema", "structured output",
+                               "output_config", "output_format", "output format")):
         return Code.SCHEMA_UNSUPPORTED
     if "content filter" in text or "content_filter" in text or "safety" in text:
         return Code.CONTENT_FILTERED

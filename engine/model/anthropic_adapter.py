@@ -1,0 +1,413 @@
+"""The `anthropic:` adapter: the Messages API through the official `anthropic` SDK.
+
+The request is built as a plain dict exactly from the `ModelRequest`, like the
+OpenAI adapter: `tool_choice=None` sends no `tool_choice`, and nothing the
+forcing ladder did not ask for is added. Mapping choices:
+
+- System messages, wherever they stand, are joined (blank line between) into
+  the top-level `system` string.
+- Consecutive messages that land on the same Anthropic role are merged into one
+  message of content blocks: the results of several tool calls of one turn must
+  travel in the one user message that follows the `tool_use` turn. Empty text is
+  never sent as a block (the API refuses empty text blocks).
+- An assistant tool call becomes a `tool_use` block whose `input` is the parsed
+  arguments; arguments that do not parse as a JSON object are sent as `{}`.
+- A tool result is a `tool_result` block, with `is_error: true` when its
+  content is a JSON object with an `"error"` key (see `is_error_result`).
+- An assistant's reasoning is sent back as a `thinking` block only when it has
+  its signature; unsigned reasoning (from another provider) is dropped, since
+  the API refuses a thinking block without one.
+- `thinking=True` sends `{"type": "enabled", "budget_tokens": thinking_budget}`;
+  `max_tokens` must exceed the budget, so when it does not the budget is added
+  on top of it (the answer keeps the room it asked for).
+- `response_schema` strict or loose sends `output_config.format` (json_schema;
+  Anthropic enforces the schema either way); `json_object` has no Anthropic
+  equivalent and raises `SCHEMA_UNSUPPORTED` before any call.
+- `parallel_tool_calls=False` sets `disable_parallel_tool_use` on the
+  `tool_choice` that is sent; with `tool_choice=None` or `"none"` there is no
+  object to carry it and nothing is sent.
+
+The SDK's own retries are off by default: the engine owns retries and budgets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import anthropic
+import httpx2
+
+from engine.errors import Code
+from engine.model.errors import ModelError, classify
+from engine.model.types import (
+    FinishReason,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+_STOP: dict[str, FinishReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+#: HTTP statuses standing for the error types an `event: error` carries inside a 200 stream.
+_ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+
+def is_error_result(content: str) -> bool:
+    """The convention marking a tool result as failed: a JSON object with an `"error"` key."""
+    try:
+        doc = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "error" in doc
+
+
+class AnthropicAdapter:
+    """A `ModelAdapter` for Anthropic's Messages API."""
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        stream: bool = False,
+        max_retries: int = 0,
+        max_tokens_default: int = 4096,
+        thinking_budget: int = 2048,
+    ) -> None:
+        self.model = model
+        self.base_url = base_url
+        self.timeout = timeout
+        self.stream = stream
+        self.max_retries = max_retries
+        self.max_tokens_default = max_tokens_default
+        self.thinking_budget = thinking_budget
+        self._api_key = api_key
+        self._client: anthropic.Anthropic | None = None
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send one request; return the answer or raise `ModelError`."""
+        if not request.model:
+            request = replace(request, model=self.model)
+        payload = build_payload(
+            request,
+            stream=self.stream,
+            max_tokens_default=self.max_tokens_default,
+            thinking_budget=self.thinking_budget,
+        )
+        client = self._get_client()
+        try:
+            if self.stream:
+                with client.messages.create(**payload) as events:  # closed however the reading ends
+                    return _read_stream(event.to_dict() for event in events)
+            message = client.messages.create(**payload)
+            return parse_message(message.to_dict())
+        except ModelError:
+            raise
+        except anthropic.APITimeoutError as exc:
+            raise ModelError(Code.PROVIDER_TIMEOUT, exc.message) from None
+        except anthropic.APIConnectionError as exc:
+            raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
+        except anthropic.APIStatusError as exc:
+            # An `event: error` inside a 200 stream arrives here too, with status_code 200.
+            message, kind = _error_parts(exc.body, exc.api_message or exc.message)
+            status = exc.status_code if exc.status_code >= 400 else _ERROR_TYPE_STATUS.get(kind or "")
+            raise ModelError(_classify(status, message, kind), message, status=exc.status_code) from None
+        except anthropic.APIError as exc:
+            message, kind = _error_parts(exc.body, exc.message)
+            raise ModelError(_classify(None, message, kind), message) from None
+        except anthropic.AnthropicError as exc:
+            code = Code.PROVIDER_AUTH if isinstance(exc, anthropic.CredentialsError) else Code.PROVIDER_ERROR
+            raise ModelError(code, f"{type(exc).__name__}: {exc}") from None
+        except httpx2.TimeoutException:
+            # The SDK's sync stream reads the body without wrapping transport errors.
+            raise ModelError(Code.PROVIDER_TIMEOUT, "timed out reading the response") from None
+        except httpx2.HTTPError as exc:
+            raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            if "authentication method" in str(exc):  # the SDK's TypeError when no credentials resolve
+                raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
+            raise ModelError(Code.PROVIDER_ERROR, f"malformed response: {type(exc).__name__}") from None
+
+    def _get_client(self) -> anthropic.Anthropic:
+        if self._client is None:
+            try:
+                self._client = anthropic.Anthropic(
+                    api_key=self._api_key,
+                    base_url=self.base_url,
+                    timeout=self.timeout,
+                    max_retries=self.max_retries,
+                )
+            except (anthropic.AnthropicError, ValueError) as exc:
+                raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
+        return self._client
+
+
+# -- request --------------------------------------------------------------
+
+
+def build_payload(
+    request: ModelRequest, *, stream: bool = False, max_tokens_default: int = 4096, thinking_budget: int = 2048
+) -> dict[str, Any]:
+    """The Messages API body for `request`, as keyword arguments of `messages.create`."""
+    max_tokens = request.max_output_tokens if request.max_output_tokens is not None else max_tokens_default
+    payload: dict[str, Any] = {"model": request.model, "max_tokens": max_tokens}
+    system = [m.content for m in request.messages if m.role == "system" and m.content]
+    if system:
+        payload["system"] = "\n\n".join(system)
+    payload["messages"] = _messages(m for m in request.messages if m.role != "system")
+    if request.tools:
+        payload["tools"] = [_tool(t) for t in request.tools]
+    if request.tool_choice is not None:
+        payload["tool_choice"] = _tool_choice(request.tool_choice, request.parallel_tool_calls)
+    if request.response_schema is not None:
+        if request.response_schema.mode == "json_object":
+            raise ModelError(Code.SCHEMA_UNSUPPORTED, "Anthropic has no json_object mode; send a schema")
+        payload["output_config"] = {"format": {"type": "json_schema", "schema": request.response_schema.schema}}
+    if request.thinking:
+        payload["thinking"] = {"type": "enabled", "budget_tokens": thinking_budget}
+        if max_tokens <= thinking_budget:
+            payload["max_tokens"] = thinking_budget + max_tokens
+    if stream:
+        payload["stream"] = True
+    return payload
+
+
+def _messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = _blocks(message)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    return out
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    if message.role == "tool":
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id or "",
+            "content": message.content,
+        }
+        if is_error_result(message.content):
+            block["is_error"] = True
+        return [block]
+    blocks: list[dict[str, Any]] = []
+    if message.role == "assistant" and message.reasoning and message.reasoning_signature:
+        blocks.append({"type": "thinking", "thinking": message.reasoning, "signature": message.reasoning_signature})
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    blocks.extend(
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+        for c in message.tool_calls
+        if message.role == "assistant"
+    )
+    return blocks
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(arguments)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _tool(tool: ToolSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+    if tool.strict:
+        out["strict"] = True
+    return out
+
+
+def _tool_choice(choice: str, parallel: bool | None) -> dict[str, Any]:
+    out: dict[str, Any]
+    if choice == "none":
+        return {"type": "none"}
+    if choice == "auto":
+        out = {"type": "auto"}
+    elif choice == "required":
+        out = {"type": "any"}
+    else:
+        out = {"type": "tool", "name": choice}
+    if parallel is False:
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
+# -- response -------------------------------------------------------------
+
+
+def parse_message(body: dict[str, Any]) -> ModelResponse:
+    """A non-streamed `message` body as a `ModelResponse`, or the `ModelError` it amounts to."""
+    if body.get("type") == "error" or body.get("error"):
+        message, kind = _error_parts(body, "error object in a 200 response")
+        raise ModelError(_classify(_ERROR_TYPE_STATUS.get(kind or ""), message, kind), message, status=200)
+    return _finish(body.get("content") or [], body.get("stop_reason"), body.get("usage"))
+
+
+def _read_stream(events: Iterable[dict[str, Any]]) -> ModelResponse:
+    """Accumulate stream events (content_block_start/delta/stop, message_delta) into one answer."""
+    blocks: dict[int, dict[str, Any]] = {}
+    partial_json: dict[int, list[str]] = {}
+    usage: dict[str, Any] = {}
+    stop_reason: str | None = None
+    stopped = False
+    for event in events:
+        kind = event.get("type")
+        if kind == "error" or event.get("error"):
+            # The SDK raises on `event: error`; this catches an error object under any other event name.
+            message, error_type = _error_parts(event, "error event in a 200 stream")
+            status = _ERROR_TYPE_STATUS.get(error_type or "")
+            raise ModelError(_classify(status, message, error_type), message, status=200)
+        if kind == "message_start":
+            usage.update((event.get("message") or {}).get("usage") or {})
+        elif kind == "content_block_start":
+            blocks[event["index"]] = dict(event.get("content_block") or {})
+        elif kind == "content_block_delta":
+            block = blocks.setdefault(event["index"], {})
+            delta = event.get("delta") or {}
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                block["text"] = block.get("text", "") + (delta.get("text") or "")
+            elif dtype == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + (delta.get("thinking") or "")
+            elif dtype == "signature_delta":
+                block["signature"] = block.get("signature", "") + (delta.get("signature") or "")
+            elif dtype == "input_json_delta":
+                partial_json.setdefault(event["index"], []).append(delta.get("partial_json") or "")
+        elif kind == "message_delta":
+            stop_reason = (event.get("delta") or {}).get("stop_reason") or stop_reason
+            usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            stopped = True
+    content = []
+    for index in sorted(blocks):
+        block = blocks[index]
+        if index in partial_json:
+            block["arguments"] = "".join(partial_json[index])
+        content.append(block)
+    if not content and stop_reason is None:
+        raise ModelError(Code.EMPTY_RESPONSE, "the stream ended without any content")
+    if not stopped and stop_reason is None:
+        # Something arrived, but never the end: a dropped stream must not pass for a short answer.
+        raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a stop_reason")
+    return _finish(content, stop_reason, usage)
+
+
+def _finish(content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, Any] | None) -> ModelResponse:
+    text: list[str] = []
+    thinking: list[str] = []
+    signature: str | None = None
+    calls: list[ToolCall] = []
+    for block in content:
+        kind = block.get("type")
+        if kind == "text":
+            text.append(block.get("text") or "")
+        elif kind == "thinking":
+            thinking.append(block.get("thinking") or "")
+            signature = block.get("signature") or signature
+        elif kind == "tool_use":
+            arguments = block.get("arguments")  # the raw streamed JSON, when streamed
+            if arguments is None or arguments == "":
+                arguments = json.dumps(block.get("input") or {})
+            calls.append(ToolCall(str(block.get("id") or ""), str(block.get("name") or ""), arguments))
+    reason: FinishReason = _STOP.get(stop_reason or "", "other")
+    if reason == "content_filter":
+        raise ModelError(Code.CONTENT_FILTERED, f"stop_reason {stop_reason}")
+    if reason == "length" and not any(_usable(c) for c in calls):
+        code = Code.CONTEXT_OVERFLOW if stop_reason == "model_context_window_exceeded" else Code.TRUNCATED
+        raise ModelError(code, f"stop_reason {stop_reason} with no complete tool call")
+    joined = "".join(text)
+    if not joined.strip() and not calls:
+        raise ModelError(Code.EMPTY_RESPONSE, f"no text and no tool calls (stop_reason {stop_reason})")
+    return ModelResponse(
+        tool_calls=tuple(calls),
+        text=joined,
+        reasoning="".join(thinking) or None,
+        reasoning_signature=signature,
+        finish_reason=reason,
+        usage=_usage(usage),
+    )
+
+
+def _usable(call: ToolCall) -> bool:
+    """A tool call that came out whole: a name and arguments that parse as a JSON object."""
+    try:
+        return bool(call.name) and isinstance(json.loads(call.arguments), dict)
+    except ValueError:
+        return False
+
+
+def _usage(usage: dict[str, Any] | None) -> Usage:
+    if not usage:
+        return Usage()
+    # Anthropic counts cached prompt tokens apart; the neutral input count is the whole prompt, as OpenAI's is.
+    prompt = sum(
+        int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
+    return Usage(input_tokens=prompt, output_tokens=int(usage.get("output_tokens") or 0))
+
+
+# -- errors ---------------------------------------------------------------
+
+
+def _error_parts(body: object, fallback: str) -> tuple[str, str | None]:
+    """The provider's error message and type (`error.message`, `error.type`), never the request."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            message = inner.get("message")
+            kind = inner.get("type")
+            return (
+                message if isinstance(message, str) and message else fallback,
+                kind if isinstance(kind, str) else None,
+            )
+        if isinstance(inner, str) and inner:
+            return inner, None
+    if isinstance(body, str) and body:
+        return body, None
+    return fallback, None
+
+
+def _classify(status: int | None, message: str, kind: str | None) -> Code:
+    # The error type helps where the message alone is vague (`overloaded_error`, `rate_limit_error`).
+    code = classify(status, f"{message} {(kind or '').replace('_', ' ')}".strip())
+    text = message.lower()
+    if code == Code.PROVIDER_ERROR and status == 400 and any(k in text for k in _SCHEMA_HINTS):
+        # A model without native structured output refuses `output_config.format`: a rung down, not a failure.
+        return Code.SCHEMA_UNSUPPORTED
+    return code
+
+
+_SCHEMA_HINTS = ("output_config", "output_format", "output format")

@@ -1,0 +1,372 @@
+"""The `openai:` adapter: the Chat Completions API through the official `openai` SDK.
+
+Chat Completions is the one wire format every OpenAI-compatible provider
+serves (Gemini, DeepSeek, Qwen/DashScope, GLM, MiniMax, Mistral, Ollama, ...),
+so this adapter is also the way to reach those: point `base_url` (or
+`OPENAI_BASE_URL`) at the provider and pass its key (or `OPENAI_API_KEY`).
+
+The request is built as a plain dict exactly from the `ModelRequest`: a field
+the request leaves unset (`tool_choice=None`, `parallel_tool_calls=None`) is not
+sent at all, because the forcing ladder decided it and a provider that refuses
+a field must not see it. Provider-specific switches (DeepSeek/GLM thinking,
+`stream_options`) go in `extra_body`, merged into the body as given.
+
+The SDK's own retries are off by default: the engine owns retries and budgets.
+Every failure becomes a `ModelError`; its raw text is the provider's error
+message only, never the request body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any, Literal
+
+import httpx2
+import openai
+
+from engine.errors import Code
+from engine.model.errors import ModelError, classify
+from engine.model.types import (
+    FinishReason,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ResponseSchema,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "max_tokens": "length",
+    "content_filter": "content_filter",
+    "sensitive": "content_filter",  # GLM
+}
+#: Finish reasons some compatible providers use to say generation failed server-side.
+_FINISH_FAILED = frozenset({"error", "network_error", "insufficient_system_resource"})  # -, GLM, DeepSeek
+
+MaxTokensParam = Literal["max_tokens", "max_completion_tokens"]
+
+
+class OpenAIAdapter:
+    """A `ModelAdapter` for OpenAI and every provider serving Chat Completions."""
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        stream: bool = False,
+        max_retries: int = 0,
+        extra_body: dict[str, Any] | None = None,
+        max_tokens_param: MaxTokensParam = "max_tokens",
+    ) -> None:
+        self.model = model
+        self.base_url = base_url
+        self.timeout = timeout
+        self.stream = stream
+        self.max_retries = max_retries
+        self.extra_body = dict(extra_body) if extra_body else None
+        self.max_tokens_param: MaxTokensParam = max_tokens_param
+        self._api_key = api_key
+        self._client: openai.OpenAI | None = None
+
+    # -- the call ---------------------------------------------------------
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send one request; return the answer or raise `ModelError`."""
+        if not request.model:
+            request = replace(request, model=self.model)
+        payload = build_payload(request, stream=self.stream, max_tokens_param=self.max_tokens_param)
+        client = self._get_client()
+        try:
+            if self.stream:
+                with client.chat.completions.create(**payload, extra_body=self.extra_body) as chunks:
+                    return _read_stream(chunk.to_dict() for chunk in chunks)  # closed however the reading ends
+            completion = client.chat.completions.create(**payload, extra_body=self.extra_body)
+            return parse_completion(completion.to_dict())
+        except ModelError:
+            raise
+        except openai.APITimeoutError as exc:
+            raise ModelError(Code.PROVIDER_TIMEOUT, exc.message) from None
+        except openai.APIConnectionError as exc:
+            raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
+        except openai.APIStatusError as exc:
+            message = _error_message(exc.body, exc.message)
+            raise ModelError(_classify(exc.status_code, message, exc.body), message, status=exc.status_code) from None
+        except openai.APIError as exc:
+            # Raised by the SDK for a `data: {"error": ...}` chunk inside a 200 stream.
+            message = _error_message(exc.body, exc.message)
+            raise ModelError(_classify(None, message, exc.body), message, status=200) from None
+        except openai.OpenAIError as exc:
+            raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}") from None
+        except httpx2.TimeoutException:
+            raise ModelError(Code.PROVIDER_TIMEOUT, "timed out reading the response") from None
+        except httpx2.HTTPError as exc:
+            raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # A body that is not the shape Chat Completions promises (malformed JSON, wrong types).
+            raise ModelError(Code.PROVIDER_ERROR, f"malformed response: {type(exc).__name__}") from None
+
+    def _get_client(self) -> openai.OpenAI:
+        # Built on first use so that a missing key is a ModelError of the call, like every other failure.
+        if self._client is None:
+            try:
+                self._client = openai.OpenAI(
+                    api_key=self._api_key,
+                    base_url=self.base_url,
+                    timeout=self.timeout,
+                    max_retries=self.max_retries,
+                )
+            except openai.OpenAIError as exc:
+                raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
+        return self._client
+
+
+# -- request --------------------------------------------------------------
+
+
+def build_payload(
+    request: ModelRequest, *, stream: bool = False, max_tokens_param: MaxTokensParam = "max_tokens"
+) -> dict[str, Any]:
+    """The Chat Completions body for `request`, as keyword arguments of `chat.completions.create`."""
+    payload: dict[str, Any] = {
+        "model": request.model,
+        "messages": [_message(m) for m in request.messages],
+    }
+    if request.tools:
+        payload["tools"] = [_tool(t) for t in request.tools]
+    if request.tool_choice is not None:
+        payload["tool_choice"] = _tool_choice(request.tool_choice)
+    if request.parallel_tool_calls is not None:
+        payload["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.response_schema is not None:
+        payload["response_format"] = _response_format(request.response_schema)
+    if request.max_output_tokens is not None:
+        payload[max_tokens_param] = request.max_output_tokens
+    if stream:
+        payload["stream"] = True
+    return payload
+
+
+def _message(message: Message) -> dict[str, Any]:
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content}
+    if message.role != "assistant":
+        return {"role": message.role, "content": message.content}
+    out: dict[str, Any] = {"role": "assistant"}
+    # An assistant turn that only calls tools carries `content: null`, the shape Chat Completions itself returns.
+    out["content"] = message.content if message.content or not message.tool_calls else None
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.reasoning is not None:
+        # DeepSeek (thinking mode with tools) requires the reasoning of the turn to be sent back.
+        out["reasoning_content"] = message.reasoning
+    return out
+
+
+def _tool(tool: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+    if tool.strict:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: str) -> str | dict[str, Any]:
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def _response_format(schema: ResponseSchema) -> dict[str, Any]:
+    if schema.mode == "json_object":
+        return {"type": "json_object"}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": schema.name, "schema": schema.schema, "strict": schema.mode == "strict"},
+    }
+
+
+# -- response -------------------------------------------------------------
+
+
+def parse_completion(body: dict[str, Any]) -> ModelResponse:
+    """A non-streamed `chat.completion` body as a `ModelResponse`, or the `ModelError` it amounts to."""
+    if body.get("error"):
+        # Some gateways answer 200 with an error object instead of a completion.
+        error = _error_message(body["error"], "error object in a 200 response")
+        raise ModelError(_classify(None, error, body["error"]), error, status=200)
+    choices = body.get("choices") or []
+    if not choices:
+        raise ModelError(Code.EMPTY_RESPONSE, "no choices in the response")
+    choice = choices[0]
+    message = choice.get("message") or {}
+    calls = tuple(
+        ToolCall(
+            id=str(c.get("id") or ""),
+            name=str((c.get("function") or {}).get("name") or ""),
+            arguments=str((c.get("function") or {}).get("arguments") or ""),
+        )
+        for c in message.get("tool_calls") or ()
+    )
+    return _finish(
+        calls=calls,
+        text=message.get("content") or "",
+        reasoning=_reasoning(message),
+        refusal=message.get("refusal"),
+        finish=choice.get("finish_reason"),
+        usage=body.get("usage"),
+    )
+
+
+def _read_stream(chunks: Iterable[dict[str, Any]]) -> ModelResponse:
+    """Accumulate `chat.completion.chunk`s (text, reasoning, tool-call fragments by index) into one answer."""
+    text: list[str] = []
+    reasoning: list[str] = []
+    refusal: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    for chunk in chunks:
+        if chunk.get("error"):
+            message = _error_message(chunk["error"], "error chunk in a 200 stream")
+            raise ModelError(_classify(None, message, chunk["error"]), message, status=200)
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                text.append(delta["content"])
+            if part := _reasoning(delta):
+                reasoning.append(part)
+            if delta.get("refusal"):
+                refusal.append(delta["refusal"])
+            for fragment in delta.get("tool_calls") or ():
+                _add_fragment(calls, fragment)
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    if not (text or reasoning or refusal or calls or finish):
+        raise ModelError(Code.EMPTY_RESPONSE, "the stream ended without any content")
+    if finish is None:
+        # Something arrived, but never the end: a dropped stream must not pass for a short answer.
+        raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a finish_reason")
+    return _finish(
+        calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())),
+        text="".join(text),
+        reasoning="".join(reasoning) or None,
+        refusal="".join(refusal) or None,
+        finish=finish,
+        usage=usage,
+    )
+
+
+def _add_fragment(calls: dict[int, dict[str, str]], fragment: dict[str, Any]) -> None:
+    index = fragment.get("index")
+    if not isinstance(index, int):
+        # Some compatible servers omit the index: a new id starts a new call, otherwise it continues the last one.
+        last = max(calls) if calls else -1
+        new_id = fragment.get("id")
+        index = last + 1 if last < 0 or (new_id and new_id != calls[last]["id"]) else last
+    call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+    if fragment.get("id"):
+        call["id"] = fragment["id"]
+    function = fragment.get("function") or {}
+    if function.get("name"):
+        call["name"] += function["name"]
+    if function.get("arguments"):
+        call["arguments"] += function["arguments"]
+
+
+def _finish(
+    *,
+    calls: tuple[ToolCall, ...],
+    text: str,
+    reasoning: str | None,
+    refusal: str | None,
+    finish: str | None,
+    usage: dict[str, Any] | None,
+) -> ModelResponse:
+    """The checks shared by both read paths: filtered, truncated, failed and empty answers raise."""
+    reason: FinishReason = _FINISH.get(finish or "", "other")
+    if reason == "content_filter":
+        raise ModelError(Code.CONTENT_FILTERED, f"finish_reason {finish}")
+    if finish in _FINISH_FAILED:
+        raise ModelError(Code.PROVIDER_ERROR, f"finish_reason {finish}")
+    if refusal and not calls:
+        raise ModelError(Code.CONTENT_FILTERED, f"refusal: {refusal}")
+    if reason == "length" and not any(_usable(c) for c in calls):
+        raise ModelError(Code.TRUNCATED, "finish_reason length with no complete tool call")
+    if not text.strip() and not calls:
+        raise ModelError(Code.EMPTY_RESPONSE, f"no text and no tool calls (finish_reason {finish})")
+    return ModelResponse(
+        tool_calls=calls,
+        text=text,
+        reasoning=reasoning,
+        finish_reason=reason,
+        usage=_usage(usage),
+    )
+
+
+def _usable(call: ToolCall) -> bool:
+    """A tool call that came out whole: a name and arguments that parse as a JSON object."""
+    try:
+        return bool(call.name) and isinstance(json.loads(call.arguments), dict)
+    except ValueError:
+        return False
+
+
+def _reasoning(message: dict[str, Any]) -> str | None:
+    # `reasoning_content` (DeepSeek, Qwen, GLM, vLLM); `reasoning` on a few other compatible servers.
+    value = message.get("reasoning_content")
+    if not isinstance(value, str):
+        value = message.get("reasoning")
+    return value if isinstance(value, str) and value else None
+
+
+def _usage(usage: dict[str, Any] | None) -> Usage:
+    if not usage:
+        return Usage()
+    return Usage(
+        input_tokens=int(usage.get("prompt_tokens") or 0), output_tokens=int(usage.get("completion_tokens") or 0)
+    )
+
+
+# -- errors ---------------------------------------------------------------
+
+
+def _error_message(body: object, fallback: str) -> str:
+    """The provider's own error message: `error.message` when the body has one, never the request."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str) and inner["message"]:
+            return str(inner["message"])
+        if isinstance(inner, str) and inner:
+            return inner
+    if isinstance(body, str) and body:
+        return body
+    return fallback
+
+
+def _classify(status: int | None, message: str, body: object) -> Code:
+    # The error's `type`/`code` help where the message alone is vague (e.g. `context_length_exceeded`).
+    hints = ""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            hints = " ".join(str(inner.get(k) or "") for k in ("type", "code")).replace("_", " ")
+    return classify(status, f"{message} {hints}".strip())

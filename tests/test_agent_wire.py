@@ -1,0 +1,161 @@
+"""Agent turns through the real provider adapters against the local wire-format server.
+
+For every shipped profile, thinking on and off, the request on the wire never
+carries a tool_choice the provider rejects in that mode; refusals and stream
+errors become the transitions the design names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from engine import Engine, Registry, StaticRoles, migrations
+from engine.agent import AgentRunner, RetryPolicy
+from engine.model.anthropic_adapter import AnthropicAdapter
+from engine.model.openai_adapter import OpenAIAdapter
+from engine.model.profiles import BUILTIN_PROFILES, load_profiles
+from tests.provider_server import (
+    ProviderServer,
+    anthropic_error,
+    anthropic_event,
+    anthropic_message,
+    anthropic_stream,
+    openai_chunk,
+    openai_completion,
+    openai_error,
+    openai_stream,
+    text_block,
+    tool_use_block,
+)
+from tests.sample_workflows import ROLES, all_workflows
+
+#: A model name each profile is chosen by.
+MODEL_OF = {"openai": "gpt-4.1", "anthropic": "claude-test-model", "gemini": "gemini-2.5-pro",
+            "deepseek": "deepseek-reasoner", "qwen": "qwen3-max", "glm": "glm-4.6", "minimax": "MiniMax-M2",
+            "mistral": "mistral-large-latest", "ollama": "llama3.1"}
+NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=lambda _s: None)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer() as s:
+        yield s
+
+
+@pytest.fixture
+def eng(tmp_path: Any, server: ProviderServer) -> Iterator[Engine]:
+    server.reset()
+    url = f"sqlite:///{tmp_path}/wire.db"
+    migrations.upgrade(url)
+    with Engine(url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as engine:
+        yield engine
+
+
+def adapter(server: ProviderServer, profile: str, *, stream: bool = False) -> Any:
+    model = MODEL_OF[profile]
+    if load_profiles()[profile].wire == "anthropic":
+        return AnthropicAdapter(model, base_url=server.anthropic_base_url, api_key="test", stream=stream,
+                                timeout=5)
+    return OpenAIAdapter(model, base_url=server.openai_base_url, api_key="test", stream=stream, timeout=5)
+
+
+def sent_mode(body: dict[str, Any], wire: str) -> str | None:
+    """The tool_choice mode a body carries (None: the field is absent)."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return None
+    if wire == "anthropic":
+        return {"auto": "auto", "none": "none", "any": "required", "tool": "named"}[choice["type"]]
+    return choice if isinstance(choice, str) else "named"
+
+
+def test_profiles_cover_every_model_name() -> None:
+    from engine.model.profiles import profile_for
+
+    assert {profile_for(load_profiles()[p].wire, m).name for p, m in MODEL_OF.items()} == set(MODEL_OF)
+
+
+@pytest.mark.parametrize("profile", [p.name for p in BUILTIN_PROFILES])
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("workflow", ["triage", "refund"])
+def test_no_forced_tool_choice_reaches_a_mode_that_rejects_it(
+    eng: Engine, server: ProviderServer, profile: str, thinking: bool, workflow: str
+) -> None:
+    wire = load_profiles()[profile].wire
+    server.reply(anthropic_message(text_block("?")) if wire == "anthropic" else openai_completion(text="?"))
+    payload = {"ticket_id": "T-1"} if workflow == "triage" else {"customer": "c1", "balance": 5}
+    task_id = eng.start(workflow, payload, actor="ann")
+    runner = AgentRunner(eng, adapter(server, profile), thinking=thinking, retry=NO_SLEEP)
+    runner.step(eng.load(task_id))
+    body = server.last_body
+    mode = sent_mode(body, wire)
+    allowed = load_profiles()[profile].tool_choices(thinking)
+    if mode is None:
+        assert not body.get("tools") or "auto" not in allowed
+    else:
+        assert mode in allowed
+    if profile == "glm":
+        assert mode == "auto"
+    if profile == "minimax":
+        assert "tool_choice" not in body
+    if wire == "anthropic" and thinking:
+        assert body["thinking"]["type"] == "enabled"
+    # The model is only ever offered the state's own actions.
+    offered = {t.get("name") or t["function"]["name"] for t in body.get("tools", [])}
+    assert offered <= {"decide", "propose", "give_up", "note"}
+
+
+def test_tool_choice_unsupported_from_the_server_moves_down_without_a_repair(eng: Engine,
+                                                                             server: ProviderServer) -> None:
+    server.reply(
+        anthropic_error(400, "Thinking may not be enabled when tool_choice forces tool use."),
+        anthropic_message(tool_use_block("tu_1", "decide",
+                                         {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "vip"}),
+                          stop_reason="tool_use"),
+    )
+    task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    task = AgentRunner(eng, adapter(server, "anthropic"), retry=NO_SLEEP).run(eng.load(task_id))
+    assert task.state == "decided"
+    first, second = server.bodies
+    assert first["tool_choice"] == {"type": "tool", "name": "decide"}
+    assert second["tool_choice"] != first["tool_choice"]
+    triggers = [(e.trigger, e.data.get("turn", {}).get("code")) for e in eng.history(task_id)[1:]]
+    assert triggers == [("demote", "TOOL_CHOICE_UNSUPPORTED"), ("decide", None)]
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_an_error_inside_a_200_stream_is_a_provider_error_not_an_answer_nor_a_repair(
+    eng: Engine, server: ProviderServer, wire: str
+) -> None:
+    if wire == "openai":
+        error = json.dumps({"error": {"message": "Internal error while generating", "type": "server_error"}})
+        server.reply(openai_stream(openai_chunk({"content": "Escalating the"}), error))
+        profile = "deepseek"
+    else:
+        error = anthropic_event("error", error={"type": "api_error", "message": "Internal server error"})
+        start = anthropic_event("message_start", message={
+            "id": "m", "type": "message", "role": "assistant", "model": "x", "content": [], "stop_reason": None,
+            "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}})
+        server.reply(anthropic_stream(start, error))
+        profile = "anthropic"
+    task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    task = AgentRunner(eng, adapter(server, profile, stream=True), retry=NO_SLEEP).step(eng.load(task_id))
+    event = eng.history(task_id)[-1]
+    assert (event.trigger, event.data["turn"]["code"], task.state) == (
+        "provider_error", "PROVIDER_ERROR", "deciding~provider_error")
+    assert task.visit.get("repairs", 0) == 0
+    assert len(server.requests) == 1
+
+
+def test_a_429_is_retried_by_the_engine_not_the_sdk(eng: Engine, server: ProviderServer) -> None:
+    server.reply(openai_error(429, "Rate limit reached"), openai_completion(
+        tool_calls=(("c1", "decide", json.dumps({"ticket_id": "T-1", "decision": "RESOLVE", "reason": "ok"})),),
+        finish_reason="tool_calls"))
+    task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    task = AgentRunner(eng, adapter(server, "openai"), retry=NO_SLEEP).step(eng.load(task_id))
+    assert task.state == "decided" and len(server.requests) == 2
+    assert eng.history(task_id)[-1].data["turn"]["attempts"] == 2
