@@ -4,7 +4,8 @@ No database and no clock: the same inputs always give the same decision, so
 tests call it directly and a worker can decide on a task it already holds
 without reading anything. Checks run in a fixed order and each fails with its
 own stable code: terminal task, trigger allowed in this state, identity fields in
-the payload, payload schema, domain guards, engine-only triggers, the actor's role.
+the payload, payload schema, domain guards, engine-only triggers, the actor's role;
+then risk, which does not refuse but may route the transition to its risk target.
 """
 
 from __future__ import annotations
@@ -99,7 +100,13 @@ def decide(
             data["args"] = args_json
         if action.guards:
             data["guards"] = [guard_name(g) for g in action.guards]
-        return Decision(trigger=trigger, from_state=task.state, to_state=action.target, data=data)
+        to_state = action.target
+        if action.risk is not None and action.risk_target is not None:
+            risk = action.risk(GuardContext(task=task, args=args_model, actor=actor))
+            if risk is not None:
+                to_state = action.risk_target
+                data["risk"] = {"check": guard_name(action.risk), "reason": risk}
+        return Decision(trigger=trigger, from_state=task.state, to_state=to_state, data=data)
 
     raise Refused(
         f"trigger {trigger!r} refused by its guards: {'; '.join(refusals)}",

@@ -109,6 +109,10 @@ class Action:
     description: str = ""
     #: Fired only by the engine itself (a tool outcome, a deadline), never by a caller of `fire`.
     system: bool = False
+    #: The last layer: a risk check that, when it answers a reason, routes to `risk_target`
+    #: (an approval state, say) instead of `target`. The proposal is valid; it just needs more eyes.
+    risk: Guard | None = None
+    risk_target: str | None = None
 
     def spec(self) -> dict[str, Any]:
         """The digest-relevant content of this action."""
@@ -119,7 +123,13 @@ class Action:
             "guards": [guard_name(g) for g in self.guards],
             "role": self.role,
             "description": self.description,
+            "risk": guard_name(self.risk) if self.risk is not None else None,
+            "risk_target": self.risk_target,
         }
+
+    def targets(self) -> list[str]:
+        """Where this action can lead: its target, and its risk route if it has one."""
+        return [self.target, self.risk_target] if self.risk_target else [self.target]
 
 
 def guard_name(guard: Guard) -> str:
@@ -490,8 +500,11 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
             )
         by_trigger.setdefault(action.name, []).append(action)
     for action in state.outgoing():
-        if action.target not in names:
-            problems.append(f"{where}: action {action.name!r} targets unknown state {action.target!r}")
+        for target in action.targets():
+            if target not in names:
+                problems.append(f"{where}: action {action.name!r} targets unknown state {target!r}")
+        if (action.risk is None) != (action.risk_target is None):
+            problems.append(f"{where}: action {action.name!r}: risk and risk_target go together")
     for trigger, actions in by_trigger.items():
         if len(actions) < 2:
             continue
@@ -514,7 +527,8 @@ def _reachable(wf: Workflow, initial: str, names: dict[str, State]) -> set[str]:
     while frontier:
         state = names[frontier.pop()]
         for action in _outgoing_with_builtins(wf, state):
-            if action.target in names and action.target not in seen:
-                seen.add(action.target)
-                frontier.append(action.target)
+            for target in action.targets():
+                if target in names and target not in seen:
+                    seen.add(target)
+                    frontier.append(target)
     return seen

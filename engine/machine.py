@@ -26,8 +26,9 @@ class CompiledMachine:
         self._workflow = workflow
         self._states = [s.name for s in workflow.all_states]
         self._transitions = [
-            {"trigger": action.name, "source": source, "dest": action.target}
+            {"trigger": action.name, "source": source, "dest": target}
             for source, action in workflow.transitions()
+            for target in action.targets()
         ]
         self.machine = Machine(
             model=None,

@@ -104,14 +104,22 @@ class TicketInput(BaseModel):
     ticket_id: str
 
 
-#: One agent action: the ladder can name the one tool.
+def escalation_needs_review(ctx: GuardContext) -> str | None:
+    assert isinstance(ctx.args, TicketDecision)
+    return "escalations are reviewed by a human" if ctx.args.decision == "ESCALATE" else None
+
+
+#: One agent action: the ladder can name the one tool. Escalations are routed to a review (risk).
 TRIAGE = Workflow(
     name="triage",
     version=1,
     input=TicketInput,
     states=[
         Agent("deciding", actions=[Action("decide", "decided", TicketDecision, guards=[same_ticket],
-                                          description="Record the triage decision.")], max_repairs=2),
+                                          description="Record the triage decision.",
+                                          risk=escalation_needs_review, risk_target="escalation_review")],
+              max_repairs=2),
+        Approval("escalation_review", role="approver", actions=[Action("confirm", "decided")]),
         Terminal("decided"),
     ],
 )

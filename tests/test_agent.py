@@ -166,7 +166,7 @@ def test_retryable_errors_back_off_inside_their_own_budget(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
     rate = {"error": {"status": 429, "message": "rate limit"}}
     slept: list[float] = []
-    model = ScriptedModel([rate, rate, call("decide", ticket_id="T-1", decision="ESCALATE", reason="vip")])
+    model = ScriptedModel([rate, rate, call("decide", ticket_id="T-1", decision="RESOLVE", reason="fixed")])
     runner = AgentRunner(eng, model, retry=RetryPolicy(attempts=3, base_delay=0.01, sleep=slept.append))
     task = runner.step(eng.load(task_id))
     assert task.state == "decided" and len(slept) == 2
@@ -353,3 +353,15 @@ def test_the_repair_budget_is_per_state(eng: Engine) -> None:
     assert [t[0] for t in trail(eng, task_id)] == ["repair", "repair", "hand_off"]
     assert [t[3] for t in trail(eng, task_id)] == ["DOMAIN_INVALID", "DOMAIN_INVALID", "REPAIRS_EXHAUSTED"]
     assert task.state == "deciding~handoff"
+
+
+def test_a_risky_proposal_is_routed_to_review_not_refused(eng: Engine) -> None:
+    task_id = eng.start("triage", TICKET, actor="ann")
+    task = eng.step(task_id, model=ScriptedModel([call("decide", ticket_id="T-1", decision="ESCALATE",
+                                                       reason="angry VIP")], profile="anthropic"))
+    assert task.state == "escalation_review" and task.status == "blocked"
+    event = eng.history(task_id)[-1]
+    assert event.trigger == "decide" and event.data["risk"]["reason"] == "escalations are reviewed by a human"
+    assert eng.definition_of(task).machine.destinations("deciding", "decide") == ["decided", "escalation_review"]
+    eng.fire(task_id, "confirm", actor="dana")
+    assert eng.get(task_id).state == "decided"

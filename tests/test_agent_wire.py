@@ -114,7 +114,7 @@ def test_tool_choice_unsupported_from_the_server_moves_down_without_a_repair(eng
     server.reply(
         anthropic_error(400, "Thinking may not be enabled when tool_choice forces tool use."),
         anthropic_message(tool_use_block("tu_1", "decide",
-                                         {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "vip"}),
+                                         {"ticket_id": "T-1", "decision": "RESOLVE", "reason": "fixed"}),
                           stop_reason="tool_use"),
     )
     task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
