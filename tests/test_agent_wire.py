@@ -159,3 +159,21 @@ def test_a_429_is_retried_by_the_engine_not_the_sdk(eng: Engine, server: Provide
     task = AgentRunner(eng, adapter(server, "openai"), retry=NO_SLEEP).step(eng.load(task_id))
     assert task.state == "decided" and len(server.requests) == 2
     assert eng.history(task_id)[-1].data["turn"]["attempts"] == 2
+
+
+def test_signed_thinking_is_passed_back_in_the_repair_turn(eng: Engine, server: ProviderServer) -> None:
+    from tests.provider_server import thinking_block
+
+    bad = tool_use_block("tu_1", "decide", {"ticket_id": "T-9", "decision": "RESOLVE", "reason": "x"})
+    good = tool_use_block("tu_2", "decide", {"ticket_id": "T-1", "decision": "RESOLVE", "reason": "x"})
+    server.reply(
+        anthropic_message(thinking_block("T-9 looks right.", "sig-1"), bad, stop_reason="tool_use"),
+        anthropic_message(thinking_block("No, T-1.", "sig-2"), good, stop_reason="tool_use"),
+    )
+    task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    task = AgentRunner(eng, adapter(server, "anthropic"), thinking=True, retry=NO_SLEEP).run(eng.load(task_id))
+    assert task.state == "decided"
+    replayed = server.bodies[1]["messages"]
+    assistant = next(m for m in replayed if m["role"] == "assistant")
+    assert assistant["content"][0] == {"type": "thinking", "thinking": "T-9 looks right.", "signature": "sig-1"}
+    assert assistant["content"][1]["type"] == "tool_use"

@@ -18,7 +18,7 @@ from engine.errors import Code
 from engine.model.anthropic_adapter import AnthropicAdapter
 from engine.model.errors import ModelError
 from engine.model.openai_adapter import OpenAIAdapter
-from engine.model.types import Message, ModelRequest, ResponseSchema, ToolCall, ToolSpec
+from engine.model.types import Message, ModelRequest, ReasoningBlock, ResponseSchema, ToolCall, ToolSpec
 from tests.provider_server import (
     ProviderServer,
     Reply,
@@ -184,7 +184,7 @@ def test_openai_history_carries_tool_calls_results_and_reasoning_back(server: Pr
         Message("user", "refund order 7"),
         Message(
             "assistant", "", tool_calls=(ToolCall("call_1", "approve_refund", '{"amount": 5}'),),
-            reasoning="The order qualifies.", reasoning_signature="ignored-here",
+            reasoning="The order qualifies.", reasoning_blocks=(ReasoningBlock("The order qualifies.", "ignored"),),
         ),
         Message("tool", '{"error": "OUTPUT_SCHEMA_INVALID"}', tool_call_id="call_1"),
         Message("assistant", "Let me retry."),
@@ -406,7 +406,8 @@ def test_anthropic_history_maps_thinking_tool_use_and_merged_tool_results(server
         Message(
             "assistant", "Checking.",
             tool_calls=(ToolCall("tu_1", "approve_refund", '{"amount": 5}'), ToolCall("tu_2", "escalate", "{bad")),
-            reasoning="The order qualifies.", reasoning_signature="sig-abc",
+            reasoning="The order qualifies.",
+            reasoning_blocks=(ReasoningBlock("The order qualifies.", "sig-abc"), ReasoningBlock(redacted="opaque")),
         ),
         Message("tool", '{"ok": true}', tool_call_id="tu_1"),
         Message("tool", '{"error": "OUTPUT_NOT_JSON"}', tool_call_id="tu_2"),
@@ -420,6 +421,7 @@ def test_anthropic_history_maps_thinking_tool_use_and_merged_tool_results(server
             "role": "assistant",
             "content": [
                 {"type": "thinking", "thinking": "The order qualifies.", "signature": "sig-abc"},
+                {"type": "redacted_thinking", "data": "opaque"},
                 {"type": "text", "text": "Checking."},
                 {"type": "tool_use", "id": "tu_1", "name": "approve_refund", "input": {"amount": 5}},
                 {"type": "tool_use", "id": "tu_2", "name": "escalate", "input": {}},
@@ -488,7 +490,8 @@ def test_anthropic_answer_with_thinking_text_tool_use_and_usage(server: Provider
     )
     answer = anthropic(server).complete(request(tools=(APPROVE,)))
     assert answer.tool_calls == (ToolCall("tu_1", "approve_refund", '{"amount": 5}'),)
-    assert (answer.text, answer.reasoning, answer.reasoning_signature) == ("Approving.", "It qualifies.", "sig-1")
+    assert (answer.text, answer.reasoning) == ("Approving.", "It qualifies.")
+    assert answer.reasoning_blocks == (ReasoningBlock("It qualifies.", "sig-1"),)
     assert answer.finish_reason == "tool_calls"
     assert (answer.usage.input_tokens, answer.usage.output_tokens) == (120, 30)
 
@@ -529,7 +532,8 @@ def test_anthropic_stream_accumulates_blocks(server: ProviderServer) -> None:
     answer = anthropic(server, stream=True).complete(request())
     assert server.last_body["stream"] is True
     assert answer.tool_calls == (ToolCall("tu_1", "approve_refund", '{"amount": 5}'),)
-    assert (answer.text, answer.reasoning, answer.reasoning_signature) == ("Approving.", "It qualifies.", "sig-1")
+    assert (answer.text, answer.reasoning) == ("Approving.", "It qualifies.")
+    assert answer.reasoning_blocks == (ReasoningBlock("It qualifies.", "sig-1"),)
     assert (answer.finish_reason, answer.usage.input_tokens, answer.usage.output_tokens) == ("tool_calls", 50, 12)
 
 
@@ -712,3 +716,17 @@ def test_error_text_never_carries_the_request_body(
 def test_error_raw_text_is_cut_to_200_characters(server: ProviderServer) -> None:
     server.reply(openai_error(500, "x" * 1000))
     assert len(fails(openai(server).complete, request()).raw) == 200
+
+
+def test_openai_tool_call_extras_such_as_thought_signatures_go_back_unchanged(server: ProviderServer) -> None:
+    """Gemini's OpenAI-compatible endpoint puts a thought signature on each tool call; it must come back."""
+    extra = {"extra_content": {"google": {"thought_signature": "sig-gemini"}}}
+    body = openai_completion(tool_calls=(("c1", "approve_refund", '{"amount": 5}'),), finish_reason="tool_calls").body
+    body["choices"][0]["message"]["tool_calls"][0].update(extra)
+    server.reply(Reply(body=body), OK_OPENAI)
+    answer = openai(server).complete(request(tools=(APPROVE,)))
+    assert answer.tool_calls[0].extra == extra
+    history = (Message("user", "go"), Message("assistant", "", tool_calls=answer.tool_calls),
+               Message("tool", "{}", tool_call_id="c1"))
+    openai(server).complete(request(messages=history))
+    assert server.last_body["messages"][1]["tool_calls"][0]["extra_content"] == extra["extra_content"]

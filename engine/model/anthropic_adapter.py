@@ -47,6 +47,7 @@ from engine.model.types import (
     Message,
     ModelRequest,
     ModelResponse,
+    ReasoningBlock,
     ToolCall,
     ToolSpec,
     Usage,
@@ -223,8 +224,12 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
             block["is_error"] = True
         return [block]
     blocks: list[dict[str, Any]] = []
-    if message.role == "assistant" and message.reasoning and message.reasoning_signature:
-        blocks.append({"type": "thinking", "thinking": message.reasoning, "signature": message.reasoning_signature})
+    if message.role == "assistant":
+        for r in message.reasoning_blocks:
+            if r.redacted:
+                blocks.append({"type": "redacted_thinking", "data": r.redacted})
+            elif r.signature:
+                blocks.append({"type": "thinking", "thinking": r.text, "signature": r.signature})
     if message.content:
         blocks.append({"type": "text", "text": message.content})
     blocks.extend(
@@ -328,7 +333,7 @@ def _read_stream(events: Iterable[dict[str, Any]]) -> ModelResponse:
 def _finish(content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, Any] | None) -> ModelResponse:
     text: list[str] = []
     thinking: list[str] = []
-    signature: str | None = None
+    reasoning_blocks: list[ReasoningBlock] = []
     calls: list[ToolCall] = []
     for block in content:
         kind = block.get("type")
@@ -336,7 +341,9 @@ def _finish(content: list[dict[str, Any]], stop_reason: str | None, usage: dict[
             text.append(block.get("text") or "")
         elif kind == "thinking":
             thinking.append(block.get("thinking") or "")
-            signature = block.get("signature") or signature
+            reasoning_blocks.append(ReasoningBlock(block.get("thinking") or "", block.get("signature") or None))
+        elif kind == "redacted_thinking":
+            reasoning_blocks.append(ReasoningBlock(redacted=str(block.get("data") or "")))
         elif kind == "tool_use":
             arguments = block.get("arguments")  # the raw streamed JSON, when streamed
             if arguments is None or arguments == "":
@@ -355,7 +362,7 @@ def _finish(content: list[dict[str, Any]], stop_reason: str | None, usage: dict[
         tool_calls=tuple(calls),
         text=joined,
         reasoning="".join(thinking) or None,
-        reasoning_signature=signature,
+        reasoning_blocks=tuple(reasoning_blocks),
         finish_reason=reason,
         usage=_usage(usage),
     )

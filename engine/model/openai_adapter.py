@@ -169,13 +169,21 @@ def _message(message: Message) -> dict[str, Any]:
     out["content"] = message.content if message.content or not message.tool_calls else None
     if message.tool_calls:
         out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {**(c.extra or {}), "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}}
             for c in message.tool_calls
         ]
     if message.reasoning is not None:
         # DeepSeek (thinking mode with tools) requires the reasoning of the turn to be sent back.
         out["reasoning_content"] = message.reasoning
     return out
+
+
+def _call_extra(call: dict[str, Any]) -> dict[str, Any] | None:
+    """Provider fields on a tool call beyond the standard ones (Gemini's `extra_content` with its
+    thought signature): kept so they go back unchanged on the next turn."""
+    extra = {k: v for k, v in call.items() if k not in ("id", "type", "function", "index")}
+    return extra or None
 
 
 def _tool(tool: ToolSpec) -> dict[str, Any]:
@@ -219,6 +227,7 @@ def parse_completion(body: dict[str, Any]) -> ModelResponse:
             id=str(c.get("id") or ""),
             name=str((c.get("function") or {}).get("name") or ""),
             arguments=str((c.get("function") or {}).get("arguments") or ""),
+            extra=_call_extra(c),
         )
         for c in message.get("tool_calls") or ()
     )

@@ -101,9 +101,9 @@ def interpret(
     assistant = Message(
         "assistant",
         clean(response.text),
-        tuple(ToolCall(c.id, clean(c.name, 200), clean(c.arguments)) for c in response.tool_calls),
+        tuple(ToolCall(c.id, clean(c.name, 200), clean(c.arguments), c.extra) for c in response.tool_calls),
         reasoning=response.reasoning,
-        reasoning_signature=response.reasoning_signature,
+        reasoning_blocks=response.reasoning_blocks,
     )
     try:
         name, arguments = extract(response, rung)

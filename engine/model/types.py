@@ -19,19 +19,45 @@ ToolChoice = Literal["auto", "none", "required"] | str
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """A tool call as the model produced it. `arguments` is the raw JSON text: parsing is a validation layer."""
+    """A tool call as the model produced it. `arguments` is the raw JSON text: parsing is a validation layer.
+
+    `extra` keeps provider fields the call came with that must go back unchanged on
+    later turns (Gemini's thought signatures ride on tool calls this way).
+    """
 
     id: str
     name: str
     arguments: str
+    extra: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.extra:
+            out["extra"] = self.extra
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningBlock:
+    """One block of a thinking model's reasoning, as it must be passed back: its text and signature,
+    or the opaque data of a redacted block."""
+
+    text: str = ""
+    signature: str | None = None
+    redacted: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in (("text", self.text), ("signature", self.signature),
+                                  ("redacted", self.redacted)) if v}
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
     """One message of a conversation.
 
-    `reasoning` and `reasoning_signature` carry a thinking model's reasoning so it
-    can be passed back on later turns where the provider requires it.
+    `reasoning` is a thinking model's reasoning as text (OpenAI-compatible
+    providers take it back as `reasoning_content`); `reasoning_blocks` are the
+    signed (or redacted) blocks a provider such as Anthropic needs back verbatim.
     """
 
     role: Role
@@ -39,18 +65,18 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     reasoning: str | None = None
-    reasoning_signature: str | None = None
+    reasoning_blocks: tuple[ReasoningBlock, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
-            out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls]
+            out["tool_calls"] = [c.to_dict() for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.reasoning is not None:
             out["reasoning"] = self.reasoning
-        if self.reasoning_signature is not None:
-            out["reasoning_signature"] = self.reasoning_signature
+        if self.reasoning_blocks:
+            out["reasoning_blocks"] = [b.to_dict() for b in self.reasoning_blocks]
         return out
 
     @classmethod
@@ -58,10 +84,12 @@ class Message:
         return cls(
             role=doc["role"],
             content=doc.get("content", ""),
-            tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in doc.get("tool_calls", ())),
+            tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"], c.get("extra"))
+                             for c in doc.get("tool_calls", ())),
             tool_call_id=doc.get("tool_call_id"),
             reasoning=doc.get("reasoning"),
-            reasoning_signature=doc.get("reasoning_signature"),
+            reasoning_blocks=tuple(ReasoningBlock(b.get("text", ""), b.get("signature"), b.get("redacted"))
+                                   for b in doc.get("reasoning_blocks", ())),
         )
 
 
@@ -113,7 +141,7 @@ class ModelResponse:
     tool_calls: tuple[ToolCall, ...] = ()
     text: str = ""
     reasoning: str | None = None
-    reasoning_signature: str | None = None
+    reasoning_blocks: tuple[ReasoningBlock, ...] = ()
     finish_reason: FinishReason = "stop"
     usage: Usage = field(default_factory=Usage)
 
