@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine.definition import IDENTITY_FIELDS, Action, GuardContext, Workflow, guard_name
+from engine.definition import IDENTITY_FIELDS, Action, GuardContext, Workflow, guard_name, redact
 from engine.errors import Code, Refused
 from engine.fold import TaskState
 
@@ -97,7 +97,7 @@ def decide(
             )
         data: dict[str, Any] = {}
         if args_json is not None:
-            data["args"] = args_json
+            data["args"] = redact(action.args, args_json)
         if action.guards:
             data["guards"] = [guard_name(g) for g in action.guards]
         to_state = action.target

@@ -132,6 +132,25 @@ class Action:
         return [self.target, self.risk_target] if self.risk_target else [self.target]
 
 
+REDACTED = "[redacted]"
+
+
+def sensitive_fields(model: type[BaseModel] | None) -> frozenset[str]:
+    """Fields declared with `Field(json_schema_extra={"sensitive": True})`: never written to the log."""
+    if model is None:
+        return frozenset()
+    return frozenset(
+        name for name, f in model.model_fields.items()
+        if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("sensitive") is True
+    )
+
+
+def redact(model: type[BaseModel] | None, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with the model's sensitive fields replaced, for the log; guards still see the real values."""
+    hidden = sensitive_fields(model)
+    return {k: (REDACTED if k in hidden else v) for k, v in values.items()} if hidden else values
+
+
 def guard_name(guard: Guard) -> str:
     return f"{getattr(guard, '__module__', '?')}.{getattr(guard, '__qualname__', repr(guard))}"
 

@@ -365,3 +365,29 @@ def test_a_risky_proposal_is_routed_to_review_not_refused(eng: Engine) -> None:
     assert eng.definition_of(task).machine.destinations("deciding", "decide") == ["decided", "escalation_review"]
     eng.fire(task_id, "confirm", actor="dana")
     assert eng.get(task_id).state == "decided"
+
+
+def test_sensitive_fields_never_reach_the_log(tmp_path: Any) -> None:
+    from pydantic import BaseModel, ConfigDict, Field
+
+    from engine import Action, Agent, Terminal, Workflow, migrations
+
+    class Card(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        last4: str = Field(pattern=r"^\d{4}$")
+        pan: str = Field(json_schema_extra={"sensitive": True})
+
+    flow = Workflow(name="cards", version=1, states=[
+        Agent("collecting", actions=[Action("store_card", "done", Card)]), Terminal("done")])
+    url = f"sqlite:///{tmp_path}/cards.db"
+    migrations.upgrade(url)
+    secret = "4111111111111111"
+    with Engine(url, Registry([flow])) as eng:
+        task_id = eng.start("cards", actor="ann")
+        model = ScriptedModel([call("store_card", last4="11", pan=secret),  # invalid: recorded for the repair
+                               call("store_card", last4="1111", pan=secret)], profile="anthropic")
+        task = eng.run(task_id, model=model)
+        assert task.state == "done"
+        log = json.dumps([e.to_dict() for e in eng.history(task_id)])
+        assert eng.history(task_id)[-1].data["args"] == {"last4": "1111", "pan": "[redacted]"}
+    assert secret not in log

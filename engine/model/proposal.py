@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine.decide import decide
-from engine.definition import HAND_OFF, REPAIR, Agent, Workflow
+from engine.definition import HAND_OFF, REPAIR, Agent, Workflow, redact, sensitive_fields
 from engine.errors import Code, Refused
 from engine.fold import TaskState
 from engine.model.forcing import MODE_OF_RUNG, Rung, model_actions
@@ -101,7 +101,8 @@ def interpret(
     assistant = Message(
         "assistant",
         clean(response.text),
-        tuple(ToolCall(c.id, clean(c.name, 200), clean(c.arguments), c.extra) for c in response.tool_calls),
+        tuple(ToolCall(c.id, clean(c.name, 200), clean(_redacted_arguments(state, c)), c.extra)
+              for c in response.tool_calls),
         reasoning=response.reasoning,
         reasoning_blocks=response.reasoning_blocks,
     )
@@ -123,6 +124,18 @@ def interpret(
     data = dict(decision.data)
     data["proposal"] = {"action": name}
     return TurnOutcome("accept", decision.trigger, decision.to_state, None, data, messages=[assistant])
+
+
+def _redacted_arguments(state: Agent, call: ToolCall) -> str:
+    """The call's arguments as the log keeps them: sensitive fields of the named action hidden."""
+    action = next((a for a in model_actions(state) if a.name == call.name), None)
+    if action is None or not sensitive_fields(action.args):
+        return call.arguments
+    try:
+        values = json.loads(call.arguments)
+    except (json.JSONDecodeError, RecursionError):
+        return call.arguments
+    return json.dumps(redact(action.args, values)) if isinstance(values, dict) else call.arguments
 
 
 def _refusal(state: Agent, task: TaskState, invalid: _Invalid, assistant: Message, response: ModelResponse,
