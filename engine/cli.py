@@ -279,6 +279,64 @@ def cancel(
     _fire_command(lambda e: e.cancel(task_id, actor=actor, reason=reason), as_json)
 
 
+@app.command("approvals")
+def approvals(
+    role: Annotated[str | None, typer.Option("--role", help="Only decisions this role may take.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Tasks waiting for a human decision, with the prepared call each one would approve."""
+    with _engine() as engine:
+        pending = engine.approvals(role=role)
+    if as_json:
+        _print_json(pending)
+        return
+    table = Table(title="Pending approvals")
+    for column in ("task", "workflow", "state", "role", "started by", "prepared call", "digest"):
+        table.add_column(column, overflow="fold")
+    for p in pending:
+        prepared = p["prepared"] or {}
+        call = f"{prepared.get('tool')} {json.dumps(prepared.get('arguments'), ensure_ascii=False)}" if prepared else ""
+        table.add_row(p["task_id"], p["workflow"], p["state"], p["role"], p["started_by"], call,
+                      (p["digest"] or "")[:16])
+    out.print(table)
+
+
+@app.command("approve")
+def approve(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    actor: ActorOpt,
+    digest: Annotated[
+        str | None,
+        typer.Option("--digest", help="Digest of the prepared call you reviewed (railyard approvals shows it)."),
+    ] = None,
+    comment: Annotated[str, typer.Option("--comment", help="Recorded with the decision.")] = "",
+    as_json: JsonFlag = False,
+) -> None:
+    """Approve the prepared call a task is waiting on. Without --digest, the one shown now is approved."""
+
+    def decide_now(engine: Engine) -> Any:
+        named = digest
+        if named is None:
+            prepared = engine.load(task_id).prepared
+            named = prepared["digest"] if prepared else None
+            if prepared:
+                err.print(f"approving prepared call {prepared['tool']} (digest {str(named)[:16]})", highlight=False)
+        return engine.approve(task_id, actor=actor, prepared_digest=named, comment=comment)
+
+    _fire_command(decide_now, as_json)
+
+
+@app.command("reject")
+def reject(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    actor: ActorOpt,
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Reject the decision a task is waiting on."""
+    _fire_command(lambda e: e.reject(task_id, actor=actor, reason=reason), as_json)
+
+
 @app.command("graph")
 def graph(
     workflow: Annotated[str, typer.Argument(help="Workflow name.")],

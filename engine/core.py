@@ -11,8 +11,10 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Set
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from engine import config
 from engine.canonical import GENESIS_HASH, canonical_json, now
@@ -220,9 +222,67 @@ class Engine:
             self.model = adapter_from_spec(spec)
         return self.model
 
+    def approve(self, task_id: str, actor: str, prepared_digest: str | None, comment: str = "") -> TaskState:
+        """Approve the prepared call awaiting approval; `prepared_digest` is the digest the approver saw."""
+        return self._decide_approval(task_id, "approve", actor, prepared_digest, comment)
+
+    def reject(self, task_id: str, actor: str, reason: str, prepared_digest: str | None = None) -> TaskState:
+        """Reject it. The digest is optional: refusing a call does not depend on its exact content."""
+        return self._decide_approval(task_id, "reject", actor, prepared_digest, reason)
+
+    def approvals(self, *, role: str | None = None) -> list[dict[str, Any]]:
+        """Tasks awaiting a human decision (optionally for one role), each with the prepared call."""
+        from engine.approvals import pending_view
+
+        out = []
+        for task_id in self.store.task_ids(status="blocked"):
+            try:
+                task = self.load(task_id)
+            except Refused:
+                continue  # pinned to a definition this process does not load
+            definition = self.definition_of(task)
+            if definition.state(task.state).kind is StateKind.APPROVAL:
+                view = pending_view(definition, task)
+                if role is None or view["role"] == role:
+                    out.append(view)
+        return out
+
+    def _decide_approval(
+        self, task_id: str, verdict: Literal["approve", "reject"], actor: str, digest: str | None, comment: str
+    ) -> TaskState:
+        from engine.approvals import check_decision
+
+        _check_actor(actor)
+        roles = self.authoriser.roles_of(actor)
+        for _attempt in range(3):
+            task = self.load(task_id)
+            definition = self.definition_of(task)
+            if verdict == "reject" and digest is None and task.prepared:
+                digest = task.prepared["digest"]
+            check = check_decision(definition, task, verdict, actor=actor, roles=roles, digest=digest,
+                                   comment=comment)
+            action = definition.candidates(task.state, check.trigger)[0]
+            payload = _comment_payload(action.args, comment)
+            decision = decide(definition, task, check.trigger, payload, actor=actor, roles=roles)
+            decision = replace(decision, data={**decision.data, "approval": check.record})
+            try:
+                return self.commit(task, decision, actor=actor)
+            except ConcurrencyConflict:
+                continue  # someone moved the task: check again against what it is now
+        raise ConcurrencyConflict(task_id, task.seq, None)
+
     def cancel(self, task_id: str, actor: str, reason: str) -> TaskState:
-        """Move the task to `cancelled` from any non-terminal state."""
-        return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor)
+        """Move the task to `cancelled` from any non-terminal state.
+
+        Cancel is valid wherever the task stands, so a concurrent write is not a
+        reason to fail: it reloads and cancels from the new state (a few times at most).
+        """
+        for _attempt in range(3):
+            try:
+                return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor)
+            except ConcurrencyConflict as conflict:
+                last = conflict
+        raise last
 
     # -- queries --------------------------------------------------------
     def load(self, task_id: str) -> TaskState:
@@ -310,6 +370,16 @@ class Engine:
                 task_id=row.task_id,
             )
         return task
+
+
+def _comment_payload(args: type[BaseModel] | None, comment: str) -> dict[str, Any] | None:
+    """Hand the approver's comment to the decision's argument model, under whichever name it uses."""
+    if args is None:
+        return None
+    for name in ("comment", "reason", "note"):
+        if name in args.model_fields:
+            return {name: comment}
+    return {}
 
 
 def _matches(task: TaskState, row: TaskRow) -> bool:

@@ -290,6 +290,8 @@ class Approval(_Deadlined):
     """Waits for a human holding `role` to take one of `actions` (each may name its own role)."""
 
     role: str = ""
+    #: Separation of duties: by default whoever started the task or proposed the call may not approve it.
+    allow_self_approval: bool = False
     kind: ClassVar[StateKind] = StateKind.APPROVAL
 
     def outgoing(self) -> list[Action]:
@@ -299,6 +301,7 @@ class Approval(_Deadlined):
     def spec(self) -> dict[str, Any]:
         out = super().spec()
         out["role"] = self.role
+        out["allow_self_approval"] = self.allow_self_approval
         return out
 
 

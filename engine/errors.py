@@ -50,6 +50,19 @@ class Code(StrEnum):
     TRUNCATED = "TRUNCATED"
     EMPTY_RESPONSE = "EMPTY_RESPONSE"
     PROVIDER_ERROR = "PROVIDER_ERROR"
+    # Tools
+    TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED"
+    TOOL_ARGUMENT_INVALID = "TOOL_ARGUMENT_INVALID"
+    TOOL_FORBIDDEN = "TOOL_FORBIDDEN"
+    TOOL_NOT_FOUND = "TOOL_NOT_FOUND"
+    TOOL_TIMEOUT = "TOOL_TIMEOUT"
+    TOOL_REMOTE_ERROR = "TOOL_REMOTE_ERROR"
+    TOOL_RESULT_INVALID = "TOOL_RESULT_INVALID"
+    TOOL_EXECUTION_UNKNOWN = "TOOL_EXECUTION_UNKNOWN"
+    # Approvals
+    APPROVAL_STALE = "APPROVAL_STALE"
+    APPROVAL_FORBIDDEN = "APPROVAL_FORBIDDEN"
+    TASK_NOT_AWAITING_APPROVAL = "TASK_NOT_AWAITING_APPROVAL"
     # Configuration and callers
     CONFIG_INVALID = "CONFIG_INVALID"
     ACTOR_REQUIRED = "ACTOR_REQUIRED"
@@ -123,6 +136,21 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.TRUNCATED: "The answer was cut at the output-token limit; not retried.",
     Code.EMPTY_RESPONSE: "The provider (or the scripted model, out of turns) returned nothing at all.",
     Code.PROVIDER_ERROR: "Any other provider failure, including an error event inside a 200 stream; not retried.",
+    Code.TOOL_NOT_ALLOWED: "The tool is not one this state's actions may call.",
+    Code.TOOL_ARGUMENT_INVALID: "The tool's arguments do not validate or normalise (types, money, time zones, enums).",
+    Code.TOOL_FORBIDDEN: "The caller does not hold the role the tool requires.",
+    Code.TOOL_NOT_FOUND: "The catalog has no tool of that name.",
+    Code.TOOL_TIMEOUT: "The tool did not answer within its timeout.",
+    Code.TOOL_REMOTE_ERROR: "The tool's remote system failed; details are in the server log only.",
+    Code.TOOL_RESULT_INVALID: "The tool's result does not match its result model; it is not passed on.",
+    Code.TOOL_EXECUTION_UNKNOWN: (
+        "A write tool's outcome could not be established, even by reconciliation: a human decides."
+    ),
+    Code.APPROVAL_STALE: "The approver named a prepared-call digest that is not the one awaiting approval.",
+    Code.APPROVAL_FORBIDDEN: (
+        "The approver lacks the role, or is the actor who started or proposed the task (separation of duties)."
+    ),
+    Code.TASK_NOT_AWAITING_APPROVAL: "The task is not in an approval state (already decided, cancelled, or elsewhere).",
     Code.CONFIG_INVALID: "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
     Code.ACTOR_REQUIRED: "Every write names the actor who made it; an empty or over-long actor is refused.",
     Code.SCHEMA_MISSING: "The database has no Railyard schema: run `railyard db upgrade`.",

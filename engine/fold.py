@@ -37,6 +37,10 @@ class TaskState:
     input: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)
     visit: dict[str, Any] = field(default_factory=dict)
+    started_by: str = ""
+    #: The newest prepared tool call (what an approval approves, what a tool state runs) and who proposed it.
+    prepared: dict[str, Any] | None = None
+    prepared_by: str | None = None
 
     @property
     def ref(self) -> str:
@@ -60,6 +64,9 @@ class TaskState:
             "input": self.input,
             "facts": self.facts,
             "visit": self.visit,
+            "started_by": self.started_by,
+            "prepared": self.prepared,
+            "prepared_by": self.prepared_by,
         }
 
     @classmethod
@@ -76,6 +83,9 @@ class TaskState:
             input=doc["input"],
             facts=doc["facts"],
             visit=doc.get("visit", {}),
+            started_by=doc.get("started_by", ""),
+            prepared=doc.get("prepared"),
+            prepared_by=doc.get("prepared_by"),
         )
 
 
@@ -99,6 +109,7 @@ def initial(definition: Workflow, event: Event) -> TaskState:
         last_hash=event.hash,
         input=event.data.get("input", {}),
         visit=next_visit(definition, {}, event.trigger, event.to_state, event.data),
+        started_by=event.actor,
     )
 
 
@@ -124,8 +135,12 @@ def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
         facts = {**facts, event.trigger: args}
     # Positional construction: this runs once per event on every load, and dataclasses.replace is 4x slower.
     visit = next_visit(definition, task.visit, event.trigger, event.to_state, event.data)
+    prepared, prepared_by = task.prepared, task.prepared_by
+    if "prepared" in event.data:
+        prepared, prepared_by = event.data["prepared"], event.actor
     return TaskState(task.task_id, task.workflow, task.version, task.digest, event.to_state,
-                     definition.status_of(event.to_state), event.seq, event.hash, task.input, facts, visit)
+                     definition.status_of(event.to_state), event.seq, event.hash, task.input, facts, visit,
+                     task.started_by, prepared, prepared_by)
 
 
 def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None = None) -> TaskState:

@@ -208,3 +208,22 @@ def test_providers_lists_every_profile_and_its_rungs(cli_env: str) -> None:
     assert rows["anthropic"]["rung_thinking_on"] == "auto_reminder"
     assert rows["anthropic"]["rung_thinking_off_one_action"] == "named_tool"
     assert rows["minimax"]["tool_choice_thinking_off"] == []
+
+
+def test_approvals_approve_and_reject_from_the_command_line(cli_env: str) -> None:
+    first, second = start_refund(), start_refund()
+    for task_id in (first, second):
+        assert invoke("fire", task_id, "propose", "--payload", '{"amount": 300, "reason": "x"}', "--as", "m")[0] == 0
+    code, out, _ = invoke("approvals", "--role", "approver", "--json")
+    assert code == 0 and {p["task_id"] for p in json.loads(out)} == {first, second}
+    assert json.loads(invoke("approvals", "--role", "nobody", "--json")[1]) == []
+    code, _, err = invoke("approve", first, "--as", "bob")
+    assert code == 1 and "APPROVAL_FORBIDDEN" in err
+    code, _, err = invoke("approve", first, "--as", "ann")  # the starter: separation of duties
+    assert code == 1 and "APPROVAL_FORBIDDEN" in err
+    assert invoke("approve", first, "--as", "dana", "--comment", "ok")[0] == 0
+    code, _, err = invoke("approve", first, "--as", "dana")
+    assert code == 1 and "TASK_NOT_AWAITING_APPROVAL" in err
+    code, out, _ = invoke("reject", second, "--as", "dana", "--reason", "no receipt", "--json")
+    assert code == 0 and json.loads(out)["state"] == "rejected"
+    assert json.loads(invoke("approvals", "--json")[1]) == []

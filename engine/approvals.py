@@ -1,0 +1,80 @@
+"""Human approval gates: who may decide, on exactly what, and only once.
+
+The approver decides on the prepared call the server compiled (its digest),
+never on the model's raw JSON: a decision naming any other digest is stale.
+The approver's identity comes from the trusted caller and must hold the
+state's role; whoever started the task or proposed the call may not approve it
+unless the workflow says so. The checks are pure; `Engine.approve` and
+`Engine.reject` do the I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.definition import Approval, Workflow
+from engine.errors import Code, Refused
+from engine.fold import TaskState
+
+Verdict = Literal["approve", "reject"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalCheck:
+    """A decision the checks let through: the trigger to fire and what the event records of it."""
+
+    trigger: str
+    record: dict[str, Any]
+
+
+def check_decision(
+    definition: Workflow,
+    task: TaskState,
+    verdict: Verdict,
+    *,
+    actor: str,
+    roles: Set[str],
+    digest: str | None,
+    comment: str,
+) -> ApprovalCheck:
+    state = definition.state(task.state)
+    if not isinstance(state, Approval) or task.terminal:
+        raise Refused(f"task {task.task_id} is in {task.state!r}, not awaiting approval",
+                      code=Code.TASK_NOT_AWAITING_APPROVAL, task_id=task.task_id, state=task.state)
+    candidates = definition.candidates(task.state, verdict)
+    if not candidates:
+        raise Refused(f"state {task.state!r} has no {verdict!r} decision", code=Code.TRIGGER_NOT_ALLOWED,
+                      task_id=task.task_id, allowed=definition.triggers(task.state))
+    role = candidates[0].role or state.role
+    if role not in roles:
+        raise Refused(f"{actor!r} does not hold the role {role!r} this decision needs",
+                      code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, role=role, actor=actor)
+    if not state.allow_self_approval and verdict == "approve" and actor in {task.started_by, task.prepared_by}:
+        raise Refused(f"{actor!r} started this task or proposed the call and may not approve it",
+                      code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, actor=actor, reason="self_approval")
+    current = task.prepared["digest"] if task.prepared else None
+    if current is not None and digest != current:
+        raise Refused("the prepared call changed since it was shown: review it again",
+                      code=Code.APPROVAL_STALE, task_id=task.task_id, named=digest, current=current)
+    record = {"actor": actor, "role": role, "decision": verdict, "comment": comment, "digest": current}
+    return ApprovalCheck(trigger=verdict, record=record)
+
+
+def pending_view(definition: Workflow, task: TaskState) -> dict[str, Any]:
+    """What an approver is shown: the task, the role it needs, and the prepared call (not the model's JSON)."""
+    state = definition.state(task.state)
+    assert isinstance(state, Approval)
+    return {
+        "task_id": task.task_id,
+        "workflow": task.ref,
+        "state": task.state,
+        "role": state.role,
+        "started_by": task.started_by,
+        "proposed_by": task.prepared_by,
+        "prepared": task.prepared,
+        "digest": task.prepared["digest"] if task.prepared else None,
+        "input": task.input,
+        "decisions": definition.triggers(task.state),
+    }

@@ -1,0 +1,136 @@
+"""Approval gates on SQLite and PostgreSQL: role, separation of duties, one decision, races."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from engine import Code, Engine, RailyardError, Registry, StaticRoles
+from tests.sample_workflows import ROLES, all_workflows
+
+ORDER = {"customer": "c1", "balance": 500}
+ROLES_WITH_SECOND_APPROVER = {**ROLES, "erin": {"approver"}}
+
+
+@pytest.fixture
+def eng(db_url: str) -> Engine:
+    return Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES_WITH_SECOND_APPROVER))
+
+
+def awaiting(eng: Engine, starter: str = "ann") -> str:
+    task_id = eng.start("refund", ORDER, actor=starter, version=1)
+    eng.fire(task_id, "propose", {"amount": 300, "reason": "damaged"}, actor="model")
+    assert eng.get(task_id).state == "awaiting_approval"
+    return task_id
+
+
+def refused(call: Callable[[], object]) -> Code:
+    with pytest.raises(RailyardError) as caught:
+        call()
+    return caught.value.code
+
+
+def decisions(eng: Engine, task_id: str) -> list[str]:
+    return [e.trigger for e in eng.history(task_id) if "approval" in e.data]
+
+
+def test_an_approver_with_the_role_approves_and_the_event_says_who_and_what(eng: Engine) -> None:
+    task_id = awaiting(eng)
+    task = eng.approve(task_id, actor="dana", prepared_digest=None, comment="receipt checked")
+    assert task.state == "executing"
+    record = eng.history(task_id)[-1].data["approval"]
+    assert record == {"actor": "dana", "role": "approver", "decision": "approve", "comment": "receipt checked",
+                      "digest": None}
+    assert eng.history(task_id)[-1].actor == "dana"
+
+
+def test_refusals_each_with_their_code_and_the_log_unchanged(eng: Engine) -> None:
+    task_id = awaiting(eng)
+    before = len(eng.history(task_id))
+    assert refused(lambda: eng.approve(task_id, actor="bob", prepared_digest=None)) is Code.APPROVAL_FORBIDDEN
+    assert refused(lambda: eng.approve(task_id, actor="ann", prepared_digest=None)) is Code.APPROVAL_FORBIDDEN
+    assert refused(lambda: eng.approve(task_id, actor="", prepared_digest=None)) is Code.ACTOR_REQUIRED
+    assert len(eng.history(task_id)) == before
+    eng.approve(task_id, actor="dana", prepared_digest=None)
+    assert refused(lambda: eng.approve(task_id, actor="erin", prepared_digest=None)) is Code.TASK_NOT_AWAITING_APPROVAL
+    assert decisions(eng, task_id) == ["approve"]
+
+
+def test_the_starter_may_not_approve_their_own_task(eng: Engine) -> None:
+    task_id = awaiting(eng, starter="dana")
+    assert refused(lambda: eng.approve(task_id, actor="dana", prepared_digest=None)) is Code.APPROVAL_FORBIDDEN
+    # Rejecting your own request is not a conflict of interest.
+    assert eng.reject(task_id, actor="dana", reason="withdrawn").state == "rejected"
+
+
+def test_a_cancelled_task_cannot_be_approved(eng: Engine) -> None:
+    task_id = awaiting(eng)
+    eng.cancel(task_id, actor="ann", reason="customer withdrew")
+    assert refused(lambda: eng.approve(task_id, actor="dana", prepared_digest=None)) is Code.TASK_NOT_AWAITING_APPROVAL
+    assert decisions(eng, task_id) == []
+
+
+def test_a_task_not_at_an_approval_gate_is_refused(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    assert refused(lambda: eng.approve(task_id, actor="dana", prepared_digest=None)) is Code.TASK_NOT_AWAITING_APPROVAL
+    assert refused(lambda: eng.approve("no-such-task", actor="dana", prepared_digest=None)) is Code.TASK_NOT_FOUND
+
+
+def test_two_approvers_at_once_record_exactly_one_decision(eng: Engine) -> None:
+    for _ in range(5):
+        task_id = awaiting(eng)
+        barrier = threading.Barrier(2)
+        outcomes: dict[str, object] = {}
+
+        def decide_as(actor: str, verdict: str) -> None:
+            barrier.wait()
+            try:
+                if verdict == "approve":
+                    eng.approve(task_id, actor=actor, prepared_digest=None)
+                else:
+                    eng.reject(task_id, actor=actor, reason="no")
+                outcomes[actor] = "ok"
+            except RailyardError as error:
+                outcomes[actor] = error.code
+
+        threads = [threading.Thread(target=decide_as, args=a) for a in (("dana", "approve"), ("erin", "reject"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert sorted(map(str, outcomes.values())) == ["TASK_NOT_AWAITING_APPROVAL", "ok"]
+        assert len(decisions(eng, task_id)) == 1
+
+
+def test_an_approval_racing_a_cancel_leaves_one_consistent_story(eng: Engine) -> None:
+    for _ in range(5):
+        task_id = awaiting(eng)
+        barrier = threading.Barrier(2)
+        errors: list[Code] = []
+
+        def approve() -> None:
+            barrier.wait()
+            try:
+                eng.approve(task_id, actor="dana", prepared_digest=None)
+            except RailyardError as error:
+                errors.append(error.code)
+
+        def cancel() -> None:
+            barrier.wait()
+            try:
+                eng.cancel(task_id, actor="ann", reason="stop")
+            except RailyardError as error:
+                errors.append(error.code)
+
+        threads = [threading.Thread(target=approve), threading.Thread(target=cancel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        triggers = [e.trigger for e in eng.history(task_id)]
+        assert triggers[-1] == "cancel" and eng.get(task_id).state == "cancelled"
+        # Either the approval came first (then cancel from executing) or it was refused after the cancel.
+        assert triggers[2:] in (["approve", "cancel"], ["cancel"])
+        assert errors in ([], [Code.TASK_NOT_AWAITING_APPROVAL])
