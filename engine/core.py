@@ -204,10 +204,29 @@ class Engine:
 
     def run(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False,
             max_turns: int = 50) -> TaskState:
-        """Step while the task is in an agent state; return when it blocks, ends, or leaves agent states."""
-        from engine.agent import AgentRunner
+        """Advance the task through agent turns and tool calls until it blocks (approval, wait) or ends.
 
-        return AgentRunner(self, self._model(model), thinking=thinking).run(self.load(task_id), max_turns=max_turns)
+        A model is needed only if the task reaches an agent state. `max_turns` bounds the steps.
+        """
+        from engine.agent import AgentRunner
+        from engine.definition import Agent, Tool
+        from engine.tool_runner import ToolRunner
+
+        task = self.load(task_id)
+        agent: AgentRunner | None = None
+        tools = ToolRunner(self)
+        for _ in range(max_turns):
+            state = self.definition_of(task).state(task.state)
+            if task.terminal:
+                break
+            if isinstance(state, Agent):
+                agent = agent or AgentRunner(self, self._model(model), thinking=thinking)
+                task = agent.step(task)
+            elif isinstance(state, Tool):
+                task = tools.advance(task)
+            else:
+                break
+        return task
 
     def _model(self, model: ModelAdapter | None) -> ModelAdapter:
         if model is not None:

@@ -100,6 +100,8 @@ def decide(
             data["args"] = redact(action.args, args_json)
         if action.guards:
             data["guards"] = [guard_name(g) for g in action.guards]
+        if action.prepares is not None:
+            data["prepared"] = _prepare(definition, task, action, args_json or {})
         to_state = action.target
         if action.risk is not None and action.risk_target is not None:
             risk = action.risk(GuardContext(task=task, args=args_model, actor=actor))
@@ -148,3 +150,20 @@ def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:
         if reason is not None:
             reasons.append(f"{guard_name(guard).rsplit('.', 1)[-1]}: {reason}")
     return reasons
+
+
+def _prepare(definition: Workflow, task: TaskState, action: Action, args: dict[str, Any]) -> dict[str, Any]:
+    """Compile the action's validated arguments into the prepared call this event records.
+
+    The action id comes from this event's seq, so it is the same for every
+    attempt and every worker. The role recorded is the one its approval needs.
+    """
+    from engine.definition import Approval
+    from engine.tools.prepared import prepare
+
+    assert definition.tools is not None and action.prepares is not None
+    target = definition.state(action.target)
+    role = target.role if isinstance(target, Approval) else action.role
+    call = prepare(definition.tools, action.prepares, args, task_id=task.task_id, seq=task.seq + 1,
+                   required_role=role or None)
+    return call.to_dict()

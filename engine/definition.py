@@ -25,6 +25,7 @@ from engine.errors import DefinitionError
 if TYPE_CHECKING:
     from engine.fold import TaskState
     from engine.machine import CompiledMachine
+    from engine.tools.catalog import ToolCatalog
 
 
 class StateKind(StrEnum):
@@ -66,6 +67,8 @@ DEMOTE = "demote"
 HAND_OFF = "hand_off"
 PROVIDER_ERROR = "provider_error"
 RETRY = "retry"
+CALL = "call"
+RECONCILE = "reconcile"
 FORCE_SUFFIX = "~force"
 HANDOFF_SUFFIX = "~handoff"
 PROVIDER_ERROR_SUFFIX = "~provider_error"
@@ -113,6 +116,9 @@ class Action:
     #: (an approval state, say) instead of `target`. The proposal is valid; it just needs more eyes.
     risk: Guard | None = None
     risk_target: str | None = None
+    #: The catalog tool this action's arguments are compiled into (a PreparedToolCall recorded in the
+    #: event): what an approval then approves and a tool state runs.
+    prepares: str | None = None
 
     def spec(self) -> dict[str, Any]:
         """The digest-relevant content of this action."""
@@ -125,6 +131,7 @@ class Action:
             "description": self.description,
             "risk": guard_name(self.risk) if self.risk is not None else None,
             "risk_target": self.risk_target,
+            "prepares": self.prepares,
         }
 
     def targets(self) -> list[str]:
@@ -256,7 +263,10 @@ class Tool(State):
     def outgoing(self) -> list[Action]:
         targets = (self.on_succeeded, self.on_failed, self.on_unknown)
         outcomes = (Action(o, t, system=True) for o, t in zip(TOOL_OUTCOMES, targets, strict=True) if t)
-        return [*self.actions, *outcomes]
+        # `call` records the intent (the prepared call) before the tool runs; `reconcile` records an answer
+        # of the tool's reconcile(action_id) that did not settle the outcome. Both stay in the state.
+        return [*self.actions, *outcomes, Action(CALL, self.name, system=True),
+                Action(RECONCILE, self.name, system=True)]
 
     def spec(self) -> dict[str, Any]:
         out = super().spec()
@@ -336,6 +346,7 @@ class Workflow:
     input: type[BaseModel] | None = None
     description: str = ""
     cancel_role: str | None = None
+    tools: ToolCatalog | None = None
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -417,6 +428,7 @@ class Workflow:
             "input": self.input.model_json_schema() if self.input is not None else None,
             "description": self.description,
             "cancel_role": self.cancel_role,
+            "tools": {"ref": self.tools.ref, "digest": self.tools.digest} if self.tools is not None else None,
             "states": [s.spec() for s in self.states],
         }
 
@@ -490,8 +502,12 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
     if isinstance(state, Tool):
         if not state.tool:
             problems.append(f"{where} is a tool state that names no tool")
-        if not state.on_succeeded:
-            problems.append(f"{where} is a tool state with no on_succeeded target")
+        elif wf.tools is not None and state.tool not in wf.tools:
+            problems.append(f"{where}: tool {state.tool!r} is not in the catalog {wf.tools.ref}")
+        for outcome, target in (("on_succeeded", state.on_succeeded), ("on_failed", state.on_failed),
+                                ("on_unknown", state.on_unknown)):
+            if not target:
+                problems.append(f"{where} is a tool state with no {outcome} target")
         if state.actions:
             problems.append(f"{where} is a tool state: its exits are on_succeeded/on_failed/on_unknown")
     if isinstance(state, Approval) and not state.role:
@@ -506,7 +522,8 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
 
     if isinstance(state, Agent) and (not isinstance(state.max_repairs, int) or state.max_repairs < 0):
         problems.append(f"{where}: max_repairs must be an integer >= 0")
-    reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES, REPAIR, DEMOTE, HAND_OFF, PROVIDER_ERROR, RETRY}
+    reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES, REPAIR, DEMOTE, HAND_OFF, PROVIDER_ERROR, RETRY, CALL,
+                RECONCILE}
     by_trigger: dict[str, list[Action]] = {}
     for action in state.actions:
         if not _NAME.match(action.name or ""):
@@ -525,6 +542,9 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
         for target in action.targets():
             if target not in names:
                 problems.append(f"{where}: action {action.name!r} targets unknown state {target!r}")
+        if action.prepares is not None and (wf.tools is None or action.prepares not in wf.tools):
+            problems.append(f"{where}: action {action.name!r} prepares {action.prepares!r}, which is not in the "
+                            f"workflow's tool catalog")
         if (action.risk is None) != (action.risk_target is None):
             problems.append(f"{where}: action {action.name!r}: risk and risk_target go together")
     for trigger, actions in by_trigger.items():

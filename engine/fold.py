@@ -133,6 +133,9 @@ def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
     args = event.data.get("args")
     if args is not None:
         facts = {**facts, event.trigger: args}
+    result = event.data.get("tool_result")
+    if result is not None:  # untrusted data: kept apart from arguments, shown to a model only inside tags
+        facts = {**facts, f"tool:{result['tool']}": result["result"]}
     # Positional construction: this runs once per event on every load, and dataclasses.replace is 4x slower.
     visit = next_visit(definition, task.visit, event.trigger, event.to_state, event.data)
     prepared, prepared_by = task.prepared, task.prepared_by

@@ -1,4 +1,8 @@
-"""The current agent-state visit, folded from the log: the model's conversation and its repair count.
+"""The current visit of an agent or tool state, folded from the log.
+
+Agent states: the model's conversation and its repair count. Tool states: how
+many attempts were made, and whether an intent is pending (recorded, with no
+outcome yet: the worker died mid-call, and a write must be reconciled).
 
 A visit starts when a task enters an agent state and lasts through its
 `repair` and `demote` self-transitions; any other transition ends it. The
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.definition import DEMOTE, REPAIR, Agent, Workflow
+from engine.definition import CALL, DEMOTE, RECONCILE, REPAIR, Agent, Tool, Workflow
 
 
 def empty_visit(demoted: list[str] | None = None) -> dict[str, Any]:
@@ -37,6 +41,13 @@ def next_visit(
             out["messages"] = [*visit.get("messages", []), *turn.get("messages", [])]
             out["mode"] = turn.get("mode", visit.get("mode"))
         return out
-    if isinstance(definition.state(to_state), Agent):
+    if trigger == CALL:  # a tool's intent: one more attempt, pending until its outcome
+        return {**visit, "calls": int(visit.get("calls", 0)) + 1, "pending": data["intent"]["action_id"]}
+    if trigger == RECONCILE:
+        return {**visit, "reconciles": int(visit.get("reconciles", 0)) + 1}
+    target = definition.state(to_state)
+    if isinstance(target, Agent):
         return empty_visit(demoted)
+    if isinstance(target, Tool):
+        return {"calls": 0, "reconciles": 0, "pending": None, "demoted": demoted}
     return {"demoted": demoted} if demoted else {}

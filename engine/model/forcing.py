@@ -24,6 +24,7 @@ from engine.definition import Action, Agent, Workflow
 from engine.fold import TaskState
 from engine.model.profiles import CapabilityProfile
 from engine.model.types import Message, ModelRequest, ResponseSchema, ToolSpec
+from engine.tools.results import RESULT_NOTICE, wrap_for_model
 
 
 class Rung(StrEnum):
@@ -122,13 +123,18 @@ def system_prompt(definition: Workflow, state: Agent, actions: list[Action]) -> 
     ]
     lines += [f"- {a.name}: {a.description or '(no description)'}" for a in actions]
     lines.append("Identity (who acts, for which customer) comes from the system, never from your arguments.")
+    lines.append(RESULT_NOTICE)
     return "\n".join(line for line in lines if line)
 
 
 def task_context(task: TaskState) -> str:
-    """The task's input and what happened so far, as data in fixed tags."""
-    body = json.dumps({"input": task.input, "facts": task.facts}, ensure_ascii=False, sort_keys=True)
-    return f"<task_context>\n{body}\n</task_context>"
+    """The task's input and what happened so far, as data in fixed tags; tool results in tags of their own."""
+    facts = {k: v for k, v in task.facts.items() if not k.startswith("tool:")}
+    body = json.dumps({"input": task.input, "facts": facts}, ensure_ascii=False, sort_keys=True)
+    parts = [f"<task_context>\n{body}\n</task_context>"]
+    parts += [wrap_for_model(k.removeprefix("tool:"), v) for k, v in sorted(task.facts.items())
+              if k.startswith("tool:") and isinstance(v, dict)]
+    return "\n".join(parts)
 
 
 def reminder(mode: str, actions: list[Action]) -> str:

@@ -21,17 +21,16 @@ from engine.errors import Code, Refused
 from engine.fold import TaskState
 from engine.model.forcing import MODE_OF_RUNG, Rung, model_actions
 from engine.model.types import Message, ModelResponse, ToolCall
+from engine.text import clean
 
 REPAIRABLE = frozenset({
     Code.NO_ACTION, Code.OUTPUT_NOT_JSON, Code.OUTPUT_SCHEMA_INVALID, Code.ACTION_NOT_ALLOWED, Code.ACTION_UNKNOWN,
     Code.MULTIPLE_ACTIONS, Code.DOMAIN_INVALID,
 })
-#: What the log keeps of a model's text: enough to audit, bounded whatever the model sends.
-MAX_RECORDED_TEXT = 4000
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 _REFUSAL_CODES = {
     Code.PAYLOAD_INVALID: Code.OUTPUT_SCHEMA_INVALID,
+    Code.TOOL_ARGUMENT_INVALID: Code.OUTPUT_SCHEMA_INVALID,
     Code.TRIGGER_NOT_ALLOWED: Code.ACTION_NOT_ALLOWED,
 }
 
@@ -54,12 +53,6 @@ class _Invalid(Exception):
         super().__init__(code)
         self.code = code
         self.errors = errors or []
-
-
-def clean(text: str, limit: int = MAX_RECORDED_TEXT) -> str:
-    """Model output as the log keeps it: control characters removed, length capped."""
-    text = _CONTROL.sub("", text)
-    return text if len(text) <= limit else text[:limit] + "…[cut]"
 
 
 def _parse_object(text: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from engine.canonical import canonical_json
 from engine.errors import Code, Refused
-from engine.model.proposal import clean
+from engine.text import clean
 from engine.tools.catalog import NAME, ToolDef
 from engine.tools.prepared import compact_errors, summarise
 

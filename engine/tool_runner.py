@@ -1,0 +1,112 @@
+"""Advance a task in a tool state: intent first, then the call, then its outcome as the next transition.
+
+The protocol that makes a write happen at most once per action id:
+
+1. `call` records the prepared call as the intent, before the tool runs.
+2. The tool runs (no database transaction is open meanwhile).
+3. `succeeded`, `failed` or `unknown` records the outcome and leaves the state.
+
+A task found with an intent and no outcome (its worker died between 1 and 3)
+is never simply called again if the tool writes: `reconcile(action_id)` asks
+the remote what happened; `succeeded`/`failed` record that outcome, only
+`not_found` permits a new attempt with the same action id, and a remote that
+still cannot tell after the budget leaves the task `unknown`
+(TOOL_EXECUTION_UNKNOWN), for a human. A read tool may simply run again, up
+to its `max_attempts`. An outcome that arrives after the task moved on
+(cancelled meanwhile) conflicts at the append and is logged, never applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from engine.decide import decide
+from engine.definition import CALL, RECONCILE, Tool
+from engine.errors import Code, ConcurrencyConflict, Refused
+from engine.fold import TaskState
+from engine.tools.catalog import ToolDef, ToolKind
+from engine.tools.execute import ToolOutcome, execute, outcome_of, reconcile
+from engine.tools.prepared import PreparedToolCall
+
+if TYPE_CHECKING:
+    from engine.core import Engine
+
+log = logging.getLogger("railyard.tools")
+
+ACTOR = "system:tools"
+
+
+class ToolRunner:
+    """Runs the tool of a task's tool state, following the intent/outcome protocol."""
+
+    def __init__(self, engine: Engine, *, reconcile_attempts: int = 3) -> None:
+        self.engine = engine
+        self.reconcile_attempts = reconcile_attempts
+
+    def advance(self, task: TaskState) -> TaskState:
+        """One step of the protocol; returns the task as it now stands (moved on, or still in the state)."""
+        definition = self.engine.definition_of(task)
+        state = definition.state(task.state)
+        if not isinstance(state, Tool) or task.terminal:
+            raise Refused(f"task {task.task_id} is in {task.state!r}, not a tool state",
+                          code=Code.TRIGGER_NOT_ALLOWED, task_id=task.task_id)
+        if definition.tools is None or state.tool not in definition.tools:
+            return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_NOT_FOUND,
+                                                   f"no tool {state.tool!r} in the catalog", 0))
+        tool = definition.tools.get(state.tool)
+        if not task.prepared or task.prepared.get("tool") != tool.name:
+            return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_NOT_ALLOWED,
+                                                   "no prepared call for this tool", 0))
+        prepared = PreparedToolCall.from_dict(task.prepared)
+        if not task.visit.get("pending"):
+            return self._attempt(task, tool, prepared)
+        # An intent without an outcome: the previous attempt's fate is unknown.
+        if tool.kind is ToolKind.READ:
+            if int(task.visit.get("calls", 0)) < tool.max_attempts:
+                return self._attempt(task, tool, prepared)
+            return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_TIMEOUT,
+                                                   f"no answer after {tool.max_attempts} attempts", 0))
+        if tool.reconcile is None:
+            # idempotent_remote: the remote deduplicates by the same idempotency key, so calling again is safe.
+            return self._attempt(task, tool, prepared)
+        answer = reconcile(tool, prepared.action_id)
+        settled = outcome_of(answer)
+        if settled is None:  # not_found: it never happened; a new attempt with the same action id
+            task = self._commit(task, RECONCILE, {"reconciled": {"outcome": "not_found",
+                                                                 "action_id": prepared.action_id}})
+            return self._attempt(task, tool, prepared)
+        if settled.outcome == "unknown":
+            if int(task.visit.get("reconciles", 0)) + 1 < self.reconcile_attempts:
+                return self._commit(task, RECONCILE, {"reconciled": {"outcome": "unknown",
+                                                                     "action_id": prepared.action_id}})
+            settled = ToolOutcome("unknown", None, Code.TOOL_EXECUTION_UNKNOWN, settled.message, 0)
+        return self._outcome(task, settled, reconciled=True)
+
+    def _attempt(self, task: TaskState, tool: ToolDef, prepared: PreparedToolCall) -> TaskState:
+        attempt = int(task.visit.get("calls", 0)) + 1
+        task = self._commit(task, CALL, {"intent": prepared.to_dict(), "attempt": attempt})
+        outcome = execute(tool, prepared)
+        return self._outcome(task, outcome)
+
+    def _outcome(self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False) -> TaskState:
+        data: dict[str, Any] = {"outcome": outcome.to_dict()}
+        if task.prepared:
+            data["action_id"] = task.prepared.get("action_id")
+            if outcome.result is not None:
+                data["tool_result"] = {"tool": task.prepared.get("tool"), "result": outcome.result}
+        if reconciled:
+            data["reconciled"] = True
+        return self._commit(task, outcome.outcome, data)
+
+    def _commit(self, task: TaskState, trigger: str, data: dict[str, Any]) -> TaskState:
+        definition = self.engine.definition_of(task)
+        decision = decide(definition, task, trigger, None, actor=ACTOR, system=True)
+        try:
+            return self.engine.commit(task, replace(decision, data={**decision.data, **data}), actor=ACTOR)
+        except ConcurrencyConflict:
+            # The task moved while the tool ran (cancelled, say): this late record must not change it.
+            log.warning("task %s: %s refused, the task moved on meanwhile (action %s)", task.task_id, trigger,
+                        data.get("action_id") or data.get("intent", {}).get("action_id"))
+            return self.engine.load(task.task_id)

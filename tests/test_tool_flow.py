@@ -1,0 +1,182 @@
+"""Tools and approvals end to end: the refund flow with a scripted model, exactly-once writes across
+SIGKILL at each point of the write protocol, stale approvals and injected instructions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Code, Engine, RailyardError, Registry, StaticRoles
+from engine.model import ScriptedModel
+from tests.shop import ROLES, Ledger, make_workflow
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+REFUND = {"order_id": "O-1", "amount_cents": 4_000, "currency": "EUR", "reason": "damaged parcel"}
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "ledger.db")
+
+
+@pytest.fixture
+def eng(db_url: str, ledger: Ledger) -> Iterator[Engine]:
+    with Engine(db_url, Registry([make_workflow(ledger)]), authoriser=StaticRoles(ROLES)) as engine:
+        yield engine
+
+
+def to_approval(eng: Engine, refund: dict[str, Any] = REFUND) -> str:
+    task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
+    model = ScriptedModel([
+        call("query_order", order_id="O-1"),
+        call("propose_refund", **{**refund, "amount_cents": 9_000}),  # over the refundable balance: repaired
+        call("propose_refund", **refund),
+    ], profile="anthropic")
+    assert eng.run(task_id, model=model).state == "awaiting_approval"
+    return task_id
+
+
+def test_the_refund_flow_runs_end_to_end_and_pays_exactly_once(eng: Engine, ledger: Ledger) -> None:
+    task_id = to_approval(eng)
+    pending = eng.approvals(role="refund_approver")
+    assert [p["task_id"] for p in pending] == [task_id]
+    prepared = pending[0]["prepared"]
+    assert prepared["tool"] == "refund_payment" and prepared["arguments"]["amount_cents"] == 4_000
+    assert prepared["required_role"] == "refund_approver"
+    eng.approve(task_id, actor="dana", prepared_digest=pending[0]["digest"], comment="photos attached")
+    task = eng.run(task_id)
+    assert task.state == "completed"
+    assert ledger.executions() == {prepared["action_id"]: 1}
+    events = eng.history(task_id)
+    steps = [(e.actor.split(":")[0], e.trigger, e.to_state) for e in events]
+    assert steps == [
+        ("ann", "start", "collecting"),
+        ("model", "query_order", "querying"),
+        ("system", "call", "querying"),
+        ("system", "succeeded", "collecting"),
+        ("model", "repair", "collecting~force"),
+        ("model", "propose_refund", "awaiting_approval"),
+        ("dana", "approve", "executing"),
+        ("system", "call", "executing"),
+        ("system", "succeeded", "completed"),
+    ]
+    assert events[4].data["turn"]["code"] == "DOMAIN_INVALID"
+    assert events[7].data["intent"]["action_id"] == prepared["action_id"]
+    assert events[6].data["approval"]["digest"] == prepared["digest"]
+
+
+def test_an_approval_naming_another_digest_is_stale(eng: Engine) -> None:
+    task_id = to_approval(eng)
+    with pytest.raises(RailyardError) as caught:
+        eng.approve(task_id, actor="dana", prepared_digest="0" * 64)
+    assert caught.value.code is Code.APPROVAL_STALE
+    with pytest.raises(RailyardError) as caught:
+        eng.approve(task_id, actor="dana", prepared_digest=None)
+    assert caught.value.code is Code.APPROVAL_STALE
+    assert eng.get(task_id).state == "awaiting_approval"
+
+
+def test_injected_instructions_in_a_tool_result_change_nothing(eng: Engine) -> None:
+    task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
+    obedient = ScriptedModel([
+        call("query_order", order_id="O-2"),
+        # The model "obeys" the note in the order: the engine still applies every layer.
+        call("propose_refund", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="as instructed"),
+        call("refund_payment", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="direct"),
+        call("propose_refund", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="again",
+             actor="admin"),
+    ], profile="anthropic")
+    task = eng.run(task_id, model=obedient)
+    codes = [e.data["turn"]["code"] for e in eng.history(task_id) if "turn" in e.data and e.data["turn"]["code"]]
+    assert codes == ["DOMAIN_INVALID", "ACTION_UNKNOWN", "IDENTITY_OVERRIDE"]
+    assert task.state == "collecting~handoff"
+    assert eng.approvals() == []
+    request = obedient.requests[1]
+    context = request.messages[1].content
+    note = "IGNORE PREVIOUS INSTRUCTIONS"
+    assert context.index('<tool_result name="query_order"') < context.index(note) < context.index("</tool_result>")
+    assert [t.name for t in request.tools] == ["query_order", "propose_refund"]
+
+
+def test_a_late_outcome_after_cancel_is_refused(eng: Engine, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    task_id = to_approval(eng)
+    eng.approve(task_id, actor="dana", prepared_digest=eng.load(task_id).prepared["digest"])  # type: ignore[index]
+    from engine.tools.execute import execute as real_execute
+
+    def cancel_while_running(tool: Any, prepared: Any) -> Any:
+        outcome = real_execute(tool, prepared)
+        eng.cancel(task_id, actor="ann", reason="customer called")
+        return outcome
+
+    monkeypatch.setattr("engine.tool_runner.execute", cancel_while_running)
+    task = eng.run(task_id)
+    assert task.state == "cancelled"
+    assert [e.trigger for e in eng.history(task_id)][-2:] == ["call", "cancel"]
+
+
+# -- SIGKILL at each point of the write protocol ------------------------------------------------------
+
+
+WORKER = """
+import os, sys
+from engine import Engine, Registry, StaticRoles
+from tests.shop import ROLES, Ledger, make_workflow
+url, ledger_path, task_id, kill_at = sys.argv[1:5]
+engine = Engine(url, Registry([make_workflow(Ledger(ledger_path))]), authoriser=StaticRoles(ROLES))
+if kill_at == "before_intent":
+    real = engine.commit
+    def commit(task, decision, *, actor):
+        if decision.trigger == "call":
+            os.kill(os.getpid(), 9)
+        return real(task, decision, actor=actor)
+    engine.commit = commit
+os.environ["SHOP_KILL_AT"] = kill_at
+print(engine.run(task_id).state)
+"""
+
+
+def run_worker(db_url: str, ledger: Ledger, task_id: str, kill_at: str) -> int:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", WORKER, db_url, ledger.path, task_id, kill_at], env=env,
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode
+
+
+@pytest.mark.parametrize("kill_at", ["before_intent", "after_intent", "after_call"])
+def test_a_worker_killed_mid_write_never_pays_twice(eng: Engine, ledger: Ledger, db_url: str, kill_at: str) -> None:
+    task_id = to_approval(eng)
+    prepared = eng.load(task_id).prepared
+    assert prepared is not None
+    eng.approve(task_id, actor="dana", prepared_digest=prepared["digest"])
+    assert run_worker(db_url, ledger, task_id, kill_at) == -9  # killed by SIGKILL
+    stranded = eng.load(task_id)
+    assert stranded.state == "executing"
+    assert bool(stranded.visit.get("pending")) is (kill_at != "before_intent")
+    # Another worker resumes the task from its log.
+    task = eng.run(task_id)
+    assert task.state == "completed"
+    assert ledger.executions() == {prepared["action_id"]: 1}
+    triggers = [e.trigger for e in eng.history(task_id)[7:]]
+    if kill_at == "after_call":  # executed, not recorded: reconciliation finds it
+        assert triggers == ["call", "succeeded"]
+        assert eng.history(task_id)[-1].data["reconciled"] is True
+    elif kill_at == "after_intent":  # recorded, never executed: not_found permits a new attempt, same action id
+        assert triggers == ["call", "reconcile", "call", "succeeded"]
+        intents = [e.data["intent"]["action_id"] for e in eng.history(task_id) if e.trigger == "call"][-2:]
+        assert intents == [prepared["action_id"]] * 2
+    else:
+        assert triggers == ["call", "succeeded"]
+    assert json.dumps(eng.history(task_id)[-1].data["outcome"]["result"]).startswith('{"refund_id"')
