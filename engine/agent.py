@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from engine.budgets import exceeded
+from engine.canonical import now
 from engine.decide import Decision, decide
-from engine.definition import DEMOTE, PROVIDER_ERROR, Agent
+from engine.definition import DEMOTE, LIMIT, PROVIDER_ERROR, Agent
 from engine.errors import Code, Refused
 from engine.fold import TaskState
 from engine.model.errors import REQUEST_SHAPE, ModelError
@@ -74,6 +76,9 @@ class AgentRunner:
         if not isinstance(state, Agent) or task.terminal:
             raise Refused(f"task {task.task_id} is in {task.state!r}, not an agent state",
                           code=Code.STATE_NOT_AGENT, task_id=task.task_id, state=task.state)
+        over = exceeded(definition, task, now())
+        if over is not None:
+            return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
         rung = choose_rung(self.profile, self.adapter.model, self.thinking, len(model_actions(state)),
                            task.visit.get("demoted", []))
         request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung)

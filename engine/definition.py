@@ -69,6 +69,26 @@ PROVIDER_ERROR = "provider_error"
 RETRY = "retry"
 CALL = "call"
 RECONCILE = "reconcile"
+LIMIT = "limit"
+LIMIT_STATE = "limit_exceeded"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Per-task limits; exceeding one moves the task to the workflow's limit state (AGENT_STEP_LIMIT_EXCEEDED).
+
+    `repeats` bounds calls of one tool with the same normalised arguments: a model
+    looping on `query_ticket` stops there, its steps kept in the log.
+    """
+
+    model_turns: int = 50
+    tool_calls: int = 25
+    repeats: int = 3
+    deadline: timedelta | None = None
+
+    def spec(self) -> dict[str, Any]:
+        return {"model_turns": self.model_turns, "tool_calls": self.tool_calls, "repeats": self.repeats,
+                "deadline_seconds": self.deadline.total_seconds() if self.deadline is not None else None}
 FORCE_SUFFIX = "~force"
 HANDOFF_SUFFIX = "~handoff"
 PROVIDER_ERROR_SUFFIX = "~provider_error"
@@ -347,6 +367,9 @@ class Workflow:
     description: str = ""
     cancel_role: str | None = None
     tools: ToolCatalog | None = None
+    budgets: Budgets = field(default_factory=Budgets)
+    #: Where a task goes when a budget runs out (default: a generated wait state `limit_exceeded`).
+    limit_state: str | None = None
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -357,6 +380,9 @@ class Workflow:
         states = list(self.states)
         if not any(s.name == CANCELLED_STATE for s in states):
             states.append(Terminal(CANCELLED_STATE, description="Stopped by `cancel`."))
+        needs_limit = any(s.kind in (StateKind.AGENT, StateKind.TOOL) for s in states)
+        if needs_limit and self.limit_state is None and not any(s.name == LIMIT_STATE for s in states):
+            states.append(Wait(LIMIT_STATE, description="A budget ran out; a human decides (or cancels)."))
         object.__setattr__(self, "states", tuple(states))
         generated = [sub for s in states if type(s) is Agent for sub in agent_substates(s)]
         object.__setattr__(self, "_all", (*states, *generated))
@@ -429,6 +455,8 @@ class Workflow:
             "description": self.description,
             "cancel_role": self.cancel_role,
             "tools": {"ref": self.tools.ref, "digest": self.tools.digest} if self.tools is not None else None,
+            "budgets": self.budgets.spec(),
+            "limit_state": self.limit_state,
             "states": [s.spec() for s in self.states],
         }
 
@@ -437,6 +465,8 @@ def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
     out = state.outgoing()
     if state.kind is not StateKind.TERMINAL:
         out.append(Action(CANCEL, CANCELLED_STATE, CancelArgs, role=wf.cancel_role))
+    if state.kind in (StateKind.AGENT, StateKind.TOOL):
+        out.append(Action(LIMIT, wf.limit_state or LIMIT_STATE, system=True))
     return out
 
 
@@ -523,7 +553,7 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
     if isinstance(state, Agent) and (not isinstance(state.max_repairs, int) or state.max_repairs < 0):
         problems.append(f"{where}: max_repairs must be an integer >= 0")
     reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES, REPAIR, DEMOTE, HAND_OFF, PROVIDER_ERROR, RETRY, CALL,
-                RECONCILE}
+                RECONCILE, LIMIT}
     by_trigger: dict[str, list[Action]] = {}
     for action in state.actions:
         if not _NAME.match(action.name or ""):

@@ -59,6 +59,7 @@ class Code(StrEnum):
     TOOL_REMOTE_ERROR = "TOOL_REMOTE_ERROR"
     TOOL_RESULT_INVALID = "TOOL_RESULT_INVALID"
     TOOL_EXECUTION_UNKNOWN = "TOOL_EXECUTION_UNKNOWN"
+    AGENT_STEP_LIMIT_EXCEEDED = "AGENT_STEP_LIMIT_EXCEEDED"
     # Approvals
     APPROVAL_STALE = "APPROVAL_STALE"
     APPROVAL_FORBIDDEN = "APPROVAL_FORBIDDEN"
@@ -145,6 +146,10 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.TOOL_RESULT_INVALID: "The tool's result does not match its result model; it is not passed on.",
     Code.TOOL_EXECUTION_UNKNOWN: (
         "A write tool's outcome could not be established, even by reconciliation: a human decides."
+    ),
+    Code.AGENT_STEP_LIMIT_EXCEEDED: (
+        "A task budget (model turns, tool calls, repeats of one call, deadline) ran out; the task moved to the "
+        "workflow's limit state and the event names the budget."
     ),
     Code.APPROVAL_STALE: "The approver named a prepared-call digest that is not the one awaiting approval.",
     Code.APPROVAL_FORBIDDEN: (

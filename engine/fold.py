@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.canonical import GENESIS_HASH
-from engine.definition import START, Status, Workflow
+from engine.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
+from engine.definition import CALL, START, Status, Workflow
 from engine.errors import Code, IntegrityError
 from engine.events import Event
 from engine.visit import next_visit
@@ -41,6 +41,8 @@ class TaskState:
     #: The newest prepared tool call (what an approval approves, what a tool state runs) and who proposed it.
     prepared: dict[str, Any] | None = None
     prepared_by: str | None = None
+    #: What the budgets count: model turns, tool calls, calls per (tool, arguments), and when the task began.
+    usage: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -67,6 +69,7 @@ class TaskState:
             "started_by": self.started_by,
             "prepared": self.prepared,
             "prepared_by": self.prepared_by,
+            "usage": self.usage,
         }
 
     @classmethod
@@ -86,6 +89,7 @@ class TaskState:
             started_by=doc.get("started_by", ""),
             prepared=doc.get("prepared"),
             prepared_by=doc.get("prepared_by"),
+            usage=doc.get("usage", {}),
         )
 
 
@@ -110,6 +114,7 @@ def initial(definition: Workflow, event: Event) -> TaskState:
         input=event.data.get("input", {}),
         visit=next_visit(definition, {}, event.trigger, event.to_state, event.data),
         started_by=event.actor,
+        usage={"turns": 0, "calls": 0, "repeats": {}, "started_at": format_instant(event.at)},
     )
 
 
@@ -143,7 +148,19 @@ def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
         prepared, prepared_by = event.data["prepared"], event.actor
     return TaskState(task.task_id, task.workflow, task.version, task.digest, event.to_state,
                      definition.status_of(event.to_state), event.seq, event.hash, task.input, facts, visit,
-                     task.started_by, prepared, prepared_by)
+                     task.started_by, prepared, prepared_by, count_usage(task.usage, event))
+
+
+def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
+    """The budget counters after `event`: a model turn, or a tool call (by tool and normalised arguments)."""
+    if "turn" in event.data:
+        return {**usage, "turns": int(usage.get("turns", 0)) + 1}
+    if event.trigger == CALL:
+        key = call_key(event.data["intent"])
+        repeats = dict(usage.get("repeats", {}))
+        repeats[key] = int(repeats.get(key, 0)) + 1
+        return {**usage, "calls": int(usage.get("calls", 0)) + 1, "repeats": repeats}
+    return usage
 
 
 def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None = None) -> TaskState:
@@ -154,3 +171,8 @@ def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None 
     if task is None:
         raise IntegrityError("no events to fold", code=Code.SEQ_GAP)
     return task
+
+
+def call_key(prepared: dict[str, Any]) -> str:
+    """Which calls count as repeats of each other: the same tool with the same normalised arguments."""
+    return f"{prepared['tool']}:{sha256_hex(canonical_json(prepared['arguments']))[:16]}"

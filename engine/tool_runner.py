@@ -22,8 +22,10 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from engine.budgets import exceeded
+from engine.canonical import now
 from engine.decide import decide
-from engine.definition import CALL, RECONCILE, Tool
+from engine.definition import CALL, LIMIT, RECONCILE, Tool
 from engine.errors import Code, ConcurrencyConflict, Refused
 from engine.fold import TaskState
 from engine.tools.catalog import ToolDef, ToolKind
@@ -85,6 +87,9 @@ class ToolRunner:
         return self._outcome(task, settled, reconciled=True)
 
     def _attempt(self, task: TaskState, tool: ToolDef, prepared: PreparedToolCall) -> TaskState:
+        over = exceeded(self.engine.definition_of(task), task, now(), next_call=prepared.to_dict())
+        if over is not None:
+            return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
         attempt = int(task.visit.get("calls", 0)) + 1
         task = self._commit(task, CALL, {"intent": prepared.to_dict(), "attempt": attempt})
         outcome = execute(tool, prepared)

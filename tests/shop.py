@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine import Action, Agent, Approval, GuardContext, Terminal, Tool, Wait, Workflow
+from engine.definition import Budgets
 from engine.tools import CurrencyCode, MinorUnits, Reconciled, ToolCatalog, ToolDef, ToolKind
 from engine.tools.prepared import ToolInvocation
 
@@ -130,12 +131,13 @@ class ShopInput(BaseModel):
     customer: str
 
 
-def make_workflow(ledger: Ledger) -> Workflow:
+def make_workflow(ledger: Ledger, budgets: Budgets | None = None) -> Workflow:
     return Workflow(
         name="shop_refund",
         version=1,
         input=ShopInput,
         tools=make_catalog(ledger),
+        budgets=budgets or Budgets(),
         states=[
             Agent("collecting", actions=[
                 Action("query_order", "querying", OrderQuery, prepares="query_order",

@@ -180,3 +180,44 @@ def test_a_worker_killed_mid_write_never_pays_twice(eng: Engine, ledger: Ledger,
     else:
         assert triggers == ["call", "succeeded"]
     assert json.dumps(eng.history(task_id)[-1].data["outcome"]["result"]).startswith('{"refund_id"')
+
+
+# -- budgets ------------------------------------------------------------------------------------------
+
+
+def budgeted(db_url: str, ledger: Ledger, **limits: Any) -> Engine:
+    from engine.definition import Budgets
+
+    return Engine(db_url, Registry([make_workflow(ledger, Budgets(**limits))]), authoriser=StaticRoles(ROLES))
+
+
+def limit_event(eng: Engine, task_id: str) -> Any:
+    event = eng.history(task_id)[-1]
+    assert (event.trigger, event.to_state, event.data["code"]) == ("limit", "limit_exceeded",
+                                                                    "AGENT_STEP_LIMIT_EXCEEDED")
+    return event
+
+
+def test_a_model_that_queries_the_same_thing_forever_stops_at_the_repeats_budget(db_url: str, ledger: Ledger) -> None:
+    with budgeted(db_url, ledger, repeats=3) as eng:
+        task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
+        forever = ScriptedModel([call("query_order", order_id="O-1")] * 50, profile="anthropic")
+        task = eng.run(task_id, model=forever, max_turns=100)
+        assert task.state == "limit_exceeded" and task.status == "blocked"
+        event = limit_event(eng, task_id)
+        assert event.data["budget"] == "repeats" and event.data["tool"] == "query_order"
+        assert [e.trigger for e in eng.history(task_id)].count("call") == 3  # the steps so far stay in the log
+
+
+def test_model_turns_and_deadline_budgets(db_url: str, ledger: Ledger) -> None:
+    from datetime import timedelta
+
+    with budgeted(db_url, ledger, model_turns=2) as eng:
+        task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
+        eng.run(task_id, model=ScriptedModel([{"text": "thinking"}] * 5, profile="anthropic"))
+        assert limit_event(eng, task_id).data["budget"] == "model_turns"
+        assert [e.trigger for e in eng.history(task_id)] == ["start", "repair", "repair", "limit"]
+    with budgeted(db_url, ledger, deadline=timedelta(microseconds=1)) as eng:
+        task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
+        eng.run(task_id, model=ScriptedModel([call("query_order", order_id="O-1")], profile="anthropic"))
+        assert limit_event(eng, task_id).data["budget"] == "deadline"

@@ -1,0 +1,32 @@
+"""Task budgets: a pure check of the counters the fold keeps against the workflow's limits."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from engine.definition import Workflow
+from engine.fold import TaskState, call_key
+
+
+def exceeded(definition: Workflow, task: TaskState, now: datetime, *,
+             next_call: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The budget the next step would break, as the limit event records it, or None.
+
+    Checked before a model turn (`next_call` None) and before a tool call
+    (`next_call` the prepared call about to run).
+    """
+    budgets, usage = definition.budgets, task.usage
+    if budgets.deadline is not None and "started_at" in usage:
+        started = datetime.fromisoformat(usage["started_at"].replace("Z", "+00:00"))
+        if now - started >= budgets.deadline:
+            return {"budget": "deadline", "limit_seconds": budgets.deadline.total_seconds()}
+    if next_call is None:
+        if int(usage.get("turns", 0)) >= budgets.model_turns:
+            return {"budget": "model_turns", "used": usage.get("turns", 0), "limit": budgets.model_turns}
+        return None
+    if int(usage.get("calls", 0)) >= budgets.tool_calls:
+        return {"budget": "tool_calls", "used": usage.get("calls", 0), "limit": budgets.tool_calls}
+    if int(usage.get("repeats", {}).get(call_key(next_call), 0)) >= budgets.repeats:
+        return {"budget": "repeats", "tool": next_call["tool"], "limit": budgets.repeats}
+    return None
