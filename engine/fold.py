@@ -140,7 +140,12 @@ def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
         facts = {**facts, event.trigger: args}
     result = event.data.get("tool_result")
     if result is not None:  # untrusted data: kept apart from arguments, shown to a model only inside tags
-        facts = {**facts, f"tool:{result['tool']}": result["result"]}
+        ok, failed = f"tool:{result['tool']}", f"tool_error:{result['tool']}"
+        facts = {k: v for k, v in facts.items() if k not in (ok, failed)}
+        if "result" in result:
+            facts[ok] = result["result"]
+        else:
+            facts[failed] = result["error"]
     # Positional construction: this runs once per event on every load, and dataclasses.replace is 4x slower.
     visit = next_visit(definition, task.visit, event.trigger, event.to_state, event.data)
     prepared, prepared_by = task.prepared, task.prepared_by

@@ -101,6 +101,9 @@ class ToolRunner:
             data["action_id"] = task.prepared.get("action_id")
             if outcome.result is not None:
                 data["tool_result"] = {"tool": task.prepared.get("tool"), "result": outcome.result}
+            elif outcome.code is not None:  # what the model may see of a failure: the code and a short message
+                data["tool_result"] = {"tool": task.prepared.get("tool"),
+                                       "error": {"code": str(outcome.code), "message": outcome.message}}
         if reconciled:
             data["reconciled"] = True
         return self._commit(task, outcome.outcome, data)

@@ -221,3 +221,29 @@ def test_model_turns_and_deadline_budgets(db_url: str, ledger: Ledger) -> None:
         task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
         eng.run(task_id, model=ScriptedModel([call("query_order", order_id="O-1")], profile="anthropic"))
         assert limit_event(eng, task_id).data["budget"] == "deadline"
+
+
+def test_a_read_tool_is_simply_retried_and_a_failure_is_shown_to_the_model(eng: Engine,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.tools.execute import execute as real_execute
+
+    task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
+    crash = {"once": True}
+
+    def dies_once(tool: Any, prepared: Any) -> Any:
+        if crash.pop("once", False):
+            raise KeyboardInterrupt  # the worker stops after the intent, before any outcome
+        return real_execute(tool, prepared)
+
+    monkeypatch.setattr("engine.tool_runner.execute", dies_once)
+    with pytest.raises(KeyboardInterrupt):
+        eng.run(task_id, model=ScriptedModel([call("query_order", order_id="O-1")], profile="anthropic"))
+    assert eng.load(task_id).visit["pending"]
+    model = ScriptedModel([call("query_order", order_id="O-404"), {"text": "?"}], profile="anthropic")
+    eng.run(task_id, model=model, max_turns=4)
+    triggers = [e.trigger for e in eng.history(task_id)]
+    assert triggers[:6] == ["start", "query_order", "call", "call", "succeeded", "query_order"]
+    failure = next(e for e in eng.history(task_id) if e.trigger == "failed")
+    assert failure.data["outcome"]["code"] == "TOOL_REMOTE_ERROR"
+    context = model.requests[-1].messages[1].content
+    assert '"error": "TOOL_REMOTE_ERROR"' in context and "no such order" not in context

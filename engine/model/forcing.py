@@ -21,10 +21,11 @@ from enum import StrEnum
 from typing import Any
 
 from engine.definition import Action, Agent, Workflow
+from engine.errors import Code
 from engine.fold import TaskState
 from engine.model.profiles import CapabilityProfile
 from engine.model.types import Message, ModelRequest, ResponseSchema, ToolSpec
-from engine.tools.results import RESULT_NOTICE, wrap_for_model
+from engine.tools.results import RESULT_NOTICE, wrap_error_for_model, wrap_for_model
 
 
 class Rung(StrEnum):
@@ -129,11 +130,15 @@ def system_prompt(definition: Workflow, state: Agent, actions: list[Action]) -> 
 
 def task_context(task: TaskState) -> str:
     """The task's input and what happened so far, as data in fixed tags; tool results in tags of their own."""
-    facts = {k: v for k, v in task.facts.items() if not k.startswith("tool:")}
+    facts = {k: v for k, v in task.facts.items() if not k.startswith(("tool:", "tool_error:"))}
     body = json.dumps({"input": task.input, "facts": facts}, ensure_ascii=False, sort_keys=True)
     parts = [f"<task_context>\n{body}\n</task_context>"]
-    parts += [wrap_for_model(k.removeprefix("tool:"), v) for k, v in sorted(task.facts.items())
-              if k.startswith("tool:") and isinstance(v, dict)]
+    for key, value in sorted(task.facts.items()):
+        if key.startswith("tool:") and isinstance(value, dict):
+            parts.append(wrap_for_model(key.removeprefix("tool:"), value))
+        elif key.startswith("tool_error:") and isinstance(value, dict):
+            parts.append(wrap_error_for_model(key.removeprefix("tool_error:"), Code(value["code"]),
+                                              value.get("message")))
     return "\n".join(parts)
 
 
