@@ -247,3 +247,22 @@ def test_a_read_tool_is_simply_retried_and_a_failure_is_shown_to_the_model(eng: 
     assert failure.data["outcome"]["code"] == "TOOL_REMOTE_ERROR"
     context = model.requests[-1].messages[1].content
     assert '"error": "TOOL_REMOTE_ERROR"' in context and "no such order" not in context
+
+
+def test_a_tool_changed_without_a_new_catalog_version_is_detected(db_url: str, ledger: Ledger, eng: Engine) -> None:
+    from dataclasses import replace
+
+    task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
+    original = make_workflow(ledger)
+    assert original.tools is not None
+    edited_tools = [replace(t, description=t.description + " Now faster.") if t.name == "refund_payment" else t
+                    for t in original.tools.tools]
+    from engine.tools import ToolCatalog
+
+    catalog = ToolCatalog(original.tools.name, original.tools.version, edited_tools)
+    edited = replace(original, tools=catalog)
+    assert edited.digest != original.digest
+    with Engine(db_url, Registry([edited]), authoriser=StaticRoles(ROLES)) as other, \
+            pytest.raises(RailyardError) as caught:
+        other.get(task_id)
+    assert caught.value.code is Code.DEFINITION_CHANGED
