@@ -79,8 +79,8 @@ class AgentRunner:
         over = exceeded(definition, task, now())
         if over is not None:
             return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
-        rung = choose_rung(self.profile, self.adapter.model, self.thinking, len(model_actions(state)),
-                           task.visit.get("demoted", []))
+        refused = set(task.visit.get("demoted", [])) | self.engine.refused_shapes
+        rung = choose_rung(self.profile, self.adapter.model, self.thinking, len(model_actions(state)), refused)
         request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung)
         turn: dict[str, Any] = {
             "strategy": str(rung),
@@ -96,6 +96,7 @@ class AgentRunner:
             if error.code in REQUEST_SHAPE:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung down.
                 turn["demoted"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
+                self.engine.refused_shapes.add(turn["demoted"])  # other tasks on this process skip it too
                 return self._commit(task, DEMOTE, {"turn": turn})
             return self._commit(task, PROVIDER_ERROR, {"turn": turn})
         outcome = interpret(definition, task, response, rung, actor=self.actor)

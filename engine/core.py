@@ -85,6 +85,9 @@ class Engine:
         self.authoriser = authoriser if authoriser is not None else default_authoriser()
         self.snapshot_every = snapshot_every
         self.model = model
+        #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
+        #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
+        self.refused_shapes: set[str] = set()
 
     def close(self) -> None:
         self.store.close()

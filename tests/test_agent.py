@@ -391,3 +391,14 @@ def test_sensitive_fields_never_reach_the_log(tmp_path: Any) -> None:
         log = json.dumps([e.to_dict() for e in eng.history(task_id)])
         assert eng.history(task_id)[-1].data["args"] == {"last4": "1111", "pan": "[redacted]"}
     assert secret not in log
+
+
+def test_a_refused_shape_is_remembered_for_the_next_task_too(eng: Engine) -> None:
+    refusal = {"error": {"status": 400, "message": "Thinking mode does not support this tool_choice"}}
+    answer = call("decide", ticket_id="T-1", decision="RESOLVE", reason="ok")
+    model = ScriptedModel([refusal, answer, answer], profile="qwen")
+    first = eng.start("triage", TICKET, actor="ann")
+    run(eng, first, model)
+    second = eng.start("triage", TICKET, actor="ann")
+    assert run(eng, second, model).state == "decided"
+    assert [r.tool_choice for r in model.requests] == ["decide", "required", "required"]
