@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
+
+from pydantic import BaseModel
 
 from engine.definition import Action, Agent, Workflow
 from engine.errors import Code
@@ -83,9 +86,18 @@ def model_actions(state: Agent) -> list[Action]:
     return list(seen.values())
 
 
+_NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@lru_cache(maxsize=512)
+def _schema_json(model: type[BaseModel]) -> str:
+    # pydantic rebuilds a schema on every call (~100 µs, half an agent step's own CPU); a definition's
+    # argument models are immutable, so build each once. Kept as text: every caller gets its own copy.
+    return json.dumps(model.model_json_schema())
+
+
 def tool_spec(action: Action, strict: bool) -> ToolSpec:
-    schema = action.args.model_json_schema() if action.args is not None else {
-        "type": "object", "properties": {}, "additionalProperties": False}
+    schema = json.loads(_schema_json(action.args)) if action.args is not None else dict(_NO_ARGUMENTS)
     return ToolSpec(action.name, action.description or action.name, schema, strict=strict)
 
 
