@@ -27,9 +27,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/append.py
+	$(BIN)/python bench/agent_step.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/append.py --quick
+	$(BIN)/python bench/agent_step.py --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff check engine workflows migrations tests bench tools
