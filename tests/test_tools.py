@@ -488,7 +488,7 @@ def test_anything_short_of_a_clear_answer_stays_unknown(gate: threading.Event) -
         (None, Code.TOOL_EXECUTION_UNKNOWN),
     ]
     for reconciler, code in cases:
-        tool = ToolDef("pay", RefundArgs, RefundDone, ToolKind.WRITE, FakePayments().refund, timeout=0.03,
+        tool = ToolDef("pay", RefundArgs, RefundDone, ToolKind.WRITE, FakePayments().refund, timeout=0.5,
                        idempotent_remote=True, reconcile=reconciler)
         answer = reconcile(tool, "a" * 32)
         assert (answer.outcome, answer.code) == ("unknown", code), reconciler
