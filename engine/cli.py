@@ -337,6 +337,34 @@ def reject(
     _fire_command(lambda e: e.reject(task_id, actor=actor, reason=reason), as_json)
 
 
+@app.command("status")
+def status(as_json: JsonFlag = False) -> None:
+    """Tasks per workflow: runnable, blocked, terminal, and how long the oldest runnable one has waited."""
+    from engine.canonical import now
+
+    with _engine() as engine:
+        counts = engine.store.status_counts()
+    at = now()
+    rows: dict[str, dict[str, Any]] = {}
+    for c in counts:
+        row = rows.setdefault(c["workflow"], {"workflow": c["workflow"], "runnable": 0, "blocked": 0,
+                                              "terminal": 0, "oldest_runnable_seconds": None})
+        row[c["status"]] = c["tasks"]
+        if c["status"] == "runnable":
+            row["oldest_runnable_seconds"] = round((at - c["oldest"]).total_seconds(), 3)
+    if as_json:
+        _print_json(list(rows.values()))
+        return
+    table = Table(title="Tasks")
+    for column in ("workflow", "runnable", "blocked", "terminal", "oldest runnable"):
+        table.add_column(column)
+    for r in rows.values():
+        age = r["oldest_runnable_seconds"]
+        table.add_row(r["workflow"], str(r["runnable"]), str(r["blocked"]), str(r["terminal"]),
+                      "" if age is None else f"{age:.0f} s")
+    out.print(table)
+
+
 @app.command("graph")
 def graph(
     workflow: Annotated[str, typer.Argument(help="Workflow name.")],

@@ -227,3 +227,17 @@ def test_approvals_approve_and_reject_from_the_command_line(cli_env: str) -> Non
     code, out, _ = invoke("reject", second, "--as", "dana", "--reason", "no receipt", "--json")
     assert code == 0 and json.loads(out)["state"] == "rejected"
     assert json.loads(invoke("approvals", "--json")[1]) == []
+
+
+def test_status_counts_tasks_per_workflow_and_status(cli_env: str) -> None:
+    first, _second = start_refund(), start_refund()
+    invoke("fire", first, "propose", "--payload", '{"amount": 300, "reason": "x"}', "--as", "m")
+    code, out, _ = invoke("start", "counter", "--as", "ann")
+    invoke("cancel", out.strip(), "--as", "ann", "--reason", "test")
+    code, out, _ = invoke("status", "--json")
+    assert code == 0
+    rows = {r["workflow"]: r for r in json.loads(out)}
+    assert (rows["refund"]["runnable"], rows["refund"]["blocked"], rows["refund"]["terminal"]) == (1, 1, 0)
+    assert rows["counter"]["terminal"] == 1 and rows["counter"]["oldest_runnable_seconds"] is None
+    assert rows["refund"]["oldest_runnable_seconds"] >= 0
+    assert invoke("status")[0] == 0

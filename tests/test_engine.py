@@ -219,3 +219,12 @@ def test_postgres_database_is_the_tests_own(pg_database: str) -> None:
     assert "railyard_test_" in pg_database
     with psycopg.connect(_libpq(pg_database)) as conn:
         assert conn.execute("SELECT current_database()").fetchone()[0].startswith("railyard_test_")  # type: ignore[index]
+
+
+def test_status_counts_on_both_databases(eng: Engine) -> None:
+    eng.start("refund", ORDER, actor="ann")
+    done = eng.start("counter", {}, actor="ann")
+    eng.cancel(done, actor="ann", reason="x")
+    counts = {(c["workflow"], c["status"]): c["tasks"] for c in eng.store.status_counts()}
+    assert counts == {("refund", "runnable"): 1, ("counter", "terminal"): 1}
+    assert all(c["oldest"].tzinfo is not None for c in eng.store.status_counts())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, insert, select
+from sqlalchemy import Connection, Row, func, insert, select
 from sqlalchemy import exc as sa_exc
 
 from engine.canonical import canonical_json, now, utc
@@ -226,6 +226,19 @@ class Store:
             query = query.where(tasks.c.status == status)
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
+
+    def status_counts(self) -> list[dict[str, Any]]:
+        """Per workflow and status: how many tasks, and since when the oldest has waited in that status."""
+        query = (
+            select(tasks.c.workflow, tasks.c.status, func.count().label("tasks"),
+                   func.min(tasks.c.updated_at).label("oldest"))
+            .group_by(tasks.c.workflow, tasks.c.status)
+            .order_by(tasks.c.workflow, tasks.c.status)
+        )
+        with self._errors(), self._reader() as conn:
+            rows = conn.execute(query).all()
+        return [{"workflow": r.workflow, "status": r.status, "tasks": r.tasks, "oldest": utc(r.oldest)}
+                for r in rows]
 
     @staticmethod
     def _events(conn: Connection, task_id: str, after: int, upto: int | None) -> list[Event]:
