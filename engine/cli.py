@@ -337,6 +337,64 @@ def reject(
     _fire_command(lambda e: e.reject(task_id, actor=actor, reason=reason), as_json)
 
 
+@app.command("worker")
+def worker(
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Tasks held at once (threads).")] = 4,
+    once: Annotated[bool, typer.Option("--once", help="Claim one batch, advance it, exit.")] = False,
+    workflows: Annotated[
+        str | None, typer.Option("--workflows", help="Only these workflows (comma-separated names).")
+    ] = None,
+    lease_seconds: Annotated[float, typer.Option("--lease-seconds", min=1, help="Lease length.")] = 30.0,
+    model: Annotated[
+        str | None, typer.Option("--model", help="scripted:PATH, openai:MODEL or anthropic:MODEL (RAILYARD_MODEL).")
+    ] = None,
+    grace_seconds: Annotated[
+        float, typer.Option("--grace-seconds", min=0, help="After SIGTERM/SIGINT, how long the tasks in hand get.")
+    ] = 30.0,
+) -> None:
+    """Claim due tasks, advance each until it blocks or ends, release it; until SIGTERM or SIGINT.
+
+    The first signal stops claiming and lets the tasks in hand finish their step
+    within the grace period; a second signal (or the end of the grace) exits at
+    once. The log stays consistent either way: every append is atomic, and a task
+    left mid-step is resumed by the next worker when its lease expires.
+    """
+    import signal
+    import threading
+
+    from engine.model import adapter_from_spec
+    from engine.worker import Worker
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)
+        stop.set()
+        err.print(f"stopping: finishing the tasks in hand (at most {grace_seconds:.0f} s)", highlight=False)
+        timer = threading.Timer(grace_seconds, lambda: os._exit(128 + signum))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with _engine() as engine:
+        try:
+            adapter = adapter_from_spec(model) if model else None
+        except RailyardError as error:
+            _fail(error)
+        names = [w.strip() for w in workflows.split(",") if w.strip()] if workflows else None
+        runner = Worker(engine, concurrency=concurrency, lease_seconds=lease_seconds, workflows=names, model=adapter)
+        err.print(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s)", highlight=False)
+        if once:
+            runner.run_once()
+        else:
+            runner.run(stop)
+    c = runner.counts
+    err.print(f"{runner.name}: claimed {c.claimed}, finished {c.finished_steps}, conflicts {c.conflicts}, "
+              f"lease losses {c.lease_losses}, failures {c.failures}", highlight=False)
+
+
 @app.command("status")
 def status(as_json: JsonFlag = False) -> None:
     """Tasks per workflow: runnable, blocked, terminal, and how long the oldest runnable one has waited."""

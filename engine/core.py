@@ -23,10 +23,12 @@ from engine.definition import CANCEL, START, StateKind, Workflow
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, Refused
 from engine.events import Event, seal
 from engine.fold import TaskState, apply, fold
+from engine.leases import current_epoch
 from engine.model.types import ModelAdapter
 from engine.registry import Registry
 from engine.roles import Authoriser, default_authoriser
 from engine.store import Loaded, Store, TaskRow
+from engine.timers import next_run_at
 
 log = logging.getLogger("railyard.engine")
 
@@ -134,6 +136,7 @@ class Engine:
             last_hash=first.hash,
             created_at=at,
             updated_at=at,
+            next_run_at=next_run_at(definition, first.to_state, at),
         )
         self.store.create(row, first)
         return task_id
@@ -196,7 +199,9 @@ class Engine:
         snapshot = None
         if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
             snapshot = (after.seq, after.last_hash, canonical_json(after.to_doc()))
-        self.store.append(task.task_id, task.seq, [event], status=str(after.status), snapshot=snapshot)
+        self.store.append(task.task_id, task.seq, [event], status=str(after.status), snapshot=snapshot,
+                          next_run_at=next_run_at(definition, after.state, event.at),
+                          lease_epoch=current_epoch(task.task_id))
         return after
 
     def step(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False) -> TaskState:

@@ -28,6 +28,7 @@ class Code(StrEnum):
     DOMAIN_INVALID = "DOMAIN_INVALID"
     FORBIDDEN = "FORBIDDEN"
     CONCURRENCY_CONFLICT = "CONCURRENCY_CONFLICT"
+    LEASE_LOST = "LEASE_LOST"
     # Model proposals (agent states): each spends a repair, except IDENTITY_OVERRIDE
     NO_ACTION = "NO_ACTION"
     OUTPUT_NOT_JSON = "OUTPUT_NOT_JSON"
@@ -158,6 +159,10 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.TASK_NOT_AWAITING_APPROVAL: "The task is not in an approval state (already decided, cancelled, or elsewhere).",
     Code.CONFIG_INVALID: "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
     Code.ACTOR_REQUIRED: "Every write names the actor who made it; an empty or over-long actor is refused.",
+    Code.LEASE_LOST: (
+        "A worker's lease on the task was taken over (it expired and another worker claimed it): its append is "
+        "refused even if its expected_seq still matches."
+    ),
     Code.SCHEMA_MISSING: "The database has no Railyard schema: run `railyard db upgrade`.",
     Code.DATABASE_ERROR: "The database refused or failed the operation; details are in the server log.",
     Code.HASH_MISMATCH: "An event's hash or prev_hash does not match the chain: the log was edited.",
@@ -227,3 +232,14 @@ class StoreError(RailyardError):
 
 class IntegrityError(RailyardError):
     """A task's stored log does not hold together (edited, truncated, or out of step with its row)."""
+
+
+class LeaseLost(ConcurrencyConflict):
+    """The worker's lease was taken over: its write is refused (a fencing token, not only the seq)."""
+
+    code = Code.LEASE_LOST
+
+    def __init__(self, task_id: str, expected: int, actual: int | None, epoch: int, current_epoch: int) -> None:
+        super().__init__(task_id, expected, actual)
+        self.message = f"task {task_id}: lease epoch {epoch} was taken over (now {current_epoch})"
+        self.details.update(epoch=epoch, current_epoch=current_epoch)

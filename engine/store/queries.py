@@ -43,15 +43,16 @@ LOAD_POSTGRES = _LOAD.format(task_id="%(task_id)s")
 
 # SQLite: one BEGIN IMMEDIATE transaction of these.
 MOVE_TASK_SQLITE = (
-    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ? WHERE task_id = ? AND seq = ?"
+    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ?, next_run_at = ?"
+    " WHERE task_id = ? AND seq = ? AND (? IS NULL OR lease_epoch = ?)"
 )
 INSERT_EVENT_SQLITE = (
     "INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_SNAPSHOT_SQLITE = "INSERT INTO snapshots (task_id, seq, hash, doc, created_at) VALUES (?, ?, ?, ?, ?)"
-TASK_SEQ_SQLITE = "SELECT seq FROM tasks WHERE task_id = ?"
-TASK_SEQ_POSTGRES = "SELECT seq FROM tasks WHERE task_id = %s"
+TASK_SEQ_SQLITE = "SELECT seq, lease_epoch FROM tasks WHERE task_id = ?"
+TASK_SEQ_POSTGRES = "SELECT seq, lease_epoch FROM tasks WHERE task_id = %s"
 
 
 @lru_cache(maxsize=32)
@@ -62,8 +63,8 @@ def append_postgres(n_events: int, with_snapshot: bool) -> str:
     if another writer moved the row first, no row is updated and nothing is
     inserted. Data-modifying CTEs run exactly once, in one transaction
     (autocommit), in one round trip. It returns the number of events written.
-    Parameters: seq, state, status, last_hash, updated_at, task_id, expected_seq,
-    then 9 per event, then 4 for the snapshot.
+    Parameters: seq, state, status, last_hash, updated_at, next_run_at, task_id, expected_seq,
+    lease_epoch twice (None: no fence), then 9 per event, then 4 for the snapshot.
     """
     row = "(%s::int, %s::timestamptz, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text)"
     snapshot = (
@@ -73,8 +74,9 @@ def append_postgres(n_events: int, with_snapshot: bool) -> str:
         else ""
     )
     return (
-        "WITH upd AS (UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s"
-        " WHERE task_id = %s AND seq = %s RETURNING task_id),"
+        "WITH upd AS (UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s,"
+        " next_run_at = %s::timestamptz"
+        " WHERE task_id = %s AND seq = %s AND (%s::int IS NULL OR lease_epoch = %s::int) RETURNING task_id),"
         " ev AS (INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
         " SELECT upd.task_id, v.seq, v.at, v.actor, v.from_state, v.trigger, v.to_state, v.data, v.prev_hash, v.hash"
         f" FROM upd CROSS JOIN (VALUES {', '.join([row] * n_events)})"
@@ -96,3 +98,32 @@ def read_instant(value: datetime | str) -> datetime:
     if isinstance(value, str):
         return utc(datetime.fromisoformat(value))
     return utc(value)
+
+
+#: Claim up to N due tasks whose lease is free or expired: one statement; SKIP LOCKED lets many workers
+#: claim at once without waiting on each other's rows. Each claim bumps the epoch (the fencing token).
+CLAIM_POSTGRES = """
+UPDATE tasks SET lease_owner = %(owner)s, lease_expires_at = %(until)s, lease_epoch = lease_epoch + 1
+WHERE task_id IN (
+    SELECT task_id FROM tasks
+    WHERE status <> 'terminal' AND next_run_at IS NOT NULL AND next_run_at <= %(now)s
+      AND (lease_expires_at IS NULL OR lease_expires_at < %(now)s)
+      AND (%(workflows)s::text[] IS NULL OR workflow = ANY(%(workflows)s::text[]))
+    ORDER BY next_run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING task_id, lease_epoch
+"""
+
+#: SQLite: the same selection inside BEGIN IMMEDIATE (the write lock serialises claimers).
+DUE_SQLITE = """
+SELECT task_id FROM tasks
+WHERE status <> 'terminal' AND next_run_at IS NOT NULL AND next_run_at <= :now
+  AND (lease_expires_at IS NULL OR lease_expires_at < :now)
+ORDER BY next_run_at
+"""
+CLAIM_ONE_SQLITE = (
+    "UPDATE tasks SET lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1 WHERE task_id = ?"
+    " RETURNING lease_epoch"
+)

@@ -41,8 +41,15 @@ tasks = Table(
     Column("last_hash", String(64), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    # When a worker should next look at the task (runnable: now; blocked with a deadline: the deadline).
+    Column("next_run_at", DateTime(timezone=True), nullable=True),
+    # The worker holding the task, until when, and the fencing token its appends must carry.
+    Column("lease_owner", String(200), nullable=True),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("lease_epoch", Integer, nullable=False, server_default="0"),
     Index("ix_tasks_status", "status"),
     Index("ix_tasks_workflow_version", "workflow", "version"),
+    Index("ix_tasks_next_run_at", "next_run_at"),
 )
 
 #: The append-only log. `data` is the canonical JSON text that was hashed, byte for byte.

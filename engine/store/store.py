@@ -12,14 +12,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select
+from sqlalchemy import Connection, Row, func, insert, select, update
 from sqlalchemy import exc as sa_exc
 
 from engine.canonical import canonical_json, now, utc
-from engine.errors import Code, ConcurrencyConflict, RailyardError, StoreError
+from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, StoreError
 from engine.events import Event
 from engine.store import queries
 from engine.store.database import WRITE, make_engine
@@ -41,6 +41,10 @@ class TaskRow:
     last_hash: str
     created_at: datetime
     updated_at: datetime
+    next_run_at: datetime | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    lease_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +90,17 @@ class Store:
         *,
         status: str,
         snapshot: tuple[int, str, str] | None = None,
+        next_run_at: datetime | None = None,
+        lease_epoch: int | None = None,
     ) -> None:
         """Write `new_events` (seq `expected_seq + 1 ...`) and move the task row, in one transaction.
 
         The task row is updated `WHERE seq = expected_seq`; if another writer got
         there first nothing at all is written and `ConcurrencyConflict` is raised.
-        `snapshot` is `(seq, hash, doc)` of the folded state to cache.
+        With `lease_epoch` (a worker's fencing token) the row must also still carry
+        that epoch: a worker whose lease was taken over gets `LeaseLost`.
+        `snapshot` is `(seq, hash, doc)` of the folded state to cache; `next_run_at`
+        is when a worker should look at the task next (None: only a human or signal moves it).
         """
         if not new_events:
             raise ValueError("append needs at least one event")
@@ -100,9 +109,9 @@ class Store:
                 raise ValueError(f"event {ev.seq} of {ev.task_id} does not follow seq {expected_seq} of {task_id}")
         with self._errors():
             if self.dialect == "postgresql":
-                self._append_postgres(task_id, expected_seq, new_events, status, snapshot)
+                self._append_postgres(task_id, expected_seq, new_events, status, snapshot, next_run_at, lease_epoch)
             else:
-                self._append_sqlite(task_id, expected_seq, new_events, status, snapshot)
+                self._append_sqlite(task_id, expected_seq, new_events, status, snapshot, next_run_at, lease_epoch)
 
     def _append_sqlite(
         self,
@@ -111,20 +120,22 @@ class Store:
         new_events: Sequence[Event],
         status: str,
         snapshot: tuple[int, str, str] | None,
+        next_run_at: datetime | None,
+        lease_epoch: int | None,
     ) -> None:
         last = new_events[-1]
         at = queries.sqlite_instant(now())
+        due = queries.sqlite_instant(next_run_at) if next_run_at is not None else None
         raw = self.engine.raw_connection()
         try:
             cur: Any = raw.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                cur.execute(queries.MOVE_TASK_SQLITE,
-                            (last.seq, last.to_state, status, last.hash, at, task_id, expected_seq))
+                cur.execute(queries.MOVE_TASK_SQLITE, (last.seq, last.to_state, status, last.hash, at, due, task_id,
+                                                       expected_seq, lease_epoch, lease_epoch))
                 if cur.rowcount != 1:
                     cur.execute(queries.TASK_SEQ_SQLITE, (task_id,))
-                    found = cur.fetchone()
-                    raise ConcurrencyConflict(task_id, expected_seq, found[0] if found else None)
+                    raise _conflict(task_id, expected_seq, lease_epoch, cur.fetchone())
                 cur.executemany(queries.INSERT_EVENT_SQLITE, [
                     (e.task_id, e.seq, queries.sqlite_instant(e.at), e.actor, e.from_state, e.trigger, e.to_state,
                      canonical_json(e.data), e.prev_hash, e.hash)
@@ -146,10 +157,13 @@ class Store:
         new_events: Sequence[Event],
         status: str,
         snapshot: tuple[int, str, str] | None,
+        next_run_at: datetime | None,
+        lease_epoch: int | None,
     ) -> None:
         last = new_events[-1]
         at = now()
-        params: list[Any] = [last.seq, last.to_state, status, last.hash, at, task_id, expected_seq]
+        params: list[Any] = [last.seq, last.to_state, status, last.hash, at, next_run_at, task_id, expected_seq,
+                             lease_epoch, lease_epoch]
         for e in new_events:
             params.extend((e.seq, e.at, e.actor, e.from_state, e.trigger, e.to_state, canonical_json(e.data),
                            e.prev_hash, e.hash))
@@ -161,10 +175,65 @@ class Store:
             cur.execute(queries.append_postgres(len(new_events), snapshot is not None), params, prepare=True)
             if not cur.fetchone()[0]:
                 cur.execute(queries.TASK_SEQ_POSTGRES, (task_id,))
-                found = cur.fetchone()
-                raise ConcurrencyConflict(task_id, expected_seq, found[0] if found else None)
+                raise _conflict(task_id, expected_seq, lease_epoch, cur.fetchone())
         finally:
             raw.close()
+
+    # -- leases ---------------------------------------------------------
+    def claim(self, owner: str, *, limit: int, lease_seconds: float, workflows: Sequence[str] | None = None,
+              at: datetime | None = None) -> list[tuple[str, int]]:
+        """Lease up to `limit` due tasks to `owner`; returns (task_id, epoch) for each."""
+        at = at or now()
+        until = at + timedelta(seconds=lease_seconds)
+        with self._errors():
+            raw = self.engine.raw_connection()
+            try:
+                cur: Any = raw.cursor()
+                if self.dialect == "postgresql":
+                    cur.execute(queries.CLAIM_POSTGRES, {"owner": owner, "until": until, "now": at, "limit": limit,
+                                                         "workflows": list(workflows) if workflows else None})
+                    return [(r[0], r[1]) for r in cur.fetchall()]
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    cur.execute(queries.DUE_SQLITE, {"now": queries.sqlite_instant(at)})
+                    due = [r[0] for r in cur.fetchall()]
+                    if workflows:
+                        cur.execute(f"SELECT task_id FROM tasks WHERE workflow IN ({','.join('?' * len(workflows))})",
+                                    tuple(workflows))
+                        allowed = {r[0] for r in cur.fetchall()}
+                        due = [t for t in due if t in allowed]
+                    claimed = []
+                    for task_id in due[:limit]:
+                        cur.execute(queries.CLAIM_ONE_SQLITE, (owner, queries.sqlite_instant(until), task_id))
+                        claimed.append((task_id, cur.fetchone()[0]))
+                    cur.execute("COMMIT")
+                    return claimed
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+            finally:
+                raw.close()
+
+    def heartbeat(self, task_id: str, epoch: int, *, lease_seconds: float) -> bool:
+        """Extend a lease still held at `epoch`; False if it was taken over."""
+        with self._errors(), self._writer() as conn:
+            result = conn.execute(
+                update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
+                .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))
+            )
+            return bool(result.rowcount == 1)
+
+    def release(self, task_id: str, epoch: int) -> None:
+        """Give the lease back (only if still held at `epoch`); the epoch stays, so old appends stay fenced."""
+        with self._errors(), self._writer() as conn:
+            conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
+                         .values(lease_owner=None, lease_expires_at=None))
+
+    def postpone(self, task_id: str, epoch: int, until: datetime) -> None:
+        """Move a held task's next look to `until` (backoff after a failed step)."""
+        with self._errors(), self._writer() as conn:
+            conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
+                         .values(next_run_at=until))
 
     # -- reads ----------------------------------------------------------
     def row(self, task_id: str) -> TaskRow | None:
@@ -276,6 +345,16 @@ class Store:
             raise _store_error(exc, dbapi) from None
 
 
+def _conflict(task_id: str, expected: int, epoch: int | None, found: Any) -> ConcurrencyConflict:
+    """Why an append wrote nothing: the seq moved (ConcurrencyConflict) or only the lease did (LeaseLost)."""
+    if found is None:
+        return ConcurrencyConflict(task_id, expected, None)
+    seq, current_epoch = found
+    if epoch is not None and seq == expected and current_epoch != epoch:
+        return LeaseLost(task_id, expected, seq, epoch, current_epoch)
+    return ConcurrencyConflict(task_id, expected, seq)
+
+
 def _store_error(orig: BaseException | None, dbapi: Any) -> StoreError:
     """The one mapping from a driver error to a code, cut to 200 characters in the log (it may hold data)."""
     if isinstance(orig, dbapi.IntegrityError):
@@ -300,6 +379,7 @@ def _row_values(row: TaskRow) -> dict[str, Any]:
         "last_hash": row.last_hash,
         "created_at": row.created_at,
         "updated_at": row.updated_at,
+        "next_run_at": row.next_run_at,
     }
 
 
@@ -330,6 +410,10 @@ def _task_row(r: Row[Any]) -> TaskRow:
         last_hash=r.last_hash,
         created_at=utc(r.created_at),
         updated_at=utc(r.updated_at),
+        next_run_at=utc(r.next_run_at) if r.next_run_at is not None else None,
+        lease_owner=r.lease_owner,
+        lease_expires_at=utc(r.lease_expires_at) if r.lease_expires_at is not None else None,
+        lease_epoch=r.lease_epoch,
     )
 
 
