@@ -164,24 +164,25 @@ class BatchingStore:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.pending: tuple[str, int, list[Any], str] | None = None
+        self.pending: tuple[str, int, list[Any], str, dict[str, Any]] | None = None
 
     def append(self, task_id: str, expected_seq: int, new_events: Any, *, status: str,
-               snapshot: tuple[int, str, str] | None = None) -> None:
+               snapshot: tuple[int, str, str] | None = None, **row: Any) -> None:
+        # `row`: the other task-row fields an append sets (next_run_at, lease_epoch); the last ones win.
         if self.pending is not None and self.pending[0] != task_id:
             self.flush()
         if self.pending is None:
-            self.pending = (task_id, expected_seq, [], status)
+            self.pending = (task_id, expected_seq, [], status, row)
         self.pending[2].extend(new_events)
-        self.pending = (*self.pending[:3], status)
+        self.pending = (*self.pending[:3], status, row)
         if snapshot is not None:
             self.flush(snapshot)
 
     def flush(self, snapshot: tuple[int, str, str] | None = None) -> None:
         if self.pending is not None:
-            task_id, expected_seq, events, status = self.pending
+            task_id, expected_seq, events, status, row = self.pending
             self.pending = None
-            self.store.append(task_id, expected_seq, events, status=status, snapshot=snapshot)
+            self.store.append(task_id, expected_seq, events, status=status, snapshot=snapshot, **row)
 
     def close(self) -> None:
         self.flush()
