@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from engine.budgets import exceeded
-from engine.canonical import now
+from engine.canonical import format_instant, now
 from engine.decide import decide
 from engine.definition import CALL, LIMIT, RECONCILE, Tool
 from engine.errors import Code, ConcurrencyConflict, Refused
@@ -38,6 +39,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("railyard.tools")
 
 ACTOR = "system:tools"
+#: How long past a write's timeout its stranded attempt is assumed over, before reconciliation is trusted.
+SETTLE_MARGIN_SECONDS = 1.0
+
+
+class AttemptInFlight(Exception):
+    """A stranded write attempt may still be running: look again at `settle_after`, do nothing now."""
+
+    def __init__(self, task_id: str, settle_after: datetime) -> None:
+        super().__init__(f"task {task_id}: the last attempt may still be running until {settle_after}")
+        self.task_id = task_id
+        self.settle_after = settle_after
 
 
 class ToolRunner:
@@ -73,11 +85,19 @@ class ToolRunner:
         if tool.reconcile is None:
             # idempotent_remote: the remote deduplicates by the same idempotency key, so calling again is safe.
             return self._attempt(task, tool, prepared)
+        requested = task.visit.get("pending_at")
+        if requested is not None:
+            # The attempt may still be running (its worker lost the lease but not its life): a `not_found`
+            # now could be followed by the original call landing. Ask only once it can no longer be waited on.
+            settle_after = datetime.fromisoformat(requested.replace("Z", "+00:00")) + timedelta(
+                seconds=tool.timeout + SETTLE_MARGIN_SECONDS)
+            if now() < settle_after:
+                raise AttemptInFlight(task.task_id, settle_after)
         answer = reconcile(tool, prepared.action_id)
         settled = outcome_of(answer)
         if settled is None:  # not_found: it never happened; a new attempt with the same action id
             task = self._commit(task, RECONCILE, {"reconciled": {"outcome": "not_found",
-                                                                 "action_id": prepared.action_id}})
+                                                                 "action_id": prepared.action_id}}, late=False)
             return self._attempt(task, tool, prepared)
         if settled.outcome == "unknown":
             if int(task.visit.get("reconciles", 0)) + 1 < self.reconcile_attempts:
@@ -91,7 +111,10 @@ class ToolRunner:
         if over is not None:
             return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
         attempt = int(task.visit.get("calls", 0)) + 1
-        task = self._commit(task, CALL, {"intent": prepared.to_dict(), "attempt": attempt})
+        # The intent must be on record under this worker's lease before anything runs: if this append is
+        # refused (the lease was taken over, the task moved), the call is not made.
+        task = self._commit(task, CALL, {"intent": prepared.to_dict(), "attempt": attempt,
+                                         "requested_at": format_instant(now())}, late=False)
         outcome = execute(tool, prepared)
         return self._outcome(task, outcome)
 
@@ -108,12 +131,16 @@ class ToolRunner:
             data["reconciled"] = True
         return self._commit(task, outcome.outcome, data)
 
-    def _commit(self, task: TaskState, trigger: str, data: dict[str, Any]) -> TaskState:
+    def _commit(self, task: TaskState, trigger: str, data: dict[str, Any], *, late: bool = True) -> TaskState:
+        """Append a protocol step. `late=True` (outcomes): a refusal is logged and the task reloaded; otherwise
+        (an intent, a not_found) the refusal propagates, so nothing runs on a task this worker no longer holds."""
         definition = self.engine.definition_of(task)
         decision = decide(definition, task, trigger, None, actor=ACTOR, system=True)
         try:
             return self.engine.commit(task, replace(decision, data={**decision.data, **data}), actor=ACTOR)
         except ConcurrencyConflict:
+            if not late:
+                raise
             # The task moved while the tool ran (cancelled, say): this late record must not change it.
             log.warning("task %s: %s refused, the task moved on meanwhile (action %s)", task.task_id, trigger,
                         data.get("action_id") or data.get("intent", {}).get("action_id"))

@@ -42,7 +42,8 @@ def next_visit(
             out["mode"] = turn.get("mode", visit.get("mode"))
         return out
     if trigger == CALL:  # a tool's intent: one more attempt, pending until its outcome
-        return {**visit, "calls": int(visit.get("calls", 0)) + 1, "pending": data["intent"]["action_id"]}
+        return {**visit, "calls": int(visit.get("calls", 0)) + 1, "pending": data["intent"]["action_id"],
+                "pending_at": data.get("requested_at")}
     if trigger == RECONCILE:
         return {**visit, "reconciles": int(visit.get("reconciles", 0)) + 1}
     target = definition.state(to_state)

@@ -27,6 +27,7 @@ from engine.definition import EXPIRED, Status
 from engine.errors import ConcurrencyConflict, LeaseLost, RailyardError
 from engine.leases import Lease, holding
 from engine.model.types import ModelAdapter
+from engine.tool_runner import AttemptInFlight
 
 log = logging.getLogger("railyard.worker")
 
@@ -105,6 +106,10 @@ class Worker:
             with holding(lease):
                 self._advance(task_id)
             self.counts.add("finished_steps")
+        except AttemptInFlight as waiting:
+            log.info("task %s: a stranded attempt may still be running; looking again at %s", task_id,
+                     waiting.settle_after)
+            self.engine.store.postpone(task_id, epoch, waiting.settle_after)
         except LeaseLost:
             self.counts.add("lease_losses")
             log.warning("task %s: lease epoch %s taken over; stopping", task_id, epoch)

@@ -66,9 +66,12 @@ class Ledger:
         return sqlite3.connect(self.path, timeout=30, isolation_level=None)
 
     def refund(self, action_id: str, order_id: str, amount: int) -> str:
+        # One transaction: like a real provider, a refund that happened is in the books (what reconcile reads).
         with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
             db.execute("INSERT INTO executions VALUES (?, 1)", (action_id,))
             db.execute("INSERT OR IGNORE INTO refunds VALUES (?, ?, ?)", (action_id, order_id, amount))
+            db.execute("COMMIT")
         return f"R-{action_id[:8]}"
 
     def find(self, action_id: str) -> dict[str, Any] | None:
@@ -107,8 +110,9 @@ def make_catalog(ledger: Ledger) -> ToolCatalog:
 
     return ToolCatalog("shop_tools", 1, [
         ToolDef("query_order", OrderQuery, Order, ToolKind.READ, query_order, description="Read an order."),
+        # A short timeout: a stranded attempt is trusted over (and reconciled) timeout + 1 s after its intent.
         ToolDef("refund_payment", RefundRequest, RefundDone, ToolKind.WRITE, refund, reconcile=reconcile_refund,
-                description="Refund a payment, idempotent by action id."),
+                timeout=0.5, description="Refund a payment, idempotent by action id."),
     ])
 
 
@@ -159,3 +163,50 @@ def make_workflow(ledger: Ledger, budgets: Budgets | None = None) -> Workflow:
 
 
 ROLES = {"dana": {"refund_approver"}}
+
+
+def make_auto_workflow(ledger: Ledger) -> Workflow:
+    """`shop_auto@1`: the same tools without the approval gate, for worker stress tests."""
+    return Workflow(
+        name="shop_auto",
+        version=1,
+        input=ShopInput,
+        tools=make_catalog(ledger),
+        states=[
+            Agent("collecting", actions=[
+                Action("query_order", "querying", OrderQuery, prepares="query_order"),
+                Action("propose_refund", "executing", RefundRequest, guards=[within_refundable],
+                       prepares="refund_payment"),
+            ]),
+            Tool("querying", tool="query_order", on_succeeded="collecting", on_failed="collecting",
+                 on_unknown="collecting"),
+            Tool("executing", tool="refund_payment", on_succeeded="completed", on_failed="needs_human",
+                 on_unknown="needs_human"),
+            Wait("needs_human", actions=[Action("close", "rejected", role="refund_approver")]),
+            Terminal("completed"),
+            Terminal("rejected"),
+        ],
+    )
+
+
+class ClerkModel:
+    """A deterministic model for many tasks at once: look the order up, then refund 10.00 EUR of it."""
+
+    provider = "scripted"
+    model = "clerk"
+    profile = "anthropic"
+
+    def complete(self, request: Any) -> Any:
+        from engine.model.types import ModelResponse, ToolCall
+
+        context = request.messages[1].content
+        if 'name="query_order"' not in context:
+            call = ToolCall("c1", "query_order", '{"order_id": "O-1"}')
+        else:
+            call = ToolCall("c2", "propose_refund", '{"order_id": "O-1", "amount_cents": 1000, "currency": "EUR",'
+                                                    ' "reason": "late delivery"}')
+        return ModelResponse(tool_calls=(call,), finish_reason="tool_calls")
+
+
+#: How long after a stranded refund intent reconciliation is trusted (its timeout + the engine's margin).
+SETTLE_SECONDS = 0.5 + 1.0 + 0.2

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles
 from engine.model import ScriptedModel
-from tests.shop import ROLES, Ledger, make_workflow
+from tests.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -133,7 +134,7 @@ def test_a_late_outcome_after_cancel_is_refused(eng: Engine, ledger: Ledger, mon
 WORKER = """
 import os, sys
 from engine import Engine, Registry, StaticRoles
-from tests.shop import ROLES, Ledger, make_workflow
+from tests.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
 url, ledger_path, task_id, kill_at = sys.argv[1:5]
 engine = Engine(url, Registry([make_workflow(Ledger(ledger_path))]), authoriser=StaticRoles(ROLES))
 if kill_at == "before_intent":
@@ -165,6 +166,13 @@ def test_a_worker_killed_mid_write_never_pays_twice(eng: Engine, ledger: Ledger,
     stranded = eng.load(task_id)
     assert stranded.state == "executing"
     assert bool(stranded.visit.get("pending")) is (kill_at != "before_intent")
+    if stranded.visit.get("pending"):
+        # Too early: the attempt might still be running, so reconciliation is not trusted yet.
+        from engine.tool_runner import AttemptInFlight
+
+        with pytest.raises(AttemptInFlight):
+            eng.run(task_id)
+        time.sleep(SETTLE_SECONDS)
     # Another worker resumes the task from its log.
     task = eng.run(task_id)
     assert task.state == "completed"

@@ -42,8 +42,11 @@ LOAD_SQLITE = _LOAD.format(task_id=":task_id")
 LOAD_POSTGRES = _LOAD.format(task_id="%(task_id)s")
 
 # SQLite: one BEGIN IMMEDIATE transaction of these.
+# A task that ends drops its lease in the same write: nothing is left held by a worker that dies right after.
 MOVE_TASK_SQLITE = (
-    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ?, next_run_at = ?"
+    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ?, next_run_at = ?,"
+    " lease_owner = CASE WHEN ? = 'terminal' THEN NULL ELSE lease_owner END,"
+    " lease_expires_at = CASE WHEN ? = 'terminal' THEN NULL ELSE lease_expires_at END"
     " WHERE task_id = ? AND seq = ? AND (? IS NULL OR lease_epoch = ?)"
 )
 INSERT_EVENT_SQLITE = (
@@ -63,8 +66,9 @@ def append_postgres(n_events: int, with_snapshot: bool) -> str:
     if another writer moved the row first, no row is updated and nothing is
     inserted. Data-modifying CTEs run exactly once, in one transaction
     (autocommit), in one round trip. It returns the number of events written.
-    Parameters: seq, state, status, last_hash, updated_at, next_run_at, task_id, expected_seq,
-    lease_epoch twice (None: no fence), then 9 per event, then 4 for the snapshot.
+    Parameters: seq, state, status, last_hash, updated_at, next_run_at, status twice (a terminal task drops
+    its lease), task_id, expected_seq, lease_epoch twice (None: no fence), then 9 per event, then 4 for the
+    snapshot.
     """
     row = "(%s::int, %s::timestamptz, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text)"
     snapshot = (
@@ -75,7 +79,9 @@ def append_postgres(n_events: int, with_snapshot: bool) -> str:
     )
     return (
         "WITH upd AS (UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s,"
-        " next_run_at = %s::timestamptz"
+        " next_run_at = %s::timestamptz,"
+        " lease_owner = CASE WHEN %s::text = 'terminal' THEN NULL ELSE lease_owner END,"
+        " lease_expires_at = CASE WHEN %s::text = 'terminal' THEN NULL ELSE lease_expires_at END"
         " WHERE task_id = %s AND seq = %s AND (%s::int IS NULL OR lease_epoch = %s::int) RETURNING task_id),"
         " ev AS (INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
         " SELECT upd.task_id, v.seq, v.at, v.actor, v.from_state, v.trigger, v.to_state, v.data, v.prev_hash, v.hash"

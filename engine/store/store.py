@@ -131,8 +131,8 @@ class Store:
             cur: Any = raw.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                cur.execute(queries.MOVE_TASK_SQLITE, (last.seq, last.to_state, status, last.hash, at, due, task_id,
-                                                       expected_seq, lease_epoch, lease_epoch))
+                cur.execute(queries.MOVE_TASK_SQLITE, (last.seq, last.to_state, status, last.hash, at, due, status,
+                                                       status, task_id, expected_seq, lease_epoch, lease_epoch))
                 if cur.rowcount != 1:
                     cur.execute(queries.TASK_SEQ_SQLITE, (task_id,))
                     raise _conflict(task_id, expected_seq, lease_epoch, cur.fetchone())
@@ -162,8 +162,8 @@ class Store:
     ) -> None:
         last = new_events[-1]
         at = now()
-        params: list[Any] = [last.seq, last.to_state, status, last.hash, at, next_run_at, task_id, expected_seq,
-                             lease_epoch, lease_epoch]
+        params: list[Any] = [last.seq, last.to_state, status, last.hash, at, next_run_at, status, status, task_id,
+                             expected_seq, lease_epoch, lease_epoch]
         for e in new_events:
             params.extend((e.seq, e.at, e.actor, e.from_state, e.trigger, e.to_state, canonical_json(e.data),
                            e.prev_hash, e.hash))
