@@ -61,6 +61,7 @@ class Code(StrEnum):
     TOOL_RESULT_INVALID = "TOOL_RESULT_INVALID"
     TOOL_EXECUTION_UNKNOWN = "TOOL_EXECUTION_UNKNOWN"
     AGENT_STEP_LIMIT_EXCEEDED = "AGENT_STEP_LIMIT_EXCEEDED"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
     # Approvals
     APPROVAL_STALE = "APPROVAL_STALE"
     APPROVAL_FORBIDDEN = "APPROVAL_FORBIDDEN"
@@ -151,6 +152,10 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.AGENT_STEP_LIMIT_EXCEEDED: (
         "A task budget (model turns, tool calls, repeats of one call, deadline) ran out; the task moved to the "
         "workflow's limit state and the event names the budget."
+    ),
+    Code.INTERNAL_ERROR: (
+        "A step raised an unexpected exception on every try; after the worker's retry limit the task moved to "
+        "the limit state, the exception class in the event (the text in the server log)."
     ),
     Code.APPROVAL_STALE: "The approver named a prepared-call digest that is not the one awaiting approval.",
     Code.APPROVAL_FORBIDDEN: (

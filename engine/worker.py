@@ -18,13 +18,14 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from engine.canonical import now
 from engine.core import Engine
-from engine.definition import EXPIRED, Status
-from engine.errors import ConcurrencyConflict, LeaseLost, RailyardError
+from engine.decide import decide
+from engine.definition import EXPIRED, LIMIT, Status
+from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError
 from engine.leases import Lease, holding
 from engine.model.types import ModelAdapter
 from engine.tool_runner import AttemptInFlight
@@ -64,6 +65,7 @@ class Worker:
         poll_seconds: float = 0.5,
         max_turns: int = 50,
         retry_backoff: float = 5.0,
+        max_failures: int = 5,
     ) -> None:
         self.engine = engine
         self.name = name or f"worker-{os.getpid()}-{threading.get_ident() % 10_000}"
@@ -75,6 +77,7 @@ class Worker:
         self.poll_seconds = poll_seconds
         self.max_turns = max_turns
         self.retry_backoff = retry_backoff
+        self.max_failures = max_failures
         self.counts = WorkerCounts()
 
     def run(self, stop: threading.Event) -> None:
@@ -102,6 +105,7 @@ class Worker:
         beat = threading.Thread(target=self._heartbeat, args=(lease, done), daemon=True)
         beat.start()
         started = time.perf_counter()
+        failed = False
         try:
             with holding(lease):
                 self._advance(task_id)
@@ -117,15 +121,33 @@ class Worker:
             self.counts.add("conflicts")
             log.info("task %s: moved by someone else meanwhile; it will be looked at again", task_id)
         except Exception as exc:  # one bad task never stops a worker
+            failed = True
             self.counts.add("failures")
-            log.error("task %s: %s while advancing (%.200s); retrying in %.0fs", task_id, type(exc).__name__, exc,
-                      self.retry_backoff)
-            self.engine.store.postpone(task_id, epoch, now() + timedelta(seconds=self.retry_backoff))
+            log.error("task %s: %s while advancing (%.200s)", task_id, type(exc).__name__, exc)
+            tries = self.engine.store.postpone(task_id, epoch, now() + timedelta(seconds=self.retry_backoff),
+                                               failed=True)
+            if tries >= self.max_failures:
+                self._give_up(lease, exc, tries)
         finally:
             done.set()
             beat.join(timeout=5)
-            self.engine.store.release(task_id, epoch)
+            self.engine.store.release(task_id, epoch, step_succeeded=not failed)
             log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
+
+    def _give_up(self, lease: Lease, exc: Exception, tries: int) -> None:
+        """A poison task: after `max_failures` raising steps, move it to the limit state (a human looks)."""
+        try:
+            with holding(lease):
+                task = self.engine.load(lease.task_id)
+                definition = self.engine.definition_of(task)
+                if task.terminal or not definition.candidates(task.state, LIMIT):
+                    return
+                decision = decide(definition, task, LIMIT, None, actor=self.name, system=True)
+                data = {"code": str(Code.INTERNAL_ERROR), "error": type(exc).__name__, "failures": tries}
+                self.engine.commit(task, replace(decision, data=data), actor=self.name)
+                log.error("task %s: gave up after %s failed steps (%s)", lease.task_id, tries, type(exc).__name__)
+        except RailyardError as error:
+            log.error("task %s: could not hand it off: %s", lease.task_id, error.code)
 
     def _advance(self, task_id: str) -> None:
         task = self.engine.load(task_id)

@@ -139,6 +139,27 @@ def test_a_task_that_raises_is_retried_later_and_the_worker_goes_on(eng: Engine)
     assert eng.get(good).state == eng.get(bad).state == "done"
 
 
+def test_a_task_that_keeps_raising_is_handed_off_with_internal_error(eng: Engine) -> None:
+    class Broken:
+        provider, model, profile = "scripted", "broken", "anthropic"
+
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            raise RuntimeError("bug in an adapter")
+
+    task_id = eng.start("counter", {}, actor="ann")
+    worker = Worker(eng, name="w", model=Broken(), retry_backoff=0, max_failures=3)
+    for tries in (1, 2):
+        assert worker.run_once() == 1
+        row = eng.store.row(task_id)
+        assert row is not None and row.failures == tries and eng.get(task_id).state == "counting"
+    assert worker.run_once() == 1
+    event = eng.history(task_id)[-1]
+    assert (event.trigger, event.to_state) == ("limit", "limit_exceeded")
+    assert event.data == {"code": "INTERNAL_ERROR", "error": "RuntimeError", "failures": 3}
+    assert "bug in an adapter" not in str(event.data)
+    assert worker.run_once() == 0  # blocked now: a human decides
+
+
 KILLED_WORKER = """
 import os, sys
 from engine import Engine, Registry, StaticRoles

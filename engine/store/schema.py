@@ -47,6 +47,8 @@ tasks = Table(
     Column("lease_owner", String(200), nullable=True),
     Column("lease_expires_at", DateTime(timezone=True), nullable=True),
     Column("lease_epoch", Integer, nullable=False, server_default="0"),
+    # Consecutive steps that raised; a worker gives the task up after its limit.
+    Column("failures", Integer, nullable=False, server_default="0"),
     Index("ix_tasks_status", "status"),
     Index("ix_tasks_workflow_version", "workflow", "version"),
     Index("ix_tasks_next_run_at", "next_run_at"),

@@ -45,6 +45,7 @@ class TaskRow:
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     lease_epoch: int = 0
+    failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,17 +224,28 @@ class Store:
             )
             return bool(result.rowcount == 1)
 
-    def release(self, task_id: str, epoch: int) -> None:
-        """Give the lease back (only if still held at `epoch`); the epoch stays, so old appends stay fenced."""
-        with self._errors(), self._writer() as conn:
-            conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
-                         .values(lease_owner=None, lease_expires_at=None))
+    def release(self, task_id: str, epoch: int, *, step_succeeded: bool = True) -> None:
+        """Give the lease back (only if still held at `epoch`); the epoch stays, so old appends stay fenced.
 
-    def postpone(self, task_id: str, epoch: int, until: datetime) -> None:
-        """Move a held task's next look to `until` (backoff after a failed step)."""
+        A step that went through clears the task's count of consecutive failures.
+        """
+        values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+        if step_succeeded:
+            values["failures"] = 0
         with self._errors(), self._writer() as conn:
             conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
-                         .values(next_run_at=until))
+                         .values(**values))
+
+    def postpone(self, task_id: str, epoch: int, until: datetime, *, failed: bool = False) -> int:
+        """Move a held task's next look to `until`; with `failed`, count one more failed step. Returns the count."""
+        values: dict[str, Any] = {"next_run_at": until}
+        if failed:
+            values["failures"] = tasks.c.failures + 1
+        with self._errors(), self._writer() as conn:
+            conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
+                         .values(**values))
+            count = conn.execute(select(tasks.c.failures).where(tasks.c.task_id == task_id)).scalar()
+        return int(count or 0)
 
     # -- reads ----------------------------------------------------------
     def row(self, task_id: str) -> TaskRow | None:
@@ -414,6 +426,7 @@ def _task_row(r: Row[Any]) -> TaskRow:
         lease_owner=r.lease_owner,
         lease_expires_at=utc(r.lease_expires_at) if r.lease_expires_at is not None else None,
         lease_epoch=r.lease_epoch,
+        failures=r.failures,
     )
 
 
