@@ -7,6 +7,7 @@ Exit codes are a contract: 0 ok, 1 a domain refusal (its code printed),
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -378,6 +379,10 @@ def worker(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # One line per transition and the worker's own notes, on stderr, for the operator's log pipeline.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for name in ("railyard.transitions", "railyard.worker"):
+        logging.getLogger(name).setLevel(logging.INFO)
     with _engine() as engine:
         try:
             adapter = adapter_from_spec(model) if model else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,8 @@ from engine.store import Loaded, Store, TaskRow
 from engine.timers import next_run_at
 
 log = logging.getLogger("railyard.engine")
+#: One line per transition (see `_log_transition`); `railyard worker` prints it at INFO.
+transitions_log = logging.getLogger("railyard.transitions")
 
 MAX_ACTOR_LENGTH = 200
 
@@ -183,6 +186,7 @@ class Engine:
 
         Only for decisions `decide` produced for this `task`; the append conflicts if the task moved.
         """
+        started = time.perf_counter()
         definition = self.definition_of(task)
         event = seal(
             task_id=task.task_id,
@@ -202,6 +206,8 @@ class Engine:
         self.store.append(task.task_id, task.seq, [event], status=str(after.status), snapshot=snapshot,
                           next_run_at=next_run_at(definition, after.state, event.at),
                           lease_epoch=current_epoch(task.task_id))
+        if transitions_log.isEnabledFor(logging.INFO):
+            _log_transition(event, (time.perf_counter() - started) * 1000)
         return after
 
     def step(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False) -> TaskState:
@@ -397,6 +403,16 @@ class Engine:
                 task_id=row.task_id,
             )
         return task
+
+
+def _log_transition(event: Event, duration_ms: float) -> None:
+    """One line per transition, key=value, for operators' log pipelines (codes only: no payloads)."""
+    turn = event.data.get("turn") or {}
+    code = event.data.get("code") or turn.get("code") or (event.data.get("outcome") or {}).get("code") or "-"
+    transitions_log.info(
+        "task=%s seq=%d actor=%s from=%s trigger=%s to=%s code=%s duration_ms=%.1f", event.task_id, event.seq,
+        event.actor, event.from_state or "-", event.trigger, event.to_state, code, duration_ms,
+    )
 
 
 def _comment_payload(args: type[BaseModel] | None, comment: str) -> dict[str, Any] | None:

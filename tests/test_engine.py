@@ -228,3 +228,17 @@ def test_status_counts_on_both_databases(eng: Engine) -> None:
     counts = {(c["workflow"], c["status"]): c["tasks"] for c in eng.store.status_counts()}
     assert counts == {("refund", "runnable"): 1, ("counter", "terminal"): 1}
     assert all(c["oldest"].tzinfo is not None for c in eng.store.status_counts())
+
+
+def test_each_transition_logs_one_structured_line(eng: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    task_id = eng.start("refund", ORDER, actor="ann")
+    with caplog.at_level(logging.INFO, logger="railyard.transitions"):
+        eng.fire(task_id, "note", {"note": "secret remark"}, actor="model")
+        eng.cancel(task_id, actor="ann", reason="stop")
+    lines = [r.getMessage() for r in caplog.records if r.name == "railyard.transitions"]
+    assert len(lines) == 2
+    assert lines[0].startswith(f"task={task_id} seq=2 actor=model from=assessing trigger=note to=assessing code=-")
+    assert "secret remark" not in " ".join(lines)
+    assert "trigger=cancel to=cancelled" in lines[1] and "duration_ms=" in lines[1]

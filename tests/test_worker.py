@@ -230,5 +230,6 @@ def test_railyard_worker_advances_tasks_and_stops_on_sigterm(tmp_path: Path) -> 
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         assert "claimed 3" in err and "failures 0" in err
+        assert err.count("railyard.transitions") == 3 and "trigger=finish to=done code=-" in err
         assert all(eng.get(t).state == "done" for t in task_ids)
         assert all(eng.store.row(t).lease_owner is None for t in task_ids)  # type: ignore[union-attr]
