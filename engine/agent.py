@@ -14,12 +14,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.budgets import exceeded
 from engine.canonical import now
-from engine.decide import Decision, decide
+from engine.decide import Decision
 from engine.definition import DEMOTE, LIMIT, PROVIDER_ERROR, Agent
 from engine.errors import Code, Refused
 from engine.fold import TaskState
@@ -111,15 +111,14 @@ class AgentRunner:
             turn["errors"] = outcome.errors
         data = {**outcome.data, "turn": turn}
         if outcome.kind == "accept":
-            decision = decide(definition, task, outcome.trigger, data.get("args"), actor=self.actor)
-            return self.engine.commit(task, _with_data(decision, data), actor=self.actor)
+            # `interpret` already decided it (on the real arguments; the data holds them redacted).
+            accepted = Decision(outcome.trigger, task.state, outcome.to_state, data)
+            return self.engine.commit(task, accepted, actor=self.actor)
         return self._commit(task, outcome.trigger, data)
 
     def _commit(self, task: TaskState, trigger: str, data: dict[str, Any]) -> TaskState:
-        """A sub-machine transition (repair, demote, hand_off, provider_error), checked by `decide` like any other."""
-        definition = self.engine.definition_of(task)
-        decision = decide(definition, task, trigger, None, actor=self.actor, system=True)
-        return self.engine.commit(task, _with_data(decision, {**decision.data, **data}), actor=self.actor)
+        """A sub-machine transition (repair, demote, hand_off, provider_error, limit)."""
+        return self.engine.commit_system(task, trigger, data, actor=self.actor)
 
     def _call(self, request: ModelRequest) -> tuple[ModelResponse, int]:
         attempt = 0
@@ -134,7 +133,3 @@ class AgentRunner:
                 log.info("model call %s; retrying in %.2fs (attempt %s of %s)", error.code, delay, attempt,
                          self.retry.attempts)
                 self.retry.sleep(delay)
-
-
-def _with_data(decision: Decision, data: dict[str, Any]) -> Decision:
-    return replace(decision, data=data)

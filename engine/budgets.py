@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from engine.canonical import parse_instant
 from engine.definition import Workflow
 from engine.fold import TaskState, call_key
 
@@ -17,10 +18,9 @@ def exceeded(definition: Workflow, task: TaskState, now: datetime, *,
     (`next_call` the prepared call about to run).
     """
     budgets, usage = definition.budgets, task.usage
-    if budgets.deadline is not None and "started_at" in usage:
-        started = datetime.fromisoformat(usage["started_at"].replace("Z", "+00:00"))
-        if now - started >= budgets.deadline:
-            return {"budget": "deadline", "limit_seconds": budgets.deadline.total_seconds()}
+    deadline = budgets.deadline
+    if deadline is not None and "started_at" in usage and now - parse_instant(usage["started_at"]) >= deadline:
+        return {"budget": "deadline", "limit_seconds": deadline.total_seconds()}
     if next_call is None:
         if int(usage.get("turns", 0)) >= budgets.model_turns:
             return {"budget": "model_turns", "used": usage.get("turns", 0), "limit": budgets.model_turns}

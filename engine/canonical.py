@@ -36,5 +36,10 @@ def format_instant(at: datetime) -> str:
     return utc(at).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def parse_instant(text: str) -> datetime:
+    """The inverse of `format_instant` (and any ISO 8601 text a driver returns), as aware UTC."""
+    return utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
 def now() -> datetime:
     return datetime.now(UTC)

@@ -210,6 +210,14 @@ class Engine:
             _log_transition(event, (time.perf_counter() - started) * 1000)
         return after
 
+    def commit_system(self, task: TaskState, trigger: str, data: Mapping[str, Any], *, actor: str) -> TaskState:
+        """Fire one of the engine's own triggers (repair, call, an outcome, limit, ...) with the data it records.
+
+        `decide` still checks it is a legal transition from where the task stands.
+        """
+        decision = decide(self.definition_of(task), task, trigger, None, actor=actor, system=True)
+        return self.commit(task, replace(decision, data={**decision.data, **data}), actor=actor)
+
     def step(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False) -> TaskState:
         """Run one model turn for a task in an agent state: exactly one event, whatever the model does."""
         from engine.agent import AgentRunner

@@ -19,13 +19,11 @@ to its `max_attempts`. An outcome that arrives after the task moved on
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from engine.budgets import exceeded
-from engine.canonical import format_instant, now
-from engine.decide import decide
+from engine.canonical import format_instant, now, parse_instant
 from engine.definition import CALL, LIMIT, RECONCILE, Tool
 from engine.errors import Code, ConcurrencyConflict, Refused
 from engine.fold import TaskState
@@ -89,8 +87,7 @@ class ToolRunner:
         if requested is not None:
             # The attempt may still be running (its worker lost the lease but not its life): a `not_found`
             # now could be followed by the original call landing. Ask only once it can no longer be waited on.
-            settle_after = datetime.fromisoformat(requested.replace("Z", "+00:00")) + timedelta(
-                seconds=tool.timeout + SETTLE_MARGIN_SECONDS)
+            settle_after = parse_instant(requested) + timedelta(seconds=tool.timeout + SETTLE_MARGIN_SECONDS)
             if now() < settle_after:
                 raise AttemptInFlight(task.task_id, settle_after)
         answer = reconcile(tool, prepared.action_id)
@@ -134,10 +131,8 @@ class ToolRunner:
     def _commit(self, task: TaskState, trigger: str, data: dict[str, Any], *, late: bool = True) -> TaskState:
         """Append a protocol step. `late=True` (outcomes): a refusal is logged and the task reloaded; otherwise
         (an intent, a not_found) the refusal propagates, so nothing runs on a task this worker no longer holds."""
-        definition = self.engine.definition_of(task)
-        decision = decide(definition, task, trigger, None, actor=ACTOR, system=True)
         try:
-            return self.engine.commit(task, replace(decision, data={**decision.data, **data}), actor=ACTOR)
+            return self.engine.commit_system(task, trigger, data, actor=ACTOR)
         except ConcurrencyConflict:
             if not late:
                 raise

@@ -18,12 +18,11 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from engine.canonical import now
 from engine.core import Engine
-from engine.decide import decide
 from engine.definition import EXPIRED, LIMIT, Status
 from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError
 from engine.leases import Lease, holding
@@ -142,9 +141,8 @@ class Worker:
                 definition = self.engine.definition_of(task)
                 if task.terminal or not definition.candidates(task.state, LIMIT):
                     return
-                decision = decide(definition, task, LIMIT, None, actor=self.name, system=True)
                 data = {"code": str(Code.INTERNAL_ERROR), "error": type(exc).__name__, "failures": tries}
-                self.engine.commit(task, replace(decision, data=data), actor=self.name)
+                self.engine.commit_system(task, LIMIT, data, actor=self.name)
                 log.error("task %s: gave up after %s failed steps (%s)", lease.task_id, tries, type(exc).__name__)
         except RailyardError as error:
             log.error("task %s: could not hand it off: %s", lease.task_id, error.code)

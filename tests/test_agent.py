@@ -375,7 +375,7 @@ def test_sensitive_fields_never_reach_the_log(tmp_path: Any) -> None:
     class Card(BaseModel):
         model_config = ConfigDict(extra="forbid")
         last4: str = Field(pattern=r"^\d{4}$")
-        pan: str = Field(json_schema_extra={"sensitive": True})
+        pan: str = Field(pattern=r"^\d{16}$", json_schema_extra={"sensitive": True})
 
     flow = Workflow(name="cards", version=1, states=[
         Agent("collecting", actions=[Action("store_card", "done", Card)]), Terminal("done")])

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from functools import lru_cache
 
-from engine.canonical import utc
+from engine.canonical import parse_instant, utc
 
 #: Task row (k = 0), its newest snapshot at or below the row's seq (k = 1) and the events after
 #: that snapshot up to the row's seq (k = 2), in one statement: one round trip and one consistent
@@ -101,9 +101,7 @@ def sqlite_instant(at: datetime) -> str:
 
 def read_instant(value: datetime | str) -> datetime:
     """A timestamp as the driver returned it (aware from psycopg, text from sqlite3), as aware UTC."""
-    if isinstance(value, str):
-        return utc(datetime.fromisoformat(value))
-    return utc(value)
+    return parse_instant(value) if isinstance(value, str) else utc(value)
 
 
 #: Claim up to N due tasks whose lease is free or expired: one statement; SKIP LOCKED lets many workers
