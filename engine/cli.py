@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, Any, NoReturn
 
@@ -29,6 +30,9 @@ EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_AUDIT = 3
+
+#: A worker not heard from for this long is not listed by `railyard status` (it reports every 10 s).
+WORKER_SEEN_SECONDS = 60
 
 #: Codes that report a broken log rather than a refused request: exit 3.
 AUDIT_CODES = frozenset({Code.HASH_MISMATCH, Code.SEQ_GAP, Code.STATE_MISMATCH, Code.SNAPSHOT_MISMATCH})
@@ -352,13 +356,17 @@ def worker(
     grace_seconds: Annotated[
         float, typer.Option("--grace-seconds", min=0, help="After SIGTERM/SIGINT, how long the tasks in hand get.")
     ] = 30.0,
+    report_seconds: Annotated[
+        float, typer.Option("--report-seconds", min=0.1, help="How often counts are logged and reported.")
+    ] = 10.0,
 ) -> None:
     """Claim due tasks, advance each until it blocks or ends, release it; until SIGTERM or SIGINT.
 
-    The first signal stops claiming and lets the tasks in hand finish their step
-    within the grace period; a second signal (or the end of the grace) exits at
-    once. The log stays consistent either way: every append is atomic, and a task
-    left mid-step is resumed by the next worker when its lease expires.
+    The first signal stops claiming, lets each task in hand finish its current
+    step and hands it back (released, still due: another worker takes it at
+    once); a second signal, or the end of the grace period, exits at once. The
+    log stays consistent either way: every append is atomic, and a task left
+    mid-step is resumed by the next worker when its lease expires.
     """
     import signal
     import threading
@@ -366,13 +374,16 @@ def worker(
     from engine.model import adapter_from_spec
     from engine.worker import Worker
 
-    stop = threading.Event()
+    runner: Worker | None = None
+    stopping = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        if stop.is_set():
+        if stopping.is_set():
             os._exit(128 + signum)
-        stop.set()
-        err.print(f"stopping: finishing the tasks in hand (at most {grace_seconds:.0f} s)", highlight=False)
+        stopping.set()
+        if runner is not None:
+            runner.stop()
+        err.print(f"stopping: finishing the steps in hand (at most {grace_seconds:.0f} s)", highlight=False)
         timer = threading.Timer(grace_seconds, lambda: os._exit(128 + signum))
         timer.daemon = True
         timer.start()
@@ -389,43 +400,61 @@ def worker(
         except RailyardError as error:
             _fail(error)
         names = [w.strip() for w in workflows.split(",") if w.strip()] if workflows else None
-        runner = Worker(engine, concurrency=concurrency, lease_seconds=lease_seconds, workflows=names, model=adapter)
-        err.print(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s)", highlight=False)
+        runner = Worker(engine, concurrency=concurrency, lease_seconds=lease_seconds, workflows=names, model=adapter,
+                        report_seconds=report_seconds)
+        listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"
+        err.print(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})",
+                  highlight=False)
         if once:
             runner.run_once()
         else:
-            runner.run(stop)
-    c = runner.counts
-    err.print(f"{runner.name}: claimed {c.claimed}, finished {c.finished_steps}, conflicts {c.conflicts}, "
-              f"lease losses {c.lease_losses}, failures {c.failures}", highlight=False)
+            runner.run(stopping)
+    counts = runner.counts.snapshot()
+    err.print(f"{runner.name}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()),
+              highlight=False)
 
 
 @app.command("status")
 def status(as_json: JsonFlag = False) -> None:
-    """Tasks per workflow: runnable, blocked, terminal, and how long the oldest runnable one has waited."""
+    """Tasks per workflow (runnable, leased, blocked, terminal; the oldest runnable's wait) and the live workers."""
     from engine.canonical import now
 
-    with _engine() as engine:
-        counts = engine.store.status_counts()
     at = now()
+    with _engine() as engine:
+        counts = engine.store.status_counts(at)
+        live = engine.store.workers(seen_since=at - timedelta(seconds=WORKER_SEEN_SECONDS))
     rows: dict[str, dict[str, Any]] = {}
     for c in counts:
-        row = rows.setdefault(c["workflow"], {"workflow": c["workflow"], "runnable": 0, "blocked": 0,
+        row = rows.setdefault(c["workflow"], {"workflow": c["workflow"], "runnable": 0, "leased": 0, "blocked": 0,
                                               "terminal": 0, "oldest_runnable_seconds": None})
         row[c["status"]] = c["tasks"]
-        if c["status"] == "runnable":
-            row["oldest_runnable_seconds"] = round((at - c["oldest"]).total_seconds(), 3)
+        row["leased"] += c["leased"]
+        if c["status"] == "runnable" and c["oldest_due"] is not None:
+            row["oldest_runnable_seconds"] = max(0.0, round((at - c["oldest_due"]).total_seconds(), 3))
+    workers = [{"name": w.name, "host": w.host, "pid": w.pid, "concurrency": w.concurrency,
+                "seen_seconds_ago": round((at - w.seen_at).total_seconds(), 1), **w.counts} for w in live]
     if as_json:
-        _print_json(list(rows.values()))
+        _print_json({"workflows": list(rows.values()), "workers": workers})
         return
     table = Table(title="Tasks")
-    for column in ("workflow", "runnable", "blocked", "terminal", "oldest runnable"):
+    for column in ("workflow", "runnable", "leased", "blocked", "terminal", "oldest runnable"):
         table.add_column(column)
     for r in rows.values():
         age = r["oldest_runnable_seconds"]
-        table.add_row(r["workflow"], str(r["runnable"]), str(r["blocked"]), str(r["terminal"]),
+        table.add_row(r["workflow"], str(r["runnable"]), str(r["leased"]), str(r["blocked"]), str(r["terminal"]),
                       "" if age is None else f"{age:.0f} s")
     out.print(table)
+    if workers:
+        table = Table(title="Workers")
+        for column in ("worker", "seen", "claimed", "transitions", "conflicts", "lease losses", "failures",
+                       "claim p99"):
+            table.add_column(column)
+        for w in workers:
+            p99 = w.get("claim_latency_p99_ms")
+            table.add_row(w["name"], f"{w['seen_seconds_ago']:.0f} s ago", str(w["claimed"]), str(w["transitions"]),
+                          str(w["conflicts"]), str(w["lease_losses"]), str(w["failures"]),
+                          "" if p99 is None else f"{p99:.0f} ms")
+        out.print(table)
 
 
 @app.command("graph")

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -225,21 +225,27 @@ class Engine:
         return AgentRunner(self, self._model(model), thinking=thinking).step(self.load(task_id))
 
     def run(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False,
-            max_turns: int = 50) -> TaskState:
+            max_turns: int = 50, until: Callable[[], bool] | None = None) -> TaskState:
         """Advance the task through agent turns and tool calls until it blocks (approval, wait) or ends.
 
         A model is needed only if the task reaches an agent state. `max_turns` bounds the steps.
+        `until` is asked before each step: a stopping worker hands the task back between steps,
+        never in the middle of one.
         """
+        return self.advance(self.load(task_id), model=model, thinking=thinking, max_turns=max_turns, until=until)
+
+    def advance(self, task: TaskState, *, model: ModelAdapter | None = None, thinking: bool = False,
+                max_turns: int = 50, until: Callable[[], bool] | None = None) -> TaskState:
+        """`run` for a task the caller already loaded (a worker that just claimed it): no second read."""
         from engine.agent import AgentRunner
         from engine.definition import Agent, Tool
         from engine.tool_runner import ToolRunner
 
-        task = self.load(task_id)
         agent: AgentRunner | None = None
         tools = ToolRunner(self)
         for _ in range(max_turns):
             state = self.definition_of(task).state(task.state)
-            if task.terminal:
+            if task.terminal or (until is not None and until()):
                 break
             if isinstance(state, Agent):
                 agent = agent or AgentRunner(self, self._model(model), thinking=thinking)

@@ -2,24 +2,35 @@
 
 Threads, not asyncio: model and tool calls are blocking SDK calls that take
 seconds, a transition takes a millisecond, and a thread per held task keeps
-the code the same as `Engine.run`. Each held task carries its lease as a
-fencing token to every append (`engine.leases`), a heartbeat thread extends it
-while a long step runs, and no database transaction is open across a model
-or tool call. A task whose lease expired (its worker died) is claimed again by
-another worker and resumed from its log; a write tool's stranded intent is
-reconciled, never re-sent.
+the code the same as `Engine.run`. A worker keeps `concurrency` tasks in hand
+and claims another as soon as one is released, so one slow task never holds
+up the others. Each held task carries its lease as a fencing token to every
+append (`engine.leases`); one heartbeat thread extends all of the worker's
+leases while long steps run, and no database transaction is open across a
+model or tool call. A task whose lease expired (its worker died) is claimed
+again by another worker and resumed from its log; a write tool's stranded
+intent is reconciled, never re-sent.
+
+Idle workers wake on PostgreSQL notifications (`engine.store.wakeups`) and
+poll as a fallback. A stopping worker claims nothing more and hands each task
+back between two steps.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from engine.canonical import now
 from engine.core import Engine
@@ -27,25 +38,52 @@ from engine.definition import EXPIRED, LIMIT, Status
 from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError
 from engine.leases import Lease, holding
 from engine.model.types import ModelAdapter
+from engine.store.store import Claim, WorkerReport
+from engine.store.wakeups import Listener
 from engine.tool_runner import AttemptInFlight
 
 log = logging.getLogger("railyard.worker")
 
+COUNTS = ("claimed", "transitions", "released", "handed_back", "conflicts", "lease_losses", "failures")
+
 
 @dataclass
 class WorkerCounts:
-    """What a worker has done, for its logs and `railyard worker` output."""
+    """What a worker has done so far: logged, printed at exit and reported to the `workers` table."""
 
     claimed: int = 0
-    finished_steps: int = 0
+    transitions: int = 0
+    released: int = 0
+    handed_back: int = 0
     conflicts: int = 0
     lease_losses: int = 0
     failures: int = 0
+    #: Milliseconds from "due" to "claimed" for the latest claims (a bounded window, for p50/p99).
+    claim_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000), repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, name: str) -> None:
+    def add(self, name: str, n: int = 1) -> None:
         with self.lock:
-            setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + n)
+
+    def claimed_one(self, latency_ms: float) -> None:
+        with self.lock:
+            self.claimed += 1
+            self.claim_latency_ms.append(max(latency_ms, 0.0))
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            doc: dict[str, Any] = {name: getattr(self, name) for name in COUNTS}
+            latencies = sorted(self.claim_latency_ms)
+        doc["claim_latency_p50_ms"] = _quantile(latencies, 0.50)
+        doc["claim_latency_p99_ms"] = _quantile(latencies, 0.99)
+        return doc
+
+
+def _quantile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
 
 class Worker:
@@ -61,13 +99,15 @@ class Worker:
         workflows: Sequence[str] | None = None,
         model: ModelAdapter | None = None,
         thinking: bool = False,
-        poll_seconds: float = 0.5,
+        poll_seconds: float = 1.0,
         max_turns: int = 50,
         retry_backoff: float = 5.0,
         max_failures: int = 5,
+        report_seconds: float = 10.0,
+        listen: bool = True,
     ) -> None:
         self.engine = engine
-        self.name = name or f"worker-{os.getpid()}-{threading.get_ident() % 10_000}"
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
         self.workflows = list(workflows) if workflows else None
@@ -77,45 +117,100 @@ class Worker:
         self.max_turns = max_turns
         self.retry_backoff = retry_backoff
         self.max_failures = max_failures
+        self.report_seconds = report_seconds
+        self.listen = listen and engine.store.dialect == "postgresql"
         self.counts = WorkerCounts()
+        self.started_at = now()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._held = 0
+        self._held_lock = threading.Lock()
 
-    def run(self, stop: threading.Event) -> None:
-        """Claim and work until `stop` is set; the tasks in hand are finished (or handed back) first."""
-        while not stop.is_set():
-            if self.run_once() == 0:
-                stop.wait(self.poll_seconds)
+    # -- the loop -------------------------------------------------------
+    def wake(self) -> None:
+        """Look for due tasks now rather than at the next poll (a notification arrived, a slot freed up)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop claiming; the tasks in hand are handed back after their current step."""
+        self._stop.set()
+        self._wake.set()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Keep `concurrency` tasks in hand until `stop` (or `self.stop()`); then finish the steps in hand."""
+        def stopping() -> bool:
+            return self._stop.is_set() or (stop is not None and stop.is_set())
+
+        in_hand: set[Future[None]] = set()
+        with self._serving(), ThreadPoolExecutor(self.concurrency, thread_name_prefix=self.name) as pool:
+            while not stopping():
+                self._wake.clear()  # before the claim: a wake-up that arrives during it is not lost
+                in_hand = {f for f in in_hand if not f.done()}
+                free = self.concurrency - len(in_hand)
+                if free > 0:
+                    for claim in self._claim(free):
+                        future = pool.submit(self._work, claim, stopping)
+                        future.add_done_callback(lambda _: self._wake.set())
+                        in_hand.add(future)
+                self._wake.wait(self.poll_seconds)
+            # Leaving the pool's block waits for the tasks in hand: `stopping` is true, so each is handed
+            # back after its current step.
 
     def run_once(self) -> int:
         """Claim up to `concurrency` due tasks and advance them; returns how many were claimed."""
-        claimed = self.engine.store.claim(self.name, limit=self.concurrency, lease_seconds=self.lease_seconds,
-                                          workflows=self.workflows)
-        if not claimed:
-            return 0
-        for _ in claimed:
-            self.counts.add("claimed")
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=self.name) as pool:
-            list(pool.map(self._work, claimed))
+        with self._serving():
+            claimed = self._claim(self.concurrency)
+            if claimed:
+                with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=self.name) as pool:
+                    list(pool.map(lambda c: self._work(c, self._stop.is_set), claimed))
         return len(claimed)
 
-    def _work(self, claim: tuple[str, int]) -> None:
-        task_id, epoch = claim
-        lease = Lease(task_id, self.name, epoch)
+    def _claim(self, limit: int) -> list[Claim]:
+        try:
+            claimed = self.engine.store.claim(self.name, limit=limit, lease_seconds=self.lease_seconds,
+                                              workflows=self.workflows)
+        except RailyardError as error:  # the database is away: try again at the next poll
+            log.error("claim failed: %s", error.code)
+            return []
+        at = now()
+        for claim in claimed:
+            self.counts.claimed_one((at - claim.due_at).total_seconds() * 1000)
+        return claimed
+
+    @contextmanager
+    def _serving(self) -> Iterator[None]:
+        """While the loop runs: the heartbeat (leases and the worker's report) and, on PostgreSQL, the listener."""
         done = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(lease, done), daemon=True)
+        beat = threading.Thread(target=self._heartbeat, args=(done,), name=f"{self.name}-heartbeat", daemon=True)
         beat.start()
+        listener = Listener(self.engine.store.url, self.wake, self.workflows).start() if self.listen else None
+        try:
+            yield
+        finally:
+            done.set()
+            beat.join(timeout=5)
+            if listener is not None:
+                listener.stop()
+            self._report(stopped_at=now())
+
+    # -- one task -------------------------------------------------------
+    def _work(self, claim: Claim, stopping: Callable[[], bool]) -> None:
+        lease = Lease(claim.task_id, self.name, claim.epoch)
+        task_id = claim.task_id
         started = time.perf_counter()
         failed = False
+        with self._held_lock:
+            self._held += 1
         try:
             with holding(lease):
-                self._advance(task_id)
-            self.counts.add("finished_steps")
+                self._advance(task_id, stopping)
         except AttemptInFlight as waiting:
             log.info("task %s: a stranded attempt may still be running; looking again at %s", task_id,
                      waiting.settle_after)
-            self.engine.store.postpone(task_id, epoch, waiting.settle_after)
+            self.engine.store.postpone(task_id, claim.epoch, waiting.settle_after)
         except LeaseLost:
             self.counts.add("lease_losses")
-            log.warning("task %s: lease epoch %s taken over; stopping", task_id, epoch)
+            log.warning("task %s: lease epoch %s taken over; stopping", task_id, claim.epoch)
         except ConcurrencyConflict:
             self.counts.add("conflicts")
             log.info("task %s: moved by someone else meanwhile; it will be looked at again", task_id)
@@ -123,15 +218,35 @@ class Worker:
             failed = True
             self.counts.add("failures")
             log.error("task %s: %s while advancing (%.200s)", task_id, type(exc).__name__, exc)
-            tries = self.engine.store.postpone(task_id, epoch, now() + timedelta(seconds=self.retry_backoff),
-                                               failed=True)
+            tries = self.engine.store.postpone(task_id, claim.epoch,
+                                               now() + timedelta(seconds=self.retry_backoff), failed=True)
             if tries >= self.max_failures:
                 self._give_up(lease, exc, tries)
         finally:
-            done.set()
-            beat.join(timeout=5)
-            self.engine.store.release(task_id, epoch, step_succeeded=not failed)
+            with self._held_lock:
+                self._held -= 1
+            try:
+                self.engine.store.release(task_id, claim.epoch, step_succeeded=not failed)
+                self.counts.add("released")
+            except RailyardError as error:  # the lease expires by itself
+                log.error("task %s: release failed: %s", task_id, error.code)
             log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
+
+    def _advance(self, task_id: str, stopping: Callable[[], bool]) -> None:
+        task = self.engine.load(task_id)
+        if task.status is Status.BLOCKED:
+            # A blocked task is due only when its deadline passed: fire it, once (a second worker conflicts).
+            definition = self.engine.definition_of(task)
+            if definition.candidates(task.state, EXPIRED):
+                self.engine.transition(task, EXPIRED, actor="system:timer", system=True)
+                self.counts.add("transitions")
+            return
+        after = self.engine.advance(task, model=self.model, thinking=self.thinking, max_turns=self.max_turns,
+                                    until=stopping)
+        self.counts.add("transitions", after.seq - task.seq)
+        if stopping() and after.status is Status.RUNNABLE:
+            self.counts.add("handed_back")
+            log.info("task %s: handed back at seq %s (the worker is stopping)", task_id, after.seq)
 
     def _give_up(self, lease: Lease, exc: Exception, tries: int) -> None:
         """A poison task: after `max_failures` raising steps, move it to the limit state (a human looks)."""
@@ -143,25 +258,37 @@ class Worker:
                     return
                 data = {"code": str(Code.INTERNAL_ERROR), "error": type(exc).__name__, "failures": tries}
                 self.engine.commit_system(task, LIMIT, data, actor=self.name)
+                self.counts.add("transitions")
                 log.error("task %s: gave up after %s failed steps (%s)", lease.task_id, tries, type(exc).__name__)
         except RailyardError as error:
             log.error("task %s: could not hand it off: %s", lease.task_id, error.code)
 
-    def _advance(self, task_id: str) -> None:
-        task = self.engine.load(task_id)
-        if task.status is Status.BLOCKED:
-            # A blocked task is due only when its deadline passed: fire it, once (a second worker conflicts).
-            definition = self.engine.definition_of(task)
-            if definition.candidates(task.state, EXPIRED):
-                self.engine.transition(task, EXPIRED, actor="system:timer", system=True)
-            return
-        self.engine.run(task_id, model=self.model, thinking=self.thinking, max_turns=self.max_turns)
-
-    def _heartbeat(self, lease: Lease, done: threading.Event) -> None:
-        while not done.wait(self.lease_seconds / 3):
+    # -- heartbeat and report -------------------------------------------
+    def _heartbeat(self, done: threading.Event) -> None:
+        """Extend this worker's leases every third of a lease; report its counts every `report_seconds`."""
+        interval = min(self.lease_seconds / 3, self.report_seconds)
+        last_report = 0.0
+        self._report()
+        while not done.wait(interval):
             try:
-                if not self.engine.store.heartbeat(lease.task_id, lease.epoch, lease_seconds=self.lease_seconds):
-                    log.warning("task %s: heartbeat found the lease taken over", lease.task_id)
-                    return
+                with self._held_lock:
+                    held = self._held
+                if held:
+                    kept = self.engine.store.heartbeat(self.name, lease_seconds=self.lease_seconds)
+                    if kept < held:
+                        log.warning("heartbeat: %s of %s leases were taken over", held - kept, held)
+                if time.monotonic() - last_report >= self.report_seconds:
+                    last_report = time.monotonic()
+                    self._report()
             except RailyardError as error:
-                log.warning("task %s: heartbeat failed: %s", lease.task_id, error.code)
+                log.warning("heartbeat failed: %s", error.code)
+
+    def _report(self, stopped_at: datetime | None = None) -> None:
+        counts = self.counts.snapshot()
+        log.info("worker %s counts %s", self.name, " ".join(f"{k}={v}" for k, v in counts.items()))
+        try:
+            self.engine.store.report_worker(WorkerReport(
+                self.name, socket.gethostname(), os.getpid(), self.concurrency, self.started_at, now(), stopped_at,
+                counts))
+        except RailyardError as error:  # a report is for operators; losing one never stops the work
+            log.warning("worker report failed: %s", error.code)

@@ -236,8 +236,9 @@ def test_status_counts_tasks_per_workflow_and_status(cli_env: str) -> None:
     invoke("cancel", out.strip(), "--as", "ann", "--reason", "test")
     code, out, _ = invoke("status", "--json")
     assert code == 0
-    rows = {r["workflow"]: r for r in json.loads(out)}
+    rows = {r["workflow"]: r for r in json.loads(out)["workflows"]}
     assert (rows["refund"]["runnable"], rows["refund"]["blocked"], rows["refund"]["terminal"]) == (1, 1, 0)
+    assert rows["refund"]["leased"] == 0
     assert rows["counter"]["terminal"] == 1 and rows["counter"]["oldest_runnable_seconds"] is None
     assert rows["refund"]["oldest_runnable_seconds"] >= 0
     assert invoke("status")[0] == 0

@@ -66,11 +66,13 @@ def make_due(eng: Engine) -> None:
 
 def test_a_worker_whose_lease_was_taken_over_cannot_append(eng: Engine) -> None:
     task_id = eng.start("counter", {}, actor="ann")
-    [(claimed, first_epoch)] = eng.store.claim("w1", limit=5, lease_seconds=30)
-    assert claimed == task_id
+    [first] = eng.store.claim("w1", limit=5, lease_seconds=30)
+    assert first.task_id == task_id
+    first_epoch = first.epoch
     assert eng.store.claim("w2", limit=5, lease_seconds=30) == []  # held: nobody else gets it
     expire_leases(eng)
-    [(_, second_epoch)] = eng.store.claim("w2", limit=5, lease_seconds=30)
+    [second] = eng.store.claim("w2", limit=5, lease_seconds=30)
+    second_epoch = second.epoch
     assert second_epoch == first_epoch + 1
     task = eng.load(task_id)
     with holding(Lease(task_id, "w1", first_epoch)), pytest.raises(LeaseLost) as caught:

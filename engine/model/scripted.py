@@ -9,7 +9,9 @@ A script is `{"turns": [...]}` (consumed in order) or `{"by_state": {"STATE": [.
     {"error": {"status": 400, "message": "..."}}        # a provider error, classified like a real one
 
 When the turns run out the model answers EMPTY_RESPONSE. Optional keys: `"profile"`
-(whose capabilities the script pretends to have, default `openai`) and `"model"`.
+(whose capabilities the script pretends to have, default `openai`) and `"model"`;
+on a turn, `"delay_seconds"` makes the answer take that long, like a slow provider
+(the demo's and the worker tests' long steps).
 Every request received is kept in `requests`, so tests assert what was sent.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,9 @@ class ScriptedModel:
             turn = self._next(request)
         if turn is None:
             raise ModelError(Code.EMPTY_RESPONSE, "the script has no more turns")
+        delay = float(turn.get("delay_seconds", 0))
+        if delay > 0:
+            time.sleep(delay)
         return _answer(turn, len(self.requests))
 
     def _next(self, request: ModelRequest) -> dict[str, Any] | None:

@@ -117,16 +117,22 @@ WHERE task_id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING task_id, lease_epoch
+RETURNING task_id, lease_epoch, next_run_at
 """
 
 #: SQLite: the same selection inside BEGIN IMMEDIATE (the write lock serialises claimers).
-DUE_SQLITE = """
-SELECT task_id FROM tasks
-WHERE status <> 'terminal' AND next_run_at IS NOT NULL AND next_run_at <= :now
-  AND (lease_expires_at IS NULL OR lease_expires_at < :now)
-ORDER BY next_run_at
-"""
+@lru_cache(maxsize=16)
+def due_sqlite(n_workflows: int) -> str:
+    """Due, unleased tasks (of `n_workflows` named workflows, if any), oldest first. Parameters: now, names, limit."""
+    only = f" AND workflow IN ({', '.join('?' * n_workflows)})" if n_workflows else ""
+    return (
+        "SELECT task_id, next_run_at FROM tasks"
+        " WHERE status <> 'terminal' AND next_run_at IS NOT NULL AND next_run_at <= ?"
+        f" AND (lease_expires_at IS NULL OR lease_expires_at < ?){only}"
+        " ORDER BY next_run_at LIMIT ?"
+    )
+
+
 CLAIM_ONE_SQLITE = (
     "UPDATE tasks SET lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1 WHERE task_id = ?"
     " RETURNING lease_epoch"

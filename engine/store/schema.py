@@ -80,3 +80,18 @@ snapshots = Table(
     Column("doc", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
+
+#: Each worker process's last report: who it is, when it was last seen and what it has done so far
+#: (claimed, transitions, conflicts, lease losses, failures). `railyard status` lists the live ones.
+workers = Table(
+    "workers",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("host", String(200), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("seen_at", DateTime(timezone=True), nullable=False),
+    Column("stopped_at", DateTime(timezone=True), nullable=True),
+    Column("counts", Text, nullable=False),
+)

@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, case, func, insert, select, update
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from engine.canonical import canonical_json, now, utc
 from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, StoreError
 from engine.events import Event
 from engine.store import queries
 from engine.store.database import WRITE, make_engine
-from engine.store.schema import events, snapshots, tasks
+from engine.store.schema import events, snapshots, tasks, workers
 
 log = logging.getLogger("railyard.store")
 
@@ -49,11 +51,34 @@ class TaskRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """A lease a worker just took: the epoch is its fencing token; `due_at` is when the task became due."""
+
+    task_id: str
+    epoch: int
+    due_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     task_id: str
     seq: int
     hash: str
     doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """A worker process as the `workers` table shows it to operators."""
+
+    name: str
+    host: str
+    pid: int
+    concurrency: int
+    started_at: datetime
+    seen_at: datetime
+    stopped_at: datetime | None
+    counts: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +207,8 @@ class Store:
 
     # -- leases ---------------------------------------------------------
     def claim(self, owner: str, *, limit: int, lease_seconds: float, workflows: Sequence[str] | None = None,
-              at: datetime | None = None) -> list[tuple[str, int]]:
-        """Lease up to `limit` due tasks to `owner`; returns (task_id, epoch) for each."""
+              at: datetime | None = None) -> list[Claim]:
+        """Lease up to `limit` due tasks to `owner`, the longest-due first."""
         at = at or now()
         until = at + timedelta(seconds=lease_seconds)
         with self._errors():
@@ -193,20 +218,17 @@ class Store:
                 if self.dialect == "postgresql":
                     cur.execute(queries.CLAIM_POSTGRES, {"owner": owner, "until": until, "now": at, "limit": limit,
                                                          "workflows": list(workflows) if workflows else None})
-                    return [(r[0], r[1]) for r in cur.fetchall()]
+                    return [Claim(r[0], r[1], utc(r[2])) for r in cur.fetchall()]
                 cur.execute("BEGIN IMMEDIATE")
                 try:
-                    cur.execute(queries.DUE_SQLITE, {"now": queries.sqlite_instant(at)})
-                    due = [r[0] for r in cur.fetchall()]
-                    if workflows:
-                        cur.execute(f"SELECT task_id FROM tasks WHERE workflow IN ({','.join('?' * len(workflows))})",
-                                    tuple(workflows))
-                        allowed = {r[0] for r in cur.fetchall()}
-                        due = [t for t in due if t in allowed]
+                    instant = queries.sqlite_instant(at)
+                    cur.execute(queries.due_sqlite(len(workflows) if workflows else 0),
+                                (instant, instant, *(workflows or ()), limit))
+                    due = cur.fetchall()
                     claimed = []
-                    for task_id in due[:limit]:
+                    for task_id, due_at in due:
                         cur.execute(queries.CLAIM_ONE_SQLITE, (owner, queries.sqlite_instant(until), task_id))
-                        claimed.append((task_id, cur.fetchone()[0]))
+                        claimed.append(Claim(task_id, cur.fetchone()[0], queries.read_instant(due_at)))
                     cur.execute("COMMIT")
                     return claimed
                 except BaseException:
@@ -215,14 +237,17 @@ class Store:
             finally:
                 raw.close()
 
-    def heartbeat(self, task_id: str, epoch: int, *, lease_seconds: float) -> bool:
-        """Extend a lease still held at `epoch`; False if it was taken over."""
+    def heartbeat(self, owner: str, *, lease_seconds: float) -> int:
+        """Extend every lease `owner` still holds, in one statement; returns how many it holds.
+
+        A lease another worker took over carries that worker's name now, so it is not extended.
+        """
         with self._errors(), self._writer() as conn:
             result = conn.execute(
-                update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
+                update(tasks).where(tasks.c.lease_owner == owner)
                 .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))
             )
-            return bool(result.rowcount == 1)
+            return int(result.rowcount)
 
     def release(self, task_id: str, epoch: int, *, step_succeeded: bool = True) -> None:
         """Give the lease back (only if still held at `epoch`); the epoch stays, so old appends stay fenced.
@@ -308,18 +333,44 @@ class Store:
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
-    def status_counts(self) -> list[dict[str, Any]]:
-        """Per workflow and status: how many tasks, and since when the oldest has waited in that status."""
+    def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:
+        """Per workflow and status: how many tasks, how many of them leased, and the oldest due time."""
+        at = at or now()
+        leased = func.sum(case((tasks.c.lease_expires_at > at, 1), else_=0))
         query = (
-            select(tasks.c.workflow, tasks.c.status, func.count().label("tasks"),
-                   func.min(tasks.c.updated_at).label("oldest"))
+            select(tasks.c.workflow, tasks.c.status, func.count().label("tasks"), leased.label("leased"),
+                   func.min(tasks.c.next_run_at).label("oldest_due"))
             .group_by(tasks.c.workflow, tasks.c.status)
             .order_by(tasks.c.workflow, tasks.c.status)
         )
         with self._errors(), self._reader() as conn:
             rows = conn.execute(query).all()
-        return [{"workflow": r.workflow, "status": r.status, "tasks": r.tasks, "oldest": utc(r.oldest)}
-                for r in rows]
+        return [{"workflow": r.workflow, "status": r.status, "tasks": r.tasks, "leased": int(r.leased or 0),
+                 "oldest_due": utc(r.oldest_due) if r.oldest_due is not None else None} for r in rows]
+
+    # -- worker reports -------------------------------------------------
+    def report_worker(self, report: WorkerReport) -> None:
+        """Insert or refresh a worker's row (it reports on every heartbeat and once when it stops)."""
+        values = {"name": report.name, "host": report.host, "pid": report.pid, "concurrency": report.concurrency,
+                  "started_at": report.started_at, "seen_at": report.seen_at, "stopped_at": report.stopped_at,
+                  "counts": canonical_json(report.counts)}
+        upsert = pg_insert if self.dialect == "postgresql" else sqlite_insert
+        statement = upsert(workers).values(**values)
+        statement = statement.on_conflict_do_update(
+            index_elements=[workers.c.name],
+            set_={k: statement.excluded[k] for k in ("seen_at", "stopped_at", "counts", "concurrency")},
+        )
+        with self._errors(), self._writer() as conn:
+            conn.execute(statement)
+
+    def workers(self, *, seen_since: datetime) -> list[WorkerReport]:
+        """Workers that reported since `seen_since` and have not stopped."""
+        query = (select(workers).where(workers.c.seen_at >= seen_since, workers.c.stopped_at.is_(None))
+                 .order_by(workers.c.name))
+        with self._errors(), self._reader() as conn:
+            rows = conn.execute(query).all()
+        return [WorkerReport(r.name, r.host, r.pid, r.concurrency, utc(r.started_at), utc(r.seen_at), None,
+                             json.loads(r.counts)) for r in rows]
 
     @staticmethod
     def _events(conn: Connection, task_id: str, after: int, upto: int | None) -> list[Event]:
