@@ -25,7 +25,7 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     roles = tmp_path / "roles.toml"
     roles.write_text('[users]\ndana = ["approver"]\nolga = ["operator"]\n', encoding="utf-8")
     monkeypatch.setenv("RAILYARD_DATABASE_URL", url)
-    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.sample_workflows,workflows")
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.sample_workflows,workflows.expense")
     monkeypatch.setenv("RAILYARD_ROLES_FILE", str(roles))
     assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
     yield url

@@ -156,7 +156,7 @@ def test_registry_refuses_two_contents_under_one_version() -> None:
 
 
 def test_registry_loads_modules_named_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.sample_workflows, workflows")
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.sample_workflows, workflows.expense")
     registry = Registry.from_env()
     assert {wf.ref for wf in registry} >= {"refund@1", "refund@2", "counter@1", "expense@1"}
 
