@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine.definition import IDENTITY_FIELDS, Action, GuardContext, Workflow, guard_name, redact
+from engine.definition import IDENTITY_FIELDS, Action, Approval, GuardContext, Workflow, guard_name, redact
 from engine.errors import Code, Refused
 from engine.fold import TaskState
 
@@ -95,6 +95,15 @@ def decide(
                 role=action.role,
                 actor=actor,
             )
+        if trigger == "approve" and _self_approval(definition, task, actor):
+            # `fire` reaches approval actions without `Engine.approve`; separation of duties must hold there too.
+            raise Refused(
+                f"{actor!r} started this task or proposed the call and may not approve it",
+                code=Code.APPROVAL_FORBIDDEN,
+                task_id=task.task_id,
+                actor=actor,
+                reason="self_approval",
+            )
         data: dict[str, Any] = {}
         if args_json is not None:
             data["args"] = redact(action.args, args_json)
@@ -141,6 +150,12 @@ def validate_payload(
         summary = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in errors)
         raise Refused(f"{what}: invalid payload: {summary}", code=Code.PAYLOAD_INVALID, errors=errors) from None
     return instance, instance.model_dump(mode="json")
+
+
+def _self_approval(definition: Workflow, task: TaskState, actor: str) -> bool:
+    state = definition.state(task.state)
+    return (isinstance(state, Approval) and not state.allow_self_approval
+            and actor in {task.started_by, task.prepared_by})
 
 
 def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:
