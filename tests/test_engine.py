@@ -227,7 +227,9 @@ def test_status_counts_on_both_databases(eng: Engine) -> None:
     eng.cancel(done, actor="ann", reason="x")
     counts = {(c["workflow"], c["status"]): c["tasks"] for c in eng.store.status_counts()}
     assert counts == {("refund", "runnable"): 1, ("counter", "terminal"): 1}
-    assert all(c["oldest"].tzinfo is not None for c in eng.store.status_counts())
+    by_status = {c["status"]: c for c in eng.store.status_counts()}
+    assert by_status["runnable"]["oldest_due"].tzinfo is not None  # aware UTC on both databases
+    assert by_status["terminal"]["oldest_due"] is None  # an ended task is never due
 
 
 def test_each_transition_logs_one_structured_line(eng: Engine, caplog: pytest.LogCaptureFixture) -> None:
