@@ -1,0 +1,1 @@
+"""`railyard serve`: the HTTP API and the back-office pages over one `Engine`."""
