@@ -219,7 +219,8 @@ def test_the_approver_rejects_and_nothing_is_paid(eng: Engine, books: fakes.Syst
     task = eng.reject(task_id, actor="dana", reason="Photo shows a different item.")
     assert task.state == "rejected"
     last = eng.history(task_id)[-1]
-    assert (last.actor, last.trigger, last.data["args"]) == ("dana", "reject", {"reason": "Photo shows a different item."})
+    assert (last.actor, last.trigger) == ("dana", "reject")
+    assert last.data["args"] == {"reason": "Photo shows a different item."}
     assert books.payments.requests() == []
 
 
@@ -291,7 +292,8 @@ def test_a_provider_that_declines_fails_the_call_and_a_human_settles_it(eng: Eng
     assert books.payments.executions() == {}
     eng.fire(task_id, "give_up", actor="dana")
     assert refused(lambda: eng.fire(task_id, "reopen", actor="dana")).code is Code.DOMAIN_INVALID
-    assert eng.fire(task_id, "close", {"reason": "Refunded by bank transfer instead."}, actor="dana").state == "rejected"
+    closed = eng.fire(task_id, "close", {"reason": "Refunded by bank transfer instead."}, actor="dana")
+    assert closed.state == "rejected"
 
 
 def test_a_provider_that_never_answers_is_unknown_and_the_retry_pays_once(eng: Engine, books: fakes.Systems) -> None:
