@@ -1,0 +1,124 @@
+"""What the inbox and the task page show of a task: read through the engine, shaped by `present`.
+
+The inbox repeats the checks `engine.approvals.check_decision` will make (role,
+separation of duties, read-only token) only to decide whether to offer the
+buttons; the engine makes them again when the form is posted, and its answer
+is the one that counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api.diagrams import task_diagram
+from engine.api.present import (
+    Evidence,
+    Reason,
+    Row,
+    Shown,
+    display_arguments,
+    evidence,
+    model_reason,
+    schema_of,
+    timeline,
+)
+from engine.api.tokens import Principal
+from engine.core import Engine, TaskView
+from engine.definition import Approval, Workflow
+from engine.events import Event
+from engine.fold import TaskState
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalView:
+    task_id: str
+    workflow: str
+    state: str
+    role: str
+    started_by: str
+    proposed_by: str | None
+    digest: str | None
+    tool: str | None
+    kind: str | None
+    arguments: list[Shown]
+    evidence: list[Evidence]
+    reason: Reason
+    timeline: list[Row]
+    decisions: list[str]
+    can_decide: bool
+    why_not: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    view: TaskView
+    timeline: list[Row]
+    diagram: dict[str, Any]
+    approval: ApprovalView | None
+    input: list[Shown] = field(default_factory=list)
+
+
+def why_not(principal: Principal, role: str, task: TaskState, self_approval_allowed: bool) -> str | None:
+    """Why this principal will be refused an approval of `task` (None: the buttons are offered)."""
+    if principal.read_only:
+        return "your token is read-only (auditor)"
+    if role not in principal.roles:
+        return f"deciding needs the role {role!r}, which you do not hold"
+    if not self_approval_allowed and principal.actor in {task.started_by, task.prepared_by}:
+        return "you started this task or proposed the call: someone else must approve it (you may reject it)"
+    return None
+
+
+def approval_view(engine: Engine, definition: Workflow, task: TaskState, events: list[Event],
+                  principal: Principal) -> ApprovalView | None:
+    state = definition.state(task.state)
+    if not isinstance(state, Approval) or task.terminal:
+        return None
+    prepared = task.prepared or {}
+    tool_args = None
+    if prepared and definition.tools is not None and prepared.get("tool") in definition.tools:
+        tool_args = definition.tools.get(str(prepared["tool"])).args
+    digest = prepared.get("digest")
+    refusal = why_not(principal, state.role, task, state.allow_self_approval)
+    return ApprovalView(
+        task_id=task.task_id,
+        workflow=task.ref,
+        state=task.state,
+        role=state.role,
+        started_by=task.started_by,
+        proposed_by=task.prepared_by,
+        digest=digest,
+        tool=prepared.get("tool"),
+        kind=prepared.get("kind"),
+        arguments=display_arguments(prepared.get("arguments") or {}, schema_of(tool_args)),
+        evidence=evidence(task.facts),
+        reason=model_reason(events, digest),
+        timeline=timeline(events),
+        decisions=definition.triggers(task.state),
+        can_decide=refusal is None,
+        why_not=refusal,
+    )
+
+
+def inbox(engine: Engine, principal: Principal, role: str | None = None) -> list[ApprovalView]:
+    out = []
+    for pending in engine.approvals(role=role):
+        task = engine.load(pending["task_id"])
+        view = approval_view(engine, engine.definition_of(task), task, engine.history(task.task_id), principal)
+        if view is not None:
+            out.append(view)
+    return out
+
+
+def task_page(engine: Engine, task_id: str, principal: Principal) -> TaskPage:
+    task = engine.load(task_id)
+    definition = engine.definition_of(task)
+    events = engine.history(task_id)
+    return TaskPage(
+        view=engine.view(task),
+        timeline=timeline(events),
+        diagram=task_diagram(definition, events),
+        approval=approval_view(engine, definition, task, events, principal),
+        input=display_arguments(task.input, schema_of(definition.input)),
+    )
