@@ -502,6 +502,20 @@ def run(
     out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
 
 
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
+) -> None:
+    """Serve the HTTP API and the back-office pages (bearer tokens from RAILYARD_TOKENS_FILE; see docs/api.md)."""
+    from engine.api.serve import serve as run_server
+
+    try:
+        run_server(host, port)
+    except RailyardError as error:
+        _fail(error)
+
+
 @app.command("providers")
 def providers(as_json: JsonFlag = False) -> None:
     """The capability profiles and the forcing rung each gets, with thinking off and on."""
