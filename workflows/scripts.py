@@ -1,0 +1,53 @@
+"""Scripted model answers that walk the reference workflows' showcase paths against the seed data.
+
+Each is a scripted-model document (see docs/providers.md): pass it to
+`ScriptedModel(...)`, or write it to a file for `--model scripted:PATH`. They
+are keyed by state (`by_state`), so one script serves whichever process runs
+the task's next turn; a ScriptedModel consumes its turns, so use a fresh one
+per task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+#: Start `refund` with `REFUND_DAMAGED_ORDER_INPUT` and answer with `refund_damaged_order(version)`. The model
+#: looks O-1001 up, finds it eligible, proposes 150.00 EUR (the guard refuses: only 129.99 is refundable), then
+#: repairs to 129.99.
+REFUND_DAMAGED_ORDER_INPUT: dict[str, Any] = {
+    "customer_id": "C-100", "message": "My laptop arrived with a cracked screen. I want my money back.",
+    "order_id": "O-1001",
+}
+
+
+def refund_damaged_order(version: int = 2) -> dict[str, Any]:
+    """The script for refund@`version`: refund@2's proposals state their category (the whole order is refunded)."""
+    extra = {"category": "damaged"} if version >= 2 else {}
+    proposal = {"order_id": "O-1001", "currency": "EUR", "reason": "Screen cracked in transit.",
+                "evidence_ids": ["EV-1", "EV-2"], **extra}
+    return {"profile": "anthropic", "model": "scripted-clerk", "by_state": {
+        "collecting_information": [
+            _call("query_order", order_id="O-1001"),
+            _call("assess_eligibility", order_id="O-1001", finding="Delivered damaged: photo EV-1, courier note EV-2."),
+        ],
+        "eligible": [_call("propose_refund", amount=15_000, **proposal),
+                     _call("propose_refund", amount=12_999, **proposal)],
+    }}
+
+
+#: Start `ticket_triage` with `TICKET_DOUBLE_CHARGE_INPUT`. The model reads T-5001, answers in prose (not a
+#: decision: the forcing ladder feeds NO_ACTION back), then decides ESCALATE: the ticket goes to the human queue.
+TICKET_DOUBLE_CHARGE_INPUT: dict[str, Any] = {"ticket_id": "T-5001"}
+TICKET_DOUBLE_CHARGE: dict[str, Any] = {"profile": "anthropic", "model": "scripted-triage", "by_state": {
+    "reading": [_call("query_ticket", ticket_id="T-5001")],
+    "deciding": [
+        {"text": "The customer was charged twice for order O-1001. Billing should refund the duplicate."},
+        _call("decide", ticket_id="T-5001", decision="ESCALATE",
+              reason="Duplicate card charge: billing must reverse one of them."),
+    ],
+}}
