@@ -25,7 +25,7 @@ from engine.api.session import Signer
 from engine.api.templating import STATIC, render
 from engine.api.tokens import TokenTable
 from engine.core import Engine
-from engine.errors import Code, RailyardError
+from engine.errors import Code, RailyardError, Refused
 
 log = logging.getLogger("railyard.api")
 
@@ -82,6 +82,9 @@ def _handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = str(exc.detail)
+        if exc.status_code == 400:  # a body that does not even decode (bad UTF-8): as invalid as bad JSON
+            error = Refused(f"the request body cannot be read: {message}", code=Code.PAYLOAD_INVALID)
+            return await refused(request, error)
         if _is_api(request):
             return JSONResponse({"code": None, "message": message, "details": {}}, status_code=exc.status_code,
                                 headers=exc.headers)
