@@ -1,0 +1,145 @@
+"""The pure parts of the HTTP layer (tokens file, money and reasons as shown), and `railyard serve` itself."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine import Code, RailyardError, migrations
+from engine.api.present import display_arguments, event_summary, format_money, model_reason
+from engine.api.tokens import TokenTable, hash_token, load_tokens, main, parse_tokens, toml_entry
+from engine.events import Event
+from tests.api_support import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+RAILYARD = Path(sys.executable).with_name("railyard")
+
+
+def entry(actor: str = "dana", roles: list[str] | None = None, token: str = "secret") -> dict[str, object]:
+    return {"actor": actor, "roles": roles if roles is not None else ["refund_approver"], "sha256": hash_token(token)}
+
+
+def test_a_tokens_file_maps_hashes_to_actors_and_roles(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(toml_entry("dana", ["refund_approver"], hash_token("t1")) + "\n"
+                    + toml_entry("audrey", ["auditor"], hash_token("t2")), encoding="utf-8")
+    table = load_tokens(path)
+    dana = table.authenticate("t1")
+    assert dana is not None and dana.actor == "dana" and not dana.read_only
+    assert table.authenticate("t2").read_only  # type: ignore[union-attr]
+    assert table.authenticate("t3") is None and table.authenticate("") is None
+    assert table.roles_of("dana") == {"refund_approver"} and table.roles_of("nobody") == frozenset()
+    assert "t1" not in path.read_text() and hash_token("t1") == hashlib.sha256(b"t1").hexdigest()
+
+
+@pytest.mark.parametrize(("doc", "problem"), [
+    ({"token": [{**entry(), "token": "secret"}]}, "clear-text token is never stored"),
+    ({"token": [{**entry(), "sha256": "abc"}]}, "sha256 must be 64 lowercase hex"),
+    ({"token": [entry(actor="")]}, "actor must be"),
+    ({"token": [entry(roles="admin")]}, "roles must be a list"),  # type: ignore[arg-type]
+    ({"token": [entry(), entry(token="other", roles=["auditor"])]}, "different roles"),
+    ({"token": [entry(), entry(actor="erin")]}, "listed twice"),
+    ({"token": "x"}, "expected [[token]]"),
+])
+def test_a_bad_tokens_file_is_refused_with_every_problem(doc: dict[str, object], problem: str) -> None:
+    with pytest.raises(RailyardError) as caught:
+        parse_tokens(doc)
+    assert caught.value.code is Code.CONFIG_INVALID and problem in caught.value.message
+
+
+def test_an_unreadable_tokens_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(RailyardError) as caught:
+        load_tokens(tmp_path / "missing.toml")
+    assert caught.value.code is Code.CONFIG_INVALID
+
+
+def test_the_token_helper_makes_a_token_and_its_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["new", "--actor", "dana", "--role", "refund_approver"]) == 0
+    printed = capsys.readouterr().out
+    token = printed.split(": ", 1)[1].split("\n", 1)[0]
+    import tomllib
+
+    table = parse_tokens(tomllib.loads(printed.split("\n\n", 1)[1]))
+    assert table.authenticate(token).actor == "dana"  # type: ignore[union-attr]
+
+
+def test_money_is_shown_in_major_units_with_its_currency() -> None:
+    assert format_money(4_000, "EUR") == "40.00 EUR"
+    assert format_money(123_456_789, "USD") == "1,234,567.89 USD"
+    assert format_money(1_500, "JPY") == "1,500 JPY"
+    assert format_money(1_234, "KWD") == "1.234 KWD"
+    assert format_money(5, "EUR") == "0.05 EUR"
+    shown = display_arguments({"amount_cents": 4_000, "currency": "EUR", "note": "<b>", "total": {"amount": 99,
+                                                                                              "currency": "GBP"}})
+    assert [(s.name, s.text, s.money) for s in shown] == [
+        ("amount_cents", "40.00 EUR", True), ("currency", "EUR", False), ("note", "<b>", False),
+        ("total", "0.99 GBP", True)]
+    schema = {"properties": {"paid": {"type": "integer", "description": "An amount of money in minor units"}}}
+    assert display_arguments({"paid": 250, "currency": "EUR"}, schema)[0].text == "2.50 EUR"
+    assert display_arguments({"amount_cents": 250})[0].text == "250"  # no currency: not guessed
+
+
+def _event(seq: int, trigger: str, data: dict[str, object], actor: str = "model") -> Event:
+    return Event("t", seq, datetime(2026, 1, 1, tzinfo=UTC), actor, "a", trigger, "b", data, "0" * 64, "0" * 64)
+
+
+def test_the_models_reason_comes_from_the_event_that_prepared_the_call() -> None:
+    old = _event(2, "propose", {"args": {"reason": "first try"}, "prepared": {"digest": "d1"}})
+    new = _event(3, "propose", {"args": {"reason": "damaged"}, "prepared": {"digest": "d2"},
+                                "turn": {"messages": [{"role": "assistant", "content": "Photos attached."},
+                                                      {"role": "user", "content": "not the model"}]}})
+    reason = model_reason([old, new], "d2")
+    assert (reason.argument, reason.text, reason.seq) == ("damaged", ["Photos attached."], 3)
+    assert model_reason([old], "d9").argument is None
+    approval = {"approval": {"decision": "approve", "actor": "dana", "role": "r", "comment": "ok"}}
+    assert event_summary(approval) == "approve by dana as r: ok"
+
+
+def test_railyard_serve_starts_the_api_on_the_port_given(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    migrations.upgrade(url)
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(toml_entry("dana", ["refund_approver"], hash_token("serve-token")), encoding="utf-8")
+    port = free_port()
+    env = {**os.environ, "RAILYARD_DATABASE_URL": url, "RAILYARD_TOKENS_FILE": str(tokens),
+           "RAILYARD_WORKFLOWS": "tests.sample_workflows", "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen([str(RAILYARD), "serve", "--port", str(port)], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/api/me",
+                                     headers={"Authorization": "Bearer serve-token"})
+                break
+            except httpx.TransportError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"railyard serve did not answer: {server.communicate(timeout=5)[0]!r}")
+                time.sleep(0.1)
+        assert response.json() == {"actor": "dana", "roles": ["refund_approver"], "read_only": False}
+        names = [w["name"] for w in httpx.get(f"http://127.0.0.1:{port}/api/workflows",
+                                              headers={"Authorization": "Bearer serve-token"}).json()]
+        assert names == ["counter", "refund", "triage"]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_serve_without_a_tokens_file_refuses_to_start() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAILYARD_TOKENS_FILE"}
+    done = subprocess.run([str(RAILYARD), "serve"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "CONFIG_INVALID" in done.stderr
+
+
+def test_an_actor_with_tokens_of_different_roles_is_refused() -> None:
+    with pytest.raises(RailyardError):
+        TokenTable.from_tokens({"a": ("dana", {"x"}), "b": ("dana", {"y"})})
