@@ -2,7 +2,7 @@
 
 A leaked tokens file must not let anyone in, so it stores the SHA-256 of each
 token, never the token. The same file is the source of roles for approvals
-(`TokenRoles`, an `Authoriser`), so what the inbox offers and what the engine
+(`TokenTable.roles_of`: it is an `Authoriser`), so what the inbox offers and what the engine
 allows cannot disagree. Pure apart from `load_tokens`, which reads the file.
 
     [[token]]
