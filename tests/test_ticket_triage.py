@@ -94,8 +94,8 @@ def test_a_decision_about_another_ticket_is_refused_and_repaired(eng: Engine) ->
     assert eng.get(task_id).state == "resolved"
     repair = eng.history(task_id)[4]
     assert (repair.trigger, repair.data["turn"]["code"]) == ("repair", "DOMAIN_INVALID")
-    assert "is_this_ticket: this task is about ticket T-5001, not T-5002" in {
-        e["msg"] for e in repair.data["turn"]["errors"]}
+    assert {e["msg"] for e in repair.data["turn"]["errors"]} == {
+        "is_this_ticket: this task is about ticket T-5001, not T-5002"}  # no noise from the routing guards
     with pytest.raises(RailyardError) as caught:  # the same check holds outside a model turn
         eng.fire(eng.start("ticket_triage", T5001, actor="helpdesk"), "query_ticket", {"ticket_id": "T-5003"},
                  actor="model")

@@ -93,8 +93,12 @@ def is_this_ticket(ctx: GuardContext) -> str | None:
 
 
 def _verdict_is(verdict: Verdict, ctx: GuardContext) -> str | None:
+    """Routing, not a rule: it refuses only to let the matching route win, so when the whole decision is
+    refused (another ticket) the model is told what is wrong, not which routes did not match."""
     assert isinstance(ctx.args, TicketDecision)
-    return None if ctx.args.decision is verdict else f"routes {verdict} only"
+    if ctx.args.decision is verdict or is_this_ticket(ctx) is not None:
+        return None
+    return f"routes {verdict} only"
 
 
 def escalates(ctx: GuardContext) -> str | None:
