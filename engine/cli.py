@@ -10,10 +10,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -21,21 +22,26 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import config
+from engine.canonical import format_instant, parse_instant
 from engine.core import Engine
-from engine.errors import Code, RailyardError
-from engine.events import Event
+from engine.errors import Code, RailyardError, Refused
+from engine.events import Event, event_code
 from engine.registry import Registry
+from engine.replay import ReplayReport
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_AUDIT = 3
+#: How wide `history` prints its table when the output is not a terminal.
+HISTORY_WIDTH = 160
 
 #: A worker not heard from for this long is not listed by `railyard status` (it reports every 10 s).
 WORKER_SEEN_SECONDS = 60
 
 #: Codes that report a broken log rather than a refused request: exit 3.
-AUDIT_CODES = frozenset({Code.HASH_MISMATCH, Code.SEQ_GAP, Code.STATE_MISMATCH, Code.SNAPSHOT_MISMATCH})
+AUDIT_CODES = frozenset({Code.HASH_MISMATCH, Code.SEQ_GAP, Code.ILLEGAL_TRANSITION, Code.STATE_MISMATCH,
+                         Code.SNAPSHOT_MISMATCH})
 
 app = typer.Typer(
     name="railyard",
@@ -100,25 +106,34 @@ def _print_json(value: Any) -> None:
 
 
 def _summary(data: dict[str, Any], width: int = 60) -> str:
+    """The part of an event's data that says what the step was about, cut to `width` (the code has its column)."""
     if not data:
         return ""
     if "args" in data:
         shown = data["args"]
     elif "input" in data:
         shown = data["input"]
-    elif "turn" in data:  # a model turn that did not become an action: its strategy and code
-        shown = {k: data["turn"].get(k) for k in ("strategy", "code")}
+    elif "approval" in data:
+        shown = {k: data["approval"].get(k) for k in ("decision", "comment")}
+    elif "intent" in data:  # a tool call about to run: which tool, with what
+        shown = {k: data["intent"].get(k) for k in ("tool", "arguments")}
+    elif "tool_result" in data:
+        shown = data["tool_result"]
+    elif "turn" in data:  # a model turn that did not become an action: its strategy
+        shown = {"strategy": data["turn"].get("strategy")}
+    elif "reason" in data:  # a migration, among others
+        shown = {k: data[k] for k in ("from", "to", "reason") if k in data}
     else:
-        shown = data
+        shown = {k: v for k, v in data.items() if k != "guards"}
     text = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def history_table(events: list[Event], title: str | None = None) -> Table:
-    """The timeline as a Rich table (seq, time, actor, from, trigger, to, data)."""
+def history_table(events: Iterable[Event], title: str | None = None) -> Table:
+    """The timeline as a Rich table (seq, time, actor, from, trigger, to, code, a summary of the data)."""
     table = Table(title=title, show_lines=False)
-    for column in ("seq", "at (UTC)", "actor", "from", "trigger", "to", "data"):
-        table.add_column(column, overflow="fold")
+    for column in ("seq", "at (UTC)", "actor", "from", "trigger", "to", "code", "data"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("seq", "at (UTC)", "trigger", "code"))
     for ev in events:
         table.add_row(
             str(ev.seq),
@@ -127,6 +142,7 @@ def history_table(events: list[Event], title: str | None = None) -> Table:
             ev.from_state or "",
             ev.trigger,
             ev.to_state,
+            event_code(ev.data) or "",
             _summary(ev.data),
         )
     return table
@@ -215,23 +231,69 @@ def start(
 
 
 @app.command("show")
-def show(task_id: Annotated[str, typer.Argument(help="Task id.")], as_json: JsonFlag = False) -> None:
-    """Where a task stands: state, seq, status and the triggers it allows."""
+def show(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    as_of: Annotated[
+        str | None,
+        typer.Option("--as-of", help="SEQ, or a TIMESTAMP (ISO 8601, UTC unless it says): the state right after "
+                                     "that event, or after the last event written at or before that time."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Where a task stands (or stood, with --as-of): state, seq, status, the triggers it allows."""
+    point: Event | None = None
     with _engine() as engine:
-        view = engine.get(task_id)
+        if as_of is None:
+            view = engine.get(task_id)
+        else:
+            seq, at = _point(as_of)
+            try:
+                task = engine.as_of(task_id, seq=seq, at=at)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--as-of") from None
+            view = engine.view(task)
+            point = engine.store.events(task_id, task.seq - 1, task.seq)[0]
     if as_json:
-        _print_json(view.to_dict())
+        shown = view.to_dict()
+        if point is not None:
+            shown["as_of"] = {"seq": point.seq, "at": format_instant(point.at), "actor": point.actor,
+                              "trigger": point.trigger}
+        _print_json(shown)
         return
-    table = Table(show_header=False, title=f"task {view.task_id}")
+    title = f"task {view.task_id}" + (f" as of seq {point.seq}" if point is not None else "")
+    table = Table(show_header=False, title=title)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
+    if point is not None:
+        table.add_row("as of", f"seq {point.seq}: {point.trigger} by {point.actor} at "
+                               f"{point.at.strftime('%Y-%m-%d %H:%M:%S')} UTC")
     table.add_row("workflow", f"{view.workflow}@{view.version}")
     table.add_row("state", f"{view.state} ({view.kind})")
     table.add_row("status", view.status)
     table.add_row("seq", str(view.seq))
     table.add_row("allowed", ", ".join(view.allowed) or "(none: terminal)")
     table.add_row("input", json.dumps(view.input, ensure_ascii=False))
+    if point is not None:
+        table.add_row("facts", json.dumps(view.facts, ensure_ascii=False))
     out.print(table)
+
+
+def _point(text: str) -> tuple[int | None, datetime | None]:
+    """`--as-of`: a seq (digits) or an instant."""
+    if text.strip().isdigit():
+        return int(text), None
+    return None, _instant_option(text, "--as-of")
+
+
+def _instant_option(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 date or time from the command line; without a zone it is UTC."""
+    if text is None:
+        return None
+    try:
+        return parse_instant(text.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is neither a seq nor an ISO 8601 date or time",
+                                 param_hint=option) from None
 
 
 @app.command("history")
@@ -242,7 +304,9 @@ def history(task_id: Annotated[str, typer.Argument(help="Task id.")], as_json: J
     if as_json:
         _print_json([e.to_dict() for e in events])
     else:
-        out.print(history_table(events, title=f"history of {task_id}"))
+        # Piped or redirected, the timeline is not cut to 80 columns: it is read in files and pagers.
+        wide = out if out.is_terminal else Console(width=max(out.width, HISTORY_WIDTH))
+        wide.print(history_table(events, title=f"history of {task_id}"))
 
 
 def _fire_command(
@@ -462,13 +526,160 @@ def graph(
     workflow: Annotated[str, typer.Argument(help="Workflow name.")],
     version: Annotated[int | None, typer.Option("--version", help="Version (default: newest).")] = None,
     fmt: Annotated[GraphFormat, typer.Option("--format", help="Diagram language.")] = GraphFormat.mermaid,
+    task_id: Annotated[
+        str | None,
+        typer.Option("--task", help="Highlight the path this task took (its version), with visit counts on edges."),
+    ] = None,
 ) -> None:
-    """Print the workflow's state diagram (Mermaid or Graphviz dot)."""
+    """Print the workflow's state diagram (Mermaid or Graphviz dot), optionally with one task's route on it."""
+    if task_id is None:
+        try:
+            definition = Registry.from_env().get(workflow, version)
+        except RailyardError as error:
+            _fail(error)
+        sys.stdout.write(definition.machine.graph(fmt.value) + "\n")
+        return
+    from engine.audit import task_path
+
+    with _engine() as engine:
+        row, visits, current = task_path(engine.store, task_id)
+        if row.workflow != workflow:
+            raise typer.BadParameter(f"task {task_id} is a {row.workflow} task, not {workflow}", param_hint="--task")
+        if version is not None and version != row.version:
+            raise typer.BadParameter(f"task {task_id} is on version {row.version}", param_hint="--version")
+        definition = engine.registry.get(workflow, row.version)
+    sys.stdout.write(definition.machine.graph(fmt.value, current=current, visits=visits) + "\n")
+
+
+def _one_or_all(task_id: str | None, all_tasks: bool, *scoped: tuple[str, object]) -> None:
+    """TASK and --all exclude each other; --workflow and --since only narrow --all."""
+    if (task_id is None) == (not all_tasks):
+        raise typer.BadParameter("give a TASK or --all (not both)")
+    for option, value in scoped:
+        if task_id is not None and value is not None:
+            raise typer.BadParameter(f"{option} goes with --all, not with a TASK", param_hint=option)
+
+
+def _finding_lines(report: ReplayReport) -> None:
+    where = f"task {report.task_id}" if report.task_id else "the file"
+    for f in report.findings:  # one line per finding, however narrow the terminal: scripts grep these
+        out.print(f"{where}  {f.code}  seq {f.seq}  {f.message}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _audit_totals(reports: Iterable[ReplayReport], as_json: bool, verb: str) -> bool:
+    """Print each report with findings as it arrives, then the totals; True if any finding.
+
+    `--json` streams one object: `reports` (only those with findings), then the counts,
+    so a run over a million tasks never holds its reports in memory.
+    """
+    tasks = events = findings = failed = 0
+    if as_json:
+        sys.stdout.write('{"reports": [')
+    for report in reports:
+        if report.task_id:
+            tasks += 1
+            events += report.events
+        if report.ok:
+            continue
+        findings += len(report.findings)
+        failed += 1
+        if as_json:
+            sys.stdout.write(("" if failed == 1 else ", ") + json.dumps(report.to_dict(), ensure_ascii=False))
+        else:
+            _finding_lines(report)
+    if as_json:
+        sys.stdout.write(f'], "tasks": {tasks}, "events": {events}, "findings": {findings}, '
+                         f'"ok": {json.dumps(findings == 0)}}}\n')
+    else:
+        outcome = "no findings" if not findings else f"{_count(findings, 'finding')} in {_count(failed, 'report')}"
+        out.print(f"{verb} {_count(tasks, 'task')}, {_count(events, 'event')}: {outcome}", highlight=False)
+    return findings > 0
+
+
+@app.command("replay")
+def replay(
+    task_id: Annotated[str | None, typer.Argument(help="Task id (or --all).")] = None,
+    all_tasks: Annotated[bool, typer.Option("--all", help="Every task, streamed.")] = False,
+    workflow: Annotated[str | None, typer.Option("--workflow", help="With --all: only this workflow.")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="With --all: only tasks changed at or after this date (ISO 8601).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check task logs without calling any model or tool: hash chain, seq, legal transitions, row and snapshots.
+
+    Exit 3 when anything is found (each finding has a stable code), 0 when the logs prove their state.
+    """
+    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
+    since_at = _instant_option(since, "--since")
+    with _engine() as engine:
+        if task_id is not None:
+            report = engine.replay(task_id)
+            if as_json:
+                _print_json(report.to_dict())
+            elif report.ok:
+                out.print(f"task {task_id} ({report.workflow}): {_count(report.events, 'event')}, no findings",
+                          highlight=False)
+            else:
+                _finding_lines(report)
+                out.print(f"task {task_id} ({report.workflow}): {_count(report.events, 'event')}, "
+                          f"{_count(len(report.findings), 'finding')}", highlight=False)
+            found = not report.ok
+        else:
+            found = _audit_totals(engine.replay_all(workflow=workflow, since=since_at), as_json, "replayed")
+    if found:
+        raise typer.Exit(EXIT_AUDIT)
+
+
+@app.command("export")
+def export(
+    task_id: Annotated[str | None, typer.Argument(help="Task id (or --all).")] = None,
+    all_tasks: Annotated[bool, typer.Option("--all", help="Every task, streamed.")] = False,
+    workflow: Annotated[str | None, typer.Option("--workflow", help="With --all: only this workflow.")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="With --all: only tasks changed at or after this date (ISO 8601).")
+    ] = None,
+) -> None:
+    """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools."""
+    from engine.export import export_lines
+
+    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
+    since_at = _instant_option(since, "--since")
+    sink = sys.stdout.buffer
+    with _engine() as engine:
+        if task_id is not None and engine.store.row(task_id) is None:
+            _fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
+        items = engine.store.audit_stream(task_ids=None if task_id is None else [task_id], workflow=workflow,
+                                          since=since_at, with_snapshots=False)
+        for line in export_lines(items):
+            sink.write(line.encode("utf-8"))
+    sink.flush()
+
+
+@app.command("verify-export")
+def verify_export_command(
+    path: Annotated[Path, typer.Argument(help="An export file (railyard export ... > FILE).", exists=True,
+                                         dir_okay=False, readable=True)],
+    as_json: JsonFlag = False,
+) -> None:
+    """Check an export offline, with only the file and the workflow definitions (RAILYARD_WORKFLOWS).
+
+    Every hash, the chain, seq, each transition's legality and each task's final state. Exit 3 on any finding.
+    """
+    from engine.export import verify_export
+
     try:
-        definition = Registry.from_env().get(workflow, version)
+        registry = Registry.from_env()
     except RailyardError as error:
         _fail(error)
-    sys.stdout.write(definition.machine.graph(fmt.value) + "\n")
+    with path.open("rb") as lines:
+        found = _audit_totals(verify_export(lines, registry.find), as_json, "verified")
+    if found:
+        raise typer.Exit(EXIT_AUDIT)
 
 
 @app.command("run")

@@ -11,8 +11,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -27,6 +28,7 @@ from engine.fold import TaskState, apply, fold
 from engine.leases import current_epoch
 from engine.model.types import ModelAdapter
 from engine.registry import Registry
+from engine.replay import ReplayReport
 from engine.roles import Authoriser, default_authoriser
 from engine.store import Loaded, Store, TaskRow
 from engine.timers import next_run_at
@@ -341,7 +343,10 @@ class Engine:
         return self._fold_checked(definition, loaded)
 
     def get(self, task_id: str) -> TaskView:
-        task = self.load(task_id)
+        return self.view(self.load(task_id))
+
+    def view(self, task: TaskState) -> TaskView:
+        """What `get` shows of a folded state: also the view of a past state (`as_of`)."""
         definition = self.definition_of(task)
         return TaskView(
             task_id=task.task_id,
@@ -362,6 +367,28 @@ class Engine:
         if self.store.row(task_id) is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
         return self.store.events(task_id)
+
+    # -- audit ----------------------------------------------------------
+    def replay(self, task_id: str) -> ReplayReport:
+        """Check the task's whole log from zero, without calling any model or tool (see `engine.replay`)."""
+        from engine.audit import replay_task
+
+        return replay_task(self.store, self.registry.find, task_id)
+
+    def replay_all(self, workflow: str | None = None, since: datetime | None = None) -> Iterator[ReplayReport]:
+        """`replay` of every task (of `workflow`, changed since `since`), streamed: memory stays flat."""
+        from engine.audit import replay_tasks
+
+        return replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
+
+    def as_of(self, task_id: str, seq: int | None = None, at: datetime | None = None) -> TaskState:
+        """The task's state right after event `seq`, or after the last event written at or before `at`."""
+        from engine.audit import state_as_of
+
+        row = self.store.row(task_id)
+        if row is None:
+            raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        return state_as_of(self.store, self._definition, row, seq=seq, at=at).task
 
     def definition_of(self, task: TaskState) -> Workflow:
         return self._definition(task.workflow, task.version, task.digest)

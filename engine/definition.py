@@ -71,6 +71,8 @@ CALL = "call"
 RECONCILE = "reconcile"
 LIMIT = "limit"
 LIMIT_STATE = "limit_exceeded"
+#: An operator moved the task to another version of its workflow (`Engine.migrate`); the event names both.
+MIGRATE = "migrate"
 
 
 @dataclass(frozen=True)
@@ -553,7 +555,7 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
     if isinstance(state, Agent) and (not isinstance(state.max_repairs, int) or state.max_repairs < 0):
         problems.append(f"{where}: max_repairs must be an integer >= 0")
     reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES, REPAIR, DEMOTE, HAND_OFF, PROVIDER_ERROR, RETRY, CALL,
-                RECONCILE, LIMIT}
+                RECONCILE, LIMIT, MIGRATE}
     by_trigger: dict[str, list[Action]] = {}
     for action in state.actions:
         if not _NAME.match(action.name or ""):

@@ -75,6 +75,7 @@ class Code(StrEnum):
     # Integrity of a task's log (found on load, and by replay)
     HASH_MISMATCH = "HASH_MISMATCH"
     SEQ_GAP = "SEQ_GAP"
+    ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
     STATE_MISMATCH = "STATE_MISMATCH"
     SNAPSHOT_MISMATCH = "SNAPSHOT_MISMATCH"
 
@@ -172,6 +173,10 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.DATABASE_ERROR: "The database refused or failed the operation; details are in the server log.",
     Code.HASH_MISMATCH: "An event's hash or prev_hash does not match the chain: the log was edited.",
     Code.SEQ_GAP: "Event sequence numbers are not 1, 2, 3, ... without gaps or repeats.",
+    Code.ILLEGAL_TRANSITION: (
+        "Replay found an event the pinned definition does not allow: wrong source state, a trigger the state does "
+        "not have, a target the trigger cannot reach, or guards other than the definition's."
+    ),
     Code.STATE_MISMATCH: "The task row disagrees with the state folded from its events.",
     Code.SNAPSHOT_MISMATCH: "A snapshot disagrees with the fold of the events it claims to cache.",
 }

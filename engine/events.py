@@ -13,6 +13,10 @@ from typing import Any
 
 from engine.canonical import canonical_json, format_instant, sha256_hex
 
+#: The key under which a reader keeps stored data that is no longer a JSON object (an edited row): the
+#: event is still read, and its hash no longer matches, so replay reports it instead of failing.
+UNREADABLE = "!unreadable"
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -88,3 +92,12 @@ def seal(
     """Build the next event of a chain, computing its hash."""
     body = event_body(task_id, seq, at, actor, from_state, trigger, to_state, data)
     return Event(task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, chain_hash(prev_hash, body))
+
+
+def event_code(data: dict[str, Any]) -> str | None:
+    """The code an event carries, wherever its kind of step records it (a limit, a model turn, a tool outcome)."""
+    turn = data.get("turn") or {}
+    outcome = data.get("outcome") or {}
+    error = (data.get("tool_result") or {}).get("error") or {}
+    found = data.get("code") or turn.get("code") or outcome.get("code") or error.get("code")
+    return str(found) if found else None

@@ -51,18 +51,30 @@ class CompiledMachine:
     def destinations(self, state: str, trigger: str) -> list[str]:
         return [str(t.dest) for t in self.machine.get_transitions(trigger=trigger, source=state)]
 
-    def graph(self, fmt: GraphFormat = "mermaid", *, current: str | None = None) -> str:
-        """The diagram source, drawn by transitions' diagram support (Mermaid, or Graphviz dot)."""
+    def graph(self, fmt: GraphFormat = "mermaid", *, current: str | None = None,
+              visits: Mapping[tuple[str, str, str], int] | None = None) -> str:
+        """The diagram source, drawn by transitions' diagram support (Mermaid, or Graphviz dot).
+
+        `visits` counts how often a task took each (source, trigger, target) edge:
+        those edges are labelled with their count and, with the states they touch,
+        drawn in the diagrams' "previous" style, so a task's route stands out.
+        """
         from transitions.extensions.diagrams import GraphMachine
 
         class _Marker:
             """A throwaway model: diagrams highlight the state a model is in."""
 
+        taken = visits or {}
+        transitions = [
+            {**t, "label": f"{t['trigger']} ({taken[edge]}x)"} if (edge := (t["source"], t["trigger"], t["dest"]))
+            in taken else t
+            for t in self._transitions
+        ]
         engine: Literal["mermaid", "graphviz"] = "mermaid" if fmt == "mermaid" else "graphviz"
         gm = GraphMachine(
             model=_Marker(),
             states=self._states,
-            transitions=self._transitions,
+            transitions=transitions,
             initial=self._workflow.initial_state,
             auto_transitions=False,
             graph_engine=engine,
@@ -72,6 +84,18 @@ class CompiledMachine:
         if current is not None and current != self._workflow.initial_state:
             gm.set_state(current)
         graph: Any = gm.get_graph(force_new=True)
+        if taken:
+            drawing: Any = gm.model_graphs[id(gm.model)]
+            styles = drawing.custom_styles
+            for source, _trigger, dest in taken:
+                styles["edge"][source][dest] = "previous"
+                for state in (source, dest):
+                    if state != current and state in self._states:
+                        styles["node"][state] = "previous"
+            base: Any = gm.style_attributes
+            gm.style_attributes = {**base, "edge": {**base["edge"], "previous": {
+                "color": "blue", "fontcolor": "blue", "penwidth": "2"}}}
+            graph = gm.get_graph()
         if fmt == "mermaid":
             return str(graph.draw(None))
         return str(graph.source)

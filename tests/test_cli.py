@@ -242,3 +242,122 @@ def test_status_counts_tasks_per_workflow_and_status(cli_env: str) -> None:
     assert rows["counter"]["terminal"] == 1 and rows["counter"]["oldest_runnable_seconds"] is None
     assert rows["refund"]["oldest_runnable_seconds"] >= 0
     assert invoke("status")[0] == 0
+
+
+# -- the auditor's commands ------------------------------------------------------------------------------------
+def refund_path(cli_env: str) -> str:
+    """refund@2: a scripted turn without an action (repair, NO_ACTION), a proposal, an approval."""
+    task_id = start_refund()
+    script = Path(cli_env.removeprefix("sqlite:///")).with_name("audit-model.json")
+    script.write_text(json.dumps({"profile": "anthropic", "turns": [
+        {"text": "Let me think."},
+        {"tool_calls": [{"name": "propose", "arguments": {"amount": 300, "reason": "broken on arrival"}}]},
+    ]}), encoding="utf-8")
+    assert invoke("run", task_id, "--model", f"scripted:{script}")[0] == 0
+    assert invoke("approve", task_id, "--as", "dana")[0] == 0
+    return task_id
+
+
+def test_history_shows_codes_and_summaries(cli_env: str) -> None:
+    task_id = refund_path(cli_env)
+    code, out, _ = invoke("history", task_id)
+    assert code == 0
+    assert all(column in out for column in ("seq", "actor", "trigger", "code", "data"))
+    assert "NO_ACTION" in out and "approve" in out and "broken on" in out
+    events = json.loads(invoke("history", task_id, "--json")[1])
+    assert [e["seq"] for e in events] == [1, 2, 3, 4]
+
+
+def test_replay_exits_0_on_a_clean_log_and_3_on_a_tampered_one(cli_env: str) -> None:
+    task_id = refund_path(cli_env)
+    other = start_refund()
+    code, out, _ = invoke("replay", task_id, "--json")
+    assert code == 0
+    assert json.loads(out) == {"task_id": task_id, "workflow": "refund@2", "events": 4, "ok": True, "findings": []}
+    code, out, _ = invoke("replay", task_id)
+    assert code == 0 and "no findings" in out
+    code, out, _ = invoke("replay", "--all", "--json")
+    assert code == 0
+    assert json.loads(out) == {"reports": [], "tasks": 2, "events": 5, "findings": 0, "ok": True}
+
+    engine = create_engine(cli_env)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 4"), {"t": task_id})
+    engine.dispose()
+    code, out, _ = invoke("replay", task_id, "--json")
+    assert code == 3
+    assert [(f["code"], f["seq"]) for f in json.loads(out)["findings"]] == [("HASH_MISMATCH", 4)]
+    code, out, _ = invoke("replay", task_id)
+    assert code == 3 and "HASH_MISMATCH" in out
+    code, out, _ = invoke("replay", "--all", "--json")
+    summary = json.loads(out)
+    assert code == 3 and (summary["tasks"], summary["findings"], summary["ok"]) == (2, 1, False)
+    assert [r["task_id"] for r in summary["reports"]] == [task_id]
+    code, out, _ = invoke("replay", "--all", "--workflow", "counter", "--json")
+    assert code == 0 and json.loads(out)["tasks"] == 0
+    code, out, _ = invoke("replay", "--all", "--since", "2000-01-01")
+    assert code == 3 and "replayed 2 tasks, 5 events" in out
+    assert invoke("replay", other)[0] == 0
+
+
+@pytest.mark.parametrize("args", [["replay"], ["replay", "x", "--all"], ["replay", "x", "--workflow", "refund"],
+                                  ["replay", "--all", "--since", "yesterday"], ["export"],
+                                  ["show", "x", "--as-of", "soon"]])
+def test_audit_usage_errors_exit_2(cli_env: str, args: list[str]) -> None:
+    assert invoke(*args)[0] == 2
+
+
+def test_show_as_of_a_seq_or_a_time(cli_env: str) -> None:
+    task_id = refund_path(cli_env)
+    code, out, _ = invoke("show", task_id, "--as-of", "1", "--json")
+    assert code == 0
+    first = json.loads(out)
+    assert (first["state"], first["seq"], first["as_of"]["seq"], first["as_of"]["trigger"]) == (
+        "assessing", 1, 1, "start")
+    third = json.loads(invoke("show", task_id, "--as-of", "3", "--json")[1])
+    assert (third["state"], third["status"], third["facts"]["propose"]["amount"]) == ("awaiting_approval", "blocked",
+                                                                                       300)
+    at = third["as_of"]["at"]
+    assert json.loads(invoke("show", task_id, "--as-of", at, "--json")[1])["seq"] == 3
+    code, out, _ = invoke("show", task_id, "--as-of", "3")
+    assert code == 0 and "as of seq 3" in out and "awaiting_approval" in out
+    assert invoke("show", task_id, "--as-of", "9")[0] == 2
+    assert invoke("show", task_id, "--as-of", "2001-01-01T00:00:00Z")[0] == 2
+
+
+def test_export_then_verify_export(cli_env: str, tmp_path: Path) -> None:
+    task_id = refund_path(cli_env)
+    result = runner.invoke(app, ["export", task_id])
+    assert result.exit_code == 0
+    export = tmp_path / "task.jsonl"
+    export.write_bytes(result.stdout_bytes)
+    assert [json.loads(line)["kind"] for line in result.stdout_bytes.splitlines()] == ["task"] + ["event"] * 4 + [
+        "end"]
+    code, out, _ = invoke("verify-export", str(export), "--json")
+    assert code == 0 and json.loads(out) == {"reports": [], "tasks": 1, "events": 4, "findings": 0, "ok": True}
+    code, out, _ = invoke("verify-export", str(export))
+    assert code == 0 and "verified 1 task, 4 events: no findings" in out
+
+    data = bytearray(export.read_bytes())
+    data[data.index(b'"amount":300') + 10] ^= 0x01
+    export.write_bytes(bytes(data))
+    code, out, _ = invoke("verify-export", str(export), "--json")
+    assert code == 3 and json.loads(out)["reports"][0]["findings"][0]["code"] == "HASH_MISMATCH"
+    everything = runner.invoke(app, ["export", "--all", "--since", "2000-01-01"])
+    assert everything.exit_code == 0 and everything.stdout_bytes.count(b'"kind":"task"') == 1
+    code, _, err = invoke("export", "missing-task")
+    assert code == 1 and "TASK_NOT_FOUND" in err
+    assert invoke("verify-export", str(tmp_path / "nope.jsonl"))[0] == 2
+
+
+def test_graph_highlights_a_tasks_path(cli_env: str) -> None:
+    task_id = refund_path(cli_env)
+    code, out, _ = invoke("graph", "refund", "--task", task_id)
+    assert code == 0
+    assert "assessing --> assessing~force: repair (1x)" in out
+    assert "awaiting_approval --> executing: approve (1x)" in out
+    assert "Class executing s_active" in out and "Class assessing s_previous" in out
+    code, out, _ = invoke("graph", "refund", "--task", task_id, "--format", "dot")
+    assert code == 0 and 'awaiting_approval -> executing [label="approve (1x)" color=blue' in out
+    assert invoke("graph", "counter", "--task", task_id)[0] == 2
+    assert invoke("graph", "refund", "--task", "missing-task")[0] == 1

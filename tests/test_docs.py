@@ -6,11 +6,12 @@ Fenced blocks in README.md and docs/*.md are handled by their info string:
 - ```python no-run        shown only (a fragment);
 - ```LANG file=NAME       written to NAME in the working directory, not executed
                           (a workflow module to import, a roles file);
-- ```console / ```bash    run in docs/tutorial.md only. In `console` blocks each line
+- ```console / ```bash    run in the SHELL_DOCS only. In `console` blocks each line
                           starting with `$ ` is a command (other lines are sample
                           output, not compared); in `bash` blocks every line is. A
                           command is `railyard ...` (the venv's), `export NAME=VALUE`,
-                          or `NAME=$(railyard ...)`; `$NAME` expands. A trailing
+                          or `NAME=$(railyard ...)`; `$NAME` expands; `railyard ... > FILE`
+                          writes its stdout to FILE. A trailing
                           `# exit N` expects exit status N (default 0), and
                           `# exit N CODE` also expects `CODE:` on stderr.
 
@@ -37,13 +38,14 @@ from engine import Engine, migrations
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SHELL_DOCS = {"tutorial.md"}
+SHELL_DOCS = {"tutorial.md", "audit.md"}
 RAILYARD = Path(sys.executable).parent / "railyard"
 
 FENCE = re.compile(r"^(\s*)```(.*)$")
 EXPECT = re.compile(r"\s+#\s*exit\s+(\d+)(?:\s+([A-Z_]+))?\s*$")
 ASSIGN = re.compile(r"^([A-Za-z_]\w*)=\$\((.*)\)$")
 EXPORT = re.compile(r"^export\s+([A-Za-z_]\w*)=(.*)$")
+REDIRECT = re.compile(r"\s+>\s*([\w.-]+)$")
 VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 
 
@@ -139,6 +141,9 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
         target = None
         if assign := ASSIGN.match(command):
             target, command = assign.group(1), assign.group(2)
+        into = None
+        if redirect := REDIRECT.search(command):
+            into, command = cwd / redirect.group(1), command[: redirect.start()]
         argv = shlex.split(command)
         assert argv and argv[0] == "railyard", f"{where}: only `railyard` commands are run"
         result = subprocess.run([str(RAILYARD), *argv[1:]], env=env, cwd=cwd, capture_output=True, text=True,
@@ -149,6 +154,8 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
             assert f"{expected_code}:" in result.stderr, f"expected {expected_code} on stderr: {shown}"
         if target is not None:
             env[target] = result.stdout.strip()
+        if into is not None:
+            into.write_text(result.stdout, encoding="utf-8")
 
 
 def _gen_errors_doc() -> ModuleType:

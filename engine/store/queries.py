@@ -137,3 +137,44 @@ CLAIM_ONE_SQLITE = (
     "UPDATE tasks SET lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1 WHERE task_id = ?"
     " RETURNING lease_epoch"
 )
+
+
+# -- audit reads (replay, export, as-of) -------------------------------------------------------------
+#: Rows of a page of tasks and of their logs arrive in the same `ORDER BY task_id`, so a reader pairs them by
+#: equality alone and never compares ids in Python (whose string order may differ from the database collation).
+AUDIT_TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
+
+
+@lru_cache(maxsize=64)
+def audit_page(postgres: bool, n_ids: int, after: bool, workflow: bool, since: bool) -> str:
+    """A keyset page of task rows. Positional parameters, in order: ids, after, workflow, since, limit."""
+    mark = "%s" if postgres else "?"
+    where = []
+    if n_ids:
+        where.append(f"task_id IN ({', '.join([mark] * n_ids)})")
+    if after:
+        where.append(f"task_id > {mark}")
+    if workflow:
+        where.append(f"workflow = {mark}")
+    if since:
+        where.append(f"updated_at >= {mark}")
+    condition = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {AUDIT_TASK_COLUMNS} FROM tasks{condition} ORDER BY task_id LIMIT {mark}"
+
+
+@lru_cache(maxsize=64)
+def audit_logs(postgres: bool, n_ids: int, with_snapshots: bool, upto: bool) -> str:
+    """The events (k = 0) and snapshots (k = 1) of `n_ids` tasks, ordered by task, seq, then k.
+
+    A snapshot sorts right after the event it caches. Positional parameters: the ids (and
+    the highest seq wanted, with `upto`), then the ids again for the snapshots.
+    """
+    mark = "%s" if postgres else "?"
+    ids = ", ".join([mark] * n_ids)
+    limit = f" AND seq <= {mark}" if upto else ""
+    sql = (f"SELECT 0 AS k, task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
+           f" FROM events WHERE task_id IN ({ids}){limit}")
+    if with_snapshots:
+        sql += (f" UNION ALL SELECT 1, task_id, seq, NULL, NULL, NULL, NULL, NULL, doc, NULL, hash"
+                f" FROM snapshots WHERE task_id IN ({ids}){limit}")
+    return sql + " ORDER BY 2, 3, 1"

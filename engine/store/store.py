@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Row, case, func, insert, select, update
@@ -22,12 +22,16 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from engine.canonical import canonical_json, now, utc
 from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, StoreError
-from engine.events import Event
+from engine.events import UNREADABLE, Event
 from engine.store import queries
 from engine.store.database import WRITE, make_engine
 from engine.store.schema import events, snapshots, tasks, workers
 
 log = logging.getLogger("railyard.store")
+
+#: Audit reads: task rows per keyset page, and log rows per round trip of a server-side cursor.
+AUDIT_PAGE = 500
+AUDIT_FETCH = 5000
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:
@@ -324,6 +328,112 @@ class Store:
             ).all()
         return [Snapshot(task_id, r.seq, r.hash, r.doc) for r in rows]
 
+    # -- audit reads ----------------------------------------------------
+    def audit_stream(
+        self,
+        *,
+        task_ids: Sequence[str] | None = None,
+        workflow: str | None = None,
+        since: datetime | None = None,
+        with_snapshots: bool = True,
+        upto_seq: int | None = None,
+        page_size: int = AUDIT_PAGE,
+    ) -> Iterator[TaskRow | Event | Snapshot]:
+        """Task rows in task_id order, each followed by its events (and snapshots) in seq order.
+
+        Replay, export and as-of read through this so that memory stays flat however
+        long a log is: task rows come in keyset pages, and each page's logs stream
+        from one cursor (a server-side cursor on PostgreSQL) while the caller checks
+        them. A page is read in one read-only transaction (REPEATABLE READ on
+        PostgreSQL), so a row, its events and its snapshots are one consistent view
+        even while workers append. `since` keeps tasks whose row changed at or after it.
+        """
+        ids = list(task_ids) if task_ids is not None else []
+        if task_ids is not None and not ids:
+            return
+        after: str | None = None
+        while True:
+            rows: list[TaskRow] = []
+            with self._errors(), self._audit_session() as (fetch_all, stream):
+                params: list[Any] = [*ids]
+                params += [after] if after is not None else []
+                params += [workflow] if workflow is not None else []
+                if since is not None:
+                    params.append(since if self.dialect == "postgresql" else queries.sqlite_instant(since))
+                params.append(page_size)
+                page = queries.audit_page(self.dialect == "postgresql", len(ids), after is not None,
+                                          workflow is not None, since is not None)
+                rows = [TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], queries.read_instant(r[8]),
+                                queries.read_instant(r[9])) for r in fetch_all(page, params)]
+                if not rows:
+                    return
+                page_ids = [r.task_id for r in rows]
+                bound = [upto_seq] if upto_seq is not None else []
+                logs = stream(
+                    queries.audit_logs(self.dialect == "postgresql", len(page_ids), with_snapshots,
+                                       upto_seq is not None),
+                    [*page_ids, *bound, *(page_ids if with_snapshots else ()), *(bound if with_snapshots else ())],
+                )
+                try:
+                    pending = next(logs, None)
+                    for row in rows:
+                        yield row
+                        while pending is not None and pending[1] == row.task_id:
+                            if pending[0] == 0:
+                                yield Event(pending[1], pending[2], _audit_instant(pending[3]), pending[4],
+                                            pending[5], pending[6], pending[7], _audit_data(pending[8]), pending[9],
+                                            pending[10])
+                            else:
+                                yield Snapshot(pending[1], pending[2], pending[10], pending[8])
+                            pending = next(logs, None)
+                finally:
+                    logs.close()  # before the transaction ends: a server-side cursor lives only inside it
+            if len(rows) < page_size:
+                return
+            after = rows[-1].task_id
+
+    def seq_at(self, task_id: str, at: datetime) -> int | None:
+        """The seq of the task's last event written at or before `at` (None: the task did not exist yet)."""
+        query = select(func.max(events.c.seq)).where(events.c.task_id == task_id, events.c.at <= at)
+        with self._errors(), self._reader() as conn:
+            found = conn.execute(query).scalar()
+        return int(found) if found is not None else None
+
+    @contextmanager
+    def _audit_session(
+        self,
+    ) -> Iterator[tuple[Callable[[str, list[Any]], list[Any]], Callable[[str, list[Any]], Generator[Any]]]]:
+        """One read-only transaction: a `fetch_all(sql, params)` and a streaming `stream(sql, params)` in it."""
+        raw = self.engine.raw_connection()
+        try:
+            if self.dialect == "postgresql":
+                pg: Any = raw.driver_connection
+                with pg.transaction():
+                    pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    # Times arrive as UTC already (psycopg then gives `datetime.UTC`): no conversion per event.
+                    pg.execute("SET LOCAL TIME ZONE 'UTC'")
+
+                    def pg_stream(sql: str, params: list[Any]) -> Generator[Any]:
+                        with pg.cursor(name="railyard_audit") as cur:
+                            cur.itersize = AUDIT_FETCH
+                            cur.execute(sql, params)
+                            yield from cur
+
+                    yield (lambda sql, params: pg.execute(sql, params).fetchall()), pg_stream
+                return
+            cur: Any = raw.cursor()
+            cur.execute("BEGIN")  # WAL: every read below sees the same snapshot
+            try:
+
+                def sqlite_stream(sql: str, params: list[Any]) -> Generator[Any]:
+                    yield from raw.cursor().execute(sql, params)  # sqlite3 steps rows as they are read
+
+                yield (lambda sql, params: cur.execute(sql, params).fetchall()), sqlite_stream
+            finally:
+                cur.execute("ROLLBACK")
+        finally:
+            raw.close()
+
     def task_ids(self, *, workflow: str | None = None, status: str | None = None) -> list[str]:
         query = select(tasks.c.task_id).order_by(tasks.c.created_at, tasks.c.task_id)
         if workflow is not None:
@@ -479,6 +589,32 @@ def _task_row(r: Row[Any]) -> TaskRow:
         lease_epoch=r.lease_epoch,
         failures=r.failures,
     )
+
+
+def _audit_instant(value: datetime | str) -> datetime:
+    """An event's time for replay: a stored text that no longer parses becomes the epoch, so its hash fails."""
+    try:
+        return queries.read_instant(value)
+    except ValueError:
+        return datetime.fromtimestamp(0, UTC)
+
+
+def _audit_data(text: str) -> dict[str, Any]:
+    """An event's data for replay: text that is no longer a JSON object is kept as found, so its hash fails.
+
+    Stored data is canonical JSON with nothing around it, so `raw_decode` (what `json.loads` runs after two
+    whitespace scans) reads it; anything else goes the long way.
+    """
+    try:
+        data, end = _DECODE(text)
+        if end != len(text):
+            data = json.loads(text)
+    except ValueError:
+        return {UNREADABLE: text}
+    return data if type(data) is dict else {UNREADABLE: text}
+
+
+_DECODE = json.JSONDecoder().raw_decode
 
 
 def _event(r: Row[Any]) -> Event:

@@ -1,0 +1,125 @@
+"""The auditor's reads over the store: replay, the state as of a point, and the path a task took.
+
+The checks themselves are pure (`engine.replay`); this module only streams a
+task's row, events and snapshots out of the store into them. Nothing here
+builds a list of a task's events: a log of any length is read page by page.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from engine.canonical import format_instant
+from engine.definition import MIGRATE, Workflow
+from engine.errors import Code, IntegrityError, Refused
+from engine.events import Event
+from engine.fold import TaskState, apply, initial
+from engine.replay import Lookup, ReplayReport, replay_stream
+from engine.store import Snapshot, Store, TaskRow
+
+#: The definition a task was pinned to, by (name, version, digest); refuses DEFINITION_MISSING / _CHANGED.
+Resolve = Callable[[str, int, str], Workflow]
+
+
+def _not_found(task_id: str) -> Refused:
+    return Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+
+
+def replay_task(store: Store, lookup: Lookup, task_id: str) -> ReplayReport:
+    """Replay one task from its first event; refuses only when there is no such task."""
+    report = next(replay_stream(store.audit_stream(task_ids=[task_id]), lookup), None)
+    if report is None:
+        raise _not_found(task_id)
+    return report
+
+
+def _log_of(items: Iterator[TaskRow | Event | Snapshot]) -> Iterator[Event | Snapshot]:
+    for item in items:
+        if isinstance(item, TaskRow):
+            return
+        yield item
+
+
+def replay_tasks(store: Store, lookup: Lookup, *, workflow: str | None = None,
+                 since: datetime | None = None) -> Iterator[ReplayReport]:
+    """One report per task (of `workflow`, changed since `since`), in task id order, as each one is read."""
+    return replay_stream(store.audit_stream(workflow=workflow, since=since), lookup)
+
+
+@dataclass(frozen=True, slots=True)
+class AsOf:
+    """A task's state right after event `seq`, and that event (its time, its actor)."""
+
+    task: TaskState
+    event: Event
+
+
+def state_as_of(store: Store, resolve: Resolve, row: TaskRow, *, seq: int | None = None,
+                at: datetime | None = None) -> AsOf:
+    """Fold the log up to `seq`, or up to the last event written at or before `at` (default: the head).
+
+    Each event is folded under the version the task was on when it was written
+    (`resolve` refuses a missing or changed one). A point outside the log is the
+    caller's mistake (ValueError), not a domain refusal.
+    """
+    if seq is not None and at is not None:
+        raise ValueError("give a seq or a time, not both")
+    if at is not None:
+        seq = store.seq_at(row.task_id, at)
+        if seq is None:
+            raise ValueError(f"task {row.task_id} has no event at or before {format_instant(at)}")
+    if seq is None:
+        seq = row.seq
+    if not 1 <= seq <= row.seq:
+        raise ValueError(f"task {row.task_id} has events 1 to {row.seq}; there is no seq {seq}")
+    task: TaskState | None = None
+    last: Event | None = None
+    definition: Workflow | None = None
+    for item in store.audit_stream(task_ids=[row.task_id], with_snapshots=False, upto_seq=seq):
+        if not isinstance(item, Event):
+            continue
+        if task is None or definition is None:
+            definition = resolve(*_pinned(row, item))
+            task = initial(definition, item)
+        else:
+            if item.trigger == MIGRATE:
+                definition = resolve(task.workflow, int(item.data["to_version"]), str(item.data["to_digest"]))
+            task = apply(definition, task, item)
+        last = item
+    if task is None or last is None or task.seq != seq:
+        raise ValueError(f"task {row.task_id} has no event at seq {seq}")
+    return AsOf(task, last)
+
+
+def _pinned(row: TaskRow, start: Event) -> tuple[str, int, str]:
+    """(name, version, digest) the start event pinned the task to."""
+    name, _, version = str(start.data.get("workflow", "")).rpartition("@")
+    digest = start.data.get("digest")
+    if name != row.workflow or not version.isdigit() or not isinstance(digest, str):
+        raise IntegrityError(f"task {row.task_id}: its start event does not name a version of {row.workflow}",
+                             code=Code.STATE_MISMATCH, task_id=row.task_id)
+    return name, int(version), digest
+
+
+def path_visits(events: Iterable[Event]) -> tuple[Counter[tuple[str, str, str]], str | None]:
+    """How often the task took each (source, trigger, target) edge, and the state it ended in."""
+    visits: Counter[tuple[str, str, str]] = Counter()
+    current: str | None = None
+    for event in events:
+        if event.from_state is not None:
+            visits[(event.from_state, event.trigger, event.to_state)] += 1
+        current = event.to_state
+    return visits, current
+
+
+def task_path(store: Store, task_id: str) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
+    """The task's row and `path_visits` of its whole log, read as a stream."""
+    items = store.audit_stream(task_ids=[task_id], with_snapshots=False)
+    row = next(items, None)
+    if not isinstance(row, TaskRow):
+        raise _not_found(task_id)
+    visits, current = path_visits(item for item in _log_of(items) if isinstance(item, Event))
+    return row, visits, current

@@ -1,0 +1,331 @@
+"""Replay: check that a task's stored log proves what happened, without calling any model or tool.
+
+Pure: `LogCheck` is fed a task's row, its events and its snapshots in seq order,
+one at a time (from the database, or from an export file), and keeps only the
+state folded so far, so a log of any length is checked in constant memory. The
+reading lives in `engine.audit` (database) and `engine.export` (files).
+
+What it checks, each finding with a stable code:
+
+- the hash chain: every event's hash recomputed from its content with the same
+  `chain_hash` that sealed it, `prev_hash` links, seq 1, 2, 3, ... without gaps
+  (`HASH_MISMATCH`, `SEQ_GAP`);
+- the definition: the registry still defines the pinned `name@version`
+  (`DEFINITION_MISSING`) with the digest the task recorded (`DEFINITION_CHANGED`);
+- every transition was legal in that definition: from the state the fold says the
+  task was in, a trigger that state has, to a target that trigger can reach, with
+  the guards (and risk check) the definition names (`ILLEGAL_TRANSITION`);
+- the fold from zero equals the task row (state, seq, last hash, status) and
+  every snapshot at its seq (`STATE_MISMATCH`, `SNAPSHOT_MISMATCH`).
+
+Replay goes on after a finding wherever it can, so one edit shows all its effects
+(an edited event is a `HASH_MISMATCH`; if the edit changed the transition it is
+also an `ILLEGAL_TRANSITION` or a `STATE_MISMATCH`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.canonical import GENESIS_HASH, canonical_json
+from engine.chain import Finding, link_findings
+from engine.definition import MIGRATE, START, Action, Workflow, guard_name
+from engine.errors import Code
+from engine.events import Event
+from engine.fold import TaskState, apply, initial
+from engine.store import Snapshot, TaskRow
+
+#: How replay finds the definition a task is pinned to (`Registry.find`).
+Lookup = Callable[[str, int], Workflow | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    """What replay found for one task: `findings` is empty when its log proves its state."""
+
+    task_id: str
+    workflow: str
+    events: int
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def codes(self) -> list[str]:
+        """The distinct codes found, in the order first seen."""
+        return list(dict.fromkeys(str(f.code) for f in self.findings))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "workflow": self.workflow, "events": self.events, "ok": self.ok,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def illegal(definition: Workflow, task: TaskState, event: Event) -> str | None:
+    """Why `event` cannot be a transition of `task` (the fold before it) under `definition`; None if it can.
+
+    The same table `decide` chooses from (`Workflow.candidates`): the source state,
+    the trigger, a target that trigger can reach, and the guards the chosen action
+    names, which `decide` records. Guards are not run again: their inputs may be
+    redacted in the log, and what they answered then is what the log proves.
+    """
+    if task.terminal:
+        return f"nothing leaves terminal state {task.state!r}, but {event.trigger!r} did"
+    if event.from_state != task.state:
+        return f"recorded as leaving {event.from_state!r}, but the task was in {task.state!r}"
+    candidates = definition.candidates(task.state, event.trigger)
+    if not candidates:
+        return (f"trigger {event.trigger!r} is not allowed in state {task.state!r} "
+                f"(allowed: {', '.join(definition.triggers(task.state, system=True))})")
+    routed = [a for a in candidates if event.to_state in a.targets()]
+    if not routed:
+        targets = sorted({t for a in candidates for t in a.targets()})
+        return f"{event.trigger!r} from {task.state!r} leads to {', '.join(targets)}, not {event.to_state!r}"
+    recorded = event.data.get("guards", [])
+    if not any(_as_decided(action, event, recorded) for action in routed):
+        expected = [[guard_name(g) for g in a.guards] for a in routed]
+        return f"recorded guards {recorded} and risk are not those {event.trigger!r} has here: {expected}"
+    return None
+
+
+def _as_decided(action: Action, event: Event, recorded: Any) -> bool:
+    """Whether `decide` taking `action` would have recorded these guards and, on a risk route, this risk check."""
+    if recorded != [guard_name(g) for g in action.guards]:
+        return False
+    if action.risk is not None and event.to_state == action.risk_target != action.target:
+        return bool((event.data.get("risk") or {}).get("check") == guard_name(action.risk))
+    return True
+
+
+class LogCheck:
+    """One task's log, checked as it streams past: feed `event` and `snapshot` in seq order, then `finish`.
+
+    `row` is the task's stored head (the `tasks` row, or an export's task line);
+    None when it could not be read, which leaves only the chain to check. The
+    definition is the one the start event pinned, and after a `migrate` event the
+    one that event names: each stretch of the log is judged by its own version.
+    """
+
+    def __init__(self, row: TaskRow | None, lookup: Lookup, task_id: str = "") -> None:
+        self.row = row
+        self.lookup = lookup
+        self.task_id = row.task_id if row is not None else task_id
+        self.ref = f"{row.workflow}@{row.version}" if row is not None else ""
+        self.findings: list[Finding] = []
+        self.count = 0
+        self.expected_seq = 1
+        self.prev_hash = GENESIS_HASH
+        self.first: Event | None = None
+        self.last: Event | None = None
+        #: The fold so far and the definition it follows; None before the start event, and from the point
+        #: where the log can no longer be judged (a missing or changed definition, an unfollowable event).
+        self.task: TaskState | None = None
+        self.rules: Workflow | None = None
+        self.unchecked = row is None
+        #: Transitions already found legal under `rules` (see `event`); emptied when the rules change.
+        self.legal: set[tuple[Any, ...]] = set()
+
+    def add(self, code: Code, seq: int, message: str) -> None:
+        """Record a finding; readers of a log (an export's lines, say) add what only they can see."""
+        self.findings.append(Finding(code, seq, message))
+
+    def _resolve(self, name: str, version: int, digest: str, seq: int) -> Workflow | None:
+        """The definition `name@version` as the log pinned it at `seq`, or None after reporting why not."""
+        definition = self.lookup(name, version)
+        if definition is None:
+            self.add(Code.DEFINITION_MISSING, seq, f"the registry does not define {name}@{version}: transitions, "
+                                                     "state and snapshots from here on cannot be checked, only "
+                                                     "the hash chain")
+            return None
+        if definition.digest != digest:
+            self.add(Code.DEFINITION_CHANGED, seq,
+                       f"{name}@{version} as loaded has digest {definition.digest[:12]}, the task recorded "
+                       f"{digest[:12]}: the code changed without a new version; transitions, state and snapshots "
+                       "are not checked against rules the task did not run on")
+            return None
+        return definition
+
+    def _stop(self) -> None:
+        self.task = None
+        self.rules = None
+        self.unchecked = True
+
+    def event(self, event: Event) -> None:
+        """Check one event (the next in seq order) and fold it."""
+        self.count += 1
+        if event.seq != self.expected_seq or event.prev_hash != self.prev_hash or event.computed_hash() != event.hash:
+            self.findings.extend(link_findings(event, self.expected_seq, self.prev_hash))
+        self.expected_seq = event.seq + 1
+        self.prev_hash = event.hash
+        if self.first is None:
+            self.first = event
+        self.last = event
+        if self.unchecked:
+            return
+        task, rules = self.task, self.rules
+        if task is None or rules is None:
+            self._start(event)
+            return
+        if event.trigger == MIGRATE:
+            self._migrate(rules, task, event)
+            return
+        data = event.data
+        guards = data.get("guards")
+        # The verdict depends only on these, and a long log repeats a handful of them: check each once.
+        seen = (task.state, event.from_state, event.trigger, event.to_state,
+                tuple(guards) if type(guards) is list else guards, str(data.get("risk")) if "risk" in data else None)
+        if seen not in self.legal:
+            reason = illegal(rules, task, event)
+            if reason is None:
+                self.legal.add(seen)
+            else:
+                self.add(Code.ILLEGAL_TRANSITION, event.seq, reason)
+        self._fold(rules, task, event)
+
+    def _start(self, event: Event) -> None:
+        row = self.row
+        assert row is not None
+        if event.seq != 1 or event.trigger != START or event.from_state is not None:
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"the log does not begin with a start event "
+                                                           f"(found {event.trigger!r} at seq {event.seq})")
+            self._stop()
+            return
+        ref, digest = event.data.get("workflow"), event.data.get("digest")
+        name, _, version = str(ref).rpartition("@")
+        if name != row.workflow or not version.isdigit() or not isinstance(digest, str):
+            self.add(Code.STATE_MISMATCH, 1, f"the task row is a {row.workflow} task, its start event records "
+                                               f"{ref!r}")
+            self._stop()
+            return
+        rules = self._resolve(name, int(version), digest, 1)
+        if rules is None:
+            self._stop()
+            return
+        if event.to_state != rules.initial_state:
+            self.add(Code.ILLEGAL_TRANSITION, 1, f"started in {event.to_state!r}, but {rules.ref} starts in "
+                                                   f"{rules.initial_state!r}")
+        if not rules.has_state(event.to_state):
+            self._stop()
+            return
+        linked = event if event.prev_hash == GENESIS_HASH else replace(event, prev_hash=GENESIS_HASH)
+        self.rules = rules
+        self.task = initial(rules, linked)
+
+    def _migrate(self, rules: Workflow, task: TaskState, event: Event) -> None:
+        """A `migrate` event: legal from where the task stood, and from here on judged by the version it names."""
+        data = event.data
+        state_map = data.get("state_map") or {}
+        if task.terminal:
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"a terminal task (in {task.state!r}) was migrated")
+        elif event.from_state != task.state:
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"migrated from {event.from_state!r}, but the task was "
+                                                           f"in {task.state!r}")
+        elif not isinstance(state_map, dict) or state_map.get(task.state) != event.to_state:
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"the migration's state map does not send "
+                                                           f"{task.state!r} to {event.to_state!r}")
+        if data.get("from") != rules.ref or data.get("from_digest") != rules.digest:
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"the migration says it left {data.get('from')!r}, the "
+                                                           f"task was on {rules.ref}")
+        version, digest = data.get("to_version"), data.get("to_digest")
+        if not isinstance(version, int) or not isinstance(digest, str):
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, "the migration does not name the version it moved to")
+            self._stop()
+            return
+        target = self._resolve(task.workflow, version, digest, event.seq)
+        if target is None:
+            self._stop()
+            return
+        self.rules = target
+        self.legal.clear()
+        self._fold(target, task, event)
+
+    def _fold(self, rules: Workflow, task: TaskState, event: Event) -> None:
+        """Apply the event as recorded, even after a finding, so later events are judged where the log says."""
+        if not rules.has_state(event.to_state):
+            self._stop()
+            return
+        if event.seq != task.seq + 1 or event.prev_hash != task.last_hash:
+            task = replace(task, seq=event.seq - 1, last_hash=event.prev_hash)
+        try:
+            self.task = apply(rules, task, event)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"its data does not hold what {event.trigger!r} "
+                                                           f"records ({type(exc).__name__}): the log cannot be "
+                                                           "followed further")
+            self._stop()
+
+    def snapshot(self, snapshot: Snapshot) -> None:
+        """Check a snapshot right after the event at its seq was fed."""
+        last = self.last
+        if last is None or last.seq != snapshot.seq:
+            self.add(Code.SNAPSHOT_MISMATCH, snapshot.seq, f"a snapshot at seq {snapshot.seq}, where the log "
+                                                             "has no event")
+            return
+        if snapshot.hash != last.hash:
+            self.add(Code.SNAPSHOT_MISMATCH, snapshot.seq, "the snapshot's hash is not the hash of the event at "
+                                                             "its seq")
+            return
+        task = self.task
+        if task is None or task.seq != snapshot.seq:
+            return  # the fold could not be followed here: the findings above say why
+        folded = canonical_json(task.to_doc())
+        if snapshot.doc == folded:
+            return
+        try:
+            same = json.loads(snapshot.doc) == json.loads(folded)
+        except ValueError:
+            same = False
+        if not same:
+            self.add(Code.SNAPSHOT_MISMATCH, snapshot.seq, "the snapshot's state differs from the fold of the "
+                                                             "events up to its seq")
+
+    def finish(self) -> ReplayReport:
+        """The report, once every event and snapshot was fed: the fold is compared with the task row."""
+        row = self.row
+        if self.count == 0:
+            self.add(Code.SEQ_GAP, 1, "the task has no events")
+        elif row is not None:
+            task, last = self.task, self.last
+            assert last is not None
+            folded: tuple[Any, ...]
+            stored: tuple[Any, ...]
+            if task is not None:
+                folded = (task.state, task.seq, task.last_hash, str(task.status), task.ref, task.digest)
+                stored = (row.state, row.seq, row.last_hash, row.status, self.ref, row.digest)
+            else:  # the fold was abandoned: what the last event says is still comparable
+                folded = (last.to_state, last.seq, last.hash)
+                stored = (row.state, row.seq, row.last_hash)
+            if folded != stored:
+                self.add(Code.STATE_MISMATCH, row.seq,
+                           f"the task row says {_head(stored)}, its events fold to {_head(folded)}")
+        return ReplayReport(self.task_id, self.ref, self.count, tuple(self.findings))
+
+
+def _head(values: tuple[Any, ...]) -> str:
+    """`state@seq (hash ..., status, on name@version digest ...)`: the parts a row and a fold can disagree on."""
+    text = f"{values[0]}@{values[1]} (hash {str(values[2])[:12]}"
+    return text + (f", {values[3]}, on {values[4]} digest {str(values[5])[:12]})" if len(values) > 3 else ")")
+
+
+def replay_stream(items: Iterable[TaskRow | Event | Snapshot], lookup: Lookup) -> Iterator[ReplayReport]:
+    """One report per task of a stream of task rows, each followed by its log (what `Store.audit_stream` reads)."""
+    check: LogCheck | None = None
+    for item in items:
+        if isinstance(item, Event):
+            if check is None:
+                check = LogCheck(None, lookup, item.task_id)
+            check.event(item)
+        elif isinstance(item, Snapshot):
+            if check is None:
+                check = LogCheck(None, lookup, item.task_id)
+            check.snapshot(item)
+        else:
+            if check is not None:
+                yield check.finish()
+            check = LogCheck(item, lookup)
+    if check is not None:
+        yield check.finish()

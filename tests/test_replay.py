@@ -1,0 +1,343 @@
+"""Replay on SQLite and PostgreSQL: an untampered log reports nothing; every kind of tampering is found with its
+code; the state as of every seq is the state that was live when that seq was written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Connection, create_engine, text
+
+from engine import Code, Engine, Refused, Registry, StaticRoles, Workflow
+from engine.canonical import GENESIS_HASH, canonical_json, now
+from engine.definition import CALL, RECONCILE
+from engine.events import seal
+from engine.fold import TaskState
+from engine.model import ScriptedModel
+from engine.replay import ReplayReport, illegal
+from engine.store import TaskRow
+from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
+
+MakeEngine = Callable[..., Engine]
+ORDER = {"customer": "c1", "balance": 500}
+
+
+@contextmanager
+def sql(url: str) -> Iterator[Connection]:
+    """A plain connection, as an insider with write access to the database would use one."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def refund_to_completion(eng: Engine) -> tuple[str, list[TaskState]]:
+    """refund@1: start, note, propose 300, approve, succeeded; the live state after every event."""
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    states = [eng.load(task_id)]
+    states.append(eng.fire(task_id, "note", {"note": "customer called"}, actor="model"))
+    states.append(eng.fire(task_id, "propose", {"amount": 300, "reason": "damaged"}, actor="model"))
+    states.append(eng.fire(task_id, "approve", {}, actor="dana"))
+    states.append(eng.transition(states[-1], "succeeded", {}, actor="tool-runner", system=True))
+    return task_id, states
+
+
+def codes(report: ReplayReport) -> list[str]:
+    return [str(f.code) for f in report.findings]
+
+
+def test_an_untampered_log_reports_nothing(make_engine: MakeEngine) -> None:
+    eng = make_engine(snapshot_every=2)
+    done, _ = refund_to_completion(eng)
+    counting = eng.start("counter", {}, actor="ann")
+    for n in range(25):
+        eng.fire(counting, "tick", {"n": n}, actor="model")
+    cancelled = eng.start("refund", ORDER, actor="ann")
+    eng.cancel(cancelled, actor="ann", reason="duplicate")
+    fresh = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    for task_id, events in ((done, 5), (counting, 26), (cancelled, 2), (fresh, 1)):
+        report = eng.replay(task_id)
+        assert (report.ok, report.findings, report.events, report.task_id) == (True, (), events, task_id)
+    assert eng.replay(counting).workflow == "counter@1"
+    assert len(eng.store.snapshots(counting)) == 13  # snapshots were there to check
+    reports = list(eng.replay_all())
+    assert sorted(r.task_id for r in reports) == sorted([done, counting, cancelled, fresh])
+    assert all(r.ok for r in reports)
+    assert [r.task_id for r in eng.replay_all(workflow="counter")] == [counting]
+
+
+def test_replay_all_pages_through_tasks_and_filters_by_change_time(eng: Engine) -> None:
+    ids = [eng.start("counter", {}, actor="ann") for _ in range(7)]
+    for task_id in ids[:3]:
+        eng.fire(task_id, "tick", {"n": 1}, actor="model")
+    items = list(eng.store.audit_stream(page_size=2))
+    rows = [i for i in items if isinstance(i, TaskRow)]
+    assert sorted(r.task_id for r in rows) == sorted(ids)
+    # every event follows its own task's row
+    owner = ""
+    for item in items:
+        if isinstance(item, TaskRow):
+            owner = item.task_id
+        else:
+            assert item.task_id == owner
+    newest = max(eng.store.row(t).updated_at for t in ids)  # type: ignore[union-attr]
+    assert [r.task_id for r in eng.replay_all(since=newest + timedelta(seconds=1))] == []
+    assert len(list(eng.replay_all(since=newest - timedelta(days=1)))) == 7
+
+
+def test_a_task_that_does_not_exist_is_refused(eng: Engine) -> None:
+    with pytest.raises(Refused) as refused:
+        eng.replay("no-such-task")
+    assert refused.value.code == Code.TASK_NOT_FOUND
+
+
+def test_edited_event_data_is_a_hash_mismatch_at_that_event(eng: Engine, db_url: str) -> None:
+    task_id, _ = refund_to_completion(eng)
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 3"),
+                     {"d": canonical_json({"args": {"amount": 30, "reason": "damaged"},
+                                           "guards": ["tests.sample_workflows.within_balance",
+                                                      "tests.sample_workflows.large_amount"]}),
+                      "t": task_id})
+    report = eng.replay(task_id)
+    assert [(str(f.code), f.seq) for f in report.findings] == [("HASH_MISMATCH", 3)]
+    assert "content" in report.findings[0].message
+
+
+def test_unreadable_event_data_is_reported_not_raised(eng: Engine, db_url: str) -> None:
+    task_id, _ = refund_to_completion(eng)
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE events SET data = '{not json' WHERE task_id = :t AND seq = 2"), {"t": task_id})
+    assert ("HASH_MISMATCH", 2) in [(str(f.code), f.seq) for f in eng.replay(task_id).findings]
+
+
+def test_a_deleted_event_is_a_seq_gap(eng: Engine, db_url: str) -> None:
+    task_id, _ = refund_to_completion(eng)
+    with sql(db_url) as conn:
+        conn.execute(text("DELETE FROM events WHERE task_id = :t AND seq = 3"), {"t": task_id})
+    report = eng.replay(task_id)
+    found = [(str(f.code), f.seq) for f in report.findings]
+    assert ("SEQ_GAP", 4) in found and ("HASH_MISMATCH", 4) in found  # the gap, and the broken link
+    assert report.events == 4
+
+
+def test_a_deleted_last_event_is_a_state_mismatch(eng: Engine, db_url: str) -> None:
+    task_id, _ = refund_to_completion(eng)
+    with sql(db_url) as conn:
+        conn.execute(text("DELETE FROM events WHERE task_id = :t AND seq = 5"), {"t": task_id})
+    assert codes(eng.replay(task_id)) == ["STATE_MISMATCH"]
+
+
+def test_a_task_without_events_is_a_seq_gap(eng: Engine, db_url: str) -> None:
+    task_id = eng.start("counter", {}, actor="ann")
+    with sql(db_url) as conn:
+        conn.execute(text("DELETE FROM events WHERE task_id = :t"), {"t": task_id})
+    assert codes(eng.replay(task_id)) == ["SEQ_GAP"]
+
+
+def test_two_swapped_events_are_found(eng: Engine, db_url: str) -> None:
+    task_id, _ = refund_to_completion(eng)
+    with sql(db_url) as conn:
+        params = {"t": task_id}
+        conn.execute(text("UPDATE events SET seq = -1 WHERE task_id = :t AND seq = 2"), params)
+        conn.execute(text("UPDATE events SET seq = 2 WHERE task_id = :t AND seq = 3"), params)
+        conn.execute(text("UPDATE events SET seq = 3 WHERE task_id = :t AND seq = -1"), params)
+    report = eng.replay(task_id)
+    found = {(str(f.code), f.seq) for f in report.findings}
+    assert {("HASH_MISMATCH", 2), ("HASH_MISMATCH", 3)} <= found
+    assert "ILLEGAL_TRANSITION" in codes(report)  # propose from assessing then note from awaiting_approval
+
+
+def test_a_changed_task_row_is_a_state_mismatch(eng: Engine, db_url: str) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann")
+    eng.fire(task_id, "propose", {"amount": 300, "reason": "damaged"}, actor="model")
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE tasks SET state = 'executing' WHERE task_id = :t"), {"t": task_id})
+    report = eng.replay(task_id)
+    assert [(str(f.code), f.seq) for f in report.findings] == [("STATE_MISMATCH", 2)]
+    assert "executing" in report.findings[0].message and "awaiting_approval" in report.findings[0].message
+
+
+def test_a_changed_snapshot_is_a_snapshot_mismatch(make_engine: MakeEngine, db_url: str) -> None:
+    eng = make_engine(snapshot_every=2)
+    task_id, _ = refund_to_completion(eng)
+    snapshot = next(s for s in eng.store.snapshots(task_id) if s.seq == 4)
+    doc = json.loads(snapshot.doc)
+    doc["facts"]["propose"]["amount"] = 3
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE snapshots SET doc = :d WHERE task_id = :t AND seq = 4"),
+                     {"d": canonical_json(doc), "t": task_id})
+    assert [(str(f.code), f.seq) for f in eng.replay(task_id).findings] == [("SNAPSHOT_MISMATCH", 4)]
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE snapshots SET doc = :d, hash = :h WHERE task_id = :t AND seq = 2"),
+                     {"d": snapshot.doc, "h": "f" * 64, "t": task_id})
+    assert {(str(f.code), f.seq) for f in eng.replay(task_id).findings} == {("SNAPSHOT_MISMATCH", 2),
+                                                                           ("SNAPSHOT_MISMATCH", 4)}
+
+
+def test_a_snapshot_only_reformatted_is_not_a_finding(make_engine: MakeEngine, db_url: str) -> None:
+    eng = make_engine(snapshot_every=2)
+    task_id, _ = refund_to_completion(eng)
+    snapshot = next(s for s in eng.store.snapshots(task_id) if s.seq == 2)
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE snapshots SET doc = :d WHERE task_id = :t AND seq = 2"),
+                     {"d": json.dumps(json.loads(snapshot.doc), indent=1), "t": task_id})
+    assert eng.replay(task_id).ok
+
+
+def test_a_definition_changed_without_a_new_version_is_found(db_url: str, eng: Engine) -> None:
+    task_id, _ = refund_to_completion(eng)
+    edited = Workflow(name="refund", version=1, input=OrderInput, states=refund_states(),
+                      description="edited in place, same version")
+    with Engine(db_url, Registry([edited, REFUND_V2, COUNTER]), authoriser=StaticRoles(ROLES)) as later:
+        report = later.replay(task_id)
+    assert [(str(f.code), f.seq) for f in report.findings] == [("DEFINITION_CHANGED", 1)]
+    assert REFUND_V1.digest[:12] in report.findings[0].message
+
+
+def test_a_definition_no_longer_defined_is_found(db_url: str, eng: Engine) -> None:
+    task_id, _ = refund_to_completion(eng)
+    with Engine(db_url, Registry([REFUND_V2]), authoriser=StaticRoles(ROLES)) as later:
+        report = later.replay(task_id)
+    assert [(str(f.code), f.seq) for f in report.findings] == [("DEFINITION_MISSING", 1)]
+    # the chain is still checked without the definition
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 4"), {"t": task_id})
+    with Engine(db_url, Registry([REFUND_V2]), authoriser=StaticRoles(ROLES)) as later:
+        assert codes(later.replay(task_id)) == ["DEFINITION_MISSING", "HASH_MISMATCH"]
+
+
+def forge(eng: Engine, task_id: str, *, trigger: str, to_state: str, data: dict[str, Any] | None = None,
+          status: str = "runnable") -> None:
+    """Append an event with a valid hash and move the row to it: an insider who can recompute the chain."""
+    row = eng.store.row(task_id)
+    assert row is not None
+    last = eng.history(task_id)[-1]
+    event = seal(task_id=task_id, seq=row.seq + 1, at=last.at + timedelta(seconds=1), actor="mallory",
+                 from_state=row.state, trigger=trigger, to_state=to_state, data=data or {}, prev_hash=row.last_hash)
+    eng.store.append(task_id, row.seq, [event], status=status)
+
+
+def test_a_transition_the_definition_does_not_allow_is_illegal(eng: Engine) -> None:
+    skipped = eng.start("refund", ORDER, actor="ann", version=1)
+    forge(eng, skipped, trigger="approve", to_state="executing")  # no proposal, no approval state
+    report = eng.replay(skipped)
+    assert [(str(f.code), f.seq) for f in report.findings] == [("ILLEGAL_TRANSITION", 2)]
+    assert "not allowed in state 'assessing'" in report.findings[0].message
+
+    rerouted = eng.start("refund", ORDER, actor="ann", version=1)
+    forge(eng, rerouted, trigger="give_up", to_state="completed", status="terminal")
+    assert "leads to rejected" in eng.replay(rerouted).findings[0].message
+
+    unguarded = eng.start("refund", ORDER, actor="ann", version=1)  # a large amount sent to auto_refund
+    forge(eng, unguarded, trigger="propose", to_state="auto_refund", data={"args": {"amount": 400, "reason": "x"}})
+    report = eng.replay(unguarded)
+    assert codes(report) == ["ILLEGAL_TRANSITION"] and "guards" in report.findings[0].message
+
+    revived, _ = refund_to_completion(eng)
+    forge(eng, revived, trigger="cancel", to_state="cancelled", data={"args": {"reason": "x"}}, status="terminal")
+    assert "terminal state 'completed'" in eng.replay(revived).findings[0].message
+
+
+def test_illegal_is_a_pure_check_of_the_definition() -> None:
+    task = TaskState("t", "refund", 1, REFUND_V1.digest, "assessing", REFUND_V1.status_of("assessing"), 1,
+                     GENESIS_HASH, ORDER)
+    guards = ["tests.sample_workflows.within_balance", "tests.sample_workflows.small_amount"]
+    ok = seal(task_id="t", seq=2, at=now(), actor="m", from_state="assessing", trigger="propose",
+              to_state="auto_refund", data={"args": {"amount": 5, "reason": "x"}, "guards": guards},
+              prev_hash=GENESIS_HASH)
+    assert illegal(REFUND_V1, task, ok) is None
+    assert illegal(REFUND_V1, task, replace(ok, from_state="needs_human")) is not None
+    assert illegal(REFUND_V1, task, replace(ok, data={**ok.data, "guards": guards[:1]})) is not None
+    assert illegal(REFUND_V1, task, replace(ok, trigger="cancel", to_state="cancelled", data={})) is None
+
+
+def test_a_scripted_agent_run_with_repairs_replays_clean(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    call = {"tool_calls": [{"name": "propose", "arguments": {"amount": 9_000, "reason": "x"}}]}
+    model = ScriptedModel([{"text": "I would refund."}, call,
+                           {"tool_calls": [{"name": "propose", "arguments": {"amount": 40, "reason": "x"}}]}],
+                          profile="anthropic")
+    eng.run(task_id, model=model)  # the tool state's tool is not in a catalog: it fails, the task waits
+    assert [e.trigger for e in eng.history(task_id)] == ["start", "repair", "repair", "propose", "failed"]
+    assert eng.replay(task_id).ok
+
+
+def test_as_of_every_seq_is_the_state_that_was_live_then(make_engine: MakeEngine) -> None:
+    eng = make_engine(snapshot_every=2)
+    task_id, live = refund_to_completion(eng)
+    for state in live:
+        assert eng.as_of(task_id, state.seq) == state
+    assert eng.as_of(task_id) == live[-1]
+    events = eng.history(task_id)
+    for event in events:
+        assert eng.as_of(task_id, at=event.at).seq == event.seq
+    assert eng.as_of(task_id, at=events[2].at + timedelta(microseconds=1)).seq == 3
+    with pytest.raises(ValueError, match="no event at or before"):
+        eng.as_of(task_id, at=events[0].at - timedelta(seconds=1))
+    with pytest.raises(ValueError, match="no seq 9"):
+        eng.as_of(task_id, 9)
+
+
+# -- random valid runs ---------------------------------------------------------------------------------------
+ACTOR_FOR_ROLE = {"approver": "dana", "operator": "olga", None: "model"}
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+PAYLOADS: dict[str, Callable[[Draw, TaskState], dict[str, Any] | None]] = {
+    "propose": lambda draw, t: {"amount": draw(st.integers(1, 600)), "reason": "r"},
+    "note": lambda draw, t: {"note": draw(st.sampled_from(["a", "b"]))},
+    "reject": lambda draw, t: {"note": "no"},
+    "close": lambda draw, t: {"note": "done"},
+    "tick": lambda draw, t: {"n": draw(st.integers(0, 9))},
+    "decide": lambda draw, t: {"ticket_id": t.input["ticket_id"],
+                               "decision": draw(st.sampled_from(["ESCALATE", "RESOLVE", "REQUEST_INFO"])),
+                               "reason": "r"},
+    "cancel": lambda draw, t: {"reason": "stop"},
+}
+NOT_RANDOM = {CALL, RECONCILE}  # tool protocol steps carry the intent they record; covered by the shop test
+
+
+def random_run(draw: Draw, eng: Engine) -> tuple[str, list[TaskState]]:
+    workflow = draw(st.sampled_from(["refund@1", "refund@2", "counter@1", "triage@1"]))
+    name, version = workflow.split("@")
+    payload = {"refund": ORDER, "counter": {}, "triage": {"ticket_id": "T-7"}}[name]
+    task_id = eng.start(name, payload, actor="ann", version=int(version))
+    live = [eng.load(task_id)]
+    for _ in range(draw(st.integers(0, 12))):
+        task = live[-1]
+        if task.terminal:
+            break
+        definition = eng.definition_of(task)
+        trigger = draw(st.sampled_from([t for t in definition.triggers(task.state, system=True)
+                                        if t not in NOT_RANDOM]))
+        action = definition.candidates(task.state, trigger)[0]
+        make = PAYLOADS.get(trigger)
+        try:
+            after = eng.transition(task, trigger, make(draw, task) if make else None,
+                                   actor=ACTOR_FOR_ROLE.get(action.role, "model"), system=action.system)
+        except Refused as refusal:  # a guard said no: nothing was written, the run goes on
+            assert refusal.code == Code.DOMAIN_INVALID
+            continue
+        live.append(after)
+    return task_id, live
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_valid_runs_replay_clean_and_as_of_matches_live(make_engine: MakeEngine, data: st.DataObject) -> None:
+    eng = make_engine(snapshot_every=3)
+    task_id, live = random_run(data.draw, eng)
+    report = eng.replay(task_id)
+    assert report.ok, report.findings
+    assert report.events == live[-1].seq
+    for state in live:
+        assert eng.as_of(task_id, state.seq) == state
