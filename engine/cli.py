@@ -348,6 +348,27 @@ def cancel(
     _fire_command(lambda e: e.cancel(task_id, actor=actor, reason=reason), as_json)
 
 
+@app.command("migrate")
+def migrate(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    to_version: Annotated[int, typer.Option("--to-version", help="The version to move the task to.")],
+    state_map: Annotated[
+        list[str], typer.Option("--map", help="OLD=NEW: where a task in state OLD goes (repeat; only these move).")
+    ],
+    actor: ActorOpt,
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Move an in-flight task to another version of its workflow; one `migrate` event records who and why."""
+    mapping: dict[str, str] = {}
+    for item in state_map:
+        old, sep, new = item.partition("=")
+        if not sep or not old.strip() or not new.strip():
+            raise typer.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--map")
+        mapping[old.strip()] = new.strip()
+    _fire_command(lambda e: e.migrate(task_id, to_version, mapping, actor=actor, reason=reason), as_json)
+
+
 @app.command("approvals")
 def approvals(
     role: Annotated[str | None, typer.Option("--role", help="Only decisions this role may take.")] = None,
@@ -756,11 +777,15 @@ def providers(as_json: JsonFlag = False) -> None:
 
 
 @app.command("demo")
-def demo() -> None:
-    """Walk the example workflow through its paths and refusals on RAILYARD_DATABASE_URL."""
-    from engine.demo import run_demo
+def demo(
+    model: Annotated[
+        str | None, typer.Option("--model", help="openai:MODEL or anthropic:MODEL instead of the scripted answers.")
+    ] = None,
+) -> None:
+    """Run the reference workflows' three scenarios on RAILYARD_DATABASE_URL, step by step, then replay them."""
+    from workflows.demo import run_demo
 
     try:
-        run_demo(config.database_url(), out)
+        run_demo(config.database_url(), out, model=model)
     except RailyardError as error:
         _fail(error)

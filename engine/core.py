@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from engine import config
 from engine.canonical import GENESIS_HASH, canonical_json, now
 from engine.decide import Decision, decide, validate_payload
-from engine.definition import CANCEL, START, StateKind, Workflow
+from engine.definition import CANCEL, MIGRATE, START, StateKind, Workflow
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, Refused
 from engine.events import Event, seal
 from engine.fold import TaskState, apply, fold
@@ -333,14 +333,51 @@ class Engine:
                 last = conflict
         raise last
 
+    def migrate(self, task_id: str, to_version: int, state_map: Mapping[str, str], actor: str,
+                reason: str) -> TaskState:
+        """Move an in-flight task to another version of its workflow: one `migrate` event, actor and reason kept.
+
+        Only a task whose current state is a key of `state_map` moves, to the state it maps to
+        (which must exist in `to_version`). Everything the task accumulated (input, facts, the
+        prepared call, budgets) carries over; replay checks the events before the migration against
+        the old version and those after it against the new one.
+        """
+        _check_actor(actor)
+        task = self.load(task_id)
+        source = self.definition_of(task)
+        target = self.registry.get(task.workflow, to_version)
+        problem = migration_problem(source, target, task, state_map, reason)
+        if problem is not None:
+            raise Refused(f"cannot migrate {task.ref} to {target.ref}: {problem}", code=Code.MIGRATION_INVALID,
+                          task_id=task_id, state=task.state)
+        event = seal(
+            task_id=task_id,
+            seq=task.seq + 1,
+            at=now(),
+            actor=actor,
+            from_state=task.state,
+            trigger=MIGRATE,
+            to_state=state_map[task.state],
+            data={"from": source.ref, "to": target.ref, "from_digest": source.digest, "to_version": target.version,
+                  "to_digest": target.digest, "state_map": dict(state_map), "reason": reason},
+            prev_hash=task.last_hash,
+        )
+        after = apply(target, task, event)
+        self.store.repin(task_id, task.seq, event, version=target.version, digest=target.digest,
+                         status=str(after.status), next_run_at=next_run_at(target, after.state, event.at))
+        if transitions_log.isEnabledFor(logging.INFO):
+            _log_transition(event, 0.0)
+        return after
+
     # -- queries --------------------------------------------------------
     def load(self, task_id: str) -> TaskState:
         """The task's state: the newest snapshot plus the events after it, checked against the task row."""
         loaded = self.store.load(task_id)
         if loaded is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
-        definition = self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
-        return self._fold_checked(definition, loaded)
+        # The version the task runs on now must be loadable before anything else is read.
+        self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
+        return self._fold_checked(loaded)
 
     def get(self, task_id: str) -> TaskView:
         return self.view(self.load(task_id))
@@ -415,7 +452,8 @@ class Engine:
             )
         return definition
 
-    def _fold_checked(self, definition: Workflow, loaded: Loaded) -> TaskState:
+    def _fold_checked(self, loaded: Loaded) -> TaskState:
+        """Fold from the snapshot (or from zero), each event under the version the task was on when it was written."""
         row = loaded.row
         if loaded.snapshot is not None:
             try:
@@ -423,9 +461,8 @@ class Engine:
                 if (start.task_id, start.seq, start.last_hash) != (row.task_id, loaded.snapshot.seq,
                                                                     loaded.snapshot.hash):
                     raise IntegrityError("snapshot header disagrees with its row", code=Code.SNAPSHOT_MISMATCH)
-                task = start
-                for event in loaded.events:
-                    task = apply(definition, task, event)
+                task = fold(self._definition(start.workflow, start.version, start.digest), loaded.events, start,
+                            resolve=self._definition)
                 if _matches(task, row):
                     return task
                 log.warning("task %s: snapshot at seq %s does not lead to the task row; folding from zero",
@@ -436,7 +473,7 @@ class Engine:
             events: list[Event] = self.store.events(row.task_id, 0, row.seq)
         else:
             events = loaded.events
-        task = fold(definition, events)
+        task = fold(self._definition(*pinned_at_start(row.workflow, events)), events, resolve=self._definition)
         if not _matches(task, row):
             raise IntegrityError(
                 f"task {row.task_id}: row says {row.state}@{row.seq}, its events fold to {task.state}@{task.seq}",
@@ -466,9 +503,42 @@ def _comment_payload(args: type[BaseModel] | None, comment: str) -> dict[str, An
     return {}
 
 
+def migration_problem(source: Workflow, target: Workflow, task: TaskState, state_map: Mapping[str, str],
+                      reason: str) -> str | None:
+    """Why this migration may not happen, or None: a pure check, so the CLI and API refuse alike."""
+    if target.version == source.version:
+        return "the task is already on that version"
+    if task.terminal:
+        return f"the task has ended (in {task.state!r})"
+    if not isinstance(reason, str) or not reason.strip():
+        return "a reason is required"
+    unknown_from = sorted(name for name in state_map if not source.has_state(name))
+    unknown_to = sorted(name for name in state_map.values() if not target.has_state(name))
+    if unknown_from:
+        return f"the map names states {source.ref} does not have: {', '.join(unknown_from)}"
+    if unknown_to:
+        return f"the map targets states {target.ref} does not have: {', '.join(unknown_to)}"
+    if task.state not in state_map:
+        return f"the task is in {task.state!r}, which the map does not name: only mapped states move"
+    return None
+
+
 def _matches(task: TaskState, row: TaskRow) -> bool:
-    return (task.state, task.seq, task.last_hash, str(task.status)) == (
-        row.state, row.seq, row.last_hash, row.status)
+    return (task.state, task.seq, task.last_hash, str(task.status), task.version, task.digest) == (
+        row.state, row.seq, row.last_hash, row.status, row.version, row.digest)
+
+
+def pinned_at_start(workflow: str, events: list[Event]) -> tuple[str, int, str]:
+    """(name, version, digest) the task started on, as its `start` event recorded them."""
+    if not events:
+        raise IntegrityError("a task without events", code=Code.SEQ_GAP)
+    data = events[0].data
+    ref = str(data.get("workflow", ""))
+    name, _, version = ref.rpartition("@")
+    if name != workflow or not version.isdigit() or not isinstance(data.get("digest"), str):
+        raise IntegrityError(f"the start event names {ref!r}, not a version of {workflow}",
+                             code=Code.STATE_MISMATCH, task_id=events[0].task_id)
+    return name, int(version), data["digest"]
 
 
 def _check_actor(actor: str) -> None:

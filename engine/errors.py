@@ -66,6 +66,8 @@ class Code(StrEnum):
     APPROVAL_STALE = "APPROVAL_STALE"
     APPROVAL_FORBIDDEN = "APPROVAL_FORBIDDEN"
     TASK_NOT_AWAITING_APPROVAL = "TASK_NOT_AWAITING_APPROVAL"
+    # Definition versions
+    MIGRATION_INVALID = "MIGRATION_INVALID"
     # Configuration and callers
     CONFIG_INVALID = "CONFIG_INVALID"
     ACTOR_REQUIRED = "ACTOR_REQUIRED"
@@ -163,6 +165,10 @@ CODE_REFERENCE: dict[Code, str] = {
         "The approver lacks the role, or is the actor who started or proposed the task (separation of duties)."
     ),
     Code.TASK_NOT_AWAITING_APPROVAL: "The task is not in an approval state (already decided, cancelled, or elsewhere).",
+    Code.MIGRATION_INVALID: (
+        "A migration to another version was refused: the same version, a state map naming states that do not "
+        "exist, the task's current state not in the map, a terminal task, or no reason given."
+    ),
     Code.CONFIG_INVALID: "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
     Code.ACTOR_REQUIRED: "Every write names the actor who made it; an empty or over-long actor is refused.",
     Code.LEASE_LOST: (

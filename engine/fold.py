@@ -7,12 +7,12 @@ from zero. Both use `apply`, so they cannot disagree about what an event means.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
-from engine.definition import CALL, START, Status, Workflow
+from engine.definition import CALL, MIGRATE, START, Status, Workflow
 from engine.errors import Code, IntegrityError
 from engine.events import Event
 from engine.visit import next_visit
@@ -151,7 +151,10 @@ def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
     prepared, prepared_by = task.prepared, task.prepared_by
     if "prepared" in event.data:
         prepared, prepared_by = event.data["prepared"], event.actor
-    return TaskState(task.task_id, task.workflow, task.version, task.digest, event.to_state,
+    version, digest = task.version, task.digest
+    if event.trigger == MIGRATE:  # from here on the task is pinned to the version the event names
+        version, digest = definition.version, definition.digest
+    return TaskState(task.task_id, task.workflow, version, digest, event.to_state,
                      definition.status_of(event.to_state), event.seq, event.hash, task.input, facts, visit,
                      task.started_by, prepared, prepared_by, count_usage(task.usage, event))
 
@@ -168,14 +171,36 @@ def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
     return usage
 
 
-def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None = None) -> TaskState:
-    """Fold `events` onto `start` (a snapshot), or from the `start` event when there is none."""
+#: The definition a task is pinned to, by (name, version, digest); refuses DEFINITION_MISSING / _CHANGED.
+Resolve = Callable[[str, int, str], Workflow]
+
+
+def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None = None,
+         resolve: Resolve | None = None) -> TaskState:
+    """Fold `events` onto `start` (a snapshot), or from the `start` event when there is none.
+
+    `definition` is the version the first event is folded with; a `migrate` event switches to the
+    version it names, found with `resolve` (without one, a migrated log cannot be folded).
+    """
     task = start
     for event in events:
-        task = initial(definition, event) if task is None else apply(definition, task, event)
+        if task is None:
+            task = initial(definition, event)
+            continue
+        if event.trigger == MIGRATE:
+            definition = migration_target(task, event, resolve)
+        task = apply(definition, task, event)
     if task is None:
         raise IntegrityError("no events to fold", code=Code.SEQ_GAP)
     return task
+
+
+def migration_target(task: TaskState, event: Event, resolve: Resolve | None) -> Workflow:
+    """The definition a `migrate` event moves the task to (its data names version and digest)."""
+    if resolve is None:
+        raise IntegrityError(f"task {task.task_id}: event {event.seq} migrates the task, and no definitions "
+                             "were given to follow it", code=Code.DEFINITION_MISSING, task_id=task.task_id)
+    return resolve(task.workflow, int(event.data["to_version"]), str(event.data["to_digest"]))
 
 
 def call_key(prepared: dict[str, Any]) -> str:

@@ -13,6 +13,12 @@ config = context.config
 target_metadata = metadata
 
 
+def _ours(name: str | None, type_: str, _parents: object) -> bool:
+    """Compare only Railyard's tables: others in the same database (the reference fakes' `fake_*` tables, an
+    application's own) are not Railyard's to create or drop, so `alembic check` must not report them."""
+    return type_ != "table" or name in target_metadata.tables
+
+
 def _url() -> str:
     return normalize_url(config.attributes.get("railyard_url") or railyard_config.database_url())
 
@@ -49,6 +55,7 @@ def _run(connection: object) -> None:
         target_metadata=target_metadata,
         render_as_batch=_url().startswith("sqlite"),
         compare_type=True,
+        include_name=_ours,
     )
     with context.begin_transaction():
         context.run_migrations()

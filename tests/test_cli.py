@@ -169,8 +169,8 @@ def test_demo_runs_on_a_fresh_database(tmp_path: Path) -> None:
         done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr
-    assert "DOMAIN_INVALID" in done.stdout and "FORBIDDEN" in done.stdout
-    assert "hash chain verified" in done.stdout
+    assert "DOMAIN_INVALID" in done.stdout and "APPROVAL_FORBIDDEN" in done.stdout
+    assert "killed by SIGKILL" in done.stdout and "verified" in done.stdout and "railyard history" in done.stdout
 
 
 def test_run_drives_an_agent_state_with_a_scripted_model(cli_env: str, tmp_path: Path) -> None:

@@ -51,3 +51,24 @@ TICKET_DOUBLE_CHARGE: dict[str, Any] = {"profile": "anthropic", "model": "script
               reason="Duplicate card charge: billing must reverse one of them."),
     ],
 }}
+
+
+#: Start `refund` with `REFUND_WRONG_ITEM_INPUT` and answer with `refund_wrong_item(version)`: O-1002 arrived in
+#: the wrong colour; the model refunds its whole remaining balance (25.00 EUR of 45.00, so refund@2 wants a
+#: category) at the first try. The demo's crash scenario pays it.
+REFUND_WRONG_ITEM_INPUT: dict[str, Any] = {
+    "customer_id": "C-100", "message": "You sent the blue one, I ordered black. Refund what is left, please.",
+    "order_id": "O-1002",
+}
+
+
+def refund_wrong_item(version: int = 2) -> dict[str, Any]:
+    extra = {"category": "wrong_item"} if version >= 2 else {}
+    return {"profile": "anthropic", "model": "scripted-clerk", "by_state": {
+        "collecting_information": [
+            _call("query_order", order_id="O-1002"),
+            _call("assess_eligibility", order_id="O-1002", finding="Wrong colour delivered: photo EV-3."),
+        ],
+        "eligible": [_call("propose_refund", order_id="O-1002", amount=2_500, currency="EUR",
+                           reason="Wrong item delivered.", evidence_ids=["EV-3"], **extra)],
+    }}

@@ -112,6 +112,23 @@ class Store:
             conn.execute(insert(tasks).values(**_row_values(row)))
             conn.execute(insert(events).values(**_event_values(first)))
 
+    def repin(self, task_id: str, expected_seq: int, event: Event, *, version: int, digest: str, status: str,
+              next_run_at: datetime | None) -> None:
+        """Append a `migrate` event and pin the task row to another version, in one transaction (or neither).
+
+        Rare (an operator's command), so plain SQLAlchemy; conflicts like `append` when the task moved.
+        """
+        with self._errors(), self._writer() as conn:
+            moved = conn.execute(
+                update(tasks).where(tasks.c.task_id == task_id, tasks.c.seq == expected_seq)
+                .values(seq=event.seq, state=event.to_state, status=status, last_hash=event.hash, updated_at=now(),
+                        next_run_at=next_run_at, version=version, digest=digest)
+            )
+            if moved.rowcount != 1:
+                found = conn.execute(select(tasks.c.seq, tasks.c.lease_epoch).where(tasks.c.task_id == task_id))
+                raise _conflict(task_id, expected_seq, None, found.first())
+            conn.execute(insert(events).values(**_event_values(event)))
+
     def append(
         self,
         task_id: str,

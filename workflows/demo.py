@@ -1,0 +1,277 @@
+"""`railyard demo`: the reference workflows on their showcase paths, printed step by step.
+
+Three scenarios against the fakes (orders, payments, tickets) in the demo's own
+database: (1) a refund through a read tool, an amount the guard refuses and the
+model repairs, an approval, and one payment; (2) a ticket whose model answers in
+prose until the forcing ladder gets a `TicketDecision` out of it; (3) a worker
+process killed after the payment provider acted, and another worker that
+reconciles instead of paying again. Then every demo task is replayed and the
+refund's route is drawn. No provider is called unless `--model` names one; the
+scripted answers walk the same engine paths (forcing, repair, approval) a real
+model gets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from engine.audit import path_visits
+from engine.core import Engine
+from engine.errors import RailyardError
+from engine.events import Event
+from engine.fold import TaskState
+from engine.model import ScriptedModel, adapter_from_spec
+from engine.model.types import ModelAdapter
+from engine.registry import Registry
+from engine.roles import StaticRoles
+from engine.worker import Worker
+from workflows import fakes
+from workflows.refund_tools import SETTLE_SECONDS
+from workflows.scripts import (
+    REFUND_DAMAGED_ORDER_INPUT,
+    REFUND_WRONG_ITEM_INPUT,
+    TICKET_DOUBLE_CHARGE,
+    TICKET_DOUBLE_CHARGE_INPUT,
+    refund_damaged_order,
+    refund_wrong_item,
+)
+
+#: The demo's trusted context: who holds which role (a deployment reads RAILYARD_ROLES_FILE instead).
+DEMO_ROLES = {"dana": {"refund_approver"}, "sam": {"support_agent"}}
+#: The killed worker's lease: short, so the demo need not wait long for it to run out.
+CRASH_LEASE_SECONDS = 2
+
+
+class Demo:
+    """One run of the three scenarios on `engine`, printing to `console`."""
+
+    def __init__(self, engine: Engine, console: Console, database_url: str, model: ModelAdapter | None) -> None:
+        self.engine = engine
+        self.console = console
+        self.database_url = database_url
+        self.model = model
+        self.books = fakes.systems(database_url)
+
+    # -- printing -------------------------------------------------------
+    def show_events(self, task_id: str, after_seq: int) -> None:
+        for event in self.engine.store.events(task_id, after_seq=after_seq):
+            self.console.print(f"   {event.seq:>2} {_arrow(event)}  {_note(event)}", highlight=False)
+
+    def advance(self, task_id: str, label: str, action: Callable[[], Any]) -> Any:
+        """Run `action`, then print the events it appended (or the refusal and the untouched log)."""
+        before = self.engine.get(task_id).seq
+        self.console.print(f"[bold]{label}[/]")
+        try:
+            result = action()
+        except RailyardError as refusal:
+            after = self.engine.get(task_id).seq
+            self.console.print(f"   [red]refused[/] {refusal.code}: {refusal.message}"
+                               f"\n   the log is unchanged (seq {before} -> {after})", highlight=False)
+            return None
+        self.show_events(task_id, before)
+        return result
+
+    def model_for(self, script: dict[str, Any]) -> ModelAdapter:
+        return self.model if self.model is not None else ScriptedModel(script)
+
+    # -- scenarios ------------------------------------------------------
+    def refund(self) -> str:
+        self.console.rule("1. A refund: read tool, a refused amount repaired, approval, paid once")
+        engine = self.engine
+        task_id = engine.start("refund", REFUND_DAMAGED_ORDER_INPUT, actor="portal")
+        view = engine.get(task_id)
+        self.console.print(f"the customer portal starts [bold]{task_id}[/] on {view.workflow}@{view.version}: "
+                           f"\"{REFUND_DAMAGED_ORDER_INPUT['message']}\"", highlight=False)
+        version = view.version
+        task: TaskState | None = self.advance(task_id, "the agent works the case (model turns and the order lookup)",
+                                              lambda: engine.run(task_id, model=self.model_for(
+                                                  refund_damaged_order(version))))
+        if task is None or task.state != "awaiting_approval":
+            self.console.print(f"   the model left the task in {engine.get(task_id).state}; no approval to give")
+            return task_id
+        prepared = engine.load(task_id).prepared or {}
+        self.console.print(f"   awaiting approval: {prepared.get('tool')} {_money(prepared.get('arguments', {}))} "
+                           f"(action {str(prepared.get('action_id'))[:8]}, digest {str(prepared.get('digest'))[:12]})",
+                           highlight=False)
+        self.advance(task_id, "bob, who does not hold refund_approver, tries to approve",
+                     lambda: engine.approve(task_id, actor="bob", prepared_digest=prepared.get("digest")))
+        self.advance(task_id, "dana (refund_approver) approves what she was shown",
+                     lambda: engine.approve(task_id, actor="dana", prepared_digest=prepared.get("digest"),
+                                            comment="Photos match the claim."))
+        self.advance(task_id, "the engine executes the approved call", lambda: engine.run(task_id))
+        paid = self.books.payments.executions().get(str(prepared.get("action_id")), 0)
+        self.console.print(f"   the payment provider's books: action {str(prepared.get('action_id'))[:8]} "
+                           f"executed [bold]{paid}[/] time(s)", highlight=False)
+        return task_id
+
+    def ticket(self) -> str:
+        self.console.rule("2. A ticket: prose forced into a TicketDecision")
+        engine = self.engine
+        task_id = engine.start("ticket_triage", TICKET_DOUBLE_CHARGE_INPUT, actor="helpdesk")
+        ticket = TICKET_DOUBLE_CHARGE_INPUT["ticket_id"]
+        self.console.print(f"the helpdesk starts [bold]{task_id}[/] for ticket {ticket}", highlight=False)
+        self.advance(task_id, "the agent reads the ticket (phone, id number and notes withheld) and decides",
+                     lambda: engine.run(task_id, model=self.model_for(TICKET_DOUBLE_CHARGE)))
+        self.console.print(f"   the ticket is now in [cyan]{engine.get(task_id).state}[/]")
+        return task_id
+
+    def crash(self) -> str:
+        self.console.rule("3. A worker killed mid-refund; another resumes it without paying twice")
+        engine = self.engine
+        task_id = engine.start("refund", REFUND_WRONG_ITEM_INPUT, actor="portal")
+        version = engine.get(task_id).version
+        engine.run(task_id, model=ScriptedModel(refund_wrong_item(version)))
+        prepared = engine.load(task_id).prepared or {}
+        engine.approve(task_id, actor="dana", prepared_digest=prepared.get("digest"), comment="Wrong colour.")
+        action_id = str(prepared.get("action_id"))
+        self.console.print(f"[bold]{task_id}[/] is approved: {_money(prepared.get('arguments', {}))}, action "
+                           f"{action_id[:8]}", highlight=False)
+        self.books.arm("payments.refund", "crash_after")
+        self.console.print("[bold]a `railyard worker` process claims it; it is killed (SIGKILL) right after the "
+                           "provider paid, before the outcome is recorded[/]")
+        before = engine.get(task_id).seq
+        returncode = self._run_doomed_worker()
+        killed = "killed by SIGKILL" if returncode == -signal.SIGKILL else f"exit status {returncode}"
+        self.console.print(f"   the worker process ended: {killed}")
+        self.show_events(task_id, before)
+        row = engine.store.row(task_id)
+        self.console.print(f"   the log ends on the recorded intent; the lease still names "
+                           f"{row.lease_owner if row else None}; the provider paid "
+                           f"{self.books.payments.executions().get(action_id, 0)} time(s)", highlight=False)
+        wait = CRASH_LEASE_SECONDS + SETTLE_SECONDS
+        self.console.print(f"[bold]another worker, {wait:.0f} s later (the lease ran out; a stranded call gets "
+                           f"{SETTLE_SECONDS:.0f} s to settle)[/]")
+        time.sleep(wait)
+        before = engine.get(task_id).seq
+        Worker(engine, name="demo-worker-2", listen=False).run_once()
+        self.show_events(task_id, before)
+        paid = self.books.payments.executions().get(action_id, 0)
+        self.console.print(f"   [cyan]{engine.get(task_id).state}[/]; the provider's books: action {action_id[:8]} "
+                           f"executed [bold]{paid}[/] time(s)", highlight=False)
+        return task_id
+
+    def _run_doomed_worker(self) -> int:
+        exe = Path(sys.executable).with_name("railyard")
+        command = [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
+        env = {**os.environ, "RAILYARD_DATABASE_URL": self.database_url}
+        done = subprocess.run([*command, "worker", "--once", "--workflows", "refund", "--lease-seconds",
+                               str(CRASH_LEASE_SECONDS)], env=env, capture_output=True, text=True, timeout=120)
+        return done.returncode
+
+    # -- audit ----------------------------------------------------------
+    def audit(self, task_ids: list[str]) -> None:
+        self.console.rule("Replay: every demo task, checked from its log without calling a model or a tool")
+        table = Table()
+        for column in ("task", "workflow", "events", "verdict"):
+            table.add_column(column)
+        for task_id in task_ids:
+            report = self.engine.replay(task_id)
+            verdict = "[green]verified[/]" if report.ok else f"[red]{', '.join(report.codes)}[/]"
+            table.add_row(task_id, report.workflow, str(report.events), verdict)
+        self.console.print(table)
+
+    def route(self, task_id: str) -> None:
+        task = self.engine.load(task_id)
+        definition = self.engine.definition_of(task)
+        visits, current = path_visits(self.engine.history(task_id))
+        diagram = definition.machine.graph("mermaid", current=current, visits=visits)
+        self.console.print(Panel(route_only(diagram), title=f"railyard graph refund --task {task_id} "
+                                                            "(the route taken; the command prints every state)"))
+
+
+@dataclass(frozen=True)
+class DemoTasks:
+    """The tasks one run created, so a test can check their logs instead of the printed text."""
+
+    refund: str
+    ticket: str
+    crashed_refund: str
+
+
+def run_demo(database_url: str, console: Console, model: str | None = None) -> DemoTasks:
+    fakes.bind(database_url)
+    fakes.systems(database_url).reset()
+    registry = Registry.from_env()
+    adapter = adapter_from_spec(model) if model else None
+    console.print(Panel.fit(
+        f"[bold]Railyard demo[/] on {database_url}\n"
+        f"workflows: {', '.join(w.ref for w in registry)}\n"
+        f"model: {model or 'scripted (no provider called)'}; roles: dana = refund_approver",
+    ))
+    started = time.monotonic()
+    with Engine(database_url, registry, authoriser=StaticRoles(DEMO_ROLES)) as engine:
+        demo = Demo(engine, console, database_url, adapter)
+        refund = demo.refund()
+        ticket = demo.ticket()
+        crashed = demo.crash()
+        demo.audit([refund, ticket, crashed])
+        demo.route(refund)
+    console.print(f"done in {time.monotonic() - started:.1f} s. Look further:\n"
+                  f"  railyard history {refund}\n"
+                  f"  railyard show {refund} --as-of 7\n"
+                  "  railyard approvals\n"
+                  f"  railyard graph refund --task {refund} --format dot\n"
+                  "  railyard replay --all\n"
+                  f"  railyard export {crashed} > refund.jsonl && railyard verify-export refund.jsonl",
+                  highlight=False)
+    return DemoTasks(refund, ticket, crashed)
+
+
+def route_only(mermaid: str) -> str:
+    """The Mermaid diagram cut down to the states visited and the edges taken (those with a visit count)."""
+    visited = {line.split()[1] for line in mermaid.splitlines()
+               if line.strip().startswith("Class ") and line.split()[-1] in ("s_previous", "s_active")}
+    kept = []
+    for line in mermaid.splitlines():
+        words = line.split()
+        if line.strip().startswith("classDef"):
+            continue
+        if words[:1] == ["state"] and words[-1] not in visited:
+            continue
+        if words[:1] == ["Class"] and words[1] not in visited:
+            continue
+        if "-->" in line and "[*]" not in line and "x)" not in line:
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def _arrow(event: Event) -> str:
+    return f"{event.from_state or ''} --{event.trigger}--> {event.to_state}"
+
+
+def _note(event: Event) -> str:
+    """What a reader wants from each event: the model's code, the tool's answer, who decided."""
+    data = event.data
+    turn = data.get("turn")
+    if isinstance(turn, dict):
+        code = turn.get("code")
+        return f"model turn ({turn.get('strategy')}): " + (f"{code}" if code else "accepted")
+    result = data.get("tool_result")
+    if isinstance(result, dict):
+        extra = " (reconciled)" if data.get("reconciled") else ""
+        return f"tool {result.get('tool')}: " + ("ok" if "result" in result else "failed") + extra
+    if "intent" in data:
+        return f"intent recorded: {data['intent'].get('tool')} (attempt {data.get('attempt')})"
+    if event.trigger in ("approve", "reject"):
+        return f"by {event.actor}"
+    return f"by {event.actor}" if event.trigger == "start" else ""
+
+
+def _money(arguments: dict[str, Any]) -> str:
+    amount, currency = arguments.get("amount"), arguments.get("currency")
+    if isinstance(amount, int) and isinstance(currency, str):
+        return f"{amount / 100:,.2f} {currency} for order {arguments.get('order_id')}"
+    return str(arguments)
