@@ -128,3 +128,36 @@ def test_railyard_migrate(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "MIGRATION_INVALID" in refused.stderr
     bad = railyard("migrate", task_id, "--to-version", "1", "--map", "assessing", "--as", "olga", "--reason", "x")
     assert bad.returncode == 2
+
+
+def test_refund_v1_migrated_to_v2_mid_flight_replays_and_exports_clean(db_url: str) -> None:
+    from engine.export import export_lines, verify_export
+    from engine.model import ScriptedModel
+    from tests.reference import fake_systems, reference_engine
+    from workflows import REFUND_V1, REFUND_V2
+    from workflows.scripts import REFUND_DAMAGED_ORDER_INPUT, refund_damaged_order
+
+    with fake_systems(db_url) as books, reference_engine(db_url) as eng:
+        task_id = eng.start("refund", REFUND_DAMAGED_ORDER_INPUT, actor="portal", version=1)
+        assert eng.run(task_id, model=ScriptedModel(refund_damaged_order(1))).state == "awaiting_approval"
+        every_state = {s.name: s.name for s in REFUND_V1.states}
+        eng.migrate(task_id, 2, every_state, actor="olga", reason="refund@2: partial-refund rule")
+        prepared = eng.load(task_id).prepared
+        assert prepared is not None
+        eng.approve(task_id, actor="dana", prepared_digest=prepared["digest"])
+        done = eng.run(task_id)
+        assert (done.state, done.version, done.digest) == ("completed", 2, REFUND_V2.digest)
+        assert list(books.payments.executions().values()) == [1]
+
+        [migrated] = [e for e in eng.history(task_id) if e.trigger == "migrate"]
+        assert (migrated.actor, migrated.data["reason"]) == ("olga", "refund@2: partial-refund rule")
+        assert (migrated.data["from"], migrated.data["to"]) == ("refund@1", "refund@2")
+        report = eng.replay(task_id)
+        assert report.ok, report.findings
+        lines = [line.encode() for line in export_lines(eng.store.audit_stream(task_ids=[task_id]))]
+        assert all(r.ok for r in verify_export(lines, eng.registry.find))
+        # The old version is still needed to prove the first half: without it, replay says so.
+        from engine import Registry
+
+        only_v2 = Registry([REFUND_V2])
+        assert "DEFINITION_MISSING" in [c for r in verify_export(lines, only_v2.find) for c in r.codes]
