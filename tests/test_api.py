@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from engine import Code, Engine, Registry
+from engine import Code, Engine, Registry, Workflow
 from engine.api import create_app
 from engine.api.http_errors import STATUS_BY_CODE
 from tests.api_support import REFUND, bearer, make_api_engine, make_app, to_approval, token_table
+from tests.sample_workflows import OrderInput, refund_states
 
 ORDER = {"customer": "c1", "balance": 500}
 
@@ -316,10 +317,21 @@ def test_replay_checks_the_log(client: TestClient, engine: Engine) -> None:
 
 
 def test_a_task_pinned_to_a_version_this_server_lacks_is_a_409(db_url: str, engine: Engine, tmp_path: Path) -> None:
-    task_id = to_approval(engine)
-    with Engine(db_url, Registry([]), authoriser=token_table()) as bare, \
+    task_id = engine.start("refund", ORDER, actor="ann", version=1)
+    changed = Workflow(name="refund", version=1, input=OrderInput, states=refund_states(), description="edited")
+    for registry, code in ((Registry([]), Code.DEFINITION_MISSING), (Registry([changed]), Code.DEFINITION_CHANGED)):
+        with Engine(db_url, registry, authoriser=token_table()) as other, \
+                TestClient(create_app(other, token_table())) as client:
+            refused(client.get(f"/api/tasks/{task_id}", headers=bearer("bob")), 409, code)
+            refused(client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "x"}, headers=bearer("bob")), 409,
+                    code)
+
+
+def test_a_database_without_the_schema_is_a_503(tmp_path: Path) -> None:
+    with Engine(f"sqlite:///{tmp_path / 'empty.db'}", Registry([]), authoriser=token_table()) as bare, \
             TestClient(create_app(bare, token_table())) as client:
-        refused(client.get(f"/api/tasks/{task_id}", headers=bearer("bob")), 409, Code.DEFINITION_MISSING)
+        refused(client.get("/api/tasks/abc", headers=bearer("bob")), 503, Code.SCHEMA_MISSING)
+        refused(client.get("/api/tasks", headers=bearer("bob")), 503, Code.SCHEMA_MISSING)
 
 
 # -- the rest of HTTP ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
-from engine.errors import StoreError
+from engine.errors import Code, StoreError
 from engine.store import Store
 from engine.store.schema import tasks
 
@@ -58,6 +58,10 @@ def list_tasks(store: Store, where: TaskFilter) -> list[ListedTask]:
             rows = conn.execute(query).all()
     except sa_exc.SQLAlchemyError as exc:
         log.error("task list failed: %.200s", exc)
+        text = str(exc).lower()
+        if "no such table" in text or ("relation" in text and "does not exist" in text):
+            raise StoreError("the database has no Railyard schema; run `railyard db upgrade`",
+                             code=Code.SCHEMA_MISSING) from None
         raise StoreError(f"database error ({type(exc).__name__})") from None
     return [ListedTask(r.task_id, r.workflow, r.version, r.state, r.status, r.seq, _instant(r.created_at),
                        _instant(r.updated_at)) for r in rows]
