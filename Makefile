@@ -26,10 +26,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/append.py
 	$(BIN)/python bench/agent_step.py
 
 bench-quick: $(STAMP)
+	$(BIN)/python bench/replay.py --quick
 	$(BIN)/python bench/append.py --quick
 	$(BIN)/python bench/agent_step.py --quick
 

@@ -1,0 +1,349 @@
+"""Replay benchmark: how fast `Engine.replay` checks logs read from PostgreSQL, against a raw read of the same rows.
+
+On PostgreSQL (the engine for real audits):
+
+  (a) one task with 100,000 events      `Engine.replay(task)`: every hash recomputed, the chain, seq,
+                                         each transition's legality, the fold against the row and
+                                         every snapshot (one every 10 events, as the engine writes them)
+  (b) 10,000 tasks x 20 events           `Engine.replay_all(workflow=...)`, the same checks per task
+  raw                                    psycopg by hand: `SELECT <every events column> ... ORDER BY ...`
+                                         of the same rows, fetched, nothing computed
+
+and the peak memory (`ru_maxrss`) of `Engine.replay_all()` over every task, each in its own
+subprocess, once over the data of (a) and (b) and again after more long tasks bring the database to
+1,000,000 events: flat memory means the two are about the same. The subprocesses are started before
+any data is generated, because Linux carries a parent's peak RSS into a child across exec.
+
+Next to each rate it prints the measuring process's own CPU time per row: on a machine that other
+work keeps busy the rates fall, the CPU time much less.
+
+The data is sealed with the engine's own `seal` (real hashes over real bodies), its snapshots folded
+with the engine's own `apply`, and bulk-loaded with COPY: nothing goes through `Engine.fire`. Before
+measuring, `Engine.load` and `Engine.replay` accept a generated task, which proves the rows are ones
+the engine wrote or would write.
+
+Rates are medians over rounds (each round: raw then engine, interleaved). The last line of output is one
+JSON object: figures, baselines, ratios and targets.
+
+    python bench/replay.py            # full run, several minutes (1,000,000 events are generated)
+    python bench/replay.py --quick    # under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from append import BUSY_WARNING, TickArgs, background_busy, bench_database, libpq, machine, pg_server_url, target
+
+from engine import Action, Agent, Engine, Registry, StaticRoles, Terminal, Workflow, migrations
+from engine.canonical import GENESIS_HASH, canonical_json
+from engine.definition import START
+from engine.events import Event, seal
+from engine.fold import TaskState, apply, initial
+
+ACTOR = "bench"
+SNAPSHOT_EVERY = 10
+
+
+def tick_workflow(name: str) -> Workflow:
+    """A self-loop, so one task can take any number of transitions (the append benchmark's workflow)."""
+    return Workflow(name=name, version=1, states=[
+        Agent("working", actions=[Action("tick", "working", TickArgs), Action("finish", "done")]),
+        Terminal("done"),
+    ])
+
+
+#: (a) and (b) live in two workflows, so replay_all(workflow=...) reads exactly (b)'s tasks.
+LONG = tick_workflow("bench_long")
+SHORT = tick_workflow("bench_short")
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int
+    long_events: int
+    short_tasks: int
+    short_events: int
+    memory_total: int  # events in the database for the second memory measurement
+
+
+FULL = Plan(rounds=5, long_events=100_000, short_tasks=10_000, short_events=20, memory_total=1_000_000)
+QUICK = Plan(rounds=2, long_events=20_000, short_tasks=1_000, short_events=20, memory_total=200_000)
+
+EVENT_COLUMNS = "task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
+TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
+
+
+def make_engine(url: str) -> Engine:
+    return Engine(url, registry=Registry([LONG, SHORT]), authoriser=StaticRoles({}), snapshot_every=SNAPSHOT_EVERY)
+
+
+# -- bulk data: sealed by the engine's functions, loaded with COPY -------------------------------------------
+def task_log(definition: Workflow, n_events: int, start_at: datetime) -> Iterator[tuple[Event, TaskState]]:
+    """A task's events (`start`, then `tick`s) and the fold after each, as the engine would have written them."""
+    task_id = str(uuid.uuid4())
+    first = seal(task_id=task_id, seq=1, at=start_at, actor=ACTOR, from_state=None, trigger=START,
+                 to_state=definition.initial_state,
+                 data={"workflow": definition.ref, "digest": definition.digest, "input": {}}, prev_hash=GENESIS_HASH)
+    task = initial(definition, first)
+    yield first, task
+    state = definition.initial_state
+    for seq in range(2, n_events + 1):
+        event = seal(task_id=task_id, seq=seq, at=start_at + timedelta(microseconds=seq), actor=ACTOR,
+                     from_state=state, trigger="tick", to_state=state, data={"args": {"n": seq}},
+                     prev_hash=task.last_hash)
+        task = apply(definition, task, event)
+        yield event, task
+
+
+def load_tasks(dsn: str, definition: Workflow, n_tasks: int, n_events: int) -> list[str]:
+    """Generate and COPY `n_tasks` tasks of `n_events` events each, with their snapshots and rows; returns the ids.
+
+    The rows go first (the events reference them), so one call holds its events in memory until the COPY.
+    """
+    at = datetime.now(UTC) - timedelta(days=1)
+    rows: list[tuple[Any, ...]] = []
+    events: list[tuple[Any, ...]] = []
+    snapshots: list[tuple[Any, ...]] = []
+    for _ in range(n_tasks):
+        task: TaskState | None = None
+        for event, task in task_log(definition, n_events, at):
+            events.append((event.task_id, event.seq, event.at, event.actor, event.from_state, event.trigger,
+                           event.to_state, canonical_json(event.data), event.prev_hash, event.hash))
+            if event.seq % SNAPSHOT_EVERY == 0:
+                snapshots.append((event.task_id, event.seq, event.hash, canonical_json(task.to_doc()), at))
+        assert task is not None
+        rows.append((task.task_id, definition.name, definition.version, definition.digest, task.state,
+                     str(task.status), task.seq, task.last_hash, at, at))
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        for sql, values in ((f"COPY tasks ({TASK_COLUMNS}) FROM STDIN", rows),
+                            (f"COPY events ({EVENT_COLUMNS}) FROM STDIN", events),
+                            ("COPY snapshots (task_id, seq, hash, doc, created_at) FROM STDIN", snapshots)):
+            with cur.copy(sql) as copy:
+                for value in values:
+                    copy.write_row(value)
+        conn.commit()
+        cur.execute("ANALYZE")
+    return [r[0] for r in rows]
+
+
+# -- measurements --------------------------------------------------------------------------------------------
+#: (wall seconds, rows or events, this process's CPU seconds)
+Sample = tuple[float, int, float]
+
+
+def raw_read(dsn: str, sql: str, params: tuple[Any, ...]) -> Sample:
+    """A plain SELECT of every events column, fetched by psycopg and dropped."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        started, cpu = time.perf_counter(), time.process_time()
+        cur.execute(sql, params)
+        n = 0
+        while batch := cur.fetchmany(10_000):
+            n += len(batch)
+        return time.perf_counter() - started, n, time.process_time() - cpu
+
+
+def replay_one(eng: Engine, task_id: str) -> Sample:
+    started, cpu = time.perf_counter(), time.process_time()
+    report = eng.replay(task_id)
+    elapsed, used = time.perf_counter() - started, time.process_time() - cpu
+    assert report.ok, report.findings[:3]
+    return elapsed, report.events, used
+
+
+def replay_many(eng: Engine, workflow: str) -> Sample:
+    started, cpu = time.perf_counter(), time.process_time()
+    events = 0
+    for report in eng.replay_all(workflow=workflow):
+        assert report.ok, (report.task_id, report.findings[:3])
+        events += report.events
+    return time.perf_counter() - started, events, time.process_time() - cpu
+
+
+MEMORY_CHILD = """
+import resource, sys, time
+sys.path[:0] = {paths!r}
+from replay import make_engine
+imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+url = sys.stdin.readline().strip()  # sent once the data is loaded
+eng = make_engine(url)
+started = time.perf_counter()
+tasks = events = findings = 0
+for report in eng.replay_all():
+    tasks += 1
+    events += report.events
+    findings += len(report.findings)
+elapsed = time.perf_counter() - started
+print(tasks, events, findings, imported, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, elapsed)
+"""
+
+
+def start_memory_child() -> subprocess.Popen[str]:
+    """A replay_all process, started before the data is generated and waiting for the database URL.
+
+    Linux carries a parent's peak RSS into a child across exec (`ru_maxrss` would report the
+    benchmark's own peak, with its generated rows): started early, the child inherits only the
+    small parent it was forked from, and its `ru_maxrss` is its own.
+    """
+    here = str(Path(__file__).resolve().parent)
+    return subprocess.Popen([sys.executable, "-c", MEMORY_CHILD.format(paths=[here])], cwd=here,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def replay_all_memory(child: subprocess.Popen[str], url: str) -> dict[str, Any]:
+    """Peak RSS of `replay_all()` over the whole database, in its own interpreter (kilobytes on Linux)."""
+    out, _ = child.communicate(url + "\n", timeout=3600)
+    assert child.returncode == 0, out
+    tasks, events, findings, imported, maxrss, seconds = out.split()
+    return {"tasks": int(tasks), "events": int(events), "findings": int(findings),
+            "peak_rss_mb": round(int(maxrss) / 1024, 1), "import_rss_mb": round(int(imported) / 1024, 1),
+            "seconds": round(float(seconds), 2), "events_per_s": round(int(events) / float(seconds))}
+
+
+def median_rate(samples: list[Sample]) -> dict[str, Any]:
+    """Rate per wall second, and the client's own CPU per row (what the rate would be bound by alone)."""
+    rates = [n / s for s, n, _ in samples]
+    cpu = [c / n * 1e6 for _, n, c in samples]
+    return {"median": round(statistics.median(rates)), "rounds": [round(r) for r in rates],
+            "client_cpu_us": round(statistics.median(cpu), 2)}
+
+
+def check_generated(eng: Engine, task_id: str) -> None:
+    """The bulk rows are rows the engine accepts: it loads the task and its replay finds nothing."""
+    task = eng.load(task_id)
+    assert task.seq == len(list(eng.store.audit_stream(task_ids=[task_id], with_snapshots=False))) - 1
+    assert eng.replay(task_id).ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
+    parser.add_argument("--postgres-url", help="server on which to create (and drop) the bench database")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    mode = "quick" if args.quick else "full"
+    started = time.perf_counter()
+    idle_busy = background_busy(0.5)
+    host = machine(None)
+    print(f"Railyard replay benchmark ({mode}: {plan.rounds} rounds; one task of {plan.long_events:,} events, "
+          f"{plan.short_tasks:,} tasks x {plan.short_events} events, memory up to {plan.memory_total:,} events)")
+    print(f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, railyard {host['commit']}")
+    if idle_busy is not None and idle_busy >= BUSY_WARNING:
+        print(f"WARNING: the CPUs were {idle_busy * 100:.0f} % busy with other work before the run", flush=True)
+    children = [start_memory_child(), start_memory_child()]
+    with bench_database(pg_server_url(args.postgres_url)) as (url, pg):
+        if url is None:
+            for child in children:
+                child.kill()
+            print("PostgreSQL is required for this benchmark; nothing measured.")
+            print(json.dumps({"bench": "replay", "mode": mode, "measured": False, "postgresql": pg}))
+            return 1
+        migrations.upgrade(url)
+        dsn = libpq(url)
+        t0 = time.perf_counter()
+        long_id = load_tasks(dsn, LONG, 1, plan.long_events)[0]
+        short_ids = load_tasks(dsn, SHORT, plan.short_tasks, plan.short_events)
+        print(f"  generated and loaded {plan.long_events + plan.short_tasks * plan.short_events:,} events in "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        with make_engine(url) as eng:
+            check_generated(eng, long_id)
+            check_generated(eng, short_ids[0])
+            one_sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE task_id = %s ORDER BY seq"
+            many_sql = (f"SELECT {EVENT_COLUMNS} FROM events WHERE task_id IN (SELECT task_id FROM tasks WHERE "
+                        "workflow = %s) ORDER BY task_id, seq")
+            samples: dict[str, list[Sample]] = {"raw_one": [], "engine_one": [], "raw_many": [],
+                                                           "engine_many": []}
+            for round_no in range(plan.rounds):
+                samples["raw_one"].append(raw_read(dsn, one_sql, (long_id,)))
+                samples["engine_one"].append(replay_one(eng, long_id))
+                samples["raw_many"].append(raw_read(dsn, many_sql, (SHORT.name,)))
+                samples["engine_many"].append(replay_many(eng, SHORT.name))
+                print(f"  round {round_no + 1}/{plan.rounds} done", file=sys.stderr, flush=True)
+        figures = {name: median_rate(s) for name, s in samples.items()}
+        print("  replay --all in a subprocess ...", file=sys.stderr, flush=True)
+        memory_small = replay_all_memory(children[0], url)
+        have = plan.long_events + plan.short_tasks * plan.short_events
+        extra = max(0, plan.memory_total - have)
+        t0 = time.perf_counter()
+        for _ in range(extra // plan.long_events):
+            load_tasks(dsn, LONG, 1, plan.long_events)
+        if extra % plan.long_events:
+            load_tasks(dsn, LONG, 1, extra % plan.long_events)
+        print(f"  loaded {extra:,} more events in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        memory_large = replay_all_memory(children[1], url)
+    assert memory_small["findings"] == memory_large["findings"] == 0
+
+    one, many = figures["engine_one"]["median"], figures["engine_many"]["median"]
+    ratios = {"one_task_vs_raw": one / figures["raw_one"]["median"],
+              "many_tasks_vs_raw": many / figures["raw_many"]["median"]}
+    growth = memory_large["peak_rss_mb"] - memory_small["peak_rss_mb"]
+    targets = [
+        target("one_task_events_per_s", one, ">=", 100_000,
+               f"Engine.replay, one task of {plan.long_events:,} events, hashes verified"),
+        target("many_tasks_events_per_s", many, ">=", 100_000,
+               f"Engine.replay_all, {plan.short_tasks:,} tasks x {plan.short_events} events"),
+        target("one_task_vs_raw", ratios["one_task_vs_raw"], ">=", 0.3, "replay / raw SELECT, one task"),
+        target("many_tasks_vs_raw", ratios["many_tasks_vs_raw"], ">=", 0.3, "replay_all / raw SELECT, many tasks"),
+        target("peak_rss_mb", memory_large["peak_rss_mb"], "<", 200.0,
+               f"replay --all over {memory_large['events']:,} events, peak RSS of the process"),
+        target("rss_growth_mb", growth, "<", 20.0,
+               f"peak RSS over {memory_large['events']:,} events minus over {memory_small['events']:,}"),
+    ]
+    elapsed = time.perf_counter() - started
+    print()
+    print(f"PostgreSQL {pg['server_version']}, events per second (median of {plan.rounds} rounds [min-max]), and "
+          "this process's CPU time per row (median):")
+    for name, label in (("raw_one", f"raw SELECT, one task of {plan.long_events:,} events"),
+                        ("engine_one", "Engine.replay, same task"),
+                        ("raw_many", f"raw SELECT, {plan.short_tasks:,} tasks x {plan.short_events} events"),
+                        ("engine_many", "Engine.replay_all, same tasks")):
+        fig = figures[name]
+        print(f"    {label:<52} {fig['median']:>9,}  [{min(fig['rounds']):,}-{max(fig['rounds']):,}]  "
+              f"client CPU {fig['client_cpu_us']} µs per row")
+    for memory in (memory_small, memory_large):
+        print(f"    replay --all over {memory['events']:>9,} events in {memory['tasks']:,} tasks: peak RSS "
+              f"{memory['peak_rss_mb']} MB (interpreter and imports alone: {memory['import_rss_mb']} MB), "
+              f"{memory['events_per_s']:,} events/s")
+    print("Targets:")
+    for t in targets:
+        verdict = {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[t["met"]]
+        print(f"    {verdict:<8} {t['name']:<24} {t['value']} {t['op']} {t['threshold']}  ({t['note']})")
+    print(f"({elapsed:.0f} s)")
+    result = {
+        "bench": "replay",
+        "mode": mode,
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seconds": round(elapsed, 1),
+        "plan": plan.__dict__,
+        "machine": machine(pg.get("server_version")),
+        "background_cpu_busy": None if idle_busy is None else round(idle_busy, 3),
+        "unit": "events per second; memory in MB",
+        "figures": {"one_task_events_per_s": one, "many_tasks_events_per_s": many,
+                    "one_task_client_cpu_us": figures["engine_one"]["client_cpu_us"],
+                    "many_tasks_client_cpu_us": figures["engine_many"]["client_cpu_us"],
+                    "peak_rss_mb": memory_large["peak_rss_mb"], "rss_growth_mb": round(growth, 1)},
+        "baselines": {"raw_one_task_rows_per_s": figures["raw_one"]["median"],
+                      "raw_many_tasks_rows_per_s": figures["raw_many"]["median"]},
+        "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "targets": targets,
+        "all_met": all(t["met"] is True for t in targets),
+        "detail": {"rates": figures, "memory": [memory_small, memory_large]},
+    }
+    print(json.dumps(result, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
