@@ -41,7 +41,7 @@ WORKER_SEEN_SECONDS = 60
 
 #: Codes that report a broken log rather than a refused request: exit 3.
 AUDIT_CODES = frozenset({Code.HASH_MISMATCH, Code.SEQ_GAP, Code.ILLEGAL_TRANSITION, Code.STATE_MISMATCH,
-                         Code.SNAPSHOT_MISMATCH})
+                         Code.SNAPSHOT_MISMATCH, Code.ARCHIVE_MISSING})
 
 app = typer.Typer(
     name="railyard",
@@ -701,6 +701,32 @@ def verify_export_command(
         found = _audit_totals(verify_export(lines, registry.find), as_json, "verified")
     if found:
         raise typer.Exit(EXIT_AUDIT)
+
+
+@app.command("archive")
+def archive(
+    before: Annotated[str, typer.Option("--before", help="Archive tasks that ended before this date (ISO 8601).")],
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Tasks per archive file.")] = 500,
+    as_json: JsonFlag = False,
+) -> None:
+    """Move ended tasks' events to JSON Lines files in RAILYARD_ARCHIVE_DIR, verified before anything is deleted.
+
+    Each task keeps its row as a tombstone naming its file and the file's sha256;
+    `show`, `history` and `replay` read archived tasks from their file.
+    """
+    cutoff = _instant_option(before, "--before")
+    assert cutoff is not None
+    with _engine() as engine:
+        try:
+            done = engine.archive(cutoff, batch=batch)
+        except RailyardError as error:
+            _fail(error)
+        directory = str(engine.archive_dir)
+    if as_json:
+        _print_json({"directory": directory, "files": done.files, "tasks": done.tasks, "events": done.events})
+        return
+    out.print(f"archived {done.tasks} tasks ({done.events} events) to {len(done.files)} file(s) in {directory}"
+              + "".join(f"\n  {name}" for name in done.files), highlight=False)
 
 
 @app.command("run")

@@ -7,6 +7,7 @@ import os
 DEFAULT_DATABASE_URL = "sqlite:///railyard.db"
 DEFAULT_WORKFLOW_MODULES = ("workflows",)
 DEFAULT_SNAPSHOT_EVERY = 10
+DEFAULT_ARCHIVE_DIR = "archive"
 
 
 def database_url() -> str:
@@ -26,3 +27,8 @@ def roles_file() -> str | None:
 def model_spec() -> str | None:
     """RAILYARD_MODEL: `scripted:PATH`, `openai:MODEL` or `anthropic:MODEL`."""
     return os.environ.get("RAILYARD_MODEL") or None
+
+
+def archive_dir() -> str:
+    """RAILYARD_ARCHIVE_DIR: where `railyard archive` writes, and replay reads, archived task logs."""
+    return os.environ.get("RAILYARD_ARCHIVE_DIR") or DEFAULT_ARCHIVE_DIR

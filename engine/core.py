@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
@@ -32,6 +33,9 @@ from engine.replay import ReplayReport
 from engine.roles import Authoriser, default_authoriser
 from engine.store import Loaded, Store, TaskRow
 from engine.timers import next_run_at
+
+if TYPE_CHECKING:
+    from engine.archive import ArchiveRun
 
 log = logging.getLogger("railyard.engine")
 #: One line per transition (see `_log_transition`); `railyard worker` prints it at INFO.
@@ -84,6 +88,7 @@ class Engine:
         snapshot_every: int = config.DEFAULT_SNAPSHOT_EVERY,
         store: Store | None = None,
         model: ModelAdapter | None = None,
+        archive_dir: str | Path | None = None,
     ) -> None:
         if snapshot_every < 1:
             raise ValueError("snapshot_every must be >= 1")
@@ -92,6 +97,8 @@ class Engine:
         self.authoriser = authoriser if authoriser is not None else default_authoriser()
         self.snapshot_every = snapshot_every
         self.model = model
+        #: Where archived task logs are (`railyard archive` writes them; load, history and replay read them).
+        self.archive_dir = Path(archive_dir if archive_dir is not None else config.archive_dir())
         #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
         #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
         self.refused_shapes: set[str] = set()
@@ -403,20 +410,46 @@ class Engine:
         """Every event of the task, in order."""
         if self.store.row(task_id) is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
-        return self.store.events(task_id)
+        return self.store.events(task_id) or self._archived_events(task_id)
 
     # -- audit ----------------------------------------------------------
     def replay(self, task_id: str) -> ReplayReport:
         """Check the task's whole log from zero, without calling any model or tool (see `engine.replay`)."""
         from engine.audit import replay_task
 
-        return replay_task(self.store, self.registry.find, task_id)
+        return self._from_archive(replay_task(self.store, self.registry.find, task_id))
 
     def replay_all(self, workflow: str | None = None, since: datetime | None = None) -> Iterator[ReplayReport]:
         """`replay` of every task (of `workflow`, changed since `since`), streamed: memory stays flat."""
         from engine.audit import replay_tasks
 
-        return replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
+        reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
+        return (self._from_archive(report) for report in reports)
+
+    def archive(self, before: datetime, *, batch: int = 500) -> ArchiveRun:
+        """Move the logs of tasks that ended before `before` to verified files in `archive_dir` (`engine.archive`)."""
+        from engine.archive import archive_ended
+
+        return archive_ended(self.store, self.registry.find, before, self.archive_dir, batch=batch)
+
+    def _archived_events(self, task_id: str) -> list[Event]:
+        """The events of an archived task, from its file (checked against the sha256 on its row); [] if not archived."""
+        from engine.archive import archived_events
+
+        ref = self.store.archive_of(task_id)
+        return archived_events(ref, self.archive_dir) if ref is not None else []
+
+    def _from_archive(self, report: ReplayReport) -> ReplayReport:
+        """A task without events in the database may be archived: then its file is what replay proves."""
+        if report.events or not report.task_id:
+            return report
+        from engine.archive import replay_archived
+
+        ref = self.store.archive_of(report.task_id)
+        row = self.store.row(report.task_id)
+        if ref is None or row is None:
+            return report
+        return replay_archived(row, ref, self.archive_dir, self.registry.find)
 
     def as_of(self, task_id: str, seq: int | None = None, at: datetime | None = None) -> TaskState:
         """The task's state right after event `seq`, or after the last event written at or before `at`."""
@@ -472,7 +505,7 @@ class Engine:
                             row.task_id, loaded.snapshot.seq, exc)
             events: list[Event] = self.store.events(row.task_id, 0, row.seq)
         else:
-            events = loaded.events
+            events = loaded.events or self._archived_events(row.task_id)
         task = fold(self._definition(*pinned_at_start(row.workflow, events)), events, resolve=self._definition)
         if not _matches(task, row):
             raise IntegrityError(

@@ -80,6 +80,7 @@ class Code(StrEnum):
     ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
     STATE_MISMATCH = "STATE_MISMATCH"
     SNAPSHOT_MISMATCH = "SNAPSHOT_MISMATCH"
+    ARCHIVE_MISSING = "ARCHIVE_MISSING"
 
 
 #: One line per code: what it means and what the caller should do. docs/errors.md mirrors it.
@@ -185,6 +186,10 @@ CODE_REFERENCE: dict[Code, str] = {
     ),
     Code.STATE_MISMATCH: "The task row disagrees with the state folded from its events.",
     Code.SNAPSHOT_MISMATCH: "A snapshot disagrees with the fold of the events it claims to cache.",
+    Code.ARCHIVE_MISSING: (
+        "An archived task's file is not in the archive directory (RAILYARD_ARCHIVE_DIR), or does not hold its "
+        "log: the task's history cannot be proven until the file is put back."
+    ),
 }
 
 

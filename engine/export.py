@@ -189,3 +189,11 @@ def _finish(check: LogCheck, created: Any) -> ReplayReport:
         check.add(Code.STATE_MISMATCH, 1, f"the task line says it was created at {format_instant(created)}, "
                                             f"its start event is at {format_instant(first.at)}")
     return check.finish()
+
+
+def read_events(lines: Iterable[bytes], task_id: str) -> Iterator[Event]:
+    """One task's events from an export, as written: for reading an archive back (`verify_export` proves it)."""
+    for raw in lines:
+        value = json.loads(raw)
+        if value.get("kind") == "event" and value.get("task_id") == task_id:
+            yield _event(value)

@@ -84,6 +84,7 @@ _STATUS: dict[Code, int] = {
     Code.ILLEGAL_TRANSITION: 500,
     Code.STATE_MISMATCH: 500,
     Code.SNAPSHOT_MISMATCH: 500,
+    Code.ARCHIVE_MISSING: 500,
 }
 
 #: Code -> HTTP status, for every code (read-only).

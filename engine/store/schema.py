@@ -49,6 +49,10 @@ tasks = Table(
     Column("lease_epoch", Integer, nullable=False, server_default="0"),
     # Consecutive steps that raised; a worker gives the task up after its limit.
     Column("failures", Integer, nullable=False, server_default="0"),
+    # A tombstone: the task ended, and its events moved to this verified archive file (its sha256 kept here).
+    Column("archived_at", DateTime(timezone=True), nullable=True),
+    Column("archive_file", String(300), nullable=True),
+    Column("archive_sha256", String(64), nullable=True),
     Index("ix_tasks_status", "status"),
     Index("ix_tasks_workflow_version", "workflow", "version"),
     Index("ix_tasks_next_run_at", "next_run_at"),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, case, func, insert, select, update
+from sqlalchemy import Connection, Row, case, delete, func, insert, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -292,6 +292,44 @@ class Store:
                          .values(**values))
             count = conn.execute(select(tasks.c.failures).where(tasks.c.task_id == task_id)).scalar()
         return int(count or 0)
+
+    # -- archive --------------------------------------------------------
+    def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
+        """Ended tasks whose last event is older than `before` and whose events are still here, oldest first."""
+        query = (select(tasks).where(tasks.c.status == "terminal", tasks.c.updated_at < before,
+                                     tasks.c.archived_at.is_(None))
+                 .order_by(tasks.c.updated_at, tasks.c.task_id).limit(limit))
+        with self._errors(), self._reader() as conn:
+            return [_task_row(r) for r in conn.execute(query)]
+
+    def mark_archived(self, archived: Sequence[tuple[str, int]], file: str, sha256: str) -> int:
+        """Tombstone each (task_id, seq) and delete its events and snapshots, in one transaction.
+
+        A task whose row moved since it was exported (another seq) is left alone.
+        Returns how many tasks were archived.
+        """
+        at = now()
+        moved = 0
+        with self._errors(), self._writer() as conn:
+            for task_id, seq in archived:
+                done = conn.execute(
+                    update(tasks).where(tasks.c.task_id == task_id, tasks.c.seq == seq,
+                                        tasks.c.status == "terminal", tasks.c.archived_at.is_(None))
+                    .values(archived_at=at, archive_file=file, archive_sha256=sha256)
+                )
+                if done.rowcount == 1:
+                    conn.execute(delete(snapshots).where(snapshots.c.task_id == task_id))
+                    conn.execute(delete(events).where(events.c.task_id == task_id))
+                    moved += 1
+        return moved
+
+    def archive_of(self, task_id: str) -> ArchiveRef | None:
+        """The archive holding the task's events, if it was archived."""
+        query = select(tasks.c.archive_file, tasks.c.archive_sha256, tasks.c.archived_at).where(
+            tasks.c.task_id == task_id, tasks.c.archived_at.is_not(None))
+        with self._errors(), self._reader() as conn:
+            found = conn.execute(query).first()
+        return ArchiveRef(task_id, found.archive_file, found.archive_sha256, utc(found.archived_at)) if found else None
 
     # -- reads ----------------------------------------------------------
     def row(self, task_id: str) -> TaskRow | None:
@@ -586,6 +624,16 @@ def _event_values(ev: Event) -> dict[str, Any]:
         "prev_hash": ev.prev_hash,
         "hash": ev.hash,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveRef:
+    """Where an archived task's events are: the file's name (in the archive directory) and its sha256."""
+
+    task_id: str
+    file: str
+    sha256: str
+    archived_at: datetime
 
 
 def _task_row(r: Row[Any]) -> TaskRow:

@@ -1,0 +1,137 @@
+"""Retention: move ended tasks' events to verified JSON Lines files, leaving a tombstone row; read them back.
+
+The archive file is an export (`engine.export`, format `railyard-export/1`).
+Nothing is deleted until that file is written, synced to disk and verified with
+`verify_export` against the definitions, and until its sha256 is on the task
+row in the same transaction that deletes the events. The row stays (state,
+seq, last hash: the tombstone), so replay of an archived task proves the file
+(its sha256), the log in it (chain, legality, fold) and the row together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from engine.canonical import now
+from engine.chain import Finding
+from engine.errors import Code, IntegrityError
+from engine.events import Event
+from engine.export import export_lines, read_events, verify_export
+from engine.replay import Lookup, ReplayReport
+from engine.store.store import ArchiveRef, Store, TaskRow
+
+#: Tasks per archive file: each file is verified before its tasks' events are deleted.
+DEFAULT_BATCH = 500
+
+
+@dataclass
+class ArchiveRun:
+    """What one `archive` run moved: the files written and how many tasks and events they hold."""
+
+    files: list[str] = field(default_factory=list)
+    tasks: int = 0
+    events: int = 0
+
+
+def archive_ended(store: Store, lookup: Lookup, before: datetime, directory: Path, *,
+                  batch: int = DEFAULT_BATCH) -> ArchiveRun:
+    """Archive every task that ended before `before`, `batch` tasks per file.
+
+    A file that does not verify stops the run before anything of it is deleted
+    (IntegrityError with the first finding's code); the file stays for inspection.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    run = ArchiveRun()
+    stamp = now().strftime("%Y%m%dT%H%M%SZ")
+    while True:
+        rows = store.archivable(before, limit=batch)
+        if not rows:
+            return run
+        path = directory / f"railyard-archive-{stamp}-{len(run.files) + 1:04d}.jsonl"
+        _write(path, export_lines(store.audit_stream(task_ids=[r.task_id for r in rows], with_snapshots=False)))
+        _verify(path, rows, lookup)
+        moved = store.mark_archived([(r.task_id, r.seq) for r in rows], path.name, file_sha256(path))
+        run.files.append(path.name)
+        run.tasks += moved
+        run.events += sum(r.seq for r in rows)
+        if moved == 0:  # every row moved under us: do not loop on the same tasks
+            return run
+
+
+def _write(path: Path, lines: Iterator[str]) -> None:
+    """Write to a temporary name, sync, then rename: a crash never leaves a half file under the real name."""
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8", newline="\n") as out:
+        for line in lines:
+            out.write(line)
+        out.flush()
+        os.fsync(out.fileno())
+    partial.replace(path)
+
+
+def _verify(path: Path, rows: list[TaskRow], lookup: Lookup) -> None:
+    expected = {r.task_id: r.seq for r in rows}
+    found: dict[str, int] = {}
+    with path.open("rb") as lines:
+        for report in verify_export(lines, lookup):
+            if not report.ok:
+                first = report.findings[0]
+                raise IntegrityError(f"{path.name} does not verify ({report.task_id or 'the file'}: "
+                                     f"{first.message}); nothing was deleted", code=first.code, file=path.name)
+            if report.task_id:
+                found[report.task_id] = report.events
+    if found != expected:
+        raise IntegrityError(f"{path.name} holds other tasks or events than the rows say; nothing was deleted",
+                             code=Code.SEQ_GAP, file=path.name)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        for chunk in iter(lambda: data.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _open_checked(ref: ArchiveRef, directory: Path) -> Path:
+    path = directory / ref.file
+    if not path.is_file():
+        raise IntegrityError(f"task {ref.task_id} was archived to {ref.file}, which is not in {directory}",
+                             code=Code.ARCHIVE_MISSING, task_id=ref.task_id, file=ref.file)
+    if file_sha256(path) != ref.sha256:
+        raise IntegrityError(f"{ref.file} changed since task {ref.task_id} was archived to it (sha256 differs)",
+                             code=Code.HASH_MISMATCH, task_id=ref.task_id, file=ref.file)
+    return path
+
+
+def archived_events(ref: ArchiveRef, directory: Path) -> list[Event]:
+    """The archived task's events, from a file whose sha256 is still the one on its tombstone."""
+    path = _open_checked(ref, directory)
+    with path.open("rb") as lines:
+        return list(read_events(lines, ref.task_id))
+
+
+def replay_archived(row: TaskRow, ref: ArchiveRef, directory: Path, lookup: Lookup) -> ReplayReport:
+    """Replay an archived task from its file: the file unchanged, its log proven, its end equal to the tombstone."""
+    try:
+        path = _open_checked(ref, directory)
+    except IntegrityError as missing:
+        return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", 0,
+                            (Finding(missing.code, 0, missing.message),))
+    with path.open("rb") as lines:
+        report = next((r for r in verify_export(lines, lookup) if r.task_id == row.task_id), None)
+    if report is None:
+        return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", 0,
+                            (Finding(Code.ARCHIVE_MISSING, 0, f"{ref.file} holds no log of this task"),))
+    with path.open("rb") as lines:
+        last = deque(read_events(lines, row.task_id), maxlen=1)  # only the newest event: memory stays flat
+    findings = list(report.findings)
+    if not last or (last[0].to_state, last[0].seq, last[0].hash) != (row.state, row.seq, row.last_hash):
+        findings.append(Finding(Code.STATE_MISMATCH, row.seq, "the tombstone row disagrees with the archived log"))
+    return ReplayReport(report.task_id, report.workflow, report.events, tuple(findings))
