@@ -429,20 +429,24 @@ class Store:
                                        upto_seq is not None),
                     [*page_ids, *bound, *(page_ids if with_snapshots else ()), *(bound if with_snapshots else ())],
                 )
+                heads = iter(rows)
+                head: TaskRow | None = None
                 try:
-                    pending = next(logs, None)
-                    for row in rows:
-                        yield row
-                        while pending is not None and pending[1] == row.task_id:
-                            if pending[0] == 0:
-                                yield Event(pending[1], pending[2], _audit_instant(pending[3]), pending[4],
-                                            pending[5], pending[6], pending[7], _audit_data(pending[8]), pending[9],
-                                            pending[10])
-                            else:
-                                yield Snapshot(pending[1], pending[2], pending[10], pending[8])
-                            pending = next(logs, None)
+                    for k, tid, seq, at, actor, source, trigger, target, data, prev, digest in logs:
+                        while head is None or head.task_id != tid:  # the rows of tasks before this one first
+                            head = next(heads, None)
+                            if head is None:
+                                raise StoreError(f"audit read: a log row of task {tid} out of its page's order")
+                            yield head
+                        if k == 0:
+                            yield Event(tid, seq, at if type(at) is datetime and at.tzinfo is UTC
+                                        else _audit_instant(at), actor, source, trigger, target, _audit_data(data),
+                                        prev, digest)
+                        else:
+                            yield Snapshot(tid, seq, digest, data)
                 finally:
                     logs.close()  # before the transaction ends: a server-side cursor lives only inside it
+                yield from heads  # tasks after the last one with a log row (a task always has one)
             if len(rows) < page_size:
                 return
             after = rows[-1].task_id
