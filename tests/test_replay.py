@@ -341,3 +341,35 @@ def test_random_valid_runs_replay_clean_and_as_of_matches_live(make_engine: Make
     assert report.events == live[-1].seq
     for state in live:
         assert eng.as_of(task_id, state.seq) == state
+
+
+def test_replay_and_as_of_cross_a_migration_and_judge_it(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    live = [eng.load(task_id), eng.fire(task_id, "note", {"note": "v1"}, actor="model")]
+    live.append(eng.migrate(task_id, 2, {"assessing": "assessing"}, actor="olga", reason="new rules"))
+    live.append(eng.fire(task_id, "propose", {"amount": 300, "reason": "damaged"}, actor="model"))
+    assert eng.replay(task_id).ok
+    for state in live:
+        assert eng.as_of(task_id, state.seq) == state
+    assert (eng.as_of(task_id, 2).version, eng.as_of(task_id, 3).version) == (1, 2)
+
+    # A migration forged with valid hashes but a state map that does not send the task where it went.
+    forged = eng.start("refund", ORDER, actor="ann", version=1)
+    forge(eng, forged, trigger="migrate", to_state="needs_human",
+          data={"from": "refund@1", "to": "refund@2", "from_digest": REFUND_V1.digest, "to_version": 2,
+                "to_digest": REFUND_V2.digest, "state_map": {"assessing": "assessing"}, "reason": "x"},
+          status="blocked")
+    with sql_rows(eng, forged) as set_row:
+        set_row(version=2, digest=REFUND_V2.digest)
+    report = eng.replay(forged)
+    assert codes(report) == ["ILLEGAL_TRANSITION"] and "state map" in report.findings[0].message
+
+
+@contextmanager
+def sql_rows(eng: Engine, task_id: str) -> Iterator[Callable[..., None]]:
+    """Set columns of a task row directly (the forger also re-pins the row)."""
+    with sql(eng.store.url) as conn:
+        def set_row(**values: Any) -> None:
+            assignments = ", ".join(f"{k} = :{k}" for k in values)
+            conn.execute(text(f"UPDATE tasks SET {assignments} WHERE task_id = :t"), {**values, "t": task_id})
+        yield set_row
