@@ -166,6 +166,15 @@ class Engine:
         task = self.load(task_id)
         if expected_seq is not None and expected_seq != task.seq:
             raise ConcurrencyConflict(task_id, expected_seq, task.seq)
+        if trigger in ("approve", "reject") and self.definition_of(task).state(task.state).kind is StateKind.APPROVAL:
+            # One way to decide an approval, whichever door it comes through: the same checks and the same
+            # record as `approve` / `reject`. The payload names the digest the approver saw, and a comment.
+            fields = dict(payload or {})
+            digest = fields.pop("digest", None)
+            comment = next((str(fields[k]) for k in ("comment", "reason", "note") if k in fields), "")
+            verdict: Literal["approve", "reject"] = "approve" if trigger == "approve" else "reject"
+            return self._decide_approval(task_id, verdict, actor, digest if isinstance(digest, str) else None,
+                                         comment)
         return self.transition(task, trigger, payload, actor=actor)
 
     def transition(

@@ -112,8 +112,12 @@ def test_role_is_required_for_approval(eng: Engine) -> None:
     eng.fire(task_id, "propose", {"amount": 300, "reason": "x"}, actor="model")
     with pytest.raises(RailyardError) as caught:
         eng.fire(task_id, "approve", {}, actor="bob")
-    assert caught.value.code is Code.FORBIDDEN
+    assert caught.value.code is Code.APPROVAL_FORBIDDEN  # fire decides an approval exactly as approve does
     assert eng.get(task_id).state == "awaiting_approval"
+    done = eng.fire(task_id, "approve", {"comment": "ok"}, actor="dana")
+    assert eng.history(task_id)[-1].data["approval"] == {
+        "actor": "dana", "role": "approver", "decision": "approve", "comment": "ok", "digest": None}
+    assert done.state == eng.get(task_id).state
 
 
 def test_stale_expected_seq_conflicts_and_writes_nothing(eng: Engine) -> None:
