@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any
 
 import pytest
@@ -282,6 +282,8 @@ def test_as_of_every_seq_is_the_state_that_was_live_then(make_engine: MakeEngine
     for event in events:
         assert eng.as_of(task_id, at=event.at).seq == event.seq
     assert eng.as_of(task_id, at=events[2].at + timedelta(microseconds=1)).seq == 3
+    elsewhere = timezone(timedelta(hours=-5))  # the same instant written with another offset
+    assert eng.as_of(task_id, at=events[2].at.astimezone(elsewhere)).seq == 3
     with pytest.raises(ValueError, match="no event at or before"):
         eng.as_of(task_id, at=events[0].at - timedelta(seconds=1))
     with pytest.raises(ValueError, match="no seq 9"):

@@ -453,7 +453,8 @@ class Store:
 
     def seq_at(self, task_id: str, at: datetime) -> int | None:
         """The seq of the task's last event written at or before `at` (None: the task did not exist yet)."""
-        query = select(func.max(events.c.seq)).where(events.c.task_id == task_id, events.c.at <= at)
+        # In UTC: SQLite stores times as text, which an offset would silently shift.
+        query = select(func.max(events.c.seq)).where(events.c.task_id == task_id, events.c.at <= utc(at))
         with self._errors(), self._reader() as conn:
             found = conn.execute(query).scalar()
         return int(found) if found is not None else None
