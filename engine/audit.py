@@ -2,7 +2,8 @@
 
 The checks themselves are pure (`engine.replay`); this module only streams a
 task's row, events and snapshots out of the store into them. Nothing here
-builds a list of a task's events: a log of any length is read page by page.
+builds a list of a task's events from the database: a log of any length is read
+page by page (an archived task's log is read back from its file).
 """
 
 from __future__ import annotations
@@ -36,17 +37,44 @@ def replay_task(store: Store, lookup: Lookup, task_id: str) -> ReplayReport:
     return report
 
 
-def _log_of(items: Iterator[TaskRow | Event | Snapshot]) -> Iterator[Event | Snapshot]:
-    for item in items:
-        if isinstance(item, TaskRow):
-            return
-        yield item
-
-
 def replay_tasks(store: Store, lookup: Lookup, *, workflow: str | None = None,
                  since: datetime | None = None) -> Iterator[ReplayReport]:
     """One report per task (of `workflow`, changed since `since`), in task id order, as each one is read."""
     return replay_stream(store.audit_stream(workflow=workflow, since=since), lookup)
+
+
+#: An archived task's events, read back from its file (`Engine._archived_events`); [] when it is not archived.
+Archived = Callable[[str], list[Event]]
+
+
+def task_logs(store: Store, archived: Archived, *, task_ids: list[str] | None = None, workflow: str | None = None,
+              since: datetime | None = None, upto_seq: int | None = None) -> Iterator[TaskRow | Event]:
+    """Task rows, each followed by its events: from the database, or from its archive file once archived.
+
+    What export, as-of and the path on the diagram read: an archived task keeps only
+    its row in the database (`railyard archive`), and its log is still its log.
+    """
+    bare: TaskRow | None = None  # a row no event has followed yet
+    for item in store.audit_stream(task_ids=task_ids, workflow=workflow, since=since, with_snapshots=False,
+                                   upto_seq=upto_seq):
+        if isinstance(item, Snapshot):
+            continue
+        if isinstance(item, TaskRow):
+            if bare is not None:
+                yield from _archived_upto(archived, bare, upto_seq)
+            bare = item
+        else:
+            bare = None
+        yield item
+    if bare is not None:
+        yield from _archived_upto(archived, bare, upto_seq)
+
+
+def _archived_upto(archived: Archived, row: TaskRow, upto_seq: int | None) -> Iterator[Event]:
+    for event in archived(row.task_id):
+        if upto_seq is not None and event.seq > upto_seq:
+            return
+        yield event
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +85,7 @@ class AsOf:
     event: Event
 
 
-def state_as_of(store: Store, resolve: Resolve, row: TaskRow, *, seq: int | None = None,
+def state_as_of(store: Store, resolve: Resolve, archived: Archived, row: TaskRow, *, seq: int | None = None,
                 at: datetime | None = None) -> AsOf:
     """Fold the log up to `seq`, or up to the last event written at or before `at` (default: the head).
 
@@ -69,6 +97,8 @@ def state_as_of(store: Store, resolve: Resolve, row: TaskRow, *, seq: int | None
         raise ValueError("give a seq or a time, not both")
     if at is not None:
         seq = store.seq_at(row.task_id, at)
+        if seq is None:  # no event in the database that early: the log may be in an archive file
+            seq = max((e.seq for e in archived(row.task_id) if e.at <= at), default=None)
         if seq is None:
             raise ValueError(f"task {row.task_id} has no event at or before {format_instant(at)}")
     if seq is None:
@@ -78,7 +108,7 @@ def state_as_of(store: Store, resolve: Resolve, row: TaskRow, *, seq: int | None
     task: TaskState | None = None
     last: Event | None = None
     definition: Workflow | None = None
-    for item in store.audit_stream(task_ids=[row.task_id], with_snapshots=False, upto_seq=seq):
+    for item in task_logs(store, archived, task_ids=[row.task_id], upto_seq=seq):
         if not isinstance(item, Event):
             continue
         if task is None or definition is None:
@@ -115,11 +145,12 @@ def path_visits(events: Iterable[Event]) -> tuple[Counter[tuple[str, str, str]],
     return visits, current
 
 
-def task_path(store: Store, task_id: str) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
+def task_path(store: Store, archived: Archived,
+              task_id: str) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
     """The task's row and `path_visits` of its whole log, read as a stream."""
-    items = store.audit_stream(task_ids=[task_id], with_snapshots=False)
+    items = task_logs(store, archived, task_ids=[task_id])
     row = next(items, None)
     if not isinstance(row, TaskRow):
         raise _not_found(task_id)
-    visits, current = path_visits(item for item in _log_of(items) if isinstance(item, Event))
+    visits, current = path_visits(item for item in items if isinstance(item, Event))
     return row, visits, current

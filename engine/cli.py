@@ -248,11 +248,10 @@ def show(
         else:
             seq, at = _point(as_of)
             try:
-                task = engine.as_of(task_id, seq=seq, at=at)
+                found = engine.as_of_event(task_id, seq=seq, at=at)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--as-of") from None
-            view = engine.view(task)
-            point = engine.store.events(task_id, task.seq - 1, task.seq)[0]
+            view, point = engine.view(found.task), found.event
     if as_json:
         shown = view.to_dict()
         if point is not None:
@@ -560,10 +559,8 @@ def graph(
             _fail(error)
         sys.stdout.write(definition.machine.graph(fmt.value) + "\n")
         return
-    from engine.audit import task_path
-
     with _engine() as engine:
-        row, visits, current = task_path(engine.store, task_id)
+        row, visits, current = engine.path(task_id)
         if row.workflow != workflow:
             raise typer.BadParameter(f"task {task_id} is a {row.workflow} task, not {workflow}", param_hint="--task")
         if version is not None and version != row.version:
@@ -674,8 +671,7 @@ def export(
     with _engine() as engine:
         if task_id is not None and engine.store.row(task_id) is None:
             _fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
-        items = engine.store.audit_stream(task_ids=None if task_id is None else [task_id], workflow=workflow,
-                                          since=since_at, with_snapshots=False)
+        items = engine.logs(None if task_id is None else [task_id], workflow=workflow, since=since_at)
         for line in export_lines(items):
             sink.write(line.encode("utf-8"))
     sink.flush()

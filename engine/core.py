@@ -11,6 +11,7 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -36,6 +37,7 @@ from engine.timers import next_run_at
 
 if TYPE_CHECKING:
     from engine.archive import ArchiveRun
+    from engine.audit import AsOf
 
 log = logging.getLogger("railyard.engine")
 #: One line per transition (see `_log_transition`); `railyard worker` prints it at INFO.
@@ -462,12 +464,29 @@ class Engine:
 
     def as_of(self, task_id: str, seq: int | None = None, at: datetime | None = None) -> TaskState:
         """The task's state right after event `seq`, or after the last event written at or before `at`."""
+        return self.as_of_event(task_id, seq, at).task
+
+    def as_of_event(self, task_id: str, seq: int | None = None, at: datetime | None = None) -> AsOf:
+        """`as_of`, with the event it stops at (its time and actor): what `show --as-of` prints."""
         from engine.audit import state_as_of
 
         row = self.store.row(task_id)
         if row is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
-        return state_as_of(self.store, self._definition, row, seq=seq, at=at).task
+        return state_as_of(self.store, self._definition, self._archived_events, row, seq=seq, at=at)
+
+    def logs(self, task_ids: list[str] | None = None, *, workflow: str | None = None,
+             since: datetime | None = None) -> Iterator[TaskRow | Event]:
+        """Task rows each followed by its events, streamed; archived tasks' events come from their files."""
+        from engine.audit import task_logs
+
+        return task_logs(self.store, self._archived_events, task_ids=task_ids, workflow=workflow, since=since)
+
+    def path(self, task_id: str) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
+        """The task's row, how often it took each (source, trigger, target) edge, and where it is now."""
+        from engine.audit import task_path
+
+        return task_path(self.store, self._archived_events, task_id)
 
     def definition_of(self, task: TaskState) -> Workflow:
         return self._definition(task.workflow, task.version, task.digest)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +94,30 @@ def test_an_export_is_checked_against_the_definitions_it_is_given(eng: Engine) -
 @pytest.mark.parametrize("bad", [b"", b"not json\n", b'{"kind":"task"}\n', b"[1,2]\n"])
 def test_garbage_is_reported_not_raised(bad: bytes) -> None:
     assert findings(verify(bad))
+
+
+def test_an_archived_task_is_exported_shown_as_of_and_drawn_from_its_file(db_url: str, tmp_path: Path) -> None:
+    from engine import StaticRoles
+    from engine.canonical import now
+    from tests.sample_workflows import ROLES
+
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES),
+                archive_dir=tmp_path / "archive") as eng:
+        first, second = two_tasks(eng)
+        eng.cancel(second, actor="ann", reason="done")
+        live = {seq: eng.as_of(first, seq) for seq in range(1, 6)}
+        before = exported(eng, [first])
+        path = eng.path(first)
+        assert eng.archive(now() + timedelta(seconds=1)).tasks == 2
+        assert eng.store.events(first) == []  # only the tombstone row is left in the database
+        assert b"".join(export_lines_of(eng, [first])) == before
+        assert findings(verify(b"".join(export_lines_of(eng, None)))) == []
+        for seq, state in live.items():
+            assert eng.as_of(first, seq) == state
+        at = eng.as_of_event(first, 3).event.at
+        assert eng.as_of(first, at=at).seq == 3
+        assert eng.path(first) == path
+
+
+def export_lines_of(eng: Engine, task_ids: list[str] | None) -> list[bytes]:
+    return [line.encode("utf-8") for line in export_lines(eng.logs(task_ids))]
