@@ -80,7 +80,7 @@ class Plan:
 
 
 FULL = Plan(rounds=5, long_events=100_000, short_tasks=10_000, short_events=20, memory_total=1_000_000)
-QUICK = Plan(rounds=2, long_events=20_000, short_tasks=1_000, short_events=20, memory_total=200_000)
+QUICK = Plan(rounds=2, long_events=20_000, short_tasks=1_000, short_events=20, memory_total=120_000)
 
 EVENT_COLUMNS = "task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
 TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
