@@ -38,6 +38,7 @@ from engine.errors import (
 from engine.events import Event
 from engine.fold import TaskState, fold
 from engine.registry import Registry
+from engine.replay import ReplayReport
 from engine.roles import StaticRoles, roles_from_file
 from engine.store import Store
 
@@ -61,6 +62,7 @@ __all__ = [
     "RailyardError",
     "Refused",
     "Registry",
+    "ReplayReport",
     "State",
     "StateKind",
     "StaticRoles",
