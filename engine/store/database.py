@@ -11,6 +11,8 @@ costs one round trip and no BEGIN/COMMIT.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -69,3 +71,21 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get(WRITE) else "BEGIN")
 
     return engine
+
+
+@contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A real write transaction: on SQLite it takes the write lock up front (no failed lock upgrade halfway),
+    on PostgreSQL it leaves the pool's autocommit for READ COMMITTED."""
+    options: dict[str, Any] = {WRITE: True}
+    if engine.dialect.name == "postgresql":
+        options["isolation_level"] = "READ COMMITTED"
+    with engine.connect().execution_options(**options) as conn, conn.begin():
+        yield conn
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A read transaction: one consistent view for the statements inside it."""
+    with engine.connect() as conn, conn.begin():
+        yield conn

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,7 +24,7 @@ from engine.canonical import canonical_json, now, utc
 from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, StoreError
 from engine.events import UNREADABLE, Event
 from engine.store import queries
-from engine.store.database import WRITE, make_engine
+from engine.store.database import make_engine, reading, writing
 from engine.store.schema import events, snapshots, tasks, workers
 
 log = logging.getLogger("railyard.store")
@@ -550,19 +550,11 @@ class Store:
         return [_event(r) for r in conn.execute(query)]
 
     # -- plumbing -------------------------------------------------------
-    @contextmanager
-    def _writer(self) -> Iterator[Connection]:
-        """A real transaction: on SQLite it takes the write lock up front; on PostgreSQL it leaves autocommit."""
-        options: dict[str, Any] = {WRITE: True}
-        if self.dialect == "postgresql":
-            options["isolation_level"] = "READ COMMITTED"
-        with self.engine.connect().execution_options(**options) as conn, conn.begin():
-            yield conn
+    def _writer(self) -> AbstractContextManager[Connection]:
+        return writing(self.engine)
 
-    @contextmanager
-    def _reader(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn, conn.begin():
-            yield conn
+    def _reader(self) -> AbstractContextManager[Connection]:
+        return reading(self.engine)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager
 
 from sqlalchemy import Connection, Engine, delete, exc, func, select
 
 from engine import config
-from engine.store.database import WRITE, dialect_of, make_engine, normalize_url
+from engine.store.database import dialect_of, make_engine, normalize_url, reading, writing
 from workflows.fakes import schema
 from workflows.fakes.seed import seed
 
@@ -37,19 +35,12 @@ class Backend:
             else make_engine(self.url)
         self._ensure()
 
-    @contextmanager
-    def write(self) -> Iterator[Connection]:
-        """One transaction that takes the write lock up front on SQLite and runs READ COMMITTED on PostgreSQL."""
-        options: dict[str, Any] = {WRITE: True}
-        if self.dialect == "postgresql":
-            options["isolation_level"] = "READ COMMITTED"
-        with self.engine.connect().execution_options(**options) as conn, conn.begin():
-            yield conn
+    def write(self) -> AbstractContextManager[Connection]:
+        """The engine's own write transaction (`engine.store.database.writing`), on the fakes' tables."""
+        return writing(self.engine)
 
-    @contextmanager
-    def read(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn, conn.begin():
-            yield conn
+    def read(self) -> AbstractContextManager[Connection]:
+        return reading(self.engine)
 
     def reset(self) -> None:
         """Back to the seed data: every book emptied, every armed fault disarmed."""
