@@ -97,8 +97,27 @@ def _as_decided(action: Action, event: Event, recorded: Any) -> bool:
     if recorded != [guard_name(g) for g in action.guards]:
         return False
     if action.risk is not None and event.to_state == action.risk_target != action.target:
-        return bool((event.data.get("risk") or {}).get("check") == guard_name(action.risk))
+        risk = event.data.get("risk")
+        return isinstance(risk, dict) and risk.get("check") == guard_name(action.risk)
     return True
+
+
+def _verdict_key(rules: Workflow, task: TaskState, event: Event) -> tuple[Any, ...] | None:
+    """What `illegal`'s verdict depends on, for remembering legal ones; None for data too odd to remember.
+
+    A log repeats a handful of transitions, so each is judged once. Only legal keys
+    are kept, and a legal key's guards and risk check are the definition's own, so
+    the set stays as small as the definitions' transition tables.
+    """
+    data = event.data
+    guards, risk = data.get("guards", []), data.get("risk")
+    if risk is not None and type(risk) is not dict:
+        return None
+    check = risk.get("check") if risk is not None else None
+    if type(guards) is not list or not all(type(g) is str for g in guards) or not (check is None or
+                                                                                    type(check) is str):
+        return None
+    return (rules, task.state, event.from_state, event.trigger, event.to_state, tuple(guards), check)
 
 
 class LogCheck:
@@ -110,7 +129,8 @@ class LogCheck:
     one that event names: each stretch of the log is judged by its own version.
     """
 
-    def __init__(self, row: TaskRow | None, lookup: Lookup, task_id: str = "") -> None:
+    def __init__(self, row: TaskRow | None, lookup: Lookup, task_id: str = "",
+                 legal: set[tuple[Any, ...]] | None = None) -> None:
         self.row = row
         self.lookup = lookup
         self.task_id = row.task_id if row is not None else task_id
@@ -126,8 +146,8 @@ class LogCheck:
         self.task: TaskState | None = None
         self.rules: Workflow | None = None
         self.unchecked = row is None
-        #: Transitions already found legal under `rules` (see `event`); emptied when the rules change.
-        self.legal: set[tuple[Any, ...]] = set()
+        #: Transitions already found legal (see `_verdict_key`); `replay_stream` shares one set across tasks.
+        self.legal: set[tuple[Any, ...]] = legal if legal is not None else set()
 
     def add(self, code: Code, seq: int, message: str) -> None:
         """Record a finding; readers of a log (an export's lines, say) add what only they can see."""
@@ -173,15 +193,12 @@ class LogCheck:
         if event.trigger == MIGRATE:
             self._migrate(rules, task, event)
             return
-        data = event.data
-        guards = data.get("guards")
-        # The verdict depends only on these, and a long log repeats a handful of them: check each once.
-        seen = (task.state, event.from_state, event.trigger, event.to_state,
-                tuple(guards) if type(guards) is list else guards, str(data.get("risk")) if "risk" in data else None)
-        if seen not in self.legal:
+        seen = _verdict_key(rules, task, event)
+        if seen is None or seen not in self.legal:
             reason = illegal(rules, task, event)
             if reason is None:
-                self.legal.add(seen)
+                if seen is not None:
+                    self.legal.add(seen)
             else:
                 self.add(Code.ILLEGAL_TRANSITION, event.seq, reason)
         self._fold(rules, task, event)
@@ -240,7 +257,6 @@ class LogCheck:
             self._stop()
             return
         self.rules = target
-        self.legal.clear()
         self._fold(target, task, event)
 
     def _fold(self, rules: Workflow, task: TaskState, event: Event) -> None:
@@ -314,18 +330,19 @@ def _head(values: tuple[Any, ...]) -> str:
 def replay_stream(items: Iterable[TaskRow | Event | Snapshot], lookup: Lookup) -> Iterator[ReplayReport]:
     """One report per task of a stream of task rows, each followed by its log (what `Store.audit_stream` reads)."""
     check: LogCheck | None = None
+    legal: set[tuple[Any, ...]] = set()
     for item in items:
         if isinstance(item, Event):
             if check is None:
-                check = LogCheck(None, lookup, item.task_id)
+                check = LogCheck(None, lookup, item.task_id, legal)
             check.event(item)
         elif isinstance(item, Snapshot):
             if check is None:
-                check = LogCheck(None, lookup, item.task_id)
+                check = LogCheck(None, lookup, item.task_id, legal)
             check.snapshot(item)
         else:
             if check is not None:
                 yield check.finish()
-            check = LogCheck(item, lookup)
+            check = LogCheck(item, lookup, legal=legal)
     if check is not None:
         yield check.finish()

@@ -375,3 +375,27 @@ def sql_rows(eng: Engine, task_id: str) -> Iterator[Callable[..., None]]:
             assignments = ", ".join(f"{k} = :{k}" for k in values)
             conn.execute(text(f"UPDATE tasks SET {assignments} WHERE task_id = :t"), {**values, "t": task_id})
         yield set_row
+
+
+def test_odd_data_in_a_forged_event_is_a_finding_not_a_crash(eng: Engine) -> None:
+    guards = ["tests.sample_workflows.same_ticket"]
+    for data in ({"guards": [{"not": "a name"}]}, {"guards": "x"}, {"guards": guards, "risk": "high"},
+                 {"guards": guards, "risk": [1]}, {"guards": guards, "risk": {"check": {}}}, {"guards": None}):
+        task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+        forge(eng, task_id, trigger="decide", to_state="escalation_review",
+              data={"args": {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"}, **data}, status="blocked")
+        assert codes(eng.replay(task_id)) == ["ILLEGAL_TRANSITION"], data
+
+
+def test_a_legal_verdict_remembered_for_one_task_does_not_excuse_another(eng: Engine) -> None:
+    guards = ["tests.sample_workflows.same_ticket"]
+    fair = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    eng.fire(fair, "decide", {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"}, actor="model")
+    risky = eng.history(fair)[-1].data["risk"]
+    assert risky["check"] == "tests.sample_workflows.escalation_needs_review"
+    forged = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    forge(eng, forged, trigger="decide", to_state="escalation_review", status="blocked",
+          data={"args": {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"}, "guards": guards,
+                "risk": {"check": "tests.sample_workflows.other", "reason": "x"}})
+    reports = {r.task_id: r for r in eng.replay_all(workflow="triage")}
+    assert reports[fair].ok and codes(reports[forged]) == ["ILLEGAL_TRANSITION"]
