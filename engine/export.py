@@ -128,6 +128,7 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
     outside a task, a missing or wrong trailer.
     """
     check: LogCheck | None = None
+    legal: set[tuple[Any, ...]] = set()  # transitions found legal, remembered across the file's tasks
     created: Any = None
     file_findings: list[Finding] = []
     tasks = events = 0
@@ -146,14 +147,14 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
                 tasks += 1
                 check, created = None, None
                 row = _row(value)
-                check, created = LogCheck(row, lookup), row.created_at
+                check, created = LogCheck(row, lookup, legal=legal), row.created_at
             elif kind == "event":
                 events += 1
                 event = _event(value)
                 if check is None:
                     file_findings.append(Finding(Code.SEQ_GAP, event.seq, f"line {number}: an event before any "
                                                                           "task line"))
-                    check = LogCheck(None, lookup, event.task_id)
+                    check = LogCheck(None, lookup, event.task_id, legal)
                 elif event.task_id != check.task_id:
                     check.add(Code.HASH_MISMATCH, event.seq, f"line {number}: an event of task {event.task_id} "
                                                                f"under the task line of {check.task_id}")
@@ -174,7 +175,7 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
             where = f"line {number} cannot be read as an export line: {why}; its content was changed"
             if check is None:
                 # An unreadable task line: the events that follow are still chain-checked.
-                check = LogCheck(None, lookup, "")
+                check = LogCheck(None, lookup, "", legal)
             check.add(Code.HASH_MISMATCH, check.expected_seq, where)
     if check is not None:
         yield _finish(check, created)
