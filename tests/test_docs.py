@@ -8,7 +8,8 @@ Fenced blocks in README.md and docs/*.md are handled by their info string:
 - ```console / ```bash    run, command by command. In `console` blocks each line
                           starting with `$ ` is a command (other lines are sample
                           output, not compared); in `bash` blocks every line is. A
-                          command is `railyard ...` (the venv's), `export NAME=VALUE`,
+                          command is `railyard ...` (the venv's, optionally after
+                          `NAME=VALUE` words for that command alone), `export NAME=VALUE`,
                           or `NAME=$(railyard ...)`; `$NAME` expands; `railyard ... > FILE`
                           writes its stdout to FILE; `# ...` at the end is a comment. A
                           trailing `# exit N` expects exit status N (default 0), and
@@ -77,6 +78,7 @@ EXPECT = re.compile(r"\s+#\s*exit\s+(\d+)(?:\s+([A-Z_]+))?\s*$")
 ASSIGN = re.compile(r"^([A-Za-z_]\w*)=\$\((.*)\)$")
 EXPORT = re.compile(r"^export\s+([A-Za-z_]\w*)=(.*)$")
 REDIRECT = re.compile(r"\s+>\s*([\w.-]+)$")
+SETTING = re.compile(r"^[A-Za-z_]\w*=")
 VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 
 
@@ -191,9 +193,13 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
         if redirect := REDIRECT.search(command):
             into, command = cwd / redirect.group(1), command[: redirect.start()]
         argv = shlex.split(command)
+        scoped = dict(env)
+        while argv and SETTING.match(argv[0]):
+            name, _, value = argv.pop(0).partition("=")
+            scoped[name] = value
         assert argv and argv[0] == "railyard", (
             f"{where}: only `railyard` commands run; mark its block `no-run` if it cannot run in a test")
-        result = subprocess.run([str(RAILYARD), *argv[1:]], env=env, cwd=cwd, capture_output=True, text=True,
+        result = subprocess.run([str(RAILYARD), *argv[1:]], env=scoped, cwd=cwd, capture_output=True, text=True,
                                 timeout=120, check=False)
         shown = f"{where}\n--- stdout\n{result.stdout}--- stderr\n{result.stderr}"
         assert result.returncode == expected_exit, f"exit {result.returncode}, expected {expected_exit}: {shown}"
