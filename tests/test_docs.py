@@ -1,4 +1,5 @@
-"""The documentation is checked: the error table is generated, and the examples run.
+"""The documentation is checked: the error reference is generated, the refund diagram is the
+definition's, and the examples run.
 
 Fenced blocks in README.md and docs/*.md are handled by their info string:
 
