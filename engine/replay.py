@@ -214,7 +214,7 @@ class LogCheck:
         ref, digest = event.data.get("workflow"), event.data.get("digest")
         name, _, version = str(ref).rpartition("@")
         if name != row.workflow or not version.isdigit() or not isinstance(digest, str):
-            self.add(Code.STATE_MISMATCH, 1, f"the task row is a {row.workflow} task, its start event records "
+            self.add(Code.STATE_MISMATCH, 1, f"the task row is a task of {row.workflow}, its start event records "
                                                f"{ref!r}")
             self._stop()
             return
