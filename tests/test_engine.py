@@ -248,3 +248,15 @@ def test_each_transition_logs_one_structured_line(eng: Engine, caplog: pytest.Lo
     assert lines[0].startswith(f"task={task_id} seq=2 actor=model from=assessing trigger=note to=assessing code=-")
     assert "secret remark" not in " ".join(lines)
     assert "trigger=cancel to=cancelled" in lines[1] and "duration_ms=" in lines[1]
+
+
+@pytest.mark.parametrize("garbage", ["{not json", "[1, 2]", ""])
+def test_an_event_whose_data_is_no_longer_json_is_a_coded_refusal(eng: Engine, garbage: str) -> None:
+    task_id = eng.start("counter", {}, actor="ann")
+    eng.fire(task_id, "tick", {"n": 1}, actor="model")
+    with eng.store.engine.begin() as conn:
+        conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 2"), {"d": garbage, "t": task_id})
+    for read in (eng.load, eng.history):
+        with pytest.raises(RailyardError) as caught:
+            read(task_id)
+        assert caught.value.code is Code.HASH_MISMATCH

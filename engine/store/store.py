@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from engine.canonical import canonical_json, now, utc
-from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, StoreError
+from engine.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, StoreError
 from engine.events import UNREADABLE, Event
 from engine.store import queries
 from engine.store.database import make_engine, reading, writing
@@ -366,7 +366,7 @@ class Store:
                 snap = Snapshot(task_id, r[1], r[2], r[3])
             else:
                 tail.append(Event(task_id, r[1], queries.read_instant(r[10]), r[2], r[3], r[4], r[5],
-                                  json.loads(r[6]), r[7], r[8]))
+                                  _stored_data(r[6], task_id, r[1]), r[7], r[8]))
         return Loaded(row, snap, tail)
 
     def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
@@ -679,6 +679,16 @@ def _audit_data(text: str) -> dict[str, Any]:
 _DECODE = json.JSONDecoder().raw_decode
 
 
+def _stored_data(text: str, task_id: str, seq: int) -> dict[str, Any]:
+    """An event's data for the runtime: a stored text that is no longer a JSON object was edited (a coded refusal,
+    like any other broken link of the chain, rather than a decoder's traceback)."""
+    data = _audit_data(text)
+    if UNREADABLE in data and len(data) == 1:
+        raise IntegrityError(f"task {task_id}: the data of event {seq} is not the JSON object that was hashed",
+                             code=Code.HASH_MISMATCH, task_id=task_id, seq=seq)
+    return data
+
+
 def _event(r: Row[Any]) -> Event:
     return Event(
         task_id=r.task_id,
@@ -688,7 +698,7 @@ def _event(r: Row[Any]) -> Event:
         from_state=r.from_state,
         trigger=r.trigger,
         to_state=r.to_state,
-        data=json.loads(r.data),
+        data=_stored_data(r.data, r.task_id, r.seq),
         prev_hash=r.prev_hash,
         hash=r.hash,
     )
