@@ -55,6 +55,10 @@ def check_decision(
         raise Refused(f"{actor!r} started this task or proposed the call and may not approve it",
                       code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, actor=actor, reason="self_approval")
     current = task.prepared["digest"] if task.prepared else None
+    if current is not None and digest is None:
+        raise Refused("an approval names the digest of the prepared call the approver was shown "
+                      "(railyard approvals lists it)", code=Code.APPROVAL_STALE, task_id=task.task_id,
+                      current=current)
     if current is not None and digest != current:
         raise Refused("the prepared call changed since it was shown: review it again",
                       code=Code.APPROVAL_STALE, task_id=task.task_id, named=digest, current=current)

@@ -721,7 +721,8 @@ def archive(
     if as_json:
         _print_json({"directory": directory, "files": done.files, "tasks": done.tasks, "events": done.events})
         return
-    out.print(f"archived {done.tasks} tasks ({done.events} events) to {len(done.files)} file(s) in {directory}"
+    out.print(f"archived {_count(done.tasks, 'task')} ({_count(done.events, 'event')}) to "
+              f"{_count(len(done.files), 'file')} in {directory}"
               + "".join(f"\n  {name}" for name in done.files), highlight=False)
 
 
@@ -752,7 +753,7 @@ def run(
         turn = ev.data.get("turn", {})
         code = turn.get("code") or ""
         out.print(f"{ev.seq}  {ev.from_state} --{ev.trigger}--> {ev.to_state}  "
-                  f"[{turn.get('strategy', '')}] {code}", highlight=False)
+                  f"[{turn.get('strategy', '')}] {code}", highlight=False, markup=False)
     out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from engine.canonical import now
 from engine.core import Engine
 from engine.definition import EXPIRED, LIMIT, Status
-from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError
+from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
 from engine.leases import Lease, holding
 from engine.model.types import ModelAdapter
 from engine.store.store import Claim, WorkerReport
@@ -110,7 +110,8 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
-        self.workflows = list(workflows) if workflows else None
+        # By default only the workflows this process defines: a task of another is left to a worker that has it.
+        self.workflows = list(workflows) if workflows else sorted({w.name for w in engine.registry})
         self.model = model
         self.thinking = thinking
         self.poll_seconds = poll_seconds
@@ -215,6 +216,13 @@ class Worker:
             self.counts.add("conflicts")
             log.info("task %s: moved by someone else meanwhile; it will be looked at again", task_id)
         except Exception as exc:  # one bad task never stops a worker
+            if isinstance(exc, Refused) and exc.code in (Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED):
+                # A deployment mismatch, not a poison task: this process lacks the task's version (or has other
+                # code under its number). Leave the task to a worker that has it; never count it as a failure.
+                log.warning("task %s: %s (%s); leaving it to a worker that defines its version", task_id,
+                            exc.code, exc.message)
+                self.engine.store.postpone(task_id, claim.epoch, now() + timedelta(seconds=self.retry_backoff))
+                return
             failed = True
             self.counts.add("failures")
             log.error("task %s: %s while advancing (%.200s)", task_id, type(exc).__name__, exc)

@@ -241,3 +241,21 @@ def test_status_lists_leased_tasks_and_live_workers(eng: Engine) -> None:
     [row] = [c for c in eng.store.status_counts() if c["workflow"] == "counter"]
     assert (row["status"], row["tasks"], row["leased"]) == ("runnable", 1, 1)
     assert row["oldest_due"] is not None
+
+
+def test_a_worker_without_the_tasks_version_leaves_it_alone_without_counting_a_failure(eng: Engine) -> None:
+    from dataclasses import replace as with_changes
+
+    task_id = eng.start("counter", {}, actor="ann")
+    other = eng.start("refund", {"customer": "c1", "balance": 500}, actor="ann")
+    newer_only = Registry([with_changes(COUNTER, version=2)])
+    with Engine(eng.store.url, newer_only) as deployed_elsewhere:
+        worker = Worker(deployed_elsewhere, name="v2-only", model=Finisher(), retry_backoff=3600)
+        assert worker.workflows == ["counter"]  # by default, only the workflows this process defines
+        assert worker.run_once() == 1  # the counter task; never the refund task it has no definition of
+        assert worker.counts.failures == 0 and worker.counts.transitions == 0
+        assert worker.run_once() == 0  # postponed, for a worker that has counter@1
+    row = eng.store.row(task_id)
+    assert row is not None and row.failures == 0 and row.lease_owner is None and eng.get(task_id).seq == 1
+    assert eng.store.row(other).lease_epoch == 0  # type: ignore[union-attr]
+    assert Worker(eng, model=Finisher()).run_once() == 1  # `other` is due; the counter task waits its backoff
