@@ -52,8 +52,6 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 #: (file, command as written after `$ `) -> why it cannot run. Only for pages someone else is editing; elsewhere
 #: mark the block `console no-run`. Remove an entry once its block is marked.
 NOT_MARKED_YET: dict[tuple[str, str], str] = {
-    ("operations.md", "railyard worker --concurrency 8 --lease-seconds 30 --model openai:gpt-4o-mini"):
-        "runs until SIGTERM and needs an OpenAI key (the Workers section is being rewritten)",
     ("performance.md", "make bench          # both benchmarks (append.py, agent_step.py), about 5 minutes"):
         "minutes of benchmarks on PostgreSQL",
     ("performance.md", "make bench-quick    # their --quick versions, about a minute: a smoke test, noisier"):
