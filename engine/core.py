@@ -179,6 +179,10 @@ class Engine:
                                          comment)
         return self.transition(task, trigger, payload, actor=actor)
 
+    #: DESIGN.md's name for firing a human or external trigger (a customer replied, an operator closed): the
+    #: same method, so a signal gets the same checks, refusals and approval handling as `fire`.
+    signal = fire
+
     def transition(
         self,
         task: TaskState,

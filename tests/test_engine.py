@@ -260,3 +260,12 @@ def test_an_event_whose_data_is_no_longer_json_is_a_coded_refusal(eng: Engine, g
         with pytest.raises(RailyardError) as caught:
             read(task_id)
         assert caught.value.code is Code.HASH_MISMATCH
+
+
+def test_signal_is_fire_under_the_designs_name(eng: Engine) -> None:
+    task_id = eng.start("counter", {}, actor="ann")
+    assert eng.signal(task_id, "tick", {"n": 1}, actor="model").seq == 2
+    with pytest.raises(RailyardError) as caught:
+        eng.signal(task_id, "repair", {}, actor="model")  # engine triggers stay the engine's
+    assert caught.value.code is Code.FORBIDDEN
+    assert len(eng.history(task_id)) == 2
