@@ -29,11 +29,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/append.py
 	$(BIN)/python bench/agent_step.py
+	$(BIN)/python bench/workers.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/replay.py --quick
 	$(BIN)/python bench/append.py --quick
 	$(BIN)/python bench/agent_step.py --quick
+	$(BIN)/python bench/workers.py --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff check engine workflows migrations tests bench tools
