@@ -178,3 +178,14 @@ def audit_logs(postgres: bool, n_ids: int, with_snapshots: bool, upto: bool) -> 
         sql += (f" UNION ALL SELECT 1, task_id, seq, NULL, NULL, NULL, NULL, NULL, doc, NULL, hash"
                 f" FROM snapshots WHERE task_id IN ({ids}){limit}")
     return sql + " ORDER BY 2, 3, 1"
+
+#: Give a lease back: only while still held at the claimed epoch (a lease taken over is not ours to free);
+#: a step that went through also clears the count of consecutive failures. Parameters: succeeded, task, epoch.
+RELEASE_POSTGRES = (
+    "UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,"
+    " failures = CASE WHEN %s THEN 0 ELSE failures END WHERE task_id = %s AND lease_epoch = %s"
+)
+RELEASE_SQLITE = (
+    "UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,"
+    " failures = CASE WHEN ? THEN 0 ELSE failures END WHERE task_id = ? AND lease_epoch = ?"
+)

@@ -275,12 +275,16 @@ class Store:
 
         A step that went through clears the task's count of consecutive failures.
         """
-        values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
-        if step_succeeded:
-            values["failures"] = 0
-        with self._errors(), self._writer() as conn:
-            conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
-                         .values(**values))
+        # Once per claim: one statement on the driver connection (autocommit), not a three-round-trip transaction.
+        postgres = self.dialect == "postgresql"
+        with self._errors():
+            raw = self.engine.raw_connection()
+            try:
+                cur: Any = raw.cursor()
+                cur.execute(queries.RELEASE_POSTGRES if postgres else queries.RELEASE_SQLITE,
+                            (step_succeeded, task_id, epoch))
+            finally:
+                raw.close()
 
     def postpone(self, task_id: str, epoch: int, until: datetime, *, failed: bool = False) -> int:
         """Move a held task's next look to `until`; with `failed`, count one more failed step. Returns the count."""
