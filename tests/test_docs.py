@@ -52,23 +52,6 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 #: (file, command as written after `$ `) -> why it cannot run. Only for pages someone else is editing; elsewhere
 #: mark the block `console no-run`. Remove an entry once its block is marked.
 NOT_MARKED_YET: dict[tuple[str, str], str] = {
-    ("performance.md", "make bench          # both benchmarks (append.py, agent_step.py), about 5 minutes"):
-        "minutes of benchmarks on PostgreSQL",
-    ("performance.md", "make bench-quick    # their --quick versions, about a minute: a smoke test, noisier"):
-        "a minute of benchmarks on PostgreSQL",
-    ("performance.md", ".venv/bin/python bench/agent_step.py            # full run: 7 rounds, about 2 minutes"):
-        "minutes of benchmarks on PostgreSQL",
-    ("performance.md", ".venv/bin/python bench/agent_step.py --quick    # 3 short rounds, under a minute: a smoke "
-                       "test, noisier"):
-        "a minute of benchmarks on PostgreSQL",
-    ("performance.md", ".venv/bin/python bench/agent_step.py --profile  # also prints a cProfile of steps on SQLite"):
-        "minutes of benchmarks on PostgreSQL",
-    ("performance.md", ".venv/bin/python bench/replay.py            # full run: 5 rounds, about 2-3 minutes "
-                       "(1,000,000 events generated)"):
-        "minutes of benchmarks; needs PostgreSQL",
-    ("performance.md", ".venv/bin/python bench/replay.py --quick    # 2 rounds on a fifth of the data, under a "
-                       "minute"):
-        "a minute of benchmarks; needs PostgreSQL",
 }
 RAILYARD = Path(sys.executable).parent / "railyard"
 
