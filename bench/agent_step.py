@@ -41,7 +41,6 @@ last line of output is one JSON object: figures, baselines, ratios and targets.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import hashlib
 import io
@@ -69,10 +68,12 @@ from append import (
     _cpu_ticks,
     background_busy,
     bench_database,
+    bench_parser,
     check_raw_matches_engine,
     libpq,
     machine,
     pg_server_url,
+    print_targets,
 )
 from sqlalchemy.engine import make_url
 
@@ -649,23 +650,12 @@ def report(fig: dict[str, dict[str, Any]], over: dict[str, Any], targets: list[d
         print(f"WARNING: in {disturbed} of {sum(len(f['rounds']) for f in fig.values())} timed runs the CPUs were "
               f"more than {DISTURBED:.0%} busy, more than one stepping process explains: other work was running "
               "and the figures are disturbed by it. Rerun on a quiet machine.")
-    print("Targets:")
-    for t in targets:
-        verdict = {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[t["met"]]
-        shown = "n/a" if t["value"] is None else f"{t['value']:.3f}"
-        rounds = f", met in {t['rounds_met']} rounds" if "rounds_met" in t else ""
-        print(f"    {verdict:<13} {t['name']:<24} {shown} {t['op']} {t['threshold']}  ({t['note']}{rounds})")
+    print_targets(targets)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
+    parser = bench_parser(__doc__)
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of steps on SQLite")
-    parser.add_argument(
-        "--postgres-url",
-        help="server on which to create (and drop) the bench database; default RAILYARD_BENCH_POSTGRES_URL, "
-        "RAILYARD_TEST_POSTGRES_URL, or the local `test` database",
-    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"

@@ -603,6 +603,30 @@ def target(
     return out
 
 
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every benchmark takes, `--quick` and `--postgres-url`; described by the doc's first paragraph."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
+    parser.add_argument(
+        "--postgres-url",
+        help="server on which to create (and drop) the bench database; default RAILYARD_BENCH_POSTGRES_URL, "
+        "RAILYARD_TEST_POSTGRES_URL, or the local `test` database",
+    )
+    return parser
+
+
+def print_targets(targets: list[dict[str, Any]]) -> None:
+    """The targets block every benchmark prints before its JSON line: verdict, name, value, threshold, note."""
+    width = max((len(t["name"]) for t in targets), default=0)
+    print("Targets:")
+    for t in targets:
+        verdict = {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[t["met"]]
+        value = t["value"]
+        shown = "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+        rounds = f", met in {t['rounds_met']} rounds" if "rounds_met" in t else ""
+        print(f"    {verdict:<13} {t['name']:<{width}} {shown} {t['op']} {t['threshold']}  ({t['note']}{rounds})")
+
 def machine(pg_version: str | None) -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -768,23 +792,11 @@ def report(
     print("Ratios (of the medians; in brackets the same ratio round by round, lowest to highest):")
     for name, value in ratios.items():
         print(f"    {name:<34} {value:5.2f}x  [{min(per_round[name]):.2f}-{max(per_round[name]):.2f}]")
-    print("Targets:")
-    for t in targets:
-        verdict = {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[t["met"]]
-        shown = "n/a" if t["value"] is None else f"{t['value']:.3f}"
-        rounds = f", met in {t['rounds_met']} rounds" if "rounds_met" in t else ""
-        print(f"    {verdict:<13} {t['name']:<27} {shown} {t['op']} {t['threshold']}  ({t['note']}{rounds})")
+    print_targets(targets)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
-    parser.add_argument(
-        "--postgres-url",
-        help="server on which to create (and drop) the bench database; default RAILYARD_BENCH_POSTGRES_URL, "
-        "RAILYARD_TEST_POSTGRES_URL, or the local `test` database",
-    )
-    args = parser.parse_args(argv)
+    args = bench_parser(__doc__).parse_args(argv)
     plan = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
     started = time.perf_counter()

@@ -31,7 +31,6 @@ JSON object: figures, baselines, ratios and targets.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -45,7 +44,18 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from append import BUSY_WARNING, TickArgs, background_busy, bench_database, libpq, machine, pg_server_url, target
+from append import (
+    BUSY_WARNING,
+    TickArgs,
+    background_busy,
+    bench_database,
+    bench_parser,
+    libpq,
+    machine,
+    pg_server_url,
+    print_targets,
+    target,
+)
 
 from engine import Action, Agent, Engine, Registry, StaticRoles, Terminal, Workflow, migrations
 from engine.canonical import GENESIS_HASH, canonical_json
@@ -228,10 +238,7 @@ def check_generated(eng: Engine, task_id: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
-    parser.add_argument("--postgres-url", help="server on which to create (and drop) the bench database")
-    args = parser.parse_args(argv)
+    args = bench_parser(__doc__).parse_args(argv)
     plan = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
     started = time.perf_counter()
@@ -316,10 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    replay --all over {memory['events']:>9,} events in {memory['tasks']:,} tasks: peak RSS "
               f"{memory['peak_rss_mb']} MB (interpreter and imports alone: {memory['import_rss_mb']} MB), "
               f"{memory['events_per_s']:,} events/s")
-    print("Targets:")
-    for t in targets:
-        verdict = {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[t["met"]]
-        print(f"    {verdict:<8} {t['name']:<24} {t['value']} {t['op']} {t['threshold']}  ({t['note']})")
+    print_targets(targets)
     print(f"({elapsed:.0f} s)")
     result = {
         "bench": "replay",

@@ -24,7 +24,6 @@ a 0.5 s poll: what the notifications buy.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -49,9 +48,11 @@ from append import (
     _cpu_ticks,
     background_busy,
     bench_database,
+    bench_parser,
     libpq,
     machine,
     pg_server_url,
+    print_targets,
     target,
 )
 from pydantic import BaseModel, ConfigDict, Field
@@ -679,23 +680,11 @@ def report(fig: dict[str, Any], pg: dict[str, Any], ratios: dict[str, float], pe
         spread = per_round.get(name)
         bracket = f"  [{min(spread):.2f}-{max(spread):.2f}]" if spread else ""
         print(f"    {name:<36} {value:6.2f}x{bracket}")
-    print("Targets:")
-    for t in targets:
-        verdict = {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[t["met"]]
-        shown = "n/a" if t["value"] is None else f"{t['value']:.3f}"
-        rounds = f", met in {t['rounds_met']} rounds" if "rounds_met" in t else ""
-        print(f"    {verdict:<13} {t['name']:<22} {shown} {t['op']} {t['threshold']}  ({t['note']}{rounds})")
+    print_targets(targets)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
-    parser.add_argument(
-        "--postgres-url",
-        help="server on which to create (and drop) the bench database; default RAILYARD_BENCH_POSTGRES_URL, "
-        "RAILYARD_TEST_POSTGRES_URL, or the local `test` database",
-    )
-    args = parser.parse_args(argv)
+    args = bench_parser(__doc__).parse_args(argv)
     plan = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
     started = time.perf_counter()
