@@ -83,6 +83,21 @@ def test_a_worker_whose_lease_was_taken_over_cannot_append(eng: Engine) -> None:
     assert [e.actor for e in eng.history(task_id)] == ["ann", "w2"]
 
 
+def test_a_released_lease_stays_released_on_connections_once_used_in_autocommit(eng: Engine) -> None:
+    # Every pooled connection has run under AUTOCOMMIT (as operators' scripts and these tests do); the pool
+    # resets such a connection, and a release on it used to be rolled back: the task stayed leased for 30 s.
+    task_id = eng.start("counter", {}, actor="ann")
+    held = [eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") for _ in range(5)]
+    for conn in held:
+        conn.execute(text("SELECT 1"))
+        conn.close()
+    for round_ in range(3):
+        [claim] = eng.store.claim("w1", limit=1, lease_seconds=30)
+        eng.store.release(task_id, claim.epoch)
+        row = eng.store.row(task_id)
+        assert row is not None and (row.lease_owner, row.lease_expires_at) == (None, None), round_
+
+
 def test_workers_at_once_never_run_one_task_twice(eng: Engine) -> None:
     task_ids = [eng.start("counter", {}, actor="ann") for _ in range(24)]
     workers = [Worker(eng, name=f"w{i}", concurrency=3, model=Finisher(), poll_seconds=0.01) for i in range(3)]

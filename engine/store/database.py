@@ -63,6 +63,13 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.close()
 
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        # SQLAlchemy resets a connection that ran under isolation_level="AUTOCOMMIT" to the sqlite3 module's
+        # implicit transactions when it returns to the pool. A raw single-statement write (a lease release)
+        # on such a connection would open a transaction that the pool then rolls back: take control back.
+        dbapi_connection.isolation_level = None
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         options = conn.get_execution_options()
