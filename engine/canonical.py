@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
@@ -31,6 +32,10 @@ def canonical_json(value: Any) -> str:
     if _C_ENCODER is not None:
         return "".join(_C_ENCODER(value, 0))
     return _CANONICAL.encode(value)
+
+
+#: A string as `canonical_json` writes it (quoted, escaped, non-ASCII kept): the encoder's own function.
+json_string: Callable[[str], str] = encode_basestring
 
 
 def sha256_hex(text: str) -> str:

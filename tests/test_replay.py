@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import timedelta, timezone
+from datetime import UTC, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from sqlalchemy import Connection, create_engine, text
 from engine import Code, Engine, Refused, Registry, StaticRoles, Workflow
 from engine.canonical import GENESIS_HASH, canonical_json, now
 from engine.definition import CALL, RECONCILE
-from engine.events import seal
+from engine.events import seal, stored_body, with_stored_data
 from engine.fold import TaskState
 from engine.model import ScriptedModel
 from engine.replay import ReplayReport, illegal
@@ -118,6 +118,41 @@ def test_unreadable_event_data_is_reported_not_raised(eng: Engine, db_url: str) 
     with sql(db_url) as conn:
         conn.execute(text("UPDATE events SET data = '{not json' WHERE task_id = :t AND seq = 2"), {"t": task_id})
     assert ("HASH_MISMATCH", 2) in [(str(f.code), f.seq) for f in eng.replay(task_id).findings]
+
+
+def test_event_data_only_reformatted_keeps_its_hash(eng: Engine, db_url: str) -> None:
+    # The hash covers the canonical encoding of the data's value, not the stored bytes: replay's quick check over
+    # the stored text fails here, and the full canonical check it falls back on is the judge.
+    task_id, _ = refund_to_completion(eng)
+    stored = next(e for e in eng.history(task_id) if e.seq == 3)
+    with sql(db_url) as conn:
+        conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 3"),
+                     {"d": json.dumps(stored.data, indent=2, ensure_ascii=True), "t": task_id})
+    assert eng.replay(task_id).ok
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(task_id=st.text(), seq=st.integers(min_value=1), actor=st.text(), source=st.none() | st.text(),
+       trigger=st.text(), target=st.text(), data=st.dictionaries(st.text(), JSON_VALUES, max_size=5),
+       at=st.datetimes(timezones=st.just(UTC)))
+def test_the_hash_over_stored_data_text_is_the_canonical_hash(task_id: str, seq: int, actor: str,
+                                                              source: str | None, trigger: str, target: str,
+                                                              data: dict[str, Any], at: Any) -> None:
+    event = seal(task_id=task_id, seq=seq, at=at, actor=actor, from_state=source, trigger=trigger,
+                 to_state=target, data=data, prev_hash=GENESIS_HASH)
+    assert stored_body(task_id, seq, at, actor, source, trigger, target, canonical_json(data)) == canonical_json(
+        event.body())
+    assert with_stored_data(replace(event), canonical_json(data)).computed_hash() == event.hash
+    # Text that is not the sealed one never decides: the hash comes from the content, as without any text.
+    edited = replace(event, data={**data, "edited": True})
+    assert with_stored_data(edited, canonical_json(edited.data)).computed_hash() != event.hash
+    assert with_stored_data(replace(event), json.dumps(data, indent=1)).computed_hash() == event.hash
 
 
 def test_a_deleted_event_is_a_seq_gap(eng: Engine, db_url: str) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from engine.canonical import canonical_json, now, utc
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, StoreError
-from engine.events import UNREADABLE, Event
+from engine.events import UNREADABLE, Event, with_stored_data
 from engine.store import queries
 from engine.store.database import make_engine, reading, writing
 from engine.store.schema import events, snapshots, tasks, workers
@@ -443,9 +443,9 @@ class Store:
                                 raise StoreError(f"audit read: a log row of task {tid} out of its page's order")
                             yield head
                         if k == 0:
-                            yield Event(tid, seq, at if type(at) is datetime and at.tzinfo is UTC
-                                        else _audit_instant(at), actor, source, trigger, target, _audit_data(data),
-                                        prev, digest)
+                            yield with_stored_data(Event(tid, seq, at if type(at) is datetime and at.tzinfo is UTC
+                                                         else _audit_instant(at), actor, source, trigger, target,
+                                                         _audit_data(data), prev, digest), data)
                         else:
                             yield Snapshot(tid, seq, digest, data)
                 finally:
@@ -478,7 +478,7 @@ class Store:
                     pg.execute("SET LOCAL TIME ZONE 'UTC'")
 
                     def pg_stream(sql: str, params: list[Any]) -> Generator[Any]:
-                        with pg.cursor(name="railyard_audit") as cur:
+                        with pg.cursor(name="railyard_audit", binary=True) as cur:
                             cur.itersize = AUDIT_FETCH
                             cur.execute(sql, params)
                             yield from cur
