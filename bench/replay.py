@@ -2,17 +2,19 @@
 
 On PostgreSQL (the engine for real audits):
 
-  (a) one task with 100,000 events      `Engine.replay(task)`: every hash recomputed, the chain, seq,
+  (a) one task with 100,000 events      `Engine.replay(task, jobs=N)`: every hash recomputed, the chain, seq,
                                          each transition's legality, the fold against the row and
                                          every snapshot (one every 10 events, as the engine writes them)
-  (b) 10,000 tasks x 20 events           `Engine.replay_all(workflow=...)`, the same checks per task
+  (b) 10,000 tasks x 20 events           `Engine.replay_all(workflow=..., jobs=N)`, the same checks per task
   raw                                    psycopg by hand: `SELECT <every events column> ... ORDER BY ...`
                                          of the same rows, fetched, nothing computed
 
-and the peak memory (`ru_maxrss`) of `Engine.replay_all()` over every task, each in its own
-subprocess, once over the data of (a) and (b) and again after more long tasks bring the database to
-1,000,000 events: flat memory means the two are about the same. The subprocesses are started before
-any data is generated, because Linux carries a parent's peak RSS into a child across exec.
+N is the number of CPUs available, what `railyard replay` uses by default (`engine.replay_jobs`); the
+same replays in one process (`jobs=1`) are measured next to them. And the peak memory (`ru_maxrss`)
+of `Engine.replay_all(jobs=N)` over every task, of its process and of its largest job, each run in its
+own subprocess, once over the data of (a) and (b) and again after more long tasks bring the database
+to 1,000,000 events: flat memory means the two are about the same. The subprocesses are started
+before any data is generated, because Linux carries a parent's peak RSS into a child across exec.
 
 Next to each rate it prints the measuring process's own CPU time per row: on a machine that other
 work keeps busy the rates fall, the CPU time much less.
@@ -62,6 +64,7 @@ from engine.canonical import GENESIS_HASH, canonical_json
 from engine.definition import START
 from engine.events import Event, seal
 from engine.fold import TaskState, apply, initial
+from engine.replay_jobs import available_jobs
 
 ACTOR = "bench"
 SNAPSHOT_EVERY = 10
@@ -165,18 +168,18 @@ def raw_read(dsn: str, sql: str, params: tuple[Any, ...]) -> Sample:
         return time.perf_counter() - started, n, time.process_time() - cpu
 
 
-def replay_one(eng: Engine, task_id: str) -> Sample:
+def replay_one(eng: Engine, task_id: str, jobs: int) -> Sample:
     started, cpu = time.perf_counter(), time.process_time()
-    report = eng.replay(task_id)
+    report = eng.replay(task_id, jobs=jobs)
     elapsed, used = time.perf_counter() - started, time.process_time() - cpu
     assert report.ok, report.findings[:3]
     return elapsed, report.events, used
 
 
-def replay_many(eng: Engine, workflow: str) -> Sample:
+def replay_many(eng: Engine, workflow: str, jobs: int) -> Sample:
     started, cpu = time.perf_counter(), time.process_time()
     events = 0
-    for report in eng.replay_all(workflow=workflow):
+    for report in eng.replay_all(workflow=workflow, jobs=jobs):
         assert report.ok, (report.task_id, report.findings[:3])
         events += report.events
     return time.perf_counter() - started, events, time.process_time() - cpu
@@ -191,16 +194,17 @@ url = sys.stdin.readline().strip()  # sent once the data is loaded
 eng = make_engine(url)
 started = time.perf_counter()
 tasks = events = findings = 0
-for report in eng.replay_all():
+for report in eng.replay_all(jobs={jobs}):
     tasks += 1
     events += report.events
     findings += len(report.findings)
 elapsed = time.perf_counter() - started
-print(tasks, events, findings, imported, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, elapsed)
+print(tasks, events, findings, imported, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, elapsed,
+      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 """
 
 
-def start_memory_child() -> subprocess.Popen[str]:
+def start_memory_child(jobs: int) -> subprocess.Popen[str]:
     """A replay_all process, started before the data is generated and waiting for the database URL.
 
     Linux carries a parent's peak RSS into a child across exec (`ru_maxrss` would report the
@@ -208,7 +212,7 @@ def start_memory_child() -> subprocess.Popen[str]:
     small parent it was forked from, and its `ru_maxrss` is its own.
     """
     here = str(Path(__file__).resolve().parent)
-    return subprocess.Popen([sys.executable, "-c", MEMORY_CHILD.format(paths=[here])], cwd=here,
+    return subprocess.Popen([sys.executable, "-c", MEMORY_CHILD.format(paths=[here], jobs=jobs)], cwd=here,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
@@ -216,9 +220,10 @@ def replay_all_memory(child: subprocess.Popen[str], url: str) -> dict[str, Any]:
     """Peak RSS of `replay_all()` over the whole database, in its own interpreter (kilobytes on Linux)."""
     out, _ = child.communicate(url + "\n", timeout=3600)
     assert child.returncode == 0, out
-    tasks, events, findings, imported, maxrss, seconds = out.split()
+    tasks, events, findings, imported, maxrss, seconds, workers = out.split()
     return {"tasks": int(tasks), "events": int(events), "findings": int(findings),
             "peak_rss_mb": round(int(maxrss) / 1024, 1), "import_rss_mb": round(int(imported) / 1024, 1),
+            "worker_peak_rss_mb": round(int(workers) / 1024, 1),
             "seconds": round(float(seconds), 2), "events_per_s": round(int(events) / float(seconds))}
 
 
@@ -249,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, railyard {host['commit']}")
     if idle_busy is not None and idle_busy >= BUSY_WARNING:
         print(f"WARNING: the CPUs were {idle_busy * 100:.0f} % busy with other work before the run", flush=True)
-    children = [start_memory_child(), start_memory_child()]
+    jobs = available_jobs()
+    print(f"Parallel replay: {jobs} jobs (one per CPU available, as `railyard replay` does by default)")
+    children = [start_memory_child(jobs), start_memory_child(jobs)]
     with bench_database(pg_server_url(args.postgres_url)) as (url, pg):
         if url is None:
             for child in children:
@@ -270,13 +277,15 @@ def main(argv: list[str] | None = None) -> int:
             one_sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE task_id = %s ORDER BY seq"
             many_sql = (f"SELECT {EVENT_COLUMNS} FROM events WHERE task_id IN (SELECT task_id FROM tasks WHERE "
                         "workflow = %s) ORDER BY task_id, seq")
-            samples: dict[str, list[Sample]] = {"raw_one": [], "engine_one": [], "raw_many": [],
-                                                           "engine_many": []}
+            samples: dict[str, list[Sample]] = {"raw_one": [], "engine_one": [], "serial_one": [], "raw_many": [],
+                                                "engine_many": [], "serial_many": []}
             for round_no in range(plan.rounds):
                 samples["raw_one"].append(raw_read(dsn, one_sql, (long_id,)))
-                samples["engine_one"].append(replay_one(eng, long_id))
+                samples["engine_one"].append(replay_one(eng, long_id, jobs))
+                samples["serial_one"].append(replay_one(eng, long_id, 1))
                 samples["raw_many"].append(raw_read(dsn, many_sql, (SHORT.name,)))
-                samples["engine_many"].append(replay_many(eng, SHORT.name))
+                samples["engine_many"].append(replay_many(eng, SHORT.name, jobs))
+                samples["serial_many"].append(replay_many(eng, SHORT.name, 1))
                 print(f"  round {round_no + 1}/{plan.rounds} done", file=sys.stderr, flush=True)
         figures = {name: median_rate(s) for name, s in samples.items()}
         print("  replay --all in a subprocess ...", file=sys.stderr, flush=True)
@@ -295,16 +304,17 @@ def main(argv: list[str] | None = None) -> int:
     one, many = figures["engine_one"]["median"], figures["engine_many"]["median"]
     ratios = {"one_task_vs_raw": one / figures["raw_one"]["median"],
               "many_tasks_vs_raw": many / figures["raw_many"]["median"]}
-    growth = memory_large["peak_rss_mb"] - memory_small["peak_rss_mb"]
+    growth = (max(memory_large["peak_rss_mb"], memory_large["worker_peak_rss_mb"])
+              - max(memory_small["peak_rss_mb"], memory_small["worker_peak_rss_mb"]))
     targets = [
         target("one_task_events_per_s", one, ">=", 100_000,
-               f"Engine.replay, one task of {plan.long_events:,} events, hashes verified"),
+               f"Engine.replay(jobs={jobs}), one task of {plan.long_events:,} events, hashes verified"),
         target("many_tasks_events_per_s", many, ">=", 100_000,
-               f"Engine.replay_all, {plan.short_tasks:,} tasks x {plan.short_events} events"),
+               f"Engine.replay_all(jobs={jobs}), {plan.short_tasks:,} tasks x {plan.short_events} events"),
         target("one_task_vs_raw", ratios["one_task_vs_raw"], ">=", 0.3, "replay / raw SELECT, one task"),
         target("many_tasks_vs_raw", ratios["many_tasks_vs_raw"], ">=", 0.3, "replay_all / raw SELECT, many tasks"),
-        target("peak_rss_mb", memory_large["peak_rss_mb"], "<", 200.0,
-               f"replay --all over {memory_large['events']:,} events, peak RSS of the process"),
+        target("peak_rss_mb", max(memory_large["peak_rss_mb"], memory_large["worker_peak_rss_mb"]), "<", 200.0,
+               f"replay --all over {memory_large['events']:,} events, peak RSS of the process and of each job"),
         target("rss_growth_mb", growth, "<", 20.0,
                f"peak RSS over {memory_large['events']:,} events minus over {memory_small['events']:,}"),
     ]
@@ -313,15 +323,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"PostgreSQL {pg['server_version']}, events per second (median of {plan.rounds} rounds [min-max]), and "
           "this process's CPU time per row (median):")
     for name, label in (("raw_one", f"raw SELECT, one task of {plan.long_events:,} events"),
-                        ("engine_one", "Engine.replay, same task"),
+                        ("engine_one", f"Engine.replay, same task, {jobs} jobs"),
+                        ("serial_one", "Engine.replay, same task, in one process"),
                         ("raw_many", f"raw SELECT, {plan.short_tasks:,} tasks x {plan.short_events} events"),
-                        ("engine_many", "Engine.replay_all, same tasks")):
+                        ("engine_many", f"Engine.replay_all, same tasks, {jobs} jobs"),
+                        ("serial_many", "Engine.replay_all, same tasks, in one process")):
         fig = figures[name]
+        whose = " (this process; the jobs' own CPU is not counted)" if name.startswith("engine") else ""
         print(f"    {label:<52} {fig['median']:>9,}  [{min(fig['rounds']):,}-{max(fig['rounds']):,}]  "
-              f"client CPU {fig['client_cpu_us']} µs per row")
+              f"client CPU {fig['client_cpu_us']} µs per row{whose}")
     for memory in (memory_small, memory_large):
         print(f"    replay --all over {memory['events']:>9,} events in {memory['tasks']:,} tasks: peak RSS "
-              f"{memory['peak_rss_mb']} MB (interpreter and imports alone: {memory['import_rss_mb']} MB), "
+              f"{memory['peak_rss_mb']} MB, largest job {memory['worker_peak_rss_mb']} MB (interpreter and imports "
+              f"alone: {memory['import_rss_mb']} MB), "
               f"{memory['events_per_s']:,} events/s")
     print_targets(targets)
     print(f"({elapsed:.0f} s)")
@@ -337,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         "figures": {"one_task_events_per_s": one, "many_tasks_events_per_s": many,
                     "one_task_client_cpu_us": figures["engine_one"]["client_cpu_us"],
                     "many_tasks_client_cpu_us": figures["engine_many"]["client_cpu_us"],
+                    "jobs": jobs, "one_task_serial_events_per_s": figures["serial_one"]["median"],
+                    "many_tasks_serial_events_per_s": figures["serial_many"]["median"],
                     "peak_rss_mb": memory_large["peak_rss_mb"], "rss_growth_mb": round(growth, 1)},
         "baselines": {"raw_one_task_rows_per_s": figures["raw_one"]["median"],
                       "raw_many_tasks_rows_per_s": figures["raw_many"]["median"]},

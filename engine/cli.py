@@ -626,17 +626,23 @@ def replay(
     since: Annotated[
         str | None, typer.Option("--since", help="With --all: only tasks changed at or after this date (ISO 8601).")
     ] = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", min=0, help="Processes that check (0: one per CPU available; 1: this one only).")
+    ] = 0,
     as_json: JsonFlag = False,
 ) -> None:
     """Check task logs without calling any model or tool: hash chain, seq, legal transitions, row and snapshots.
 
     Exit 3 when anything is found (each finding has a stable code), 0 when the logs prove their state.
     """
+    from engine.replay_jobs import available_jobs
+
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
     since_at = _instant_option(since, "--since")
+    jobs = jobs or available_jobs()
     with _engine() as engine:
         if task_id is not None:
-            report = engine.replay(task_id)
+            report = engine.replay(task_id, jobs=jobs)
             if as_json:
                 _print_json(report.to_dict())
             elif report.ok:
@@ -648,7 +654,8 @@ def replay(
                           f"{_count(len(report.findings), 'finding')}", highlight=False)
             found = not report.ok
         else:
-            found = _audit_totals(engine.replay_all(workflow=workflow, since=since_at), as_json, "replayed")
+            found = _audit_totals(engine.replay_all(workflow=workflow, since=since_at, jobs=jobs), as_json,
+                                  "replayed")
     if found:
         raise typer.Exit(EXIT_AUDIT)
 

@@ -428,16 +428,38 @@ class Engine:
         return self.store.events(task_id) or self._archived_events(task_id)
 
     # -- audit ----------------------------------------------------------
-    def replay(self, task_id: str) -> ReplayReport:
-        """Check the task's whole log from zero, without calling any model or tool (see `engine.replay`)."""
+    def replay(self, task_id: str, *, jobs: int = 1) -> ReplayReport:
+        """Check the task's whole log from zero, without calling any model or tool (see `engine.replay`).
+
+        With `jobs` > 1, a long log is checked in stretches by that many processes (`engine.replay_jobs`).
+        """
         from engine.audit import replay_task
 
+        if jobs > 1:
+            from engine import replay_jobs
+
+            row = self.store.row(task_id)
+            if row is not None and row.seq >= replay_jobs.LONG_LOG and replay_jobs.can_fork(self.store):
+                report = replay_jobs.replay_long(self.store, self.registry.find, row, jobs)
+                if report is not None:
+                    return report
         return self._from_archive(replay_task(self.store, self.registry.find, task_id))
 
-    def replay_all(self, workflow: str | None = None, since: datetime | None = None) -> Iterator[ReplayReport]:
-        """`replay` of every task (of `workflow`, changed since `since`), streamed: memory stays flat."""
+    def replay_all(self, workflow: str | None = None, since: datetime | None = None, *,
+                   jobs: int = 1) -> Iterator[ReplayReport]:
+        """`replay` of every task (of `workflow`, changed since `since`), streamed: memory stays flat.
+
+        With `jobs` > 1, pages of tasks are checked by that many processes; the reports come in the same order.
+        """
         from engine.audit import replay_tasks
 
+        if jobs > 1:
+            from engine import replay_jobs
+
+            if replay_jobs.can_fork(self.store):
+                reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow,
+                                                   since=since)
+                return (self._from_archive(report) for report in reports)
         reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
         return (self._from_archive(report) for report in reports)
 

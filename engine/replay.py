@@ -174,6 +174,16 @@ class LogCheck:
         self.rules = None
         self.unchecked = True
 
+    def resume(self, task: TaskState) -> None:
+        """Go on from `task`, the fold at a snapshot some other check verified (a stretch of a long log)."""
+        self.expected_seq = task.seq + 1
+        self.prev_hash = task.last_hash
+        rules = self._resolve(task.workflow, task.version, task.digest, task.seq)
+        if rules is None:
+            self._stop()
+            return
+        self.task, self.rules, self.unchecked = task, rules, False
+
     def event(self, event: Event) -> None:
         """Check one event (the next in seq order) and fold it."""
         self.count += 1

@@ -300,7 +300,24 @@ def test_replay_exits_0_on_a_clean_log_and_3_on_a_tampered_one(cli_env: str) -> 
     assert invoke("replay", other)[0] == 0
 
 
+def test_replay_with_jobs_says_what_one_process_says(cli_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine import replay_jobs
+
+    monkeypatch.setattr(replay_jobs, "PAGE", 1)  # a page per task: two tasks are enough to go parallel
+    task_id = refund_path(cli_env)
+    start_refund()
+    engine = create_engine(cli_env)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 3"), {"t": task_id})
+    engine.dispose()
+    serial = invoke("replay", "--all", "--json", "--jobs", "1")
+    assert serial[0] == 3
+    assert invoke("replay", "--all", "--json", "--jobs", "2") == serial
+    assert invoke("replay", "--all", "--json") == serial  # one job per CPU
+
+
 @pytest.mark.parametrize("args", [["replay"], ["replay", "x", "--all"], ["replay", "x", "--workflow", "refund"],
+                                  ["replay", "--all", "--jobs", "-1"],
                                   ["replay", "--all", "--since", "yesterday"], ["export"],
                                   ["show", "x", "--as-of", "soon"]])
 def test_audit_usage_errors_exit_2(cli_env: str, args: list[str]) -> None:

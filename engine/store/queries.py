@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import lru_cache
+from typing import Any
 
 from engine.canonical import parse_instant, utc
 
@@ -145,13 +146,24 @@ CLAIM_ONE_SQLITE = (
 AUDIT_TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
 
 
+def _ids_in(postgres: bool, n_ids: int) -> str:
+    """`task_id` among a page of ids: on PostgreSQL one array parameter (`audit_ids` passes the list), not
+    hundreds of placeholders the driver would rewrite on every page."""
+    return "task_id = ANY(%s)" if postgres else f"task_id IN ({', '.join('?' * n_ids)})"
+
+
+def audit_ids(postgres: bool, ids: list[str]) -> list[Any]:
+    """The parameters that stand for `ids` in `audit_page` and `audit_logs`."""
+    return [ids] if postgres else list(ids)
+
+
 @lru_cache(maxsize=64)
 def audit_page(postgres: bool, n_ids: int, after: bool, workflow: bool, since: bool) -> str:
     """A keyset page of task rows. Positional parameters, in order: ids, after, workflow, since, limit."""
     mark = "%s" if postgres else "?"
     where = []
     if n_ids:
-        where.append(f"task_id IN ({', '.join([mark] * n_ids)})")
+        where.append(_ids_in(postgres, n_ids))
     if after:
         where.append(f"task_id > {mark}")
     if workflow:
@@ -163,20 +175,21 @@ def audit_page(postgres: bool, n_ids: int, after: bool, workflow: bool, since: b
 
 
 @lru_cache(maxsize=64)
-def audit_logs(postgres: bool, n_ids: int, with_snapshots: bool, upto: bool) -> str:
+def audit_logs(postgres: bool, n_ids: int, with_snapshots: bool, upto: bool, lower: bool = False) -> str:
     """The events (k = 0) and snapshots (k = 1) of `n_ids` tasks, ordered by task, seq, then k.
 
-    A snapshot sorts right after the event it caches. Positional parameters: the ids (and
-    the highest seq wanted, with `upto`), then the ids again for the snapshots.
+    A snapshot sorts right after the event it caches. Positional parameters: the ids (the
+    lowest seq wanted, with `lower`, and the highest, with `upto`), then the same again for
+    the snapshots.
     """
     mark = "%s" if postgres else "?"
-    ids = ", ".join([mark] * n_ids)
-    limit = f" AND seq <= {mark}" if upto else ""
+    ids = _ids_in(postgres, n_ids)
+    limit = (f" AND seq >= {mark}" if lower else "") + (f" AND seq <= {mark}" if upto else "")
     sql = (f"SELECT 0 AS k, task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
-           f" FROM events WHERE task_id IN ({ids}){limit}")
+           f" FROM events WHERE {ids}{limit}")
     if with_snapshots:
         sql += (f" UNION ALL SELECT 1, task_id, seq, NULL, NULL, NULL, NULL, NULL, doc, NULL, hash"
-                f" FROM snapshots WHERE task_id IN ({ids}){limit}")
+                f" FROM snapshots WHERE {ids}{limit}")
     return sql + " ORDER BY 2, 3, 1"
 
 #: Give a lease back: only while still held at the claimed epoch (a lease taken over is not ours to free);

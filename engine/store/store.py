@@ -396,6 +396,7 @@ class Store:
         since: datetime | None = None,
         with_snapshots: bool = True,
         upto_seq: int | None = None,
+        from_seq: int | None = None,
         page_size: int = AUDIT_PAGE,
     ) -> Iterator[TaskRow | Event | Snapshot]:
         """Task rows in task_id order, each followed by its events (and snapshots) in seq order.
@@ -414,7 +415,7 @@ class Store:
         while True:
             rows: list[TaskRow] = []
             with self._errors(), self._audit_session() as (fetch_all, stream):
-                params: list[Any] = [*ids]
+                params: list[Any] = queries.audit_ids(self.dialect == "postgresql", ids) if ids else []
                 params += [after] if after is not None else []
                 params += [workflow] if workflow is not None else []
                 if since is not None:
@@ -427,11 +428,13 @@ class Store:
                 if not rows:
                     return
                 page_ids = [r.task_id for r in rows]
-                bound = [upto_seq] if upto_seq is not None else []
+                id_params = queries.audit_ids(self.dialect == "postgresql", page_ids)
+                bounds = [b for b in (from_seq, upto_seq) if b is not None]
                 logs = stream(
                     queries.audit_logs(self.dialect == "postgresql", len(page_ids), with_snapshots,
-                                       upto_seq is not None),
-                    [*page_ids, *bound, *(page_ids if with_snapshots else ()), *(bound if with_snapshots else ())],
+                                       upto_seq is not None, from_seq is not None),
+                    [*id_params, *bounds, *(id_params if with_snapshots else ()),
+                     *(bounds if with_snapshots else ())],
                 )
                 heads = iter(rows)
                 head: TaskRow | None = None
@@ -454,6 +457,32 @@ class Store:
             if len(rows) < page_size:
                 return
             after = rows[-1].task_id
+
+    def audit_pages(self, *, workflow: str | None = None, since: datetime | None = None,
+                    page_size: int = AUDIT_PAGE) -> Iterator[list[str]]:
+        """The ids `audit_stream` would visit, a keyset page at a time (what parallel replay hands out)."""
+        after: str | None = None
+        while True:
+            params: list[Any] = [after] if after is not None else []
+            params += [workflow] if workflow is not None else []
+            if since is not None:
+                params.append(since if self.dialect == "postgresql" else queries.sqlite_instant(since))
+            params.append(page_size)
+            page = queries.audit_page(self.dialect == "postgresql", 0, after is not None, workflow is not None,
+                                      since is not None)
+            with self._errors(), self._audit_session() as (fetch_all, _):
+                ids = [r[0] for r in fetch_all(page, params)]
+            if ids:
+                yield ids
+            if len(ids) < page_size:
+                return
+            after = ids[-1]
+
+    def snapshot_seqs(self, task_id: str) -> list[int]:
+        """The seqs the task has snapshots at, ascending: where a long log can be cut for parallel replay."""
+        query = select(snapshots.c.seq).where(snapshots.c.task_id == task_id).order_by(snapshots.c.seq)
+        with self._errors(), self._reader() as conn:
+            return [int(seq) for seq in conn.execute(query).scalars()]
 
     def seq_at(self, task_id: str, at: datetime) -> int | None:
         """The seq of the task's last event written at or before `at` (None: the task did not exist yet)."""

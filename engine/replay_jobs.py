@@ -1,0 +1,204 @@
+"""Replay split across processes: many tasks a page each, one long log a stretch between snapshots each.
+
+Replay is CPU-bound Python (a hash, a fold and a legality check per event), so one
+process checks as many events per second as one core allows; an auditor's machine
+has more. The checks are `engine.replay`'s own; only the reading is split:
+
+- `replay_pages`: the task ids of `replay --all` in keyset pages, one page per job,
+  reports yielded in task id order with a bounded number of pages in flight, so
+  memory stays flat however many tasks there are.
+- `replay_long`: one task's log cut at snapshots. A stretch starts from the snapshot
+  at its first seq (folded state, seq and hash) and checks its events up to the
+  snapshot that ends it, which the next stretch starts from. Each snapshot is checked
+  against the fold by the stretch that ends there, so by induction the stretches
+  together check what one fold from zero checks. A stretch that finds anything makes
+  the starting point of the next one untrustworthy, so then the whole log is replayed
+  once more in one process, and that report is the answer: parallel replay never
+  reports differently from serial replay.
+
+Workers are forked (they inherit the registry, whose guards need not be picklable)
+and never touch the parent's database connections.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import chain, pairwise
+from typing import Any
+
+from engine.chain import Finding
+from engine.errors import Code
+from engine.events import Event
+from engine.fold import TaskState
+from engine.replay import LogCheck, Lookup, ReplayReport, replay_stream
+from engine.store import Snapshot, Store, TaskRow
+from engine.store.store import AUDIT_PAGE
+
+#: Below this many events a log is replayed in one process: starting workers costs more than it saves.
+LONG_LOG = 20_000
+#: Tasks per page handed to a job by `replay_pages` (the audit stream's own page size).
+PAGE = AUDIT_PAGE
+#: A long log is cut into about this many stretches per job (stretches differ in cost; more evens them out).
+STRETCHES_PER_JOB = 4
+
+
+def available_jobs() -> int:
+    """How many processes replay can usefully run here: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def can_fork(store: Store) -> bool:
+    """Whether jobs can run: forking is available and the database is one other processes can open."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    url = store.url
+    return not (url.startswith("sqlite") and (":memory:" in url or url.rstrip("/") in ("sqlite:", "sqlite:/")))
+
+
+# -- in each worker process -------------------------------------------------------------------------------
+#: The store and definitions a worker replays with, set once when it starts.
+_worker: tuple[Store, Lookup] | None = None
+#: The parent's connection pool, kept referenced so that it is never garbage-collected here: closing a driver
+#: connection in a child would end the parent's session on the socket they share.
+_inherited: list[Any] = []
+
+
+def _start_worker(store: Store, lookup: Lookup) -> None:
+    global _worker
+    _inherited.append(store.engine.pool)
+    store.engine.dispose(close=False)  # this process opens its own connections from here on
+    _worker = (store, lookup)
+
+
+def _replay_page(ids: list[str]) -> list[ReplayReport]:
+    assert _worker is not None
+    return list(_replay_here(*_worker, ids))
+
+
+def _replay_here(store: Store, lookup: Lookup, ids: list[str]) -> Iterator[ReplayReport]:
+    return replay_stream(store.audit_stream(task_ids=ids), lookup)
+
+
+@dataclass(frozen=True, slots=True)
+class Stretch:
+    """Events `after + 1` to `upto` of a task; `after` is 0 (the start) or the seq of a snapshot."""
+
+    row: TaskRow
+    after: int
+    upto: int
+
+    @property
+    def last(self) -> bool:
+        return self.upto == self.row.seq
+
+
+@dataclass(frozen=True, slots=True)
+class StretchResult:
+    events: int
+    findings: tuple[Finding, ...]
+
+
+def _replay_stretch(stretch: Stretch) -> StretchResult:
+    assert _worker is not None
+    store, lookup = _worker
+    return check_stretch(stretch, store.audit_stream(task_ids=[stretch.row.task_id], from_seq=stretch.after or None,
+                                                     upto_seq=stretch.upto), lookup)
+
+
+def check_stretch(stretch: Stretch, items: Iterator[TaskRow | Event | Snapshot], lookup: Lookup) -> StretchResult:
+    """Check one stretch from the audit stream of its seqs (the snapshot it starts from, and the event there)."""
+    check = LogCheck(stretch.row, lookup)
+    resumed = stretch.after == 0
+    for item in items:
+        if isinstance(item, TaskRow):
+            continue
+        if not resumed:
+            if isinstance(item, Snapshot) and item.seq == stretch.after:
+                resumed = _resume(check, item)
+                if not resumed:
+                    break
+            continue  # the event at `after`: the stretch before checks it
+        if isinstance(item, Event):
+            check.event(item)
+        else:
+            check.snapshot(item)
+    if not resumed:
+        check.add(Code.SNAPSHOT_MISMATCH, stretch.after, "no readable snapshot where this stretch starts")
+    if stretch.last:
+        report = check.finish()
+        return StretchResult(report.events, report.findings)
+    if check.count != stretch.upto - stretch.after:
+        check.add(Code.SEQ_GAP, stretch.upto, f"expected events {stretch.after + 1} to {stretch.upto}")
+    return StretchResult(check.count, tuple(check.findings))
+
+
+def _resume(check: LogCheck, snapshot: Snapshot) -> bool:
+    try:
+        task = TaskState.from_doc(json.loads(snapshot.doc))
+    except (ValueError, KeyError, TypeError):
+        return False
+    if task.seq != snapshot.seq or task.last_hash != snapshot.hash:
+        return False
+    check.resume(task)
+    return True
+
+
+# -- in the process that asked --------------------------------------------------------------------------
+def _pool(store: Store, lookup: Lookup, jobs: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker,
+                               initargs=(store, lookup))
+
+
+def replay_pages(store: Store, lookup: Lookup, jobs: int, *, workflow: str | None = None,
+                 since: datetime | None = None) -> Iterator[ReplayReport]:
+    """`replay_tasks` with `jobs` processes: the same reports in the same order."""
+    pages = store.audit_pages(workflow=workflow, since=since, page_size=PAGE)
+    first = next(pages, None)
+    if first is None:
+        return
+    if len(first) < PAGE:  # one page: starting workers would cost more than they save
+        yield from _replay_here(store, lookup, first)
+        return
+    with _pool(store, lookup, jobs) as pool:
+        window: deque[Future[list[ReplayReport]]] = deque()
+        for ids in chain([first], pages):
+            window.append(pool.submit(_replay_page, ids))
+            if len(window) > 2 * jobs:
+                yield from window.popleft().result()
+        while window:
+            yield from window.popleft().result()
+
+
+def stretches(row: TaskRow, snapshot_seqs: list[int], jobs: int) -> list[Stretch]:
+    """Cut `row`'s log at snapshots into about `jobs * STRETCHES_PER_JOB` stretches of similar length."""
+    seqs = [s for s in snapshot_seqs if 0 < s < row.seq]
+    wanted = max(1, jobs * STRETCHES_PER_JOB)
+    size = max(1, row.seq // wanted)
+    cuts: list[int] = []
+    for seq in seqs:  # a cut leaves at least `size` events before it and half of that after it
+        if seq - (cuts[-1] if cuts else 0) >= size and row.seq - seq >= size // 2:
+            cuts.append(seq)
+    bounds = [0, *cuts, row.seq]
+    return [Stretch(row, a, b) for a, b in pairwise(bounds)]
+
+
+def replay_long(store: Store, lookup: Lookup, row: TaskRow, jobs: int) -> ReplayReport | None:
+    """One long log replayed in stretches by `jobs` processes; None when it has findings (replay it serially)."""
+    parts = stretches(row, store.snapshot_seqs(row.task_id), jobs)
+    if len(parts) < 2:
+        return None
+    with _pool(store, lookup, jobs) as pool:
+        results = list(pool.map(_replay_stretch, parts))
+    if any(r.findings for r in results):
+        return None
+    return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", sum(r.events for r in results), ())
