@@ -15,9 +15,11 @@ from engine.canonical import GENESIS_HASH, canonical_json, format_instant, sha25
 from engine.definition import CALL, MIGRATE, START, Status, Workflow
 from engine.errors import Code, IntegrityError
 from engine.events import Event
+from engine.records import quick_init
 from engine.visit import next_visit
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskState:
     """Everything the runtime knows about a task after its first `seq` events.
