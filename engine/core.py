@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from engine import config
 from engine.canonical import GENESIS_HASH, canonical_json, now
 from engine.decide import Decision, decide, validate_payload
-from engine.definition import CANCEL, MIGRATE, START, StateKind, Workflow
+from engine.definition import CANCEL, MIGRATE, START, Approval, StateKind, Workflow
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, Refused
 from engine.events import Event, seal
 from engine.fold import TaskState, apply, fold
@@ -305,14 +305,17 @@ class Engine:
         """Tasks awaiting a human decision (optionally for one role), each with the prepared call."""
         from engine.approvals import pending_view
 
+        waiting = [(definition.name, definition.version, state.name) for definition in self.registry
+                   for state in definition.states
+                   if isinstance(state, Approval) and (role is None or state.role == role)]
         out = []
-        for task_id in self.store.task_ids(status="blocked"):
+        for task_id in self.store.blocked_in(waiting):
             try:
                 task = self.load(task_id)
             except Refused:
-                continue  # pinned to a definition this process does not load
+                continue  # the code of its version changed without a new version (DEFINITION_CHANGED)
             definition = self.definition_of(task)
-            if definition.state(task.state).kind is StateKind.APPROVAL:
+            if isinstance(definition.state(task.state), Approval):  # it may have moved since the query
                 view = pending_view(definition, task)
                 if role is None or view["role"] == role:
                     out.append(view)

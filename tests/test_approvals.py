@@ -119,3 +119,22 @@ def test_an_approval_racing_a_cancel_leaves_one_consistent_story(eng: Engine) ->
             assert triggers[2:] == ["cancel"]
         else:
             assert triggers[2:] == ["approve", "cancel"]
+
+
+def test_the_inbox_lists_tasks_at_approval_gates_oldest_first_and_loads_no_other_task(
+        eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = awaiting(eng), awaiting(eng)
+    parked = awaiting(eng)
+    eng.transition(eng.load(parked), "expired", actor="system:timer", system=True)  # now waiting in needs_human
+    assert eng.get(parked).state == "needs_human"
+    escalated = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    eng.fire(escalated, "decide", {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "angry"}, actor="model")
+    assert eng.get(escalated).state == "escalation_review"
+
+    loaded: list[str] = []
+    load = eng.load
+    monkeypatch.setattr(eng, "load", lambda task_id: loaded.append(task_id) or load(task_id))
+    assert [p["task_id"] for p in eng.approvals()] == [first, second, escalated]
+    assert [p["state"] for p in eng.approvals(role="approver")] == ["awaiting_approval"] * 2 + ["escalation_review"]
+    assert eng.approvals(role="operator") == []
+    assert parked not in loaded  # blocked elsewhere: never loaded to find out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, case, delete, func, insert, select, update
+from sqlalchemy import Connection, Row, case, delete, func, insert, select, tuple_, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -533,6 +533,18 @@ class Store:
             query = query.where(tasks.c.workflow == workflow)
         if status is not None:
             query = query.where(tasks.c.status == status)
+        with self._errors(), self._reader() as conn:
+            return list(conn.execute(query).scalars())
+
+    def blocked_in(self, states: Sequence[tuple[str, int, str]]) -> list[str]:
+        """Blocked tasks standing in one of `states` (workflow, version, state), oldest first: the approvals inbox
+        reads these instead of loading every blocked task to find out where it stands."""
+        if not states:
+            return []
+        query = (select(tasks.c.task_id)
+                 .where(tasks.c.status == "blocked",
+                        tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states)))
+                 .order_by(tasks.c.created_at, tasks.c.task_id))
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
