@@ -54,7 +54,7 @@ class Event:
         Anything else (an edited row, non-canonical text) takes the full canonical path.
         """
         text = self.stored_data
-        if text is not None:
+        if text is not None and type(self.seq) is int:  # an int prints as the canonical encoder writes it
             quick = sha256_hex(self.prev_hash + stored_body(self.task_id, self.seq, self.at, self.actor,
                                                             self.from_state, self.trigger, self.to_state, text))
             if quick == self.hash:

@@ -91,7 +91,10 @@ def _replay_here(store: Store, lookup: Lookup, ids: list[str]) -> Iterator[Repla
 
 @dataclass(frozen=True, slots=True)
 class Stretch:
-    """Events `after + 1` to `upto` of a task; `after` is 0 (the start) or the seq of a snapshot."""
+    """Events `after + 1` to `upto` of a task; `after` is 0 (the start) or the seq of a snapshot.
+
+    The last stretch (`upto` is the row's seq) goes on to whatever else is stored after it.
+    """
 
     row: TaskRow
     after: int
@@ -111,8 +114,10 @@ class StretchResult:
 def _replay_stretch(stretch: Stretch) -> StretchResult:
     assert _worker is not None
     store, lookup = _worker
+    # The last stretch reads to the end of what is stored, not to the row's seq: an event or snapshot past the
+    # row's head is a finding, as it is for a serial replay.
     return check_stretch(stretch, store.audit_stream(task_ids=[stretch.row.task_id], from_seq=stretch.after or None,
-                                                     upto_seq=stretch.upto), lookup)
+                                                     upto_seq=None if stretch.last else stretch.upto), lookup)
 
 
 def check_stretch(stretch: Stretch, items: Iterator[TaskRow | Event | Snapshot], lookup: Lookup) -> StretchResult:

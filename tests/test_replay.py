@@ -155,6 +155,19 @@ def test_the_hash_over_stored_data_text_is_the_canonical_hash(task_id: str, seq:
     assert with_stored_data(replace(event), json.dumps(data, indent=1)).computed_hash() == event.hash
 
 
+def test_a_seq_that_is_not_a_number_is_a_finding_not_a_crash(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path}/r.db"  # PostgreSQL refuses text in an integer column; SQLite stores it
+    from engine import migrations
+
+    migrations.upgrade(url)
+    with Engine(url, Registry([REFUND_V1, REFUND_V2, COUNTER]), authoriser=StaticRoles(ROLES)) as eng:
+        task_id, _ = refund_to_completion(eng)
+        with sql(url) as conn:
+            conn.execute(text("UPDATE events SET seq = 'x' WHERE task_id = :t AND seq = 3"), {"t": task_id})
+        report = eng.replay(task_id)
+        assert "SEQ_GAP" in report.codes and not report.ok
+
+
 def test_a_deleted_event_is_a_seq_gap(eng: Engine, db_url: str) -> None:
     task_id, _ = refund_to_completion(eng)
     with sql(db_url) as conn:
