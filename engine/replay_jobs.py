@@ -23,11 +23,13 @@ and never touch the parent's database connections.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain, pairwise
@@ -40,6 +42,8 @@ from engine.fold import TaskState
 from engine.replay import LogCheck, Lookup, ReplayReport, replay_stream
 from engine.store import Snapshot, Store, TaskRow
 from engine.store.store import AUDIT_PAGE
+
+log = logging.getLogger("railyard.replay")
 
 #: Below this many events a log is replayed in one process: starting workers costs more than it saves.
 LONG_LOG = 20_000
@@ -159,29 +163,57 @@ def _resume(check: LogCheck, snapshot: Snapshot) -> bool:
 
 
 # -- in the process that asked --------------------------------------------------------------------------
-def _pool(store: Store, lookup: Lookup, jobs: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker,
-                               initargs=(store, lookup))
+def _pool(store: Store, lookup: Lookup, jobs: int) -> ProcessPoolExecutor | None:
+    """Forked jobs, or None where they cannot start (no semaphores in a container, say): then one process."""
+    try:
+        return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_start_worker, initargs=(store, lookup))
+    except (OSError, ImportError, NotImplementedError) as exc:
+        log.warning("replay jobs cannot start (%s); replaying in this process", exc)
+        return None
 
 
 def replay_pages(store: Store, lookup: Lookup, jobs: int, *, workflow: str | None = None,
                  since: datetime | None = None) -> Iterator[ReplayReport]:
-    """`replay_tasks` with `jobs` processes: the same reports in the same order."""
+    """`replay_tasks` with `jobs` processes: the same reports in the same order.
+
+    A job that dies (killed, out of memory) costs only time: the pages not yet
+    reported are replayed in this process.
+    """
     pages = store.audit_pages(workflow=workflow, since=since, page_size=PAGE)
     first = next(pages, None)
     if first is None:
         return
-    if len(first) < PAGE:  # one page: starting workers would cost more than they save
-        yield from _replay_here(store, lookup, first)
-        return
-    with _pool(store, lookup, jobs) as pool:
-        window: deque[Future[list[ReplayReport]]] = deque()
+    pool = _pool(store, lookup, jobs) if len(first) == PAGE else None  # one page: workers would cost more
+    if pool is None:
         for ids in chain([first], pages):
-            window.append(pool.submit(_replay_page, ids))
-            if len(window) > 2 * jobs:
-                yield from window.popleft().result()
-        while window:
-            yield from window.popleft().result()
+            yield from _replay_here(store, lookup, ids)
+        return
+    window: deque[tuple[list[str], Future[list[ReplayReport]]]] = deque()
+    unsent: list[str] | None = None
+    with pool:
+        try:
+            for ids in chain([first], pages):
+                unsent = ids
+                window.append((ids, pool.submit(_replay_page, ids)))
+                unsent = None
+                while len(window) > 2 * jobs:
+                    yield from _first_done(window)
+            while window:
+                yield from _first_done(window)
+            return
+        except BrokenProcessPool as exc:
+            log.warning("a replay job died (%s); replaying the remaining pages in this process", exc)
+    rest = [ids for ids, _ in window] + ([unsent] if unsent is not None else [])
+    for ids in chain(rest, pages):
+        yield from _replay_here(store, lookup, ids)
+
+
+def _first_done(window: deque[tuple[list[str], Future[list[ReplayReport]]]]) -> list[ReplayReport]:
+    """The oldest page's reports; the page leaves the window only once they are in hand."""
+    reports = window[0][1].result()
+    window.popleft()
+    return reports
 
 
 def stretches(row: TaskRow, snapshot_seqs: list[int], jobs: int) -> list[Stretch]:
@@ -198,12 +230,22 @@ def stretches(row: TaskRow, snapshot_seqs: list[int], jobs: int) -> list[Stretch
 
 
 def replay_long(store: Store, lookup: Lookup, row: TaskRow, jobs: int) -> ReplayReport | None:
-    """One long log replayed in stretches by `jobs` processes; None when it has findings (replay it serially)."""
+    """One long log replayed in stretches by `jobs` processes.
+
+    None when that says nothing for certain (a finding, a job that died or could not start): replay it serially.
+    """
     parts = stretches(row, store.snapshot_seqs(row.task_id), jobs)
     if len(parts) < 2:
         return None
-    with _pool(store, lookup, jobs) as pool:
-        results = list(pool.map(_replay_stretch, parts))
+    pool = _pool(store, lookup, jobs)
+    if pool is None:
+        return None
+    try:
+        with pool:
+            results = list(pool.map(_replay_stretch, parts))
+    except BrokenProcessPool as exc:
+        log.warning("a replay job died (%s); replaying task %s in this process", exc, row.task_id)
+        return None
     if any(r.findings for r in results):
         return None
     return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", sum(r.events for r in results), ())

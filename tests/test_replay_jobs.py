@@ -3,8 +3,10 @@ PostgreSQL: clean logs, tampered logs, one long log cut at snapshots, many tasks
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -87,6 +89,53 @@ def test_many_tasks_a_page_per_job_come_back_in_order_with_the_same_findings(mak
     assert list(eng.replay_all(jobs=3)) == serial
     assert [r.task_id for r in serial if not r.ok] == [ids[5]]
     assert list(eng.replay_all(workflow="refund", jobs=2)) == []
+
+
+#: The task whose page kills the job that replays it (set by the test, inherited by the forked jobs).
+DOOMED: list[str] = []
+REPLAY_PAGE = replay_jobs._replay_page
+
+
+def dying_page(ids: list[str]) -> Any:
+    """`_replay_page`, except that the job replaying the doomed task's page dies on the spot."""
+    if DOOMED and DOOMED[0] in ids:
+        os._exit(9)
+    return REPLAY_PAGE(ids)
+
+
+def dying_stretch(stretch: Stretch) -> Any:
+    os._exit(9)
+
+
+def test_a_job_that_dies_costs_time_not_reports(make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = make_engine(snapshot_every=3)
+    ids = sorted(counter_task(eng, 2) for _ in range(10))
+    long_id = counter_task(eng, 30)
+    serial = list(eng.replay_all())
+    DOOMED[:] = [ids[4]]
+    try:
+        monkeypatch.setattr(replay_jobs, "_replay_page", dying_page)
+        assert list(eng.replay_all(jobs=2)) == serial
+        monkeypatch.setattr(replay_jobs, "_replay_stretch", dying_stretch)
+        assert eng.replay(long_id, jobs=2) == eng.replay(long_id)
+    finally:
+        DOOMED.clear()
+
+
+def test_jobs_that_cannot_start_leave_replay_to_this_process(make_engine: MakeEngine,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = make_engine(snapshot_every=3)
+    for n in range(7):
+        counter_task(eng, n)
+    long_id = counter_task(eng, 30)
+    serial = list(eng.replay_all())
+
+    def no_semaphores(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("[Errno 38] Function not implemented")
+
+    monkeypatch.setattr(replay_jobs, "ProcessPoolExecutor", no_semaphores)
+    assert list(eng.replay_all(jobs=2)) == serial
+    assert eng.replay(long_id, jobs=2) == eng.replay(long_id)
 
 
 def row_of(seq: int) -> TaskRow:
