@@ -59,6 +59,13 @@ err = Console(stderr=True, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
+#: What `replay` and `export` read: one TASK, or --all of them narrowed by --workflow and --since.
+OneTask = Annotated[str | None, typer.Argument(help="Task id (or --all).")]
+AllTasks = Annotated[bool, typer.Option("--all", help="Every task, streamed.")]
+OnlyWorkflow = Annotated[str | None, typer.Option("--workflow", help="With --all: only this workflow.")]
+ChangedSince = Annotated[
+    str | None, typer.Option("--since", help="With --all: only tasks changed at or after this date (ISO 8601).")
+]
 
 
 class GraphFormat(StrEnum):
@@ -620,12 +627,10 @@ def _audit_totals(reports: Iterable[ReplayReport], as_json: bool, verb: str) -> 
 
 @app.command("replay")
 def replay(
-    task_id: Annotated[str | None, typer.Argument(help="Task id (or --all).")] = None,
-    all_tasks: Annotated[bool, typer.Option("--all", help="Every task, streamed.")] = False,
-    workflow: Annotated[str | None, typer.Option("--workflow", help="With --all: only this workflow.")] = None,
-    since: Annotated[
-        str | None, typer.Option("--since", help="With --all: only tasks changed at or after this date (ISO 8601).")
-    ] = None,
+    task_id: OneTask = None,
+    all_tasks: AllTasks = False,
+    workflow: OnlyWorkflow = None,
+    since: ChangedSince = None,
     jobs: Annotated[
         int, typer.Option("--jobs", min=0, help="Processes that check (0: one per CPU available; 1: this one only).")
     ] = 0,
@@ -662,12 +667,10 @@ def replay(
 
 @app.command("export")
 def export(
-    task_id: Annotated[str | None, typer.Argument(help="Task id (or --all).")] = None,
-    all_tasks: Annotated[bool, typer.Option("--all", help="Every task, streamed.")] = False,
-    workflow: Annotated[str | None, typer.Option("--workflow", help="With --all: only this workflow.")] = None,
-    since: Annotated[
-        str | None, typer.Option("--since", help="With --all: only tasks changed at or after this date (ISO 8601).")
-    ] = None,
+    task_id: OneTask = None,
+    all_tasks: AllTasks = False,
+    workflow: OnlyWorkflow = None,
+    since: ChangedSince = None,
 ) -> None:
     """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools."""
     from engine.export import export_lines
