@@ -415,14 +415,7 @@ class Store:
         while True:
             rows: list[TaskRow] = []
             with self._errors(), self._audit_session() as (fetch_all, stream):
-                params: list[Any] = queries.audit_ids(self.dialect == "postgresql", ids) if ids else []
-                params += [after] if after is not None else []
-                params += [workflow] if workflow is not None else []
-                if since is not None:
-                    params.append(since if self.dialect == "postgresql" else queries.sqlite_instant(since))
-                params.append(page_size)
-                page = queries.audit_page(self.dialect == "postgresql", len(ids), after is not None,
-                                          workflow is not None, since is not None)
+                page, params = self._audit_page(ids, after, workflow, since, page_size)
                 rows = [TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], queries.read_instant(r[8]),
                                 queries.read_instant(r[9])) for r in fetch_all(page, params)]
                 if not rows:
@@ -463,13 +456,7 @@ class Store:
         """The ids `audit_stream` would visit, a keyset page at a time (what parallel replay hands out)."""
         after: str | None = None
         while True:
-            params: list[Any] = [after] if after is not None else []
-            params += [workflow] if workflow is not None else []
-            if since is not None:
-                params.append(since if self.dialect == "postgresql" else queries.sqlite_instant(since))
-            params.append(page_size)
-            page = queries.audit_page(self.dialect == "postgresql", 0, after is not None, workflow is not None,
-                                      since is not None)
+            page, params = self._audit_page([], after, workflow, since, page_size)
             with self._errors(), self._audit_session() as (fetch_all, _):
                 ids = [r[0] for r in fetch_all(page, params)]
             if ids:
@@ -477,6 +464,19 @@ class Store:
             if len(ids) < page_size:
                 return
             after = ids[-1]
+
+    def _audit_page(self, ids: list[str], after: str | None, workflow: str | None, since: datetime | None,
+                    page_size: int) -> tuple[str, list[Any]]:
+        """The keyset page query of task rows that `audit_stream` and `audit_pages` read, with its parameters."""
+        postgres = self.dialect == "postgresql"
+        params: list[Any] = queries.audit_ids(postgres, ids) if ids else []
+        params += [after] if after is not None else []
+        params += [workflow] if workflow is not None else []
+        if since is not None:
+            params.append(since if postgres else queries.sqlite_instant(since))
+        params.append(page_size)
+        return queries.audit_page(postgres, len(ids), after is not None, workflow is not None,
+                                  since is not None), params
 
     def snapshot_seqs(self, task_id: str) -> list[int]:
         """The seqs the task has snapshots at, ascending: where a long log can be cut for parallel replay."""
