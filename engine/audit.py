@@ -37,10 +37,11 @@ def replay_task(store: Store, lookup: Lookup, task_id: str) -> ReplayReport:
     return report
 
 
-def replay_tasks(store: Store, lookup: Lookup, *, workflow: str | None = None,
+def replay_tasks(store: Store, lookup: Lookup, *, task_ids: list[str] | None = None, workflow: str | None = None,
                  since: datetime | None = None) -> Iterator[ReplayReport]:
-    """One report per task (of `workflow`, changed since `since`), in task id order, as each one is read."""
-    return replay_stream(store.audit_stream(workflow=workflow, since=since), lookup)
+    """One report per task (of `task_ids`, of `workflow`, changed since `since`), in task id order, as each one
+    is read."""
+    return replay_stream(store.audit_stream(task_ids=task_ids, workflow=workflow, since=since), lookup)
 
 
 #: An archived task's events, read back from its file (`Engine._archived_events`); [] when it is not archived.

@@ -35,11 +35,12 @@ from datetime import datetime
 from itertools import chain, pairwise
 from typing import Any
 
+from engine.audit import replay_tasks
 from engine.chain import Finding
 from engine.errors import Code
 from engine.events import Event
 from engine.fold import TaskState
-from engine.replay import LogCheck, Lookup, ReplayReport, replay_stream
+from engine.replay import LogCheck, Lookup, ReplayReport
 from engine.store import Snapshot, Store, TaskRow
 from engine.store.store import AUDIT_PAGE
 
@@ -86,11 +87,8 @@ def _start_worker(store: Store, lookup: Lookup) -> None:
 
 def _replay_page(ids: list[str]) -> list[ReplayReport]:
     assert _worker is not None
-    return list(_replay_here(*_worker, ids))
-
-
-def _replay_here(store: Store, lookup: Lookup, ids: list[str]) -> Iterator[ReplayReport]:
-    return replay_stream(store.audit_stream(task_ids=ids), lookup)
+    store, lookup = _worker
+    return list(replay_tasks(store, lookup, task_ids=ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +185,7 @@ def replay_pages(store: Store, lookup: Lookup, jobs: int, *, workflow: str | Non
     pool = _pool(store, lookup, jobs) if len(first) == PAGE else None  # one page: workers would cost more
     if pool is None:
         for ids in chain([first], pages):
-            yield from _replay_here(store, lookup, ids)
+            yield from replay_tasks(store, lookup, task_ids=ids)
         return
     window: deque[tuple[list[str], Future[list[ReplayReport]]]] = deque()
     unsent: list[str] | None = None
@@ -206,7 +204,7 @@ def replay_pages(store: Store, lookup: Lookup, jobs: int, *, workflow: str | Non
             log.warning("a replay job died (%s); replaying the remaining pages in this process", exc)
     rest = [ids for ids, _ in window] + ([unsent] if unsent is not None else [])
     for ids in chain(rest, pages):
-        yield from _replay_here(store, lookup, ids)
+        yield from replay_tasks(store, lookup, task_ids=ids)
 
 
 def _first_done(window: deque[tuple[list[str], Future[list[ReplayReport]]]]) -> list[ReplayReport]:
