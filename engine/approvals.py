@@ -29,6 +29,18 @@ class ApprovalCheck:
     record: dict[str, Any]
 
 
+#: The triggers that decide an approval; `Engine.fire` routes them through the same checks as approve/reject.
+DECISIONS = frozenset({"approve", "reject"})
+
+
+def decision_role(definition: Workflow, state: str, verdict: str) -> str:
+    """The role a `verdict` in approval state `state` needs: its action's own role, else the state's."""
+    approval = definition.state(state)
+    assert isinstance(approval, Approval)
+    candidates = definition.candidates(state, verdict)
+    return (candidates[0].role if candidates else None) or approval.role
+
+
 def check_decision(
     definition: Workflow,
     task: TaskState,
@@ -47,7 +59,7 @@ def check_decision(
     if not candidates:
         raise Refused(f"state {task.state!r} has no {verdict!r} decision", code=Code.TRIGGER_NOT_ALLOWED,
                       task_id=task.task_id, allowed=definition.triggers(task.state))
-    role = candidates[0].role or state.role
+    role = decision_role(definition, task.state, verdict)
     if role not in roles:
         raise Refused(f"{actor!r} does not hold the role {role!r} this decision needs",
                       code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, role=role, actor=actor)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 from engine import config
+from engine.approvals import DECISIONS
 from engine.canonical import GENESIS_HASH, canonical_json, now
 from engine.decide import Decision, decide, validate_payload
 from engine.definition import CANCEL, MIGRATE, START, Approval, StateKind, Workflow
@@ -168,7 +169,7 @@ class Engine:
         task = self.load(task_id)
         if expected_seq is not None and expected_seq != task.seq:
             raise ConcurrencyConflict(task_id, expected_seq, task.seq)
-        if trigger in ("approve", "reject") and self.definition_of(task).state(task.state).kind is StateKind.APPROVAL:
+        if trigger in DECISIONS and self.definition_of(task).state(task.state).kind is StateKind.APPROVAL:
             # One way to decide an approval, whichever door it comes through: the same checks and the same
             # record as `approve` / `reject`. The payload names the digest the approver saw, and a comment.
             fields = dict(payload or {})
@@ -305,21 +306,22 @@ class Engine:
         """Tasks awaiting a human decision (optionally for one role), each with the prepared call."""
         from engine.approvals import pending_view
 
+        return [pending_view(definition, task) for definition, task in self.awaiting_approval(role=role)]
+
+    def awaiting_approval(self, *, role: str | None = None) -> Iterator[tuple[Workflow, TaskState]]:
+        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition."""
         waiting = [(definition.name, definition.version, state.name) for definition in self.registry
                    for state in definition.states
                    if isinstance(state, Approval) and (role is None or state.role == role)]
-        out = []
         for task_id in self.store.blocked_in(waiting):
             try:
                 task = self.load(task_id)
             except Refused:
                 continue  # the code of its version changed without a new version (DEFINITION_CHANGED)
             definition = self.definition_of(task)
-            if isinstance(definition.state(task.state), Approval):  # it may have moved since the query
-                view = pending_view(definition, task)
-                if role is None or view["role"] == role:
-                    out.append(view)
-        return out
+            state = definition.state(task.state)
+            if isinstance(state, Approval) and (role is None or state.role == role):  # it may have moved since
+                yield definition, task
 
     def _decide_approval(
         self, task_id: str, verdict: Literal["approve", "reject"], actor: str, digest: str | None, comment: str
@@ -428,6 +430,13 @@ class Engine:
         """Every event of the task, in order."""
         if self.store.row(task_id) is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        return self._events(task_id)
+
+    def events_of(self, task: TaskState) -> list[Event]:
+        """`history` of a task just loaded (it exists: no second look at its row)."""
+        return self._events(task.task_id)
+
+    def _events(self, task_id: str) -> list[Event]:
         return self.store.events(task_id) or self._archived_events(task_id)
 
     # -- audit ----------------------------------------------------------

@@ -24,6 +24,7 @@ from engine.api.present import (
     timeline,
 )
 from engine.api.tokens import Principal
+from engine.approvals import decision_role, pending_view
 from engine.core import Engine, TaskView
 from engine.definition import Approval, Workflow
 from engine.events import Event
@@ -79,15 +80,16 @@ def approval_view(engine: Engine, definition: Workflow, task: TaskState, events:
     tool_args = None
     if prepared and definition.tools is not None and prepared.get("tool") in definition.tools:
         tool_args = definition.tools.get(str(prepared["tool"])).args
-    digest = prepared.get("digest")
-    refusal = why_not(principal, state.role, task, state.allow_self_approval)
+    pending = pending_view(definition, task)  # what `railyard approvals` and GET /api/approvals show
+    digest = pending["digest"]
+    refusal = why_not(principal, decision_role(definition, task.state, "approve"), task, state.allow_self_approval)
     return ApprovalView(
-        task_id=task.task_id,
-        workflow=task.ref,
-        state=task.state,
-        role=state.role,
-        started_by=task.started_by,
-        proposed_by=task.prepared_by,
+        task_id=pending["task_id"],
+        workflow=pending["workflow"],
+        state=pending["state"],
+        role=pending["role"],
+        started_by=pending["started_by"],
+        proposed_by=pending["proposed_by"],
         digest=digest,
         tool=prepared.get("tool"),
         kind=prepared.get("kind"),
@@ -95,7 +97,7 @@ def approval_view(engine: Engine, definition: Workflow, task: TaskState, events:
         evidence=evidence(task.facts),
         reason=model_reason(events, digest),
         timeline=timeline(events),
-        decisions=definition.triggers(task.state),
+        decisions=pending["decisions"],
         can_decide=refusal is None,
         why_not=refusal,
     )
@@ -103,9 +105,8 @@ def approval_view(engine: Engine, definition: Workflow, task: TaskState, events:
 
 def inbox(engine: Engine, principal: Principal, role: str | None = None) -> list[ApprovalView]:
     out = []
-    for pending in engine.approvals(role=role):
-        task = engine.load(pending["task_id"])
-        view = approval_view(engine, engine.definition_of(task), task, engine.history(task.task_id), principal)
+    for definition, task in engine.awaiting_approval(role=role):
+        view = approval_view(engine, definition, task, engine.events_of(task), principal)
         if view is not None:
             out.append(view)
     return out
@@ -114,7 +115,7 @@ def inbox(engine: Engine, principal: Principal, role: str | None = None) -> list
 def task_page(engine: Engine, task_id: str, principal: Principal) -> TaskPage:
     task = engine.load(task_id)
     definition = engine.definition_of(task)
-    events = engine.history(task_id)
+    events = engine.events_of(task)
     return TaskPage(
         view=engine.view(task),
         timeline=timeline(events),

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from engine.audit import path_visits
 from engine.events import Event, event_code
 
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
@@ -129,14 +130,10 @@ def timeline(events: Iterable[Event]) -> list[Row]:
 
 def path_of(events: Iterable[Event]) -> tuple[list[dict[str, Any]], Counter[tuple[str, str, str]], str | None]:
     """The transitions taken (in order), how often each edge was taken, and the state the task ended in."""
-    steps: list[dict[str, Any]] = []
-    visits: Counter[tuple[str, str, str]] = Counter()
-    current: str | None = None
-    for e in events:
-        if e.from_state is not None:
-            steps.append({"seq": e.seq, "from_state": e.from_state, "trigger": e.trigger, "to_state": e.to_state})
-            visits[(e.from_state, e.trigger, e.to_state)] += 1
-        current = e.to_state
+    events = list(events)
+    visits, current = path_visits(events)
+    steps = [{"seq": e.seq, "from_state": e.from_state, "trigger": e.trigger, "to_state": e.to_state}
+             for e in events if e.from_state is not None]
     return steps, visits, current
 
 

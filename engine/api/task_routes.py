@@ -30,13 +30,12 @@ from engine.api.schemas import (
     TaskSummary,
     WhoAmI,
 )
+from engine.approvals import DECISIONS
 from engine.errors import Code, Refused
 
 router = APIRouter(prefix="/api", tags=["tasks"])
 
 TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="Task id.")]
-#: Triggers that decide an approval: they go through /approve and /reject, which check the prepared call's digest.
-DECISIONS = frozenset({"approve", "reject"})
 
 
 @router.get("/me", response_model=WhoAmI, responses=errors(401))
@@ -83,7 +82,7 @@ def history(task_id: TaskId, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
 def signal(task_id: TaskId, body: SignalRequest, ctx: Ctx, who: Writer) -> dict[str, Any]:
     """Fire a trigger the current state allows (a customer's reply, an operator's resume). System triggers (tool
     outcomes, deadlines, repairs) are refused with FORBIDDEN; approval decisions go through /approve and /reject."""
-    if body.trigger in DECISIONS:
+    if body.trigger in DECISIONS:  # they go through /approve and /reject, which take the digest shown
         raise Refused(f"{body.trigger!r} is an approval decision: POST /api/tasks/{{id}}/{body.trigger} instead",
                       code=Code.TRIGGER_NOT_ALLOWED, task_id=task_id, trigger=body.trigger)
     task = ctx.engine.fire(task_id, body.trigger, body.payload, actor=who.actor, expected_seq=body.expected_seq)
@@ -109,6 +108,6 @@ def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
 def diagram(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """The task's workflow version as a Mermaid state diagram, with the path the task took highlighted."""
     task = ctx.engine.load(task_id)
-    return task_diagram(ctx.engine.definition_of(task), ctx.engine.history(task_id))
+    return task_diagram(ctx.engine.definition_of(task), ctx.engine.events_of(task))
 
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core import MAX_ACTOR_LENGTH
 from engine.errors import Code, RailyardError
 
 #: A role that may read everything and write nothing, whatever other roles the token lists.
 AUDITOR = "auditor"
-MAX_ACTOR_LENGTH = 200
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -536,6 +536,20 @@ class Store:
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
+    def recent(self, *, workflow: str | None = None, state: str | None = None, status: str | None = None,
+               limit: int = 100) -> list[TaskRow]:
+        """Task rows, most recently changed first, at most `limit`: one bounded query for back-office lists."""
+        query = select(tasks)
+        if workflow:
+            query = query.where(tasks.c.workflow == workflow)
+        if state:
+            query = query.where(tasks.c.state == state)
+        if status:
+            query = query.where(tasks.c.status == status)
+        query = query.order_by(tasks.c.updated_at.desc(), tasks.c.task_id).limit(limit)
+        with self._errors(), self._reader() as conn:
+            return [_task_row(r) for r in conn.execute(query)]
+
     def blocked_in(self, states: Sequence[tuple[str, int, str]]) -> list[str]:
         """Blocked tasks standing in one of `states` (workflow, version, state), oldest first: the approvals inbox
         reads these instead of loading every blocked task to find out where it stands."""
