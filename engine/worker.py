@@ -124,7 +124,7 @@ class Worker:
         self.started_at = now()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._held = 0
+        self._held: set[str] = set()  # the tasks whose leases the heartbeat extends
         self._held_lock = threading.Lock()
 
     # -- the loop -------------------------------------------------------
@@ -159,7 +159,7 @@ class Worker:
 
     def run_once(self) -> int:
         """Claim up to `concurrency` due tasks and advance them; returns how many were claimed."""
-        with self._serving():
+        with self._serving(listen=False):  # one claim: no wake-up to wait for
             claimed = self._claim(self.concurrency)
             if claimed:
                 with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=self.name) as pool:
@@ -179,12 +179,13 @@ class Worker:
         return claimed
 
     @contextmanager
-    def _serving(self) -> Iterator[None]:
+    def _serving(self, *, listen: bool = True) -> Iterator[None]:
         """While the loop runs: the heartbeat (leases and the worker's report) and, on PostgreSQL, the listener."""
         done = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(done,), name=f"{self.name}-heartbeat", daemon=True)
         beat.start()
-        listener = Listener(self.engine.store.url, self.wake, self.workflows).start() if self.listen else None
+        listener = (Listener(self.engine.store.url, self.wake, self.workflows).start()
+                    if listen and self.listen else None)
         try:
             yield
         finally:
@@ -201,7 +202,7 @@ class Worker:
         started = time.perf_counter()
         failed = False
         with self._held_lock:
-            self._held += 1
+            self._held.add(task_id)
         try:
             with holding(lease):
                 self._advance(task_id, stopping)
@@ -232,7 +233,7 @@ class Worker:
                 self._give_up(lease, exc, tries)
         finally:
             with self._held_lock:
-                self._held -= 1
+                self._held.discard(task_id)
             try:
                 self.engine.store.release(task_id, claim.epoch, step_succeeded=not failed)
                 self.counts.add("released")
@@ -280,11 +281,11 @@ class Worker:
         while not done.wait(interval):
             try:
                 with self._held_lock:
-                    held = self._held
+                    held = list(self._held)
                 if held:
-                    kept = self.engine.store.heartbeat(self.name, lease_seconds=self.lease_seconds)
-                    if kept < held:
-                        log.warning("heartbeat: %s of %s leases were taken over", held - kept, held)
+                    kept = self.engine.store.heartbeat(self.name, held, lease_seconds=self.lease_seconds)
+                    if kept < len(held):
+                        log.warning("heartbeat: %s of %s leases were taken over", len(held) - kept, len(held))
                 if time.monotonic() - last_report >= self.report_seconds:
                     last_report = time.monotonic()
                     self._report()

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from engine import Engine, Registry, StaticRoles, migrations
 from engine.canonical import now
@@ -93,6 +94,33 @@ def test_one_slow_task_does_not_hold_up_the_others(eng: Engine) -> None:
     assert not runner.is_alive()
     counts = worker.counts.snapshot()
     assert (counts["claimed"], counts["transitions"], counts["released"]) == (6, 6, 6)
+
+
+def test_heartbeats_keep_the_lease_of_a_long_step_and_only_that_one(eng: Engine) -> None:
+    task_id = eng.start("counter", {}, actor="ann")
+    bystander = eng.start("counter", {}, actor="ann")
+    model = GatedFinisher()
+    worker = Worker(eng, name="slow", model=model, lease_seconds=0.6, concurrency=1)
+    running = threading.Thread(target=worker.run_once)
+    running.start()
+    try:
+        assert model.entered.wait(20)
+        held = eng.store.row(task_id)
+        assert held is not None and held.lease_owner == "slow"
+        with eng.store.engine.begin() as conn:  # a lease under the same name the worker does not hold
+            conn.execute(text("UPDATE tasks SET lease_owner = 'slow', lease_expires_at = :past WHERE task_id = :t"),
+                         {"past": "2000-01-01 00:00:00", "t": bystander})
+        time.sleep(1.5)  # more than two lease lengths into the step
+        row = eng.store.row(task_id)
+        assert row is not None and row.lease_owner == "slow" and row.lease_expires_at is not None
+        assert row.lease_expires_at > now()  # extended, so no other worker may claim it
+        assert Worker(eng, name="other", model=Finisher(), workflows=["counter"]).run_once() == 1  # the bystander
+        other = eng.store.row(bystander)
+        assert other is not None and other.lease_owner is None and eng.get(bystander).state == "done"
+    finally:
+        model.gate.set()
+        running.join(timeout=30)
+    assert eng.get(task_id).state == "done"
 
 
 def test_two_workers_on_one_task_when_the_lease_expires_mid_step(eng: Engine) -> None:

@@ -258,14 +258,17 @@ class Store:
             finally:
                 raw.close()
 
-    def heartbeat(self, owner: str, *, lease_seconds: float) -> int:
-        """Extend every lease `owner` still holds, in one statement; returns how many it holds.
+    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> int:
+        """Extend the leases `owner` still holds on `task_ids`, in one statement; returns how many it holds.
 
-        A lease another worker took over carries that worker's name now, so it is not extended.
+        By primary key, so a heartbeat never scans the table. A lease another worker took
+        over carries that worker's name now, so it is not extended.
         """
+        if not task_ids:
+            return 0
         with self._errors(), self._writer() as conn:
             result = conn.execute(
-                update(tasks).where(tasks.c.lease_owner == owner)
+                update(tasks).where(tasks.c.task_id.in_(list(task_ids)), tasks.c.lease_owner == owner)
                 .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))
             )
             return int(result.rowcount)
