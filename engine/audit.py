@@ -15,14 +15,11 @@ from datetime import datetime
 
 from engine.canonical import format_instant
 from engine.definition import MIGRATE, Workflow
-from engine.errors import Code, IntegrityError, Refused
+from engine.errors import Code, Refused
 from engine.events import Event
-from engine.fold import TaskState, apply, initial
+from engine.fold import Resolve, TaskState, apply, initial, migration_target, pinned_at_start
 from engine.replay import Lookup, ReplayReport, replay_stream
 from engine.store import Snapshot, Store, TaskRow
-
-#: The definition a task was pinned to, by (name, version, digest); refuses DEFINITION_MISSING / _CHANGED.
-Resolve = Callable[[str, int, str], Workflow]
 
 
 def _not_found(task_id: str) -> Refused:
@@ -113,26 +110,16 @@ def state_as_of(store: Store, resolve: Resolve, archived: Archived, row: TaskRow
         if not isinstance(item, Event):
             continue
         if task is None or definition is None:
-            definition = resolve(*_pinned(row, item))
+            definition = resolve(*pinned_at_start(row.workflow, [item]))
             task = initial(definition, item)
         else:
             if item.trigger == MIGRATE:
-                definition = resolve(task.workflow, int(item.data["to_version"]), str(item.data["to_digest"]))
+                definition = migration_target(task, item, resolve)
             task = apply(definition, task, item)
         last = item
     if task is None or last is None or task.seq != seq:
         raise ValueError(f"task {row.task_id} has no event at seq {seq}")
     return AsOf(task, last)
-
-
-def _pinned(row: TaskRow, start: Event) -> tuple[str, int, str]:
-    """(name, version, digest) the start event pinned the task to."""
-    name, _, version = str(start.data.get("workflow", "")).rpartition("@")
-    digest = start.data.get("digest")
-    if name != row.workflow or not version.isdigit() or not isinstance(digest, str):
-        raise IntegrityError(f"task {row.task_id}: its start event does not name a version of {row.workflow}",
-                             code=Code.STATE_MISMATCH, task_id=row.task_id)
-    return name, int(version), digest
 
 
 def path_visits(events: Iterable[Event]) -> tuple[Counter[tuple[str, str, str]], str | None]:

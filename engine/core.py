@@ -27,7 +27,7 @@ from engine.decide import Decision, decide, validate_payload
 from engine.definition import CANCEL, MIGRATE, START, Approval, StateKind, Workflow
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, Refused
 from engine.events import Event, seal
-from engine.fold import TaskState, apply, fold
+from engine.fold import TaskState, apply, fold, pinned_at_start
 from engine.leases import current_epoch
 from engine.model.types import ModelAdapter
 from engine.registry import Registry
@@ -625,19 +625,6 @@ def migration_problem(source: Workflow, target: Workflow, task: TaskState, state
 def _matches(task: TaskState, row: TaskRow) -> bool:
     return (task.state, task.seq, task.last_hash, str(task.status), task.version, task.digest) == (
         row.state, row.seq, row.last_hash, row.status, row.version, row.digest)
-
-
-def pinned_at_start(workflow: str, events: list[Event]) -> tuple[str, int, str]:
-    """(name, version, digest) the task started on, as its `start` event recorded them."""
-    if not events:
-        raise IntegrityError("a task without events", code=Code.SEQ_GAP)
-    data = events[0].data
-    ref = str(data.get("workflow", ""))
-    name, _, version = ref.rpartition("@")
-    if name != workflow or not version.isdigit() or not isinstance(data.get("digest"), str):
-        raise IntegrityError(f"the start event names {ref!r}, not a version of {workflow}",
-                             code=Code.STATE_MISMATCH, task_id=events[0].task_id)
-    return name, int(version), data["digest"]
 
 
 def _check_actor(actor: str) -> None:

@@ -197,6 +197,19 @@ def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None 
     return task
 
 
+def pinned_at_start(workflow: str, events: list[Event]) -> tuple[str, int, str]:
+    """(name, version, digest) the task started on, as its `start` event recorded them."""
+    if not events:
+        raise IntegrityError("a task without events", code=Code.SEQ_GAP)
+    data = events[0].data
+    ref = str(data.get("workflow", ""))
+    name, _, version = ref.rpartition("@")
+    if name != workflow or not version.isdigit() or not isinstance(data.get("digest"), str):
+        raise IntegrityError(f"the start event names {ref!r}, not a version of {workflow}",
+                             code=Code.STATE_MISMATCH, task_id=events[0].task_id)
+    return name, int(version), data["digest"]
+
+
 def migration_target(task: TaskState, event: Event, resolve: Resolve | None) -> Workflow:
     """The definition a `migrate` event moves the task to (its data names version and digest)."""
     if resolve is None:
