@@ -56,7 +56,6 @@ tasks = Table(
     Column("archive_sha256", String(64), nullable=True),
     Index("ix_tasks_status", "status"),
     Index("ix_tasks_workflow_version", "workflow", "version"),
-    Index("ix_tasks_next_run_at", "next_run_at"),
     # What a claim scans: the unfinished tasks by due time, however many finished ones the table holds.
     Index("ix_tasks_due", "next_run_at", postgresql_where=text("status <> 'terminal'"),
           sqlite_where=text("status <> 'terminal'")),
