@@ -11,12 +11,14 @@ seq, last hash: the tombstone), so replay of an archived task proves the file
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from engine.canonical import now
 from engine.chain import Finding
@@ -124,14 +126,29 @@ def replay_archived(row: TaskRow, ref: ArchiveRef, directory: Path, lookup: Look
     except IntegrityError as missing:
         return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", 0,
                             (Finding(missing.code, 0, missing.message),))
-    with path.open("rb") as lines:
-        report = next((r for r in verify_export(lines, lookup) if r.task_id == row.task_id), None)
+    report, last = _checked_file(str(path), ref.sha256, lookup).get(row.task_id, (None, None))
     if report is None:
         return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", 0,
                             (Finding(Code.ARCHIVE_MISSING, 0, f"{ref.file} holds no log of this task"),))
-    with path.open("rb") as lines:
-        last = deque(read_events(lines, row.task_id), maxlen=1)  # only the newest event: memory stays flat
     findings = list(report.findings)
-    if not last or (last[0].to_state, last[0].seq, last[0].hash) != (row.state, row.seq, row.last_hash):
+    if last != (row.state, row.seq, row.last_hash):
         findings.append(Finding(Code.STATE_MISMATCH, row.seq, "the tombstone row disagrees with the archived log"))
     return ReplayReport(report.task_id, report.workflow, report.events, tuple(findings))
+
+
+@lru_cache(maxsize=4)
+def _checked_file(path: str, sha256: str, lookup: Lookup) -> dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]:
+    """Each task's report in an archive file, and its newest event's (state, seq, hash): one pass over the file.
+
+    A file holds a whole batch of tasks, and `replay --all` asks for each of them in turn: kept for the
+    next ones, keyed by the file's sha256 (checked before every use), a few files at most.
+    """
+    with open(path, "rb") as lines:
+        reports = {r.task_id: r for r in verify_export(lines, lookup) if r.task_id}
+    newest: dict[str, tuple[Any, ...]] = {}
+    with open(path, "rb") as lines:
+        for raw in lines:
+            value = json.loads(raw)
+            if value.get("kind") == "event":
+                newest[str(value.get("task_id"))] = (value.get("to_state"), value.get("seq"), value.get("hash"))
+    return {task_id: (report, newest.get(task_id)) for task_id, report in reports.items()}

@@ -68,6 +68,20 @@ def test_ended_tasks_move_to_a_verified_file_and_stay_provable(eng: Engine) -> N
     assert eng.archive(now() + timedelta(seconds=1)).tasks == 0  # nothing left to archive
 
 
+def test_replaying_a_files_tasks_verifies_the_file_once(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine import archive
+
+    ended = [t for _ in range(3) for t in ended_and_running(eng)[0]]
+    eng.archive(now() + timedelta(seconds=1))
+    passes: list[int] = []
+    verify = archive.verify_export
+    monkeypatch.setattr(archive, "verify_export", lambda *args: passes.append(1) or verify(*args))
+    archive._checked_file.cache_clear()
+    reports = [r for r in eng.replay_all() if r.task_id in ended]
+    assert len(reports) == 6 and all(r.ok for r in reports)
+    assert len(passes) == 1  # one pass over the file for its six tasks, not one per task
+
+
 def test_only_tasks_that_ended_before_the_date_are_archived(eng: Engine) -> None:
     ended, _ = ended_and_running(eng)
     assert eng.archive(now() - timedelta(days=1)).tasks == 0
