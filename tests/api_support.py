@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from engine import Engine, Registry
 from engine.api import TokenTable, create_app
 from engine.model import ScriptedModel
+from engine.model.scripted import call
 from tests.sample_workflows import all_workflows
 from tests.shop import Ledger, make_workflow
 
@@ -48,10 +49,6 @@ def make_api_engine(db_url: str, ledger_dir: Path) -> Engine:
 
 def make_app(engine: Engine) -> FastAPI:
     return create_app(engine, token_table(), session_secret="test-secret")
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def to_approval(engine: Engine, refund: dict[str, Any] = REFUND, *, starter: str = "ann",

@@ -6,9 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from engine import Engine, Registry, StaticRoles
+from engine.model.scripted import call
 from workflows import REFUND_V1, REFUND_V2, TICKET_TRIAGE, fakes
 
 #: dana and erin approve refunds; bob holds no role; the portal relays customers' answers; sam works tickets.
@@ -42,9 +44,18 @@ def reference_engine(db_url: str) -> Iterator[Engine]:
         yield engine
 
 
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    """One scripted model turn that calls `name`."""
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+@pytest.fixture
+def books(db_url: str) -> Iterator[fakes.Systems]:
+    """The fakes on the test's database (import this fixture, and `eng`, into a test module to use them)."""
+    with fake_systems(db_url) as systems:
+        yield systems
+
+
+@pytest.fixture
+def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:
+    """An engine with the reference workflows, over the fakes of `books`."""
+    with reference_engine(db_url) as engine:
+        yield engine
 
 
 def refund(amount: int, order_id: str = "O-1001", currency: str = "EUR", **extra: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from engine.errors import RailyardError
 from engine.model import ScriptedModel
 from engine.model.forcing import Rung, ladder
 from engine.model.profiles import BUILTIN_PROFILES, load_profiles
+from engine.model.scripted import call
 from engine.model.types import ModelRequest
 from tests.sample_workflows import ROLES, all_workflows
 
@@ -32,10 +33,6 @@ def eng(tmp_path: Any) -> Iterator[Engine]:
     migrations.upgrade(url)
     with Engine(url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as engine:
         yield engine
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def run(eng: Engine, task_id: str, model: ScriptedModel, *, thinking: bool = False, turns: int = 50) -> Any:

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ import pytest
 from engine import Engine
 from engine.model import ScriptedModel
 from engine.worker import Worker
-from tests.reference import expire_leases, fake_systems, reference_engine, steps
+from tests import reference
+from tests.reference import expire_leases, steps
 from workflows import fakes
 from workflows.refund_tools import SETTLE_SECONDS
 from workflows.scripts import (
@@ -28,17 +28,7 @@ from workflows.scripts import (
 
 REPO = Path(__file__).resolve().parent.parent
 
-
-@pytest.fixture
-def books(db_url: str) -> Iterator[fakes.Systems]:
-    with fake_systems(db_url) as systems:
-        yield systems
-
-
-@pytest.fixture
-def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:
-    with reference_engine(db_url) as engine:
-        yield engine
+books, eng = reference.books, reference.eng  # the reference workflows' fixtures
 
 
 def to_approved_refund(eng: Engine, version: int) -> str:

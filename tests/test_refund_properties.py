@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from engine import Engine, RailyardError, verify_chain
 from engine.model import ScriptedModel
-from tests.reference import ROLES, call, fake_systems, reference_engine
+from engine.model.scripted import call
+from tests.reference import ROLES, fake_systems, reference_engine
 from workflows import fakes
 from workflows.fakes.seed import EVIDENCE, ORDERS
 

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,25 +20,17 @@ import pytest
 from engine import Code, Engine, RailyardError, decide
 from engine.canonical import utc
 from engine.model import ScriptedModel
+from engine.model.scripted import call
 from engine.tool_runner import AttemptInFlight
 from engine.worker import Worker
-from tests.reference import DAMAGED, call, expire_leases, fake_systems, make_due, reference_engine, refund, steps
+from tests import reference
+from tests.reference import DAMAGED, expire_leases, make_due, refund, steps
 from workflows import REFUND_V1, REFUND_V2, fakes
 from workflows.refund_tools import SETTLE_SECONDS
 
 REPO = Path(__file__).resolve().parent.parent
 
-
-@pytest.fixture
-def books(db_url: str) -> Iterator[fakes.Systems]:
-    with fake_systems(db_url) as systems:
-        yield systems
-
-
-@pytest.fixture
-def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:
-    with reference_engine(db_url) as engine:
-        yield engine
+books, eng = reference.books, reference.eng  # the reference workflows' fixtures
 
 
 def refused(action: Any) -> RailyardError:

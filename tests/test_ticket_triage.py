@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from engine import Code, Engine, RailyardError
 from engine.model import ScriptedModel
-from tests.reference import call, fake_systems, reference_engine, steps
+from engine.model.scripted import call
+from tests import reference
+from tests.reference import steps
 from workflows import fakes
 from workflows.fakes.seed import TICKETS
 
 T5001 = {"ticket_id": "T-5001"}
 
-
-@pytest.fixture
-def books(db_url: str) -> Iterator[fakes.Systems]:
-    with fake_systems(db_url) as systems:
-        yield systems
-
-
-@pytest.fixture
-def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:
-    with reference_engine(db_url) as engine:
-        yield engine
+books, eng = reference.books, reference.eng  # the reference workflows' fixtures
 
 
 def answer(profile: str, name: str, **arguments: Any) -> dict[str, Any]:

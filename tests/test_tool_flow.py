@@ -16,13 +16,10 @@ import pytest
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles
 from engine.model import ScriptedModel
+from engine.model.scripted import call
 from tests.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 REFUND = {"order_id": "O-1", "amount_cents": 4_000, "currency": "EUR", "reason": "damaged parcel"}

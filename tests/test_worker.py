@@ -21,6 +21,7 @@ from engine.errors import LeaseLost
 from engine.leases import Lease, holding
 from engine.model.types import ModelRequest, ModelResponse, ToolCall
 from engine.worker import Worker
+from tests.reference import expire_leases, make_due
 from tests.sample_workflows import COUNTER, ROLES
 from tests.shop import ROLES as SHOP_ROLES
 from tests.shop import SETTLE_SECONDS, Ledger, make_workflow
@@ -50,18 +51,6 @@ class Finisher:
 def eng(db_url: str) -> Iterator[Engine]:
     with Engine(db_url, Registry([COUNTER, GATED]), authoriser=StaticRoles(ROLES)) as engine:
         yield engine
-
-
-def expire_leases(eng: Engine) -> None:
-    with eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("UPDATE tasks SET lease_expires_at = :past WHERE lease_expires_at IS NOT NULL"),
-                     {"past": "2000-01-01 00:00:00"})
-
-
-def make_due(eng: Engine) -> None:
-    with eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("UPDATE tasks SET next_run_at = :past WHERE next_run_at IS NOT NULL"),
-                     {"past": "2000-01-01 00:00:00"})
 
 
 def test_a_worker_whose_lease_was_taken_over_cannot_append(eng: Engine) -> None:

@@ -21,8 +21,9 @@ from engine import Engine, Registry, StaticRoles, migrations
 from engine.canonical import now
 from engine.model.types import ModelRequest, ModelResponse, ToolCall
 from engine.worker import Worker
+from tests.reference import expire_leases
 from tests.sample_workflows import COUNTER, REFUND_V1, ROLES
-from tests.test_worker import Finisher, expire_leases
+from tests.test_worker import Finisher
 
 REPO = Path(__file__).resolve().parent.parent
 RAILYARD = str(Path(sys.executable).with_name("railyard"))

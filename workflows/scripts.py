@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
-
+from engine.model.scripted import call
 
 #: Start `refund` with `REFUND_DAMAGED_ORDER_INPUT` and answer with `refund_damaged_order(version)`. The model
 #: looks O-1001 up, finds it eligible, proposes 150.00 EUR (the guard refuses: only 129.99 is refundable), then
@@ -32,11 +29,11 @@ def refund_damaged_order(version: int = 2) -> dict[str, Any]:
                 "evidence_ids": ["EV-1", "EV-2"], **extra}
     return {"profile": "anthropic", "model": "scripted-clerk", "by_state": {
         "collecting_information": [
-            _call("query_order", order_id="O-1001"),
-            _call("assess_eligibility", order_id="O-1001", finding="Delivered damaged: photo EV-1, courier note EV-2."),
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged: photo EV-1, courier note EV-2."),
         ],
-        "eligible": [_call("propose_refund", amount=15_000, **proposal),
-                     _call("propose_refund", amount=12_999, **proposal)],
+        "eligible": [call("propose_refund", amount=15_000, **proposal),
+                     call("propose_refund", amount=12_999, **proposal)],
     }}
 
 
@@ -44,10 +41,10 @@ def refund_damaged_order(version: int = 2) -> dict[str, Any]:
 #: decision: the forcing ladder feeds NO_ACTION back), then decides ESCALATE: the ticket goes to the human queue.
 TICKET_DOUBLE_CHARGE_INPUT: dict[str, Any] = {"ticket_id": "T-5001"}
 TICKET_DOUBLE_CHARGE: dict[str, Any] = {"profile": "anthropic", "model": "scripted-triage", "by_state": {
-    "reading": [_call("query_ticket", ticket_id="T-5001")],
+    "reading": [call("query_ticket", ticket_id="T-5001")],
     "deciding": [
         {"text": "The customer was charged twice for order O-1001. Billing should refund the duplicate."},
-        _call("decide", ticket_id="T-5001", decision="ESCALATE",
+        call("decide", ticket_id="T-5001", decision="ESCALATE",
               reason="Duplicate card charge: billing must reverse one of them."),
     ],
 }}
@@ -66,9 +63,9 @@ def refund_wrong_item(version: int = 2) -> dict[str, Any]:
     extra = {"category": "wrong_item"} if version >= 2 else {}
     return {"profile": "anthropic", "model": "scripted-clerk", "by_state": {
         "collecting_information": [
-            _call("query_order", order_id="O-1002"),
-            _call("assess_eligibility", order_id="O-1002", finding="Wrong colour delivered: photo EV-3."),
+            call("query_order", order_id="O-1002"),
+            call("assess_eligibility", order_id="O-1002", finding="Wrong colour delivered: photo EV-3."),
         ],
-        "eligible": [_call("propose_refund", order_id="O-1002", amount=2_500, currency="EUR",
+        "eligible": [call("propose_refund", order_id="O-1002", amount=2_500, currency="EUR",
                            reason="Wrong item delivered.", evidence_ids=["EV-3"], **extra)],
     }}

@@ -31,6 +31,11 @@ from engine.model.types import ModelRequest, ModelResponse, ToolCall
 _STATE_OF_PROMPT = re.compile(r"in state '([^']+)'")
 
 
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    """A script turn whose answer calls tool `name` with `arguments`."""
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
 class ScriptedModel:
     """A `ModelAdapter` that answers from a script."""
 
