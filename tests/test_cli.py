@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
 from engine.cli import app
+from tests.insider import tamper
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -135,10 +135,7 @@ def test_usage_errors_exit_2(cli_env: str, args: list[str]) -> None:
 
 def test_a_tampered_log_exits_3(cli_env: str) -> None:
     task_id = start_refund()
-    engine = create_engine(cli_env)
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE tasks SET state = 'completed' WHERE task_id = :t"), {"t": task_id})
-    engine.dispose()
+    tamper(cli_env, "UPDATE tasks SET state = 'completed' WHERE task_id = :t", t=task_id)
     code, _, err = invoke("show", task_id)
     assert code == 3 and "STATE_MISMATCH" in err
 
@@ -280,10 +277,7 @@ def test_replay_exits_0_on_a_clean_log_and_3_on_a_tampered_one(cli_env: str) -> 
     assert code == 0
     assert json.loads(out) == {"reports": [], "tasks": 2, "events": 5, "findings": 0, "ok": True}
 
-    engine = create_engine(cli_env)
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 4"), {"t": task_id})
-    engine.dispose()
+    tamper(cli_env, "UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 4", t=task_id)
     code, out, _ = invoke("replay", task_id, "--json")
     assert code == 3
     assert [(f["code"], f["seq"]) for f in json.loads(out)["findings"]] == [("HASH_MISMATCH", 4)]
@@ -306,10 +300,7 @@ def test_replay_with_jobs_says_what_one_process_says(cli_env: str, monkeypatch: 
     monkeypatch.setattr(replay_jobs, "PAGE", 1)  # a page per task: two tasks are enough to go parallel
     task_id = refund_path(cli_env)
     start_refund()
-    engine = create_engine(cli_env)
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 3"), {"t": task_id})
-    engine.dispose()
+    tamper(cli_env, "UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 3", t=task_id)
     serial = invoke("replay", "--all", "--json", "--jobs", "1")
     assert serial[0] == 3
     assert invoke("replay", "--all", "--json", "--jobs", "2") == serial

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import text
 
 from engine import Code, Engine, Refused, Registry, StaticRoles, Workflow
 from engine.canonical import GENESIS_HASH, canonical_json, now
@@ -23,21 +23,11 @@ from engine.fold import TaskState
 from engine.model import ScriptedModel
 from engine.replay import ReplayReport, illegal
 from engine.store import TaskRow
+from tests.insider import sql
 from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
 
 MakeEngine = Callable[..., Engine]
 ORDER = {"customer": "c1", "balance": 500}
-
-
-@contextmanager
-def sql(url: str) -> Iterator[Connection]:
-    """A plain connection, as an insider with write access to the database would use one."""
-    engine = create_engine(url)
-    try:
-        with engine.begin() as conn:
-            yield conn
-    finally:
-        engine.dispose()
 
 
 def refund_to_completion(eng: Engine) -> tuple[str, list[TaskState]]:

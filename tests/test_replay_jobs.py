@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from engine import Engine, replay_jobs
 from engine.replay_jobs import Stretch, stretches
 from engine.store import TaskRow
+from tests.insider import tamper
 
 MakeEngine = Callable[..., Engine]
 
@@ -30,15 +30,6 @@ def counter_task(eng: Engine, ticks: int) -> str:
     for n in range(ticks):
         eng.fire(task_id, "tick", {"n": n}, actor="model")
     return task_id
-
-
-def tamper(url: str, sql: str, **params: object) -> None:
-    engine = create_engine(url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(sql), params)
-    finally:
-        engine.dispose()
 
 
 def test_a_long_log_in_stretches_is_checked_like_one_fold(make_engine: MakeEngine) -> None:
