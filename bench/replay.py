@@ -48,7 +48,6 @@ from typing import Any
 import psycopg
 from append import (
     BUSY_WARNING,
-    TickArgs,
     background_busy,
     bench_database,
     bench_parser,
@@ -57,9 +56,10 @@ from append import (
     pg_server_url,
     print_targets,
     target,
+    tick_workflow,
 )
 
-from engine import Action, Agent, Engine, Registry, StaticRoles, Terminal, Workflow, migrations
+from engine import Engine, Registry, StaticRoles, Workflow, migrations
 from engine.canonical import GENESIS_HASH, canonical_json
 from engine.definition import START
 from engine.events import Event, seal
@@ -68,14 +68,6 @@ from engine.replay_jobs import available_jobs
 
 ACTOR = "bench"
 SNAPSHOT_EVERY = 10
-
-
-def tick_workflow(name: str) -> Workflow:
-    """A self-loop, so one task can take any number of transitions (the append benchmark's workflow)."""
-    return Workflow(name=name, version=1, states=[
-        Agent("working", actions=[Action("tick", "working", TickArgs), Action("finish", "done")]),
-        Terminal("done"),
-    ])
 
 
 #: (a) and (b) live in two workflows, so replay_all(workflow=...) reads exactly (b)'s tasks.

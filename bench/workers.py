@@ -53,6 +53,7 @@ from append import (
     machine,
     pg_server_url,
     print_targets,
+    summary,
     target,
 )
 from pydantic import BaseModel, ConfigDict, Field
@@ -538,7 +539,7 @@ def measure_all(plan: Plan, url: str) -> dict[str, Any]:
     return {
         "workers": summaries,
         "cpu_bound": _cpu_bound(summaries),
-        "raw": {k: {str(n): _summary_raw(v) for n, v in by_n.items()} for k, by_n in raw.items()},
+        "raw": {k: {str(n): summary(v) for n, v in by_n.items()} for k, by_n in raw.items()},
         "waited_for_quiet_s": quiet.waited,
         "runs_discarded": quiet.discarded,
         "kept_disturbed": quiet.kept_disturbed,
@@ -573,15 +574,6 @@ def _cpu_bound(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 def _median_or_none(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return round(statistics.median(known), 3) if known else None
-
-
-def _summary_raw(samples: list[tuple[float, float, float | None]]) -> dict[str, Any]:
-    rates = [rate for rate, _, _ in samples]
-    busy = [b for _, _, b in samples if b is not None]
-    return {"median": round(statistics.median(rates)), "min": round(min(rates)), "max": round(max(rates)),
-            "rounds": [round(x) for x in rates],
-            "client_cpu_us": round(statistics.median(cpu for _, cpu, _ in samples), 1),
-            "machine_cpu_busy": round(statistics.median(busy), 3) if busy else None}
 
 
 def ratios_and_targets(

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine import Action, Agent, Approval, GuardContext, Terminal, Tool, Wait, Workflow
 from engine.definition import Budgets
+from engine.tool_runner import SETTLE_MARGIN_SECONDS
 from engine.tools import CurrencyCode, MinorUnits, Reconciled, ToolCatalog, ToolDef, ToolKind
 from engine.tools.prepared import ToolInvocation
 
@@ -214,5 +215,6 @@ class ClerkModel:
         return ModelResponse(tool_calls=(call,), finish_reason="tool_calls")
 
 
-#: How long after a stranded refund intent reconciliation is trusted (its timeout + the engine's margin).
-SETTLE_SECONDS = REFUND_TIMEOUT + 1.0 + 0.2
+#: How long after a stranded refund intent reconciliation is trusted (its timeout + the engine's margin), and a
+#: little more for the test's own clock.
+SETTLE_SECONDS = REFUND_TIMEOUT + SETTLE_MARGIN_SECONDS + 0.2

@@ -27,7 +27,6 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from engine.audit import path_visits
 from engine.core import Engine
 from engine.errors import RailyardError
 from engine.events import Event
@@ -183,9 +182,8 @@ class Demo:
         self.console.print(table)
 
     def route(self, task_id: str) -> None:
-        task = self.engine.load(task_id)
-        definition = self.engine.definition_of(task)
-        visits, current = path_visits(self.engine.history(task_id))
+        row, visits, current = self.engine.path(task_id)  # what `railyard graph --task` draws
+        definition = self.engine.registry.get(row.workflow, row.version)
         diagram = definition.machine.graph("mermaid", current=current, visits=visits)
         self.console.print(Panel(route_only(diagram), title=f"railyard graph refund --task {task_id} "
                                                             "(the route taken; the command prints every state)"))
