@@ -41,6 +41,14 @@ def decision_role(definition: Workflow, state: str, verdict: str) -> str:
     return (candidates[0].role if candidates else None) or approval.role
 
 
+def self_approval(definition: Workflow, task: TaskState, actor: str) -> bool:
+    """Whether `actor` approving `task` would approve their own request (they started it or proposed the call),
+    where the approval state does not allow that."""
+    state = definition.state(task.state)
+    return (isinstance(state, Approval) and not state.allow_self_approval
+            and actor in {task.started_by, task.prepared_by})
+
+
 def check_decision(
     definition: Workflow,
     task: TaskState,
@@ -63,7 +71,7 @@ def check_decision(
     if role not in roles:
         raise Refused(f"{actor!r} does not hold the role {role!r} this decision needs",
                       code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, role=role, actor=actor)
-    if not state.allow_self_approval and verdict == "approve" and actor in {task.started_by, task.prepared_by}:
+    if verdict == "approve" and self_approval(definition, task, actor):
         raise Refused(f"{actor!r} started this task or proposed the call and may not approve it",
                       code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, actor=actor, reason="self_approval")
     current = task.prepared["digest"] if task.prepared else None

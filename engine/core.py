@@ -177,7 +177,7 @@ class Engine:
             comment = next((str(fields[k]) for k in ("comment", "reason", "note") if k in fields), "")
             verdict: Literal["approve", "reject"] = "approve" if trigger == "approve" else "reject"
             return self._decide_approval(task_id, verdict, actor, digest if isinstance(digest, str) else None,
-                                         comment)
+                                         comment, loaded=task)
         return self.transition(task, trigger, payload, actor=actor)
 
     #: DESIGN.md's name for firing a human or external trigger (a customer replied, an operator closed): the
@@ -324,14 +324,17 @@ class Engine:
                 yield definition, task
 
     def _decide_approval(
-        self, task_id: str, verdict: Literal["approve", "reject"], actor: str, digest: str | None, comment: str
+        self, task_id: str, verdict: Literal["approve", "reject"], actor: str, digest: str | None, comment: str,
+        *, loaded: TaskState | None = None,
     ) -> TaskState:
+        """`loaded`: the task as the caller just loaded it, for the first attempt (later ones reload)."""
         from engine.approvals import check_decision
 
         _check_actor(actor)
         roles = self.authoriser.roles_of(actor)
         for _attempt in range(3):
-            task = self.load(task_id)
+            task = loaded if loaded is not None else self.load(task_id)
+            loaded = None
             definition = self.definition_of(task)
             if verdict == "reject" and digest is None and task.prepared:
                 digest = task.prepared["digest"]

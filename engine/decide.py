@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from engine.approvals import self_approval
 from engine.definition import IDENTITY_FIELDS, Action, Approval, GuardContext, Workflow, guard_name, redact
 from engine.errors import Code, Refused
 from engine.fold import TaskState
@@ -95,7 +96,7 @@ def decide(
                 role=action.role,
                 actor=actor,
             )
-        if trigger == "approve" and _self_approval(definition, task, actor):
+        if trigger == "approve" and self_approval(definition, task, actor):
             # `fire` reaches approval actions without `Engine.approve`; separation of duties must hold there too.
             raise Refused(
                 f"{actor!r} started this task or proposed the call and may not approve it",
@@ -152,10 +153,6 @@ def validate_payload(
     return instance, instance.model_dump(mode="json")
 
 
-def _self_approval(definition: Workflow, task: TaskState, actor: str) -> bool:
-    state = definition.state(task.state)
-    return (isinstance(state, Approval) and not state.allow_self_approval
-            and actor in {task.started_by, task.prepared_by})
 
 
 def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:
@@ -173,7 +170,6 @@ def _prepare(definition: Workflow, task: TaskState, action: Action, args: dict[s
     The action id comes from this event's seq, so it is the same for every
     attempt and every worker. The role recorded is the one its approval needs.
     """
-    from engine.definition import Approval
     from engine.tools.prepared import prepare
 
     assert definition.tools is not None and action.prepares is not None

@@ -24,7 +24,7 @@ from engine.api.present import (
     timeline,
 )
 from engine.api.tokens import Principal
-from engine.approvals import decision_role, pending_view
+from engine.approvals import decision_role, pending_view, self_approval
 from engine.core import Engine, TaskView
 from engine.definition import Approval, Workflow
 from engine.events import Event
@@ -60,13 +60,14 @@ class TaskPage:
     input: list[Shown] = field(default_factory=list)
 
 
-def why_not(principal: Principal, role: str, task: TaskState, self_approval_allowed: bool) -> str | None:
+def why_not(principal: Principal, definition: Workflow, task: TaskState) -> str | None:
     """Why this principal will be refused an approval of `task` (None: the buttons are offered)."""
     if principal.read_only:
         return "your token is read-only (auditor)"
+    role = decision_role(definition, task.state, "approve")
     if role not in principal.roles:
         return f"deciding needs the role {role!r}, which you do not hold"
-    if not self_approval_allowed and principal.actor in {task.started_by, task.prepared_by}:
+    if self_approval(definition, task, principal.actor):
         return "you started this task or proposed the call: someone else must approve it (you may reject it)"
     return None
 
@@ -82,7 +83,7 @@ def approval_view(engine: Engine, definition: Workflow, task: TaskState, events:
         tool_args = definition.tools.get(str(prepared["tool"])).args
     pending = pending_view(definition, task)  # what `railyard approvals` and GET /api/approvals show
     digest = pending["digest"]
-    refusal = why_not(principal, decision_role(definition, task.state, "approve"), task, state.allow_self_approval)
+    refusal = why_not(principal, definition, task)
     return ApprovalView(
         task_id=pending["task_id"],
         workflow=pending["workflow"],
