@@ -106,8 +106,12 @@ def stored_body(task_id: str, seq: int, at: datetime, actor: str, from_state: st
 
 def with_stored_data(event: Event, data_text: str) -> Event:
     """`event` as read from the store, carrying the text its `data` was decoded from (for a faster hash check)."""
-    object.__setattr__(event, "stored_data", data_text)
+    _set_stored_data(event, data_text)
     return event
+
+
+#: The slot's own setter: past the frozen class's `__setattr__` (as `quick_init` sets fields), once per event read.
+_set_stored_data = Event.__dict__["stored_data"].__set__
 
 
 def chain_hash(prev_hash: str, body: dict[str, Any]) -> str:

@@ -102,6 +102,12 @@ def _as_decided(action: Action, event: Event, recorded: Any) -> bool:
     return True
 
 
+#: Not a string: marks a risk record that is not an object (such data is judged every time, never remembered).
+_ODD = object()
+#: No guards recorded, which `illegal` reads as an empty list.
+_UNRECORDED: list[str] = []
+
+
 def _verdict_key(rules: Workflow, task: TaskState, event: Event) -> tuple[Any, ...] | None:
     """What `illegal`'s verdict depends on, for remembering legal ones; None for data too odd to remember.
 
@@ -110,12 +116,17 @@ def _verdict_key(rules: Workflow, task: TaskState, event: Event) -> tuple[Any, .
     the set stays as small as the definitions' transition tables.
     """
     data = event.data
-    guards, risk = data.get("guards", []), data.get("risk")
-    if risk is not None and type(risk) is not dict:
+    guards, risk = data.get("guards", _UNRECORDED), data.get("risk")
+    check = None
+    if risk is not None:
+        check = risk.get("check") if type(risk) is dict else _ODD
+        if check is not None and type(check) is not str:
+            return None
+    if type(guards) is not list:
         return None
-    check = risk.get("check") if risk is not None else None
-    if type(guards) is not list or not all(type(g) is str for g in guards) or not (check is None or
-                                                                                    type(check) is str):
+    if not guards:  # most transitions have none: no tuple to build
+        return (rules, task.state, event.from_state, event.trigger, event.to_state, (), check)
+    if not all(type(g) is str for g in guards):
         return None
     return (rules, task.state, event.from_state, event.trigger, event.to_state, tuple(guards), check)
 

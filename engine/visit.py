@@ -20,21 +20,20 @@ from typing import Any
 from engine.definition import CALL, DEMOTE, RECONCILE, REPAIR, Agent, Tool, Workflow
 
 
-def empty_visit(demoted: list[str] | None = None) -> dict[str, Any]:
-    return {"repairs": 0, "mode": None, "messages": [], "demoted": list(demoted or [])}
-
-
 def next_visit(
     definition: Workflow, visit: dict[str, Any], trigger: str, to_state: str, data: dict[str, Any]
 ) -> dict[str, Any]:
-    """The visit after an event: continued on `repair`/`demote`, restarted on entering an agent state."""
-    demoted = list(visit.get("demoted", []))
+    """The visit after an event: continued on `repair`/`demote`, restarted on entering an agent state.
+
+    Every visit returned holds its own `demoted` list: folds share nothing mutable.
+    """
+    demoted: list[str] = visit.get("demoted") or []
     turn = data.get("turn")
-    if turn and turn.get("demoted"):
-        demoted = [*demoted, turn["demoted"]] if turn["demoted"] not in demoted else demoted
+    if turn and turn.get("demoted") and turn["demoted"] not in demoted:
+        demoted = [*demoted, turn["demoted"]]
     if trigger in (REPAIR, DEMOTE):
         out = dict(visit)
-        out["demoted"] = demoted
+        out["demoted"] = list(demoted)
         if trigger == REPAIR:
             out["repairs"] = int(visit.get("repairs", 0)) + 1
         if turn:
@@ -48,7 +47,7 @@ def next_visit(
         return {**visit, "reconciles": int(visit.get("reconciles", 0)) + 1}
     target = definition.state(to_state)
     if isinstance(target, Agent):
-        return empty_visit(demoted)
+        return {"repairs": 0, "mode": None, "messages": [], "demoted": list(demoted)}
     if isinstance(target, Tool):
-        return {"calls": 0, "reconciles": 0, "pending": None, "demoted": demoted}
-    return {"demoted": demoted} if demoted else {}
+        return {"calls": 0, "reconciles": 0, "pending": None, "demoted": list(demoted)}
+    return {"demoted": list(demoted)} if demoted else {}

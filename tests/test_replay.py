@@ -4,10 +4,10 @@ code; the state as of every seq is the state that was live when that seq was wri
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -16,13 +16,15 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from engine import Code, Engine, Refused, Registry, StaticRoles, Workflow
-from engine.canonical import GENESIS_HASH, canonical_json, now
+from engine.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.definition import CALL, RECONCILE
+from engine.errors import StoreError
 from engine.events import seal, stored_body, with_stored_data
 from engine.fold import TaskState
 from engine.model import ScriptedModel
 from engine.replay import ReplayReport, illegal
 from engine.store import TaskRow
+from engine.store.store import in_log_order
 from tests.insider import sql
 from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
 
@@ -126,6 +128,16 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=12,
 )
+
+
+@given(at=st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)),
+                                                   timezone(-timedelta(hours=11))])))
+def test_an_instant_enters_a_hash_as_strftime_writes_it_in_utc(at: datetime) -> None:
+    """`format_instant` formats dates once per day; the text is still the documented strftime form, at any offset and
+    in any year (before 1000 glibc does not pad the year, and neither does the hash)."""
+    assert format_instant(at) == at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if at.astimezone(UTC).year >= 1000:  # events are stamped by the clock; an unpadded year does not parse back
+        assert parse_instant(format_instant(at)) == at
 
 
 @given(task_id=st.text(), seq=st.integers(min_value=1), actor=st.text(), source=st.none() | st.text(),
@@ -437,3 +449,35 @@ def test_a_legal_verdict_remembered_for_one_task_does_not_excuse_another(eng: En
                 "risk": {"check": "tests.sample_workflows.other", "reason": "x"}})
     reports = {r.task_id: r for r in eng.replay_all(workflow="triage")}
     assert reports[fair].ok and codes(reports[forged]) == ["ILLEGAL_TRANSITION"]
+
+
+def rows(items: list[tuple[Any, ...]]) -> Generator[tuple[Any, ...]]:
+    """Rows as the store's cursors hand them over: a generator."""
+    yield from items
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(1, 30), unique=True), st.lists(st.integers(0, 32), unique=True)),
+                min_size=1, max_size=5))
+def test_events_and_snapshots_merge_in_log_order(logs: list[tuple[list[int], list[int]]]) -> None:
+    """Per task of a page (in page order): its events and its snapshots by seq, a snapshot right after the event at
+    its seq, wherever the two streams leave gaps (a deleted event, a snapshot past the last event, a task with
+    only one of the two)."""
+    ids = [f"t{n}" for n in range(len(logs))]
+    events = [(0, tid, seq) for tid, (seqs, _) in zip(ids, logs, strict=True) for seq in sorted(seqs)]
+    snapshots = [(1, tid, seq) for tid, (_, seqs) in zip(ids, logs, strict=True) for seq in sorted(seqs)]
+    place = {tid: n for n, tid in enumerate(ids)}
+    merged = list(in_log_order(rows(events), rows(snapshots), place))
+    assert merged == sorted(events + snapshots, key=lambda r: (place[r[1]], r[2], r[0]))
+
+
+def test_a_seq_stored_as_text_merges_after_the_numbers_as_sqlite_orders_it() -> None:
+    events = [(0, "a", 1), (0, "a", 2), (0, "a", "x")]
+    merged = list(in_log_order(rows(events), rows([(1, "a", 2), (1, "b", 1)]), {"a": 0, "b": 1}))
+    assert merged == [(0, "a", 1), (0, "a", 2), (1, "a", 2), (0, "a", "x"), (1, "b", 1)]
+
+
+def test_a_log_row_of_a_task_outside_the_page_is_a_store_error() -> None:
+    with pytest.raises(StoreError):
+        list(in_log_order(rows([(0, "a", 1), (0, "z", 1)]), rows([]), {"a": 0}))
+    with pytest.raises(StoreError):
+        list(in_log_order(rows([(0, "a", 1)]), rows([(1, "z", 1)]), {"a": 0}))

@@ -175,22 +175,20 @@ def audit_page(postgres: bool, n_ids: int, after: bool, workflow: bool, since: b
 
 
 @lru_cache(maxsize=64)
-def audit_logs(postgres: bool, n_ids: int, with_snapshots: bool, upto: bool, lower: bool = False) -> str:
-    """The events (k = 0) and snapshots (k = 1) of `n_ids` tasks, ordered by task, seq, then k.
+def audit_logs(postgres: bool, n_ids: int, snapshots: bool, upto: bool, lower: bool = False) -> str:
+    """The events (k = 0), or the snapshots (k = 1), of `n_ids` tasks in the same row shape, by task then seq.
 
-    A snapshot sorts right after the event it caches. Positional parameters: the ids (the
-    lowest seq wanted, with `lower`, and the highest, with `upto`), then the same again for
-    the snapshots.
+    Two queries, not one `UNION ALL ... ORDER BY`: each is an ordered index scan, and the
+    store merges them (`store.in_log_order`). PostgreSQL before 17 cannot merge the two
+    scans of a union in index order; it sorts the whole page of logs instead, on disk for a
+    long one. Positional parameters: the ids, then the lowest seq wanted (with `lower`) and
+    the highest (with `upto`).
     """
     mark = "%s" if postgres else "?"
-    ids = _ids_in(postgres, n_ids)
     limit = (f" AND seq >= {mark}" if lower else "") + (f" AND seq <= {mark}" if upto else "")
-    sql = (f"SELECT 0 AS k, task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
-           f" FROM events WHERE {ids}{limit}")
-    if with_snapshots:
-        sql += (f" UNION ALL SELECT 1, task_id, seq, NULL, NULL, NULL, NULL, NULL, doc, NULL, hash"
-                f" FROM snapshots WHERE {ids}{limit}")
-    return sql + " ORDER BY 2, 3, 1"
+    columns = ("1, task_id, seq, NULL, NULL, NULL, NULL, NULL, doc, NULL, hash FROM snapshots" if snapshots else
+               "0, task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash FROM events")
+    return f"SELECT {columns} WHERE {_ids_in(postgres, n_ids)}{limit} ORDER BY task_id, seq"
 
 #: Give a lease back: only while still held at the claimed epoch (a lease taken over is not ours to free);
 #: a step that went through also clears the count of consecutive failures. Parameters: succeeded, task, epoch.

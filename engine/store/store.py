@@ -7,6 +7,7 @@ codes here, at the boundary; the raw driver text goes to the log only.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -424,14 +425,13 @@ class Store:
                 if not rows:
                     return
                 page_ids = [r.task_id for r in rows]
-                id_params = queries.audit_ids(self.dialect == "postgresql", page_ids)
-                bounds = [b for b in (from_seq, upto_seq) if b is not None]
-                logs = stream(
-                    queries.audit_logs(self.dialect == "postgresql", len(page_ids), with_snapshots,
-                                       upto_seq is not None, from_seq is not None),
-                    [*id_params, *bounds, *(id_params if with_snapshots else ()),
-                     *(bounds if with_snapshots else ())],
-                )
+                postgres = self.dialect == "postgresql"
+                params = [*queries.audit_ids(postgres, page_ids), *(b for b in (from_seq, upto_seq) if b is not None)]
+                bounds = (upto_seq is not None, from_seq is not None)
+                logs = stream(queries.audit_logs(postgres, len(page_ids), False, *bounds), params)
+                if with_snapshots:
+                    logs = in_log_order(logs, stream(queries.audit_logs(postgres, len(page_ids), True, *bounds),
+                                                      params), {tid: n for n, tid in enumerate(page_ids)})
                 heads = iter(rows)
                 head: TaskRow | None = None
                 try:
@@ -509,11 +509,13 @@ class Store:
                     # Times arrive as UTC already (psycopg then gives `datetime.UTC`): no conversion per event.
                     pg.execute("SET LOCAL TIME ZONE 'UTC'")
 
+                    names = itertools.count()
+
                     def pg_stream(sql: str, params: list[Any]) -> Generator[Any]:
-                        with pg.cursor(name="railyard_audit", binary=True) as cur:
-                            cur.itersize = AUDIT_FETCH
+                        with pg.cursor(name=f"railyard_audit_{next(names)}", binary=True) as cur:
                             cur.execute(sql, params)
-                            yield from cur
+                            while rows := cur.fetchmany(AUDIT_FETCH):  # a list each: no call into the cursor per row
+                                yield from rows
 
                     yield (lambda sql, params: pg.execute(sql, params).fetchall()), pg_stream
                 return
@@ -713,6 +715,53 @@ def _task_row(r: Row[Any]) -> TaskRow:
         lease_epoch=r.lease_epoch,
         failures=r.failures,
     )
+
+
+def in_log_order(events: Generator[Any], snapshots: Generator[Any], place: dict[str, int]) -> Generator[Any]:
+    """A page's event rows and snapshot rows, each ordered by task then seq, as one stream in log order.
+
+    A snapshot comes right after the event at its seq (k orders them: 0 before 1). Tasks are
+    compared by their `place` in the page, which the database ordered in its own collation,
+    never as Python strings. A seq SQLite holds as text (an edited row) sorts after every
+    number there, and does here too.
+    """
+    try:
+        snap = next(snapshots, None)
+        snap_place, snap_seq = _log_position(snap, place)
+        current, here = None, -1
+        for row in events:
+            tid, seq = row[1], row[2]
+            if tid != current:
+                found = place.get(tid)
+                if found is None:
+                    raise StoreError(f"audit read: an event of task {tid}, which is not in its page")
+                current, here = tid, found
+            if type(seq) is not int:
+                seq = _TEXT_SEQ
+            while snap is not None and (snap_place < here or (snap_place == here and snap_seq < seq)):
+                yield snap
+                snap = next(snapshots, None)
+                snap_place, snap_seq = _log_position(snap, place)
+            yield row
+        if snap is not None:
+            yield snap
+            yield from snapshots
+    finally:
+        events.close()
+        snapshots.close()
+
+
+#: Where a seq that is not a number sorts among numbers (after all of them, as SQLite orders them).
+_TEXT_SEQ = float("inf")
+
+
+def _log_position(snap: Any, place: dict[str, int]) -> tuple[int, int | float]:
+    if snap is None:
+        return -1, 0
+    found = place.get(snap[1])
+    if found is None:
+        raise StoreError(f"audit read: a snapshot of task {snap[1]}, which is not in its page")
+    return found, snap[2] if type(snap[2]) is int else _TEXT_SEQ
 
 
 def _audit_instant(value: datetime | str) -> datetime:
