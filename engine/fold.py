@@ -139,7 +139,8 @@ def apply(definition: Workflow, task: TaskState, event: Event) -> TaskState:
     facts = task.facts
     args = event.data.get("args")
     if args is not None:
-        facts = {**facts, event.trigger: args}
+        facts = facts.copy()
+        facts[event.trigger] = args
     result = event.data.get("tool_result")
     if result is not None:  # untrusted data: kept apart from arguments, shown to a model only inside tags
         ok, failed = f"tool:{result['tool']}", f"tool_error:{result['tool']}"

