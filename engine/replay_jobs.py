@@ -51,7 +51,7 @@ LONG_LOG = 20_000
 #: Tasks per page handed to a job by `replay_pages` (the audit stream's own page size).
 PAGE = AUDIT_PAGE
 #: A long log is cut into about this many stretches per job (stretches differ in cost; more evens them out).
-STRETCHES_PER_JOB = 4
+STRETCHES_PER_JOB = 8
 
 
 def available_jobs() -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine import Engine, replay_jobs
-from engine.replay_jobs import Stretch, stretches
+from engine.replay_jobs import STRETCHES_PER_JOB, Stretch, stretches
 from engine.store import TaskRow
 from tests.insider import tamper
 
@@ -135,8 +135,9 @@ def row_of(seq: int) -> TaskRow:
 
 
 def test_stretches_cut_at_snapshots_and_cover_the_log_once() -> None:
-    parts = stretches(row_of(100), list(range(10, 101, 10)), jobs=2)
-    assert [(p.after, p.upto) for p in parts] == [(0, 20), (20, 40), (40, 60), (60, 80), (80, 100)]
+    assert STRETCHES_PER_JOB == 8  # the cuts below are for 8 stretches per job wanted
+    parts = stretches(row_of(400), list(range(10, 401, 10)), jobs=2)  # 16 wanted: 25 events or more each
+    assert [(p.after, p.upto) for p in parts] == [(a, a + 30) for a in range(0, 360, 30)] + [(360, 400)]
     assert stretches(row_of(5), [], jobs=4) == [Stretch(row_of(5), 0, 5)]  # no snapshot: nowhere to cut
-    uneven = stretches(row_of(50), [3, 7, 30, 31, 49], jobs=1)
-    assert [(p.after, p.upto) for p in uneven] == [(0, 30), (30, 50)]
+    uneven = stretches(row_of(80), [3, 7, 30, 31, 76], jobs=1)  # 8 wanted: at least 10 before a cut, 5 after
+    assert [(p.after, p.upto) for p in uneven] == [(0, 30), (30, 80)]
