@@ -28,14 +28,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from engine.canonical import GENESIS_HASH, canonical_json
 from engine.chain import Finding, link_findings
 from engine.definition import MIGRATE, START, Action, Workflow, guard_name
 from engine.errors import Code
 from engine.events import Event
-from engine.fold import TaskState, apply, initial
+from engine.fold import Fold, TaskState, initial
 from engine.records import quick_init
 from engine.store import Snapshot, TaskRow
 
@@ -67,7 +67,17 @@ class ReplayReport:
                 "findings": [f.to_dict() for f in self.findings]}
 
 
-def illegal(definition: Workflow, task: TaskState, event: Event) -> str | None:
+class Standing(Protocol):
+    """Where a task stands before an event: all that judging the event needs (a `TaskState`, a `Fold`)."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def terminal(self) -> bool: ...
+
+
+def illegal(definition: Workflow, task: Standing, event: Event) -> str | None:
     """Why `event` cannot be a transition of `task` (the fold before it) under `definition`; None if it can.
 
     The same table `decide` chooses from (`Workflow.candidates`): the source state,
@@ -110,7 +120,7 @@ _ODD = object()
 _UNRECORDED: list[str] = []
 
 
-def _verdict_key(rules: Workflow, task: TaskState, event: Event) -> tuple[Any, ...] | None:
+def _verdict_key(rules: Workflow, task: Standing, event: Event) -> tuple[Any, ...] | None:
     """What `illegal`'s verdict depends on, for remembering legal ones; None for data too odd to remember.
 
     A log repeats a handful of transitions, so each is judged once. Only legal keys
@@ -156,7 +166,7 @@ class LogCheck:
         self.last: Event | None = None
         #: The fold so far and the definition it follows; None before the start event, and from the point
         #: where the log can no longer be judged (a missing or changed definition, an unfollowable event).
-        self.task: TaskState | None = None
+        self.fold: Fold | None = None
         self.rules: Workflow | None = None
         self.unchecked = row is None
         #: Transitions already found legal (see `_verdict_key`); `replay_stream` shares one set across tasks.
@@ -183,7 +193,7 @@ class LogCheck:
         return definition
 
     def _stop(self) -> None:
-        self.task = None
+        self.fold = None
         self.rules = None
         self.unchecked = True
 
@@ -195,7 +205,7 @@ class LogCheck:
         if rules is None:
             self._stop()
             return
-        self.task, self.rules, self.unchecked = task, rules, False
+        self.fold, self.rules, self.unchecked = Fold(rules, task), rules, False
 
     def event(self, event: Event) -> None:
         """Check one event (the next in seq order) and fold it."""
@@ -216,22 +226,22 @@ class LogCheck:
         self.last = event
         if self.unchecked:
             return
-        task, rules = self.task, self.rules
-        if task is None or rules is None:
+        folding, rules = self.fold, self.rules
+        if folding is None or rules is None:
             self._start(event)
             return
         if event.trigger == MIGRATE:
-            self._migrate(rules, task, event)
+            self._migrate(rules, folding, event)
             return
-        seen = _verdict_key(rules, task, event)
+        seen = _verdict_key(rules, folding, event)
         if seen is None or seen not in self.legal:
-            reason = illegal(rules, task, event)
+            reason = illegal(rules, folding, event)
             if reason is None:
                 if seen is not None:
                     self.legal.add(seen)
             else:
                 self.add(Code.ILLEGAL_TRANSITION, event.seq, reason)
-        self._fold(rules, task, event)
+        self._fold(rules, folding, event)
 
     def _start(self, event: Event) -> None:
         row = self.row
@@ -260,9 +270,9 @@ class LogCheck:
             return
         linked = event if event.prev_hash == GENESIS_HASH else replace(event, prev_hash=GENESIS_HASH)
         self.rules = rules
-        self.task = initial(rules, linked)
+        self.fold = Fold(rules, initial(rules, linked))
 
-    def _migrate(self, rules: Workflow, task: TaskState, event: Event) -> None:
+    def _migrate(self, rules: Workflow, task: Fold, event: Event) -> None:
         """A `migrate` event: legal from where the task stood, and from here on judged by the version it names."""
         data = event.data
         state_map = data.get("state_map") or {}
@@ -282,22 +292,22 @@ class LogCheck:
             self.add(Code.ILLEGAL_TRANSITION, event.seq, "the migration does not name the version it moved to")
             self._stop()
             return
-        target = self._resolve(task.workflow, version, digest, event.seq)
+        target = self._resolve(task.task.workflow, version, digest, event.seq)
         if target is None:
             self._stop()
             return
-        self.rules = target
+        self.rules = task.definition = target
         self._fold(target, task, event)
 
-    def _fold(self, rules: Workflow, task: TaskState, event: Event) -> None:
+    def _fold(self, rules: Workflow, task: Fold, event: Event) -> None:
         """Apply the event as recorded, even after a finding, so later events are judged where the log says."""
         if not rules.has_state(event.to_state):
             self._stop()
             return
         if event.seq != task.seq + 1 or event.prev_hash != task.last_hash:
-            task = replace(task, seq=event.seq - 1, last_hash=event.prev_hash)
+            task.resync(event.seq - 1, event.prev_hash)
         try:
-            self.task = apply(rules, task, event)
+            task.step(event)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             self.add(Code.ILLEGAL_TRANSITION, event.seq, f"its data does not hold what {event.trigger!r} "
                                                            f"records ({type(exc).__name__}): the log cannot be "
@@ -315,10 +325,10 @@ class LogCheck:
             self.add(Code.SNAPSHOT_MISMATCH, snapshot.seq, "the snapshot's hash is not the hash of the event at "
                                                              "its seq")
             return
-        task = self.task
-        if task is None or task.seq != snapshot.seq:
+        folding = self.fold
+        if folding is None or folding.seq != snapshot.seq:
             return  # the fold could not be followed here: the findings above say why
-        folded = canonical_json(task.to_doc())
+        folded = canonical_json(folding.record().to_doc())
         if snapshot.doc == folded:
             return
         try:
@@ -335,7 +345,7 @@ class LogCheck:
         if self.count == 0:
             self.add(Code.SEQ_GAP, 1, "the task has no events")
         elif row is not None:
-            task, last = self.task, self.last
+            task, last = self.fold.record() if self.fold is not None else None, self.last
             assert last is not None
             folded: tuple[Any, ...]
             stored: tuple[Any, ...]
