@@ -146,6 +146,7 @@ class Fold:
         "prepared_by",
         "seq",
         "state",
+        "status",
         "task",
         "usage",
         "version",
@@ -155,7 +156,7 @@ class Fold:
     def __init__(self, definition: Workflow, task: TaskState) -> None:
         self.definition = definition  # a caller that follows a migration sets the version it moves to
         self.task = task  # what does not change: id, workflow, input, who started it
-        self.state = task.state
+        self.state, self.status = task.state, task.status
         self.seq = task.seq
         self.last_hash = task.last_hash
         self.version, self.digest = task.version, task.digest
@@ -166,7 +167,7 @@ class Fold:
 
     @property
     def terminal(self) -> bool:
-        return self.definition.status_of(self.state) is Status.TERMINAL
+        return self.status is Status.TERMINAL
 
     def step(self, event: Event) -> None:
         """Fold one event, which must continue the chain (seq and prev_hash)."""
@@ -184,6 +185,7 @@ class Fold:
                 task_id=self.task.task_id,
                 seq=event.seq,
             )
+        status = self.definition.status_of(event.to_state)  # KeyError for a state the definition does not have
         data, trigger = event.data, event.trigger
         args = data.get("args")
         if args is not None:
@@ -205,7 +207,7 @@ class Fold:
         if trigger == MIGRATE:  # from here on the task is pinned to the version the event names
             self.version, self.digest = self.definition.version, self.definition.digest
         self.usage = count_usage(self.usage, event)
-        self.state, self.seq, self.last_hash = event.to_state, event.seq, event.hash
+        self.state, self.status, self.seq, self.last_hash = event.to_state, status, event.seq, event.hash
 
     def resync(self, seq: int, last_hash: str) -> None:
         """Go on as if the fold had reached `seq` with `last_hash` (replay follows a log past a broken link)."""
@@ -215,8 +217,8 @@ class Fold:
         """The record of the state folded so far; folding on afterwards leaves it as it is."""
         task = self.task
         self._own_facts = False  # the record holds `facts` now: the next step copies it before adding
-        return TaskState(task.task_id, task.workflow, self.version, self.digest, self.state,
-                         self.definition.status_of(self.state), self.seq, self.last_hash, task.input,
+        return TaskState(task.task_id, task.workflow, self.version, self.digest, self.state, self.status,
+                         self.seq, self.last_hash, task.input,
                          self.facts, self.visit, task.started_by, self.prepared, self.prepared_by, self.usage)
 
 

@@ -197,15 +197,22 @@ class LogCheck:
         self.rules = None
         self.unchecked = True
 
-    def resume(self, task: TaskState) -> None:
-        """Go on from `task`, the fold at a snapshot some other check verified (a stretch of a long log)."""
+    def resume(self, task: TaskState) -> bool:
+        """Go on from `task`, the fold at a snapshot some other check verifies (a stretch of a long log).
+
+        False, and nothing changed, when the snapshot names a state its definition does not have: it
+        cannot be a fold of this log (the stretch that ends there reports it), so nothing can start from it.
+        """
+        rules = self._resolve(task.workflow, task.version, task.digest, task.seq)
+        if rules is not None and not rules.has_state(task.state):
+            return False
         self.expected_seq = task.seq + 1
         self.prev_hash = task.last_hash
-        rules = self._resolve(task.workflow, task.version, task.digest, task.seq)
         if rules is None:
             self._stop()
-            return
+            return True
         self.fold, self.rules, self.unchecked = Fold(rules, task), rules, False
+        return True
 
     def event(self, event: Event) -> None:
         """Check one event (the next in seq order) and fold it."""

@@ -160,8 +160,7 @@ def _resume(check: LogCheck, snapshot: Snapshot) -> bool:
         return False
     if task.seq != snapshot.seq or task.last_hash != snapshot.hash:
         return False
-    check.resume(task)
-    return True
+    return check.resume(task)
 
 
 # -- in the process that asked --------------------------------------------------------------------------

@@ -25,15 +25,15 @@ def next_visit(
 ) -> dict[str, Any]:
     """The visit after an event: continued on `repair`/`demote`, restarted on entering an agent state.
 
-    Every visit returned holds its own `demoted` list: folds share nothing mutable.
+    The lists in a visit are never changed in place, so a visit may share them with the one before.
     """
-    demoted: list[str] = visit.get("demoted") or []
+    demoted = list(visit.get("demoted", []))  # a list of its own, for the visits that take it
     turn = data.get("turn")
     if turn and turn.get("demoted") and turn["demoted"] not in demoted:
-        demoted = [*demoted, turn["demoted"]]
+        demoted.append(turn["demoted"])
     if trigger in (REPAIR, DEMOTE):
         out = dict(visit)
-        out["demoted"] = list(demoted)
+        out["demoted"] = demoted
         if trigger == REPAIR:
             out["repairs"] = int(visit.get("repairs", 0)) + 1
         if turn:
@@ -47,7 +47,7 @@ def next_visit(
         return {**visit, "reconciles": int(visit.get("reconciles", 0)) + 1}
     target = definition.state(to_state)
     if isinstance(target, Agent):
-        return {"repairs": 0, "mode": None, "messages": [], "demoted": list(demoted)}
+        return {"repairs": 0, "mode": None, "messages": [], "demoted": demoted}
     if isinstance(target, Tool):
-        return {"calls": 0, "reconciles": 0, "pending": None, "demoted": list(demoted)}
-    return {"demoted": list(demoted)} if demoted else {}
+        return {"calls": 0, "reconciles": 0, "pending": None, "demoted": demoted}
+    return {"demoted": demoted} if demoted else {}

@@ -481,3 +481,30 @@ def test_a_log_row_of_a_task_outside_the_page_is_a_store_error() -> None:
         list(in_log_order(rows([(0, "a", 1), (0, "z", 1)]), rows([]), {"a": 0}))
     with pytest.raises(StoreError):
         list(in_log_order(rows([(0, "a", 1)]), rows([(1, "z", 1)]), {"a": 0}))
+
+
+SEQS = st.one_of(st.integers(-3, 30), st.floats(-3, 30, allow_nan=False).filter(lambda f: not f.is_integer()),
+                 st.text("ab1", max_size=2), st.binary(max_size=2))
+
+
+@given(st.lists(st.tuples(st.lists(SEQS, max_size=6), st.lists(SEQS, max_size=6)), min_size=1, max_size=3))
+def test_a_merged_page_keeps_sqlites_own_order_whatever_the_seqs_hold(logs: list[tuple[list[Any], list[Any]]]) -> None:
+    """An edited SQLite row can hold a real, text or a blob where a seq belongs: the merge of the two ordered reads
+    still gives the order one `ORDER BY task_id, seq, k` over both gives (numbers, then text, then blobs)."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE log (k INTEGER, task_id TEXT, seq)")  # no affinity: each value kept as given
+    ids = [f"t{n}" for n in range(len(logs))]
+    for tid, (events, snapshots) in zip(ids, logs, strict=True):
+        conn.executemany("INSERT INTO log VALUES (?, ?, ?)",
+                         [(0, tid, s) for s in events] + [(1, tid, s) for s in snapshots])
+
+    def read(k: int) -> Generator[tuple[Any, ...]]:
+        yield from conn.execute("SELECT k, task_id, seq FROM log WHERE k = ? ORDER BY task_id, seq", (k,))
+
+    merged = list(in_log_order(read(0), read(1), {tid: n for n, tid in enumerate(ids)}))
+    expected = conn.execute("SELECT k, task_id, seq FROM log ORDER BY task_id, seq, k").fetchall()
+    # rows equal in SQLite's order (3 and 3.0, say) may come either way within one stream only
+    assert [(k, t) for k, t, _ in merged] == [(k, t) for k, t, _ in expected]
+    assert sorted(map(repr, merged)) == sorted(map(repr, expected))

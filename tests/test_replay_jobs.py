@@ -51,11 +51,14 @@ def test_a_long_log_in_stretches_is_checked_like_one_fold(make_engine: MakeEngin
     ("DELETE FROM events WHERE task_id = :t AND seq = 17", {}),
     ("UPDATE snapshots SET doc = replace(doc, :old, :new) WHERE task_id = :t AND seq = 18",
      {"old": '"n":16', "new": '"n":61'}),
+    # A stretch cannot start from a snapshot in a state the definition does not have (it is not a fold of this log).
+    ("UPDATE snapshots SET doc = replace(doc, :old, :new) WHERE task_id = :t AND seq = 18",
+     {"old": '"state":"counting"', "new": '"state":"nowhere"'}),
     ("UPDATE tasks SET state = 'done' WHERE task_id = :t", {}),
     # The row rolled back to an earlier, consistent head: the events stored after it are still found.
     ("UPDATE tasks SET seq = 30, last_hash = (SELECT hash FROM events WHERE task_id = :t AND seq = 30)"
      " WHERE task_id = :t", {}),
-], ids=["event", "deleted", "snapshot", "row", "rolled-back-row"])
+], ids=["event", "deleted", "snapshot", "snapshot-state", "row", "rolled-back-row"])
 def test_a_tampered_long_log_gets_the_serial_findings(make_engine: MakeEngine, db_url: str, edit: str,
                                                       values: dict[str, str]) -> None:
     eng = make_engine(snapshot_every=3)

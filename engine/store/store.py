@@ -725,8 +725,8 @@ def in_log_order(events: Generator[Any], snapshots: Generator[Any], place: dict[
 
     A snapshot comes right after the event at its seq (k orders them: 0 before 1). Tasks are
     compared by their `place` in the page, which the database ordered in its own collation,
-    never as Python strings. A seq SQLite holds as text (an edited row) sorts after every
-    number there, and does here too.
+    never as Python strings. A seq SQLite holds as something other than an integer (an edited
+    row) sorts as SQLite sorts it (`_sqlite_seq`).
     """
     try:
         snap = next(snapshots, None)
@@ -740,7 +740,7 @@ def in_log_order(events: Generator[Any], snapshots: Generator[Any], place: dict[
                     raise StoreError(f"audit read: an event of task {tid}, which is not in its page")
                 current, here = tid, found
             if type(seq) is not int:
-                seq = _TEXT_SEQ
+                seq = _sqlite_seq(seq)
             while snap is not None and (snap_place < here or (snap_place == here and snap_seq < seq)):
                 yield snap
                 snap = next(snapshots, None)
@@ -750,21 +750,46 @@ def in_log_order(events: Generator[Any], snapshots: Generator[Any], place: dict[
             yield snap
             yield from snapshots
     finally:
-        events.close()
-        snapshots.close()
+        try:
+            events.close()
+        finally:
+            snapshots.close()
 
 
-#: Where a seq that is not a number sorts among numbers (after all of them, as SQLite orders them).
-_TEXT_SEQ = float("inf")
-
-
-def _log_position(snap: Any, place: dict[str, int]) -> tuple[int, int | float]:
+def _log_position(snap: Any, place: dict[str, int]) -> tuple[int, Any]:
     if snap is None:
         return -1, 0
     found = place.get(snap[1])
     if found is None:
         raise StoreError(f"audit read: a snapshot of task {snap[1]}, which is not in its page")
-    return found, snap[2] if type(snap[2]) is int else _TEXT_SEQ
+    seq = snap[2]
+    return found, seq if type(seq) is int else _sqlite_seq(seq)
+
+
+def _sqlite_seq(value: Any) -> Any:
+    """A seq that is not an integer, as SQLite orders it: a REAL among the integers, text after every number
+    (by its bytes: UTF-8 keeps code point order), a blob after text."""
+    if isinstance(value, float):
+        return value
+    return _AfterNumbers(1 if isinstance(value, str) else 2, value)
+
+
+@dataclass(frozen=True, slots=True)
+class _AfterNumbers:
+    """Sorts after every number, and among its own kind by (rank, value)."""
+
+    rank: int
+    value: Any
+
+    def __gt__(self, other: Any) -> bool:
+        if isinstance(other, _AfterNumbers):
+            return (self.rank, self.value) > (other.rank, other.value)
+        return True
+
+    def __lt__(self, other: Any) -> bool:
+        if isinstance(other, _AfterNumbers):
+            return (self.rank, self.value) < (other.rank, other.value)
+        return False
 
 
 def _audit_instant(value: datetime | str) -> datetime:
