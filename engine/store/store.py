@@ -409,11 +409,12 @@ class Store:
         """Task rows in task_id order, each followed by its events (and snapshots) in seq order.
 
         Replay, export and as-of read through this so that memory stays flat however
-        long a log is: task rows come in keyset pages, and each page's logs stream
-        from one cursor (a server-side cursor on PostgreSQL) while the caller checks
-        them. A page is read in one read-only transaction (REPEATABLE READ on
-        PostgreSQL), so a row, its events and its snapshots are one consistent view
-        even while workers append. `since` keeps tasks whose row changed at or after it.
+        long a log is: task rows come in keyset pages, and each page's events and
+        snapshots stream from two cursors (server-side on PostgreSQL), merged in log
+        order (`in_log_order`) while the caller checks them. A page is read in one
+        read-only transaction (REPEATABLE READ on PostgreSQL), so a row, its events
+        and its snapshots are one consistent view even while workers append. `since`
+        keeps tasks whose row changed at or after it.
         """
         ids = list(task_ids) if task_ids is not None else []
         if task_ids is not None and not ids:
