@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from engine.canonical import now
 from engine.chain import Finding
@@ -121,34 +121,67 @@ def archived_events(ref: ArchiveRef, directory: Path) -> list[Event]:
 
 def replay_archived(row: TaskRow, ref: ArchiveRef, directory: Path, lookup: Lookup) -> ReplayReport:
     """Replay an archived task from its file: the file unchanged, its log proven, its end equal to the tombstone."""
-    try:
-        path = _open_checked(ref, directory)
-    except IntegrityError as missing:
-        return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", 0,
-                            (Finding(missing.code, 0, missing.message),))
-    report, last = _checked_file(str(path), ref.sha256, lookup).get(row.task_id, (None, None))
+    return next(replay_archives([(row, ref)], directory, lookup))
+
+
+def replay_archives(archived: Iterable[tuple[TaskRow, ArchiveRef]], directory: Path,
+                    lookup: Lookup) -> Iterator[ReplayReport]:
+    """Replay archived tasks, each from its file, reading each file once for the tasks that come together.
+
+    `Store.archived` hands them over file by file, so `replay --all` reads each archive
+    once, not once per task (a file holds a batch of tasks, and task ids do not follow files).
+    A file is hashed in the same read that replays it: what is proven is the bytes hashed.
+    """
+    for (name, sha256), group in groupby(archived, key=lambda pair: (pair[1].file, pair[1].sha256)):
+        path = directory / name
+        checked: dict[str, tuple[ReplayReport, tuple[Any, ...] | None]] = {}
+        problem: Finding | None = None
+        if not path.is_file():
+            problem = Finding(Code.ARCHIVE_MISSING, 0, f"the task was archived to {name}, which is not in "
+                                                       f"{directory}")
+        else:
+            digest, checked = _check_file(path, lookup)
+            if digest != sha256:
+                problem = Finding(Code.HASH_MISMATCH, 0, f"{name} changed since the task was archived to it "
+                                                         "(sha256 differs)")
+        for row, _ref in group:
+            yield _archived_report(row, name, problem, checked)
+
+
+def _archived_report(row: TaskRow, name: str, problem: Finding | None,
+                     checked: dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]) -> ReplayReport:
+    ref = f"{row.workflow}@{row.version}"
+    if problem is not None:
+        return ReplayReport(row.task_id, ref, 0, (problem,))
+    report, last = checked.get(row.task_id, (None, None))
     if report is None:
-        return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", 0,
-                            (Finding(Code.ARCHIVE_MISSING, 0, f"{ref.file} holds no log of this task"),))
+        return ReplayReport(row.task_id, ref, 0, (Finding(Code.ARCHIVE_MISSING, 0, f"{name} holds no log of "
+                                                                                     "this task"),))
     findings = list(report.findings)
     if last != (row.state, row.seq, row.last_hash):
         findings.append(Finding(Code.STATE_MISMATCH, row.seq, "the tombstone row disagrees with the archived log"))
     return ReplayReport(report.task_id, report.workflow, report.events, tuple(findings))
 
 
-@lru_cache(maxsize=4)
-def _checked_file(path: str, sha256: str, lookup: Lookup) -> dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]:
-    """Each task's report in an archive file, and its newest event's (state, seq, hash): one pass over the file.
-
-    A file holds a whole batch of tasks, and `replay --all` asks for each of them in turn: kept for the
-    next ones, keyed by the file's sha256 (checked before every use), a few files at most.
-    """
-    with open(path, "rb") as lines:
-        reports = {r.task_id: r for r in verify_export(lines, lookup) if r.task_id}
+def _check_file(path: Path, lookup: Lookup) -> tuple[str, dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]]:
+    """One read of an archive file: its sha256, each task's report, and each task's newest (state, seq, hash)."""
+    digest = hashlib.sha256()
     newest: dict[str, tuple[Any, ...]] = {}
-    with open(path, "rb") as lines:
-        for raw in lines:
-            value = json.loads(raw)
-            if value.get("kind") == "event":
+
+    def lines(source: BinaryIO) -> Iterator[bytes]:
+        for raw in source:
+            digest.update(raw)
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = None  # verify_export reports the line
+            if isinstance(value, dict) and value.get("kind") == "event":
                 newest[str(value.get("task_id"))] = (value.get("to_state"), value.get("seq"), value.get("hash"))
-    return {task_id: (report, newest.get(task_id)) for task_id, report in reports.items()}
+            yield raw
+
+    with path.open("rb") as source:
+        read = lines(source)
+        reports = {r.task_id: r for r in verify_export(read, lookup) if r.task_id}
+        for _ in read:  # whatever verification did not need is still part of the file's hash
+            pass
+    return digest.hexdigest(), {task_id: (report, newest.get(task_id)) for task_id, report in reports.items()}

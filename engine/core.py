@@ -464,6 +464,8 @@ class Engine:
                    jobs: int = 1) -> Iterator[ReplayReport]:
         """`replay` of every task (of `workflow`, changed since `since`), streamed: memory stays flat.
 
+        Reports come in task id order, archived tasks last, file by file.
+
         With `jobs` > 1, pages of tasks are checked by that many processes; the reports come in the same order.
         """
         from engine.audit import replay_tasks
@@ -474,9 +476,24 @@ class Engine:
             if replay_jobs.can_fork(self.store):
                 reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow,
                                                    since=since)
-                return (self._from_archive(report) for report in reports)
+                return self._then_archives(reports, workflow, since)
         reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
-        return (self._from_archive(report) for report in reports)
+        return self._then_archives(reports, workflow, since)
+
+    def _then_archives(self, reports: Iterator[ReplayReport], workflow: str | None,
+                       since: datetime | None) -> Iterator[ReplayReport]:
+        """The database's reports, then the archived tasks' from their files, file by file (each read once).
+
+        An archived task has no events left in the database: its report there is left out, and the
+        archive's comes after the others (a task archived while this runs may be reported twice).
+        """
+        from engine.archive import replay_archives
+
+        for report in reports:
+            if report.events or not report.task_id or self.store.archive_of(report.task_id) is None:
+                yield report
+        yield from replay_archives(self.store.archived(workflow=workflow, since=since), self.archive_dir,
+                                   self.registry.find)
 
     def archive(self, before: datetime, *, batch: int = 500) -> ArchiveRun:
         """Move the logs of tasks that ended before `before` to verified files in `archive_dir` (`engine.archive`)."""

@@ -68,18 +68,23 @@ def test_ended_tasks_move_to_a_verified_file_and_stay_provable(eng: Engine) -> N
     assert eng.archive(now() + timedelta(seconds=1)).tasks == 0  # nothing left to archive
 
 
-def test_replaying_a_files_tasks_verifies_the_file_once(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("batch", [500, 2])
+def test_replay_all_reads_each_archive_file_once(eng: Engine, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    """Six ended tasks in one file, or in three files of two (filled by end time, so task ids jump between files):
+    `replay_all` reads each file once for all its tasks, and reports every task once."""
     from engine import archive
 
     ended = [t for _ in range(3) for t in ended_and_running(eng)[0]]
-    eng.archive(now() + timedelta(seconds=1))
-    passes: list[int] = []
-    verify = archive.verify_export
-    monkeypatch.setattr(archive, "verify_export", lambda *args: passes.append(1) or verify(*args))
-    archive._checked_file.cache_clear()
+    files = eng.archive(now() + timedelta(seconds=1), batch=batch).files
+    assert len(files) == 6 // min(batch, 6)
+    opened: list[str] = []
+    check = archive._check_file
+    monkeypatch.setattr(archive, "_check_file", lambda path, lookup: opened.append(path.name) or check(path, lookup))
     reports = [r for r in eng.replay_all() if r.task_id in ended]
-    assert len(reports) == 6 and all(r.ok for r in reports)
-    assert len(passes) == 1  # one pass over the file for its six tasks, not one per task
+    assert sorted(r.task_id for r in reports) == sorted(ended) and all(r.ok for r in reports)
+    assert sorted(opened) == sorted(files)  # one read per file, not one per task
+    everything = [r.task_id for r in eng.replay_all(workflow="counter")]  # each task once, archived or not
+    assert sorted(everything) == sorted(eng.store.task_ids(workflow="counter")) and len(everything) == 9
 
 
 def test_only_tasks_that_ended_before_the_date_are_archived(eng: Engine) -> None:
@@ -96,6 +101,8 @@ def test_an_edited_or_lost_archive_file_is_an_audit_finding(eng: Engine) -> None
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     assert "HASH_MISMATCH" in eng.replay(ended[0]).codes
+    assert {r.task_id: r.codes for r in eng.replay_all() if r.task_id in ended} == {t: ["HASH_MISMATCH"]
+                                                                                   for t in ended}
     with pytest.raises(RailyardError) as caught:
         eng.history(ended[0])
     assert caught.value.code is Code.HASH_MISMATCH

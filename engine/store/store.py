@@ -342,6 +342,30 @@ class Store:
             found = conn.execute(query).first()
         return ArchiveRef(task_id, found.archive_file, found.archive_sha256, utc(found.archived_at)) if found else None
 
+    def archived(self, *, workflow: str | None = None, since: datetime | None = None,
+                 page_size: int = AUDIT_PAGE) -> Iterator[tuple[TaskRow, ArchiveRef]]:
+        """Archived tasks (of `workflow`, whose row changed at or after `since`) and their archives, file by file.
+
+        In keyset pages ordered by (archive file, task id): replay reads each file once for its tasks.
+        """
+        after: tuple[str, str] | None = None
+        while True:
+            query = select(tasks).where(tasks.c.archived_at.is_not(None))
+            if workflow is not None:
+                query = query.where(tasks.c.workflow == workflow)
+            if since is not None:
+                query = query.where(tasks.c.updated_at >= utc(since))  # UTC: SQLite compares the stored text
+            if after is not None:
+                query = query.where(tuple_(tasks.c.archive_file, tasks.c.task_id) > tuple_(*after))
+            query = query.order_by(tasks.c.archive_file, tasks.c.task_id).limit(page_size)
+            with self._errors(), self._reader() as conn:
+                found = list(conn.execute(query))
+            for r in found:
+                yield _task_row(r), ArchiveRef(r.task_id, r.archive_file, r.archive_sha256, utc(r.archived_at))
+            if len(found) < page_size:
+                return
+            after = (found[-1].archive_file, found[-1].task_id)
+
     # -- reads ----------------------------------------------------------
     def row(self, task_id: str) -> TaskRow | None:
         with self._errors(), self._reader() as conn:
