@@ -114,8 +114,6 @@ def _as_decided(action: Action, event: Event, recorded: Any) -> bool:
     return True
 
 
-#: Not a string: marks a risk record that is not an object (such data is judged every time, never remembered).
-_ODD = object()
 #: No guards recorded, which `illegal` reads as an empty list.
 _UNRECORDED: list[str] = []
 
@@ -131,14 +129,13 @@ def _verdict_key(rules: Workflow, task: Standing, event: Event) -> tuple[Any, ..
     guards, risk = data.get("guards", _UNRECORDED), data.get("risk")
     check = None
     if risk is not None:
-        check = risk.get("check") if type(risk) is dict else _ODD
+        if type(risk) is not dict:
+            return None
+        check = risk.get("check")
         if check is not None and type(check) is not str:
             return None
-    if type(guards) is not list:
-        return None
-    if not guards:  # most transitions have none: no tuple to build
-        return (rules, task.state, event.from_state, event.trigger, event.to_state, (), check)
-    if not all(type(g) is str for g in guards):
+    # Most transitions have no guards: then there is nothing to look at one by one.
+    if type(guards) is not list or (guards and not all(type(g) is str for g in guards)):
         return None
     return (rules, task.state, event.from_state, event.trigger, event.to_state, tuple(guards), check)
 
