@@ -41,7 +41,11 @@ WORKER_SEEN_SECONDS = 60
 
 #: Codes that report a broken log rather than a refused request: exit 3.
 AUDIT_CODES = frozenset({Code.HASH_MISMATCH, Code.SEQ_GAP, Code.ILLEGAL_TRANSITION, Code.STATE_MISMATCH,
-                         Code.SNAPSHOT_MISMATCH, Code.ARCHIVE_MISSING})
+                         Code.SNAPSHOT_MISMATCH, Code.ARCHIVE_MISSING, Code.INTENT_UNSETTLED,
+                         Code.OUTCOME_WITHOUT_INTENT})
+
+#: Codes that say the process is set up wrong, not that the request was refused: exit 2, like a usage error.
+CONFIG_CODES = frozenset({Code.CONFIG_INVALID, Code.MODEL_NOT_CONFIGURED})
 
 app = typer.Typer(
     name="railyard",
@@ -59,6 +63,10 @@ err = Console(stderr=True, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
+#: A human command names the seq it was decided on; without it, it is decided on the task as read when it runs.
+ExpectedSeq = Annotated[
+    int | None, typer.Option("--expected-seq", help="Refuse (CONCURRENCY_CONFLICT) if the task moved past this seq.")
+]
 #: What `replay` and `export` read: one TASK, or --all of them narrowed by --workflow and --since.
 OneTask = Annotated[str | None, typer.Argument(help="Task id (or --all).")]
 AllTasks = Annotated[bool, typer.Option("--all", help="Every task, streamed.")]
@@ -84,7 +92,9 @@ def main() -> None:
 # -- plumbing -------------------------------------------------------------
 def _fail(error: RailyardError) -> NoReturn:
     err.print(f"[bold red]{error.code}[/]: {error.message}", highlight=False, markup=True)
-    raise typer.Exit(EXIT_AUDIT if error.code in AUDIT_CODES else EXIT_REFUSED)
+    if error.code in AUDIT_CODES:
+        raise typer.Exit(EXIT_AUDIT)
+    raise typer.Exit(EXIT_USAGE if error.code in CONFIG_CODES else EXIT_REFUSED)
 
 
 @contextmanager
@@ -278,6 +288,14 @@ def show(
     table.add_row("status", view.status)
     table.add_row("seq", str(view.seq))
     table.add_row("allowed", ", ".join(view.allowed) or "(none: terminal)")
+    if view.unsettled is not None:
+        u = view.unsettled
+        table.add_row("write open", f"{u['tool']} action {u['action_id']}: {u['status']} (recorded in "
+                                    f"{u['state']}; the task cannot end until its outcome is settled)")
+    if view.cancel_requested is not None:
+        c = view.cancel_requested
+        table.add_row("cancel requested", f"by {c['actor']} at seq {c['seq']} ({c['reason']}): takes effect when "
+                                          "the write's outcome is recorded")
     table.add_row("input", json.dumps(view.input, ensure_ascii=False))
     if point is not None:
         table.add_row("facts", json.dumps(view.facts, ensure_ascii=False))
@@ -333,9 +351,7 @@ def fire(
     trigger: Annotated[str, typer.Argument(help="Trigger the current state allows.")],
     actor: ActorOpt,
     payload: Annotated[str | None, typer.Option("--payload", help="Arguments as a JSON object.")] = None,
-    expected_seq: Annotated[
-        int | None, typer.Option("--expected-seq", help="Refuse if the task has moved past this seq.")
-    ] = None,
+    expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Fire a human or system trigger (approve, signal, ...) on a task."""
@@ -348,10 +364,40 @@ def cancel(
     task_id: Annotated[str, typer.Argument(help="Task id.")],
     actor: ActorOpt,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Cancel a task from any non-terminal state."""
-    _fire_command(lambda e: e.cancel(task_id, actor=actor, reason=reason), as_json)
+    """Cancel a task from any non-terminal state.
+
+    While a write call is in flight (or its outcome is unknown) the cancel is recorded as a request and takes
+    effect once the call's outcome is on record: `cancelled` if nothing happened, the workflow's review state
+    if it did.
+    """
+    _fire_command(lambda e: e.cancel(task_id, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+
+
+class SettledOutcome(StrEnum):
+    executed = "executed"
+    not_executed = "not_executed"
+
+
+@app.command("settle")
+def settle(
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    outcome: Annotated[SettledOutcome, typer.Argument(help="What you verified: executed or not_executed.")],
+    actor: ActorOpt,
+    evidence: Annotated[str, typer.Option("--evidence", help="Where the verification can be checked (a ticket, "
+                                                               "the provider's reference).")],
+    expected_seq: ExpectedSeq = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Record what you verified about a write whose outcome is unknown (the role the workflow names).
+
+    `executed`: the effect happened; a retry then records it as succeeded without sending it. `not_executed`:
+    it did not; only then may a retry send it again. With a cancel waiting, the task goes where it says.
+    """
+    _fire_command(lambda e: e.settle(task_id, actor=actor, outcome=outcome.value, evidence=evidence,
+                                     expected_seq=expected_seq), as_json)
 
 
 @app.command("migrate")
@@ -406,18 +452,22 @@ def approve(
         typer.Option("--digest", help="Digest of the prepared call you reviewed (railyard approvals shows it)."),
     ] = None,
     comment: Annotated[str, typer.Option("--comment", help="Recorded with the decision.")] = "",
+    expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Approve the prepared call a task is waiting on. Without --digest, the one shown now is approved."""
 
     def decide_now(engine: Engine) -> Any:
-        named = digest
+        named, seen = digest, expected_seq
         if named is None:
-            prepared = engine.load(task_id).prepared
+            task = engine.load(task_id)
+            prepared = task.prepared
             named = prepared["digest"] if prepared else None
+            # Approving what was just shown: decided on that seq, so nothing that changed since is approved.
+            seen = task.seq if seen is None else seen
             if prepared:
                 err.print(f"approving prepared call {prepared['tool']} (digest {str(named)[:16]})", highlight=False)
-        return engine.approve(task_id, actor=actor, prepared_digest=named, comment=comment)
+        return engine.approve(task_id, actor=actor, prepared_digest=named, comment=comment, expected_seq=seen)
 
     _fire_command(decide_now, as_json)
 
@@ -427,10 +477,11 @@ def reject(
     task_id: Annotated[str, typer.Argument(help="Task id.")],
     actor: ActorOpt,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Reject the decision a task is waiting on."""
-    _fire_command(lambda e: e.reject(task_id, actor=actor, reason=reason), as_json)
+    _fire_command(lambda e: e.reject(task_id, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
 
 
 @app.command("worker")
@@ -493,6 +544,12 @@ def worker(
         names = [w.strip() for w in workflows.split(",") if w.strip()] if workflows else None
         runner = Worker(engine, concurrency=concurrency, lease_seconds=lease_seconds, workflows=names, model=adapter,
                         report_seconds=report_seconds)
+        try:
+            runner.check_configuration()
+            if runner.model is None and config.model_spec() is not None:
+                runner.model = engine.model = adapter_from_spec(str(config.model_spec()))  # a bad spec: exit 2 now
+        except RailyardError as error:
+            _fail(error)
         listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"
         err.print(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})",
                   highlight=False)

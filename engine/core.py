@@ -25,7 +25,8 @@ from engine.approvals import DECISIONS
 from engine.canonical import GENESIS_HASH, canonical_json, now
 from engine.decide import Decision, decide, validate_payload
 from engine.definition import CANCEL, MIGRATE, START, Approval, StateKind, Workflow
-from engine.errors import Code, ConcurrencyConflict, IntegrityError, Refused
+from engine.effects import SETTLE
+from engine.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
 from engine.events import Event, seal
 from engine.fold import TaskState, apply, fold, pinned_at_start
 from engine.leases import current_epoch
@@ -62,6 +63,9 @@ class TaskView:
     allowed: list[str]
     input: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)
+    #: A cancel waiting for a write in flight to settle (`Engine.cancel`), and that write, if one is open.
+    cancel_requested: dict[str, Any] | None = None
+    unsettled: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +80,8 @@ class TaskView:
             "allowed": self.allowed,
             "input": self.input,
             "facts": self.facts,
+            "cancel_requested": self.cancel_requested,
+            "unsettled": self.unsettled,
         }
 
 
@@ -164,11 +170,14 @@ class Engine:
         actor: str = "",
         expected_seq: int | None = None,
     ) -> TaskState:
-        """Load the task, decide, append. With `expected_seq`, refuse if the task has moved past it."""
+        """Load the task, decide, append: a human or external command, decided on the state it finds.
+
+        With `expected_seq` (the seq the caller saw), refuse if the task has moved past it. Either way, if the
+        task moves between the read and the append, the command is refused (CONCURRENCY_CONFLICT naming the
+        state now), never retried into another meaning.
+        """
         _check_actor(actor)
-        task = self.load(task_id)
-        if expected_seq is not None and expected_seq != task.seq:
-            raise ConcurrencyConflict(task_id, expected_seq, task.seq)
+        task = self._as_seen(task_id, expected_seq)
         if trigger in DECISIONS and self.definition_of(task).state(task.state).kind is StateKind.APPROVAL:
             # One way to decide an approval, whichever door it comes through: the same checks and the same
             # record as `approve` / `reject`. The payload names the digest the approver saw, and a comment.
@@ -178,7 +187,10 @@ class Engine:
             verdict: Literal["approve", "reject"] = "approve" if trigger == "approve" else "reject"
             return self._decide_approval(task_id, verdict, actor, digest if isinstance(digest, str) else None,
                                          comment, loaded=task)
-        return self.transition(task, trigger, payload, actor=actor)
+        if trigger == SETTLE:
+            fields = dict(payload or {})
+            return self._settle(task, actor, fields.get("outcome"), fields.get("evidence"))
+        return self._human(task, lambda: self.transition(task, trigger, payload, actor=actor))
 
     #: DESIGN.md's name for firing a human or external trigger (a customer replied, an operator closed): the
     #: same method, so a signal gets the same checks, refusals and approval handling as `fire`.
@@ -294,13 +306,15 @@ class Engine:
             self.model = adapter_from_spec(spec)
         return self.model
 
-    def approve(self, task_id: str, actor: str, prepared_digest: str | None, comment: str = "") -> TaskState:
+    def approve(self, task_id: str, actor: str, prepared_digest: str | None, comment: str = "", *,
+                expected_seq: int | None = None) -> TaskState:
         """Approve the prepared call awaiting approval; `prepared_digest` is the digest the approver saw."""
-        return self._decide_approval(task_id, "approve", actor, prepared_digest, comment)
+        return self._decide_approval(task_id, "approve", actor, prepared_digest, comment, expected_seq=expected_seq)
 
-    def reject(self, task_id: str, actor: str, reason: str, prepared_digest: str | None = None) -> TaskState:
+    def reject(self, task_id: str, actor: str, reason: str, prepared_digest: str | None = None, *,
+               expected_seq: int | None = None) -> TaskState:
         """Reject it. The digest is optional: refusing a call does not depend on its exact content."""
-        return self._decide_approval(task_id, "reject", actor, prepared_digest, reason)
+        return self._decide_approval(task_id, "reject", actor, prepared_digest, reason, expected_seq=expected_seq)
 
     def approvals(self, *, role: str | None = None) -> list[dict[str, Any]]:
         """Tasks awaiting a human decision (optionally for one role), each with the prepared call."""
@@ -325,43 +339,76 @@ class Engine:
 
     def _decide_approval(
         self, task_id: str, verdict: Literal["approve", "reject"], actor: str, digest: str | None, comment: str,
-        *, loaded: TaskState | None = None,
+        *, loaded: TaskState | None = None, expected_seq: int | None = None,
     ) -> TaskState:
-        """`loaded`: the task as the caller just loaded it, for the first attempt (later ones reload)."""
+        """`loaded`: the task as the caller just loaded it (then `expected_seq` was checked already)."""
         from engine.approvals import check_decision
 
         _check_actor(actor)
         roles = self.authoriser.roles_of(actor)
-        for _attempt in range(3):
-            task = loaded if loaded is not None else self.load(task_id)
-            loaded = None
-            definition = self.definition_of(task)
-            if verdict == "reject" and digest is None and task.prepared:
-                digest = task.prepared["digest"]
-            check = check_decision(definition, task, verdict, actor=actor, roles=roles, digest=digest,
-                                   comment=comment)
-            action = definition.candidates(task.state, check.trigger)[0]
-            payload = _comment_payload(action.args, comment)
-            decision = decide(definition, task, check.trigger, payload, actor=actor, roles=roles)
-            decision = replace(decision, data={**decision.data, "approval": check.record})
-            try:
-                return self.commit(task, decision, actor=actor)
-            except ConcurrencyConflict:
-                continue  # someone moved the task: check again against what it is now
-        raise ConcurrencyConflict(task_id, task.seq, None)
+        task = loaded if loaded is not None else self._as_seen(task_id, expected_seq)
+        definition = self.definition_of(task)
+        if verdict == "reject" and digest is None and task.prepared:
+            digest = task.prepared["digest"]
+        check = check_decision(definition, task, verdict, actor=actor, roles=roles, digest=digest, comment=comment)
+        action = definition.candidates(task.state, check.trigger)[0]
+        payload = _comment_payload(action.args, comment)
+        decision = decide(definition, task, check.trigger, payload, actor=actor, roles=roles)
+        decision = replace(decision, data={**decision.data, "approval": check.record})
+        return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
-    def cancel(self, task_id: str, actor: str, reason: str) -> TaskState:
-        """Move the task to `cancelled` from any non-terminal state.
+    def cancel(self, task_id: str, actor: str, reason: str, *, expected_seq: int | None = None) -> TaskState:
+        """Stop the task: to `cancelled` from any non-terminal state, decided on the state it is in now.
 
-        Cancel is valid wherever the task stands, so a concurrent write is not a
-        reason to fail: it reloads and cancels from the new state (a few times at most).
+        While a write call's outcome is open (its intent is recorded, its outcome is not, or was `unknown`),
+        the cancel is recorded as `cancel_requested` and the task goes on until the write settles: then to
+        `cancelled` if nothing happened, or to the workflow's `effect_after_cancel` state if it did. A cancel
+        that finds the task moved on after it read it is refused (CONCURRENCY_CONFLICT), not retried.
         """
-        for _attempt in range(3):
-            try:
-                return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor)
-            except ConcurrencyConflict as conflict:
-                last = conflict
-        raise last
+        return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor, expected_seq=expected_seq)
+
+    def settle(self, task_id: str, actor: str, outcome: str, evidence: str, *,
+               expected_seq: int | None = None) -> TaskState:
+        """Record what an operator verified about a write whose outcome is open: `executed` or `not_executed`.
+
+        The actor must hold the workflow's `settle_role` (else its `cancel_role`). `executed` is recorded as the
+        write's outcome, and a retry then records it succeeded without calling; only `not_executed` lets a
+        retry send it again. With a cancel waiting, the task goes where the cancel says.
+        """
+        _check_actor(actor)
+        return self._settle(self._as_seen(task_id, expected_seq), actor, outcome, evidence)
+
+    def _settle(self, task: TaskState, actor: str, outcome: Any, evidence: Any) -> TaskState:
+        unsettled = task.unsettled
+        if unsettled is None:
+            raise Refused(f"task {task.task_id} has no write whose outcome is open: nothing to settle",
+                          code=Code.TRIGGER_NOT_ALLOWED, task_id=task.task_id, state=task.state)
+        definition = self.definition_of(task)
+        decision = decide(definition, task, SETTLE, {"outcome": outcome, "evidence": evidence}, actor=actor,
+                          roles=self.authoriser.roles_of(actor), system=True)
+        args = decision.data.get("args") or {}
+        settled = {"action_id": unsettled["action_id"], "tool": unsettled["tool"], "outcome": args["outcome"],
+                   "evidence": args["evidence"], "was": unsettled["status"]}
+        decision = replace(decision, data={**decision.data, "settled": settled})
+        return self._human(task, lambda: self.commit(task, decision, actor=actor))
+
+    def _as_seen(self, task_id: str, expected_seq: int | None) -> TaskState:
+        """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one."""
+        task = self.load(task_id)
+        if expected_seq is not None and expected_seq != task.seq:
+            raise ConcurrencyConflict(task_id, expected_seq, task.seq, task.state)
+        return task
+
+    def _human(self, task: TaskState, append: Callable[[], TaskState]) -> TaskState:
+        """Append a human command decided on `task`; if the task moved meanwhile, say where it is now."""
+        try:
+            return append()
+        except LeaseLost:
+            raise
+        except ConcurrencyConflict:
+            row = self.store.row(task.task_id)
+            raise ConcurrencyConflict(task.task_id, task.seq, row.seq if row else None,
+                                      row.state if row else None) from None
 
     def migrate(self, task_id: str, to_version: int, state_map: Mapping[str, str], actor: str,
                 reason: str) -> TaskState:
@@ -415,6 +462,8 @@ class Engine:
     def view(self, task: TaskState) -> TaskView:
         """What `get` shows of a folded state: also the view of a past state (`as_of`)."""
         definition = self.definition_of(task)
+        unsettled = task.unsettled
+        allowed = [] if task.terminal else definition.triggers(task.state)
         return TaskView(
             task_id=task.task_id,
             workflow=task.workflow,
@@ -424,9 +473,12 @@ class Engine:
             kind=definition.state(task.state).kind,
             status=str(task.status),
             seq=task.seq,
-            allowed=[] if task.terminal else definition.triggers(task.state),
+            allowed=[*allowed, SETTLE] if unsettled is not None and not task.terminal else allowed,
             input=task.input,
             facts=task.facts,
+            cancel_requested=task.cancel_requested if not task.terminal else None,
+            unsettled=({k: unsettled[k] for k in ("action_id", "tool", "state", "status")}
+                       if unsettled is not None else None),
         )
 
     def history(self, task_id: str) -> list[Event]:
@@ -629,6 +681,9 @@ def migration_problem(source: Workflow, target: Workflow, task: TaskState, state
         return "the task is already on that version"
     if task.terminal:
         return f"the task has ended (in {task.state!r})"
+    if task.unsettled is not None:
+        return (f"write {task.unsettled['tool']} (action {task.unsettled['action_id']}) is "
+                f"{task.unsettled['status']}: migrate once its outcome is settled")
     if not isinstance(reason, str) or not reason.strip():
         return "a reason is required"
     unknown_from = sorted(name for name in state_map if not source.has_state(name))

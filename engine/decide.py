@@ -17,7 +17,20 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from engine.approvals import self_approval
-from engine.definition import IDENTITY_FIELDS, Action, Approval, GuardContext, Workflow, guard_name, redact
+from engine.definition import (
+    CANCEL,
+    IDENTITY_FIELDS,
+    TOOL_OUTCOMES,
+    Action,
+    Approval,
+    GuardContext,
+    StateKind,
+    Tool,
+    Workflow,
+    guard_name,
+    redact,
+)
+from engine.effects import CANCEL_REQUESTED, SETTLE
 from engine.errors import Code, Refused
 from engine.fold import TaskState
 
@@ -54,6 +67,10 @@ def decide(
             task_id=task.task_id,
             state=task.state,
         )
+    unsettled = task.unsettled
+    if trigger == CANCEL and unsettled is not None:
+        # The write's effect may be happening now: the cancel is recorded, and completes when the write settles.
+        trigger, system = CANCEL_REQUESTED, True
     candidates = definition.candidates(task.state, trigger)
     if not candidates:
         raise Refused(
@@ -118,6 +135,8 @@ def decide(
             if risk is not None:
                 to_state = action.risk_target
                 data["risk"] = {"check": guard_name(action.risk), "reason": risk}
+        if unsettled is not None:
+            _refuse_unsettling(definition, task, trigger, to_state, unsettled)
         return Decision(trigger=trigger, from_state=task.state, to_state=to_state, data=data)
 
     raise Refused(
@@ -153,6 +172,32 @@ def validate_payload(
     return instance, instance.model_dump(mode="json")
 
 
+
+
+#: The triggers that settle a write (or record it still open): they may lead on while its outcome is open.
+_SETTLING = frozenset({*TOOL_OUTCOMES, "reconcile", "call", SETTLE, CANCEL_REQUESTED})
+
+
+def _refuse_unsettling(definition: Workflow, task: TaskState, trigger: str, to_state: str,
+                       unsettled: Mapping[str, Any]) -> None:
+    """No effect outside the log: while a write's outcome is open the task neither ends nor re-sends it blindly."""
+    if trigger in _SETTLING:
+        return
+    where = f"write {unsettled['tool']} (action {unsettled['action_id']}) is {unsettled['status']}"
+    target = definition.state(to_state)
+    if target.kind is StateKind.TERMINAL:
+        raise Refused(f"{trigger!r} would end the task while {where}: settle it first (a retry reconciles it; "
+                      "`railyard settle` records what an operator verified; `cancel` waits for it)",
+                      code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, trigger=trigger, unsettled=dict(unsettled))
+    if isinstance(target, Tool) and definition.tools is not None and target.tool in definition.tools:
+        tool = definition.tools.get(target.tool)
+        prepared = task.prepared or {}
+        if (prepared.get("action_id") == unsettled["action_id"] and tool.reconcile is None
+                and not tool.idempotent_remote):
+            raise Refused(f"{trigger!r} would send {tool.name} again while {where}, and the remote can neither "
+                          "deduplicate it nor say what happened: record what you verified first (`railyard settle "
+                          "TASK executed|not_executed --evidence REF`); only `not_executed` sends it again",
+                          code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, trigger=trigger, unsettled=dict(unsettled))
 
 
 def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:

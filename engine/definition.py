@@ -20,6 +20,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.canonical import canonical_json, sha256_hex
+from engine.effects import (
+    CANCEL_REQUESTED,
+    SETTLE,
+    SettleArgs,
+    cancel_requested_and_executed,
+    cancel_requested_and_not_executed,
+    cancel_was_requested,
+    write_unsettled,
+)
 from engine.errors import DefinitionError
 
 if TYPE_CHECKING:
@@ -372,6 +381,11 @@ class Workflow:
     budgets: Budgets = field(default_factory=Budgets)
     #: Where a task goes when a budget runs out (default: a generated wait state `limit_exceeded`).
     limit_state: str | None = None
+    #: Where a task goes when a write it had in flight took effect although a cancel was requested meanwhile
+    #: (default: `cancelled`, whose log then shows the effect). A review state says "paid despite the cancel".
+    effect_after_cancel: str | None = None
+    #: Who may record what they verified about a write whose outcome is unknown (`settle`); default `cancel_role`.
+    settle_role: str | None = None
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -460,16 +474,42 @@ class Workflow:
             "budgets": self.budgets.spec(),
             "limit_state": self.limit_state,
             "states": [s.spec() for s in self.states],
+            # Added later: present only when set, so the digests of definitions that do not use them stay put.
+            **({"effect_after_cancel": self.effect_after_cancel} if self.effect_after_cancel else {}),
+            **({"settle_role": self.settle_role} if self.settle_role else {}),
         }
 
 
 def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
-    out = state.outgoing()
+    out = [*_cancel_routes(wf, state), *state.outgoing()]
     if state.kind is not StateKind.TERMINAL:
         out.append(Action(CANCEL, CANCELLED_STATE, CancelArgs, role=wf.cancel_role))
+        # While a write's outcome is open a cancel is recorded as a request (`engine.effects`), and an operator
+        # may record what they verified about the write; with a cancel waiting, that settles where the cancel says.
+        out.append(Action(CANCEL_REQUESTED, state.name, CancelArgs, guards=(write_unsettled,), role=wf.cancel_role,
+                          system=True))
+        settle_role = wf.settle_role or wf.cancel_role
+        out.extend([
+            Action(SETTLE, wf.effect_after_cancel or CANCELLED_STATE, SettleArgs,
+                   guards=(cancel_requested_and_executed,), role=settle_role, system=True),
+            Action(SETTLE, CANCELLED_STATE, SettleArgs, guards=(cancel_requested_and_not_executed,),
+                   role=settle_role, system=True),
+            Action(SETTLE, state.name, SettleArgs, guards=(write_unsettled,), role=settle_role, system=True),
+        ])
     if state.kind in (StateKind.AGENT, StateKind.TOOL):
         out.append(Action(LIMIT, wf.limit_state or LIMIT_STATE, system=True))
     return out
+
+
+def _cancel_routes(wf: Workflow, state: State) -> list[Action]:
+    """A write tool state's outcomes when a cancel waits for them: before the plain ones, so they win when it does."""
+    if not isinstance(state, Tool) or wf.tools is None or state.tool not in wf.tools:
+        return []
+    if str(wf.tools.get(state.tool).kind) != "write":
+        return []
+    return [Action("succeeded", wf.effect_after_cancel or CANCELLED_STATE, guards=(cancel_was_requested,),
+                   system=True),
+            Action("failed", CANCELLED_STATE, guards=(cancel_was_requested,), system=True)]
 
 
 def _transition_table(wf: Workflow) -> dict[tuple[str, str], tuple[Action, ...]]:
@@ -512,6 +552,8 @@ def _validate(wf: Workflow) -> list[str]:
     for state in wf.states:
         problems.extend(_validate_state(wf, state, names))
 
+    if wf.effect_after_cancel is not None and wf.effect_after_cancel not in names:
+        problems.append(f"effect_after_cancel names unknown state {wf.effect_after_cancel!r}")
     cancelled = names.get(CANCELLED_STATE)
     if cancelled is not None and cancelled.kind is not StateKind.TERMINAL:
         problems.append(f"state {CANCELLED_STATE!r} is where `cancel` leads: it must be terminal")
@@ -542,6 +584,12 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
                 problems.append(f"{where} is a tool state with no {outcome} target")
         if state.actions:
             problems.append(f"{where} is a tool state: its exits are on_succeeded/on_failed/on_unknown")
+        tool = wf.tools.get(state.tool) if wf.tools is not None and state.tool in wf.tools else None
+        unknown = names.get(state.on_unknown)
+        if tool is not None and str(tool.kind) == "write" and unknown is not None and \
+                unknown.kind is StateKind.TERMINAL:
+            problems.append(f"{where}: on_unknown {state.on_unknown!r} is terminal, which would end the task with "
+                            f"the outcome of write {state.tool!r} unknown: send it to a state a person settles from")
     if isinstance(state, Approval) and not state.role:
         problems.append(f"{where} is an approval state with no role")
     if isinstance(state, Approval | Wait):
@@ -555,7 +603,7 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
     if isinstance(state, Agent) and (not isinstance(state.max_repairs, int) or state.max_repairs < 0):
         problems.append(f"{where}: max_repairs must be an integer >= 0")
     reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES, REPAIR, DEMOTE, HAND_OFF, PROVIDER_ERROR, RETRY, CALL,
-                RECONCILE, LIMIT, MIGRATE}
+                RECONCILE, LIMIT, MIGRATE, CANCEL_REQUESTED, SETTLE}
     by_trigger: dict[str, list[Action]] = {}
     for action in state.actions:
         if not _NAME.match(action.name or ""):

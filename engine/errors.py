@@ -60,6 +60,7 @@ class Code(StrEnum):
     TOOL_REMOTE_ERROR = "TOOL_REMOTE_ERROR"
     TOOL_RESULT_INVALID = "TOOL_RESULT_INVALID"
     TOOL_EXECUTION_UNKNOWN = "TOOL_EXECUTION_UNKNOWN"
+    OUTCOME_UNSETTLED = "OUTCOME_UNSETTLED"
     AGENT_STEP_LIMIT_EXCEEDED = "AGENT_STEP_LIMIT_EXCEEDED"
     INTERNAL_ERROR = "INTERNAL_ERROR"
     # Approvals
@@ -78,6 +79,8 @@ class Code(StrEnum):
     HASH_MISMATCH = "HASH_MISMATCH"
     SEQ_GAP = "SEQ_GAP"
     ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
+    INTENT_UNSETTLED = "INTENT_UNSETTLED"
+    OUTCOME_WITHOUT_INTENT = "OUTCOME_WITHOUT_INTENT"
     STATE_MISMATCH = "STATE_MISMATCH"
     SNAPSHOT_MISMATCH = "SNAPSHOT_MISMATCH"
     ARCHIVE_MISSING = "ARCHIVE_MISSING"
@@ -100,7 +103,9 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.DOMAIN_INVALID: "A domain guard of the transition refused it; the log is unchanged.",
     Code.FORBIDDEN: "The actor does not hold the role the transition requires.",
     Code.CONCURRENCY_CONFLICT: (
-        "Another writer appended first (expected_seq did not match); reload and decide again."
+        "The task is no longer at the seq the command was decided on (another writer appended first, or the "
+        "caller's expected_seq / If-Match is stale); nothing was written. Human commands are never retried into "
+        "another meaning: look at the task again (the message names its state now) and decide again."
     ),
     Code.NO_ACTION: "The model answered without proposing an action (no tool call, empty output); a repair follows.",
     Code.OUTPUT_NOT_JSON: "The model's arguments or JSON answer do not parse as a JSON object; a repair follows.",
@@ -153,6 +158,11 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.TOOL_EXECUTION_UNKNOWN: (
         "A write tool's outcome could not be established, even by reconciliation: a human decides."
     ),
+    Code.OUTCOME_UNSETTLED: (
+        "A write's outcome is open (its intent has no outcome yet, or the outcome was unknown): the task may not "
+        "end, and a write the remote can neither deduplicate nor reconcile is not sent again, until it settles. "
+        "A retry reconciles by action id; `railyard settle` records what an operator verified; a cancel waits."
+    ),
     Code.AGENT_STEP_LIMIT_EXCEEDED: (
         "A task budget (model turns, tool calls, repeats of one call, deadline) ran out; the task moved to the "
         "workflow's limit state and the event names the budget."
@@ -183,6 +193,14 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.ILLEGAL_TRANSITION: (
         "Replay found an event the pinned definition does not allow: wrong source state, a trigger the state does "
         "not have, a target the trigger cannot reach, or guards other than the definition's."
+    ),
+    Code.INTENT_UNSETTLED: (
+        "Replay found a task that reached a terminal state while a write's intent had no settled outcome: an "
+        "effect may have happened that the log does not record."
+    ),
+    Code.OUTCOME_WITHOUT_INTENT: (
+        "Replay found a write's outcome (succeeded or unknown) for an action id whose intent the log never "
+        "recorded: the call was made outside the protocol, or its intent was removed."
     ),
     Code.STATE_MISMATCH: "The task row disagrees with the state folded from its events.",
     Code.SNAPSHOT_MISMATCH: "A snapshot disagrees with the fold of the events it claims to cache.",
@@ -233,16 +251,17 @@ class ConcurrencyConflict(RailyardError):
 
     code = Code.CONCURRENCY_CONFLICT
 
-    def __init__(self, task_id: str, expected: int, actual: int | None) -> None:
+    def __init__(self, task_id: str, expected: int, actual: int | None, state: str | None = None) -> None:
         self.task_id = task_id
         self.expected = expected
         self.actual = actual
-        super().__init__(
-            f"task {task_id}: expected seq {expected}, found {actual}",
-            task_id=task_id,
-            expected=expected,
-            actual=actual,
-        )
+        self.state = state
+        where = f"; it is now in {state!r} at seq {actual}" if state is not None else f", found {actual}"
+        details: dict[str, Any] = {"task_id": task_id, "expected": expected, "actual": actual}
+        if state is not None:
+            details["state"] = state
+        super().__init__(f"task {task_id} moved on since seq {expected}{where}" if state is not None
+                         else f"task {task_id}: expected seq {expected}{where}", **details)
 
 
 class StoreError(RailyardError):

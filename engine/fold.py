@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
 from engine.definition import CALL, MIGRATE, START, Status, Workflow
+from engine.effects import is_open, next_cancel_request, next_effect
 from engine.errors import Code, IntegrityError
 from engine.events import Event
 from engine.records import quick_init
@@ -45,6 +46,10 @@ class TaskState:
     prepared_by: str | None = None
     #: What the budgets count: model turns, tool calls, calls per (tool, arguments), and when the task began.
     usage: dict[str, Any] = field(default_factory=dict)
+    #: The newest write call and what it came to (`engine.effects.next_effect`); None before the first write.
+    effect: dict[str, Any] | None = None
+    #: A cancel recorded while a write was in flight: who asked, why, at which seq (`engine.effects`).
+    cancel_requested: dict[str, Any] | None = None
 
     @property
     def ref(self) -> str:
@@ -54,9 +59,14 @@ class TaskState:
     def terminal(self) -> bool:
         return self.status is Status.TERMINAL
 
+    @property
+    def unsettled(self) -> dict[str, Any] | None:
+        """The write whose outcome is open (intent recorded, no outcome, or `unknown`), if there is one."""
+        return self.effect if is_open(self.effect) else None
+
     def to_doc(self) -> dict[str, Any]:
-        """The JSON form stored in snapshots."""
-        return {
+        """The JSON form stored in snapshots (the two later fields only when set: older snapshots stay equal)."""
+        doc = {
             "task_id": self.task_id,
             "workflow": self.workflow,
             "version": self.version,
@@ -73,6 +83,11 @@ class TaskState:
             "prepared_by": self.prepared_by,
             "usage": self.usage,
         }
+        if self.effect is not None:
+            doc["effect"] = self.effect
+        if self.cancel_requested is not None:
+            doc["cancel_requested"] = self.cancel_requested
+        return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> TaskState:
@@ -92,6 +107,8 @@ class TaskState:
             prepared=doc.get("prepared"),
             prepared_by=doc.get("prepared_by"),
             usage=doc.get("usage", {}),
+            effect=doc.get("effect"),
+            cancel_requested=doc.get("cancel_requested"),
         )
 
 
@@ -138,8 +155,10 @@ class Fold:
 
     __slots__ = (
         "_own_facts",
+        "cancel_requested",
         "definition",
         "digest",
+        "effect",
         "facts",
         "last_hash",
         "prepared",
@@ -162,6 +181,7 @@ class Fold:
         self.version, self.digest = task.version, task.digest
         self.facts, self.visit, self.usage = task.facts, task.visit, task.usage
         self.prepared, self.prepared_by = task.prepared, task.prepared_by
+        self.effect, self.cancel_requested = task.effect, task.cancel_requested
         #: Whether `facts` is a dict this fold made (and may add to) rather than one a TaskState holds.
         self._own_facts = False
 
@@ -201,7 +221,9 @@ class Fold:
             else:
                 facts[failed] = result["error"]
             self.facts, self._own_facts = facts, True
-        self.visit = next_visit(self.definition, self.visit, trigger, event.to_state, data)
+        self.visit = next_visit(self.definition, self.visit, trigger, event.to_state, data, event.from_state)
+        self.effect = next_effect(self.effect, event)
+        self.cancel_requested = next_cancel_request(self.cancel_requested, event, self.effect)
         if "prepared" in data:
             self.prepared, self.prepared_by = data["prepared"], event.actor
         if trigger == MIGRATE:  # from here on the task is pinned to the version the event names
@@ -219,7 +241,8 @@ class Fold:
         self._own_facts = False  # the record holds `facts` now: the next step copies it before adding
         return TaskState(task.task_id, task.workflow, self.version, self.digest, self.state, self.status,
                          self.seq, self.last_hash, task.input,
-                         self.facts, self.visit, task.started_by, self.prepared, self.prepared_by, self.usage)
+                         self.facts, self.visit, task.started_by, self.prepared, self.prepared_by, self.usage,
+                         self.effect, self.cancel_requested)
 
 
 def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:

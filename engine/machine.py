@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from engine.definition import Workflow
 
 GraphFormat = Literal["mermaid", "dot"]
+#: Built-in triggers left off diagrams unless a task took them (see `graph`).
+UNDRAWN = frozenset({"cancel_requested", "settle"})
 
 
 class CompiledMachine:
@@ -69,6 +71,9 @@ class CompiledMachine:
             {**t, "label": f"{t['trigger']} ({taken[edge]}x)"} if (edge := (t["source"], t["trigger"], t["dest"]))
             in taken else t
             for t in self._transitions
+            # A cancel request and an operator's settlement are notes any state may take while a write is open:
+            # drawn on every state they would bury the route; where they lead (cancelled) is drawn already.
+            if t["trigger"] not in UNDRAWN or (t["source"], t["trigger"], t["dest"]) in taken
         ]
         engine: Literal["mermaid", "graphviz"] = "mermaid" if fmt == "mermaid" else "graphviz"
         gm = GraphMachine(

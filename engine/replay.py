@@ -16,7 +16,10 @@ What it checks, each finding with a stable code:
   task was in, a trigger that state has, to a target that trigger can reach, with
   the guards (and risk check) the definition names (`ILLEGAL_TRANSITION`);
 - the fold from zero equals the task row (state, seq, last hash, status) and
-  every snapshot at its seq (`STATE_MISMATCH`, `SNAPSHOT_MISMATCH`).
+  every snapshot at its seq (`STATE_MISMATCH`, `SNAPSHOT_MISMATCH`);
+- no effect outside the log: a task that ends while a write's intent has no
+  settled outcome (`INTENT_UNSETTLED`), and a write's outcome recorded for an
+  action id whose intent the log never held (`OUTCOME_WITHOUT_INTENT`).
 
 Replay goes on after a finding wherever it can, so one edit shows all its effects
 (an edited event is a `HASH_MISMATCH`; if the edit changed the transition it is
@@ -33,6 +36,7 @@ from typing import Any, Protocol
 from engine.canonical import GENESIS_HASH, canonical_json
 from engine.chain import Finding, link_findings
 from engine.definition import MIGRATE, START, Action, Workflow, guard_name
+from engine.effects import is_open
 from engine.errors import Code
 from engine.events import Event
 from engine.fold import Fold, TaskState, initial
@@ -113,6 +117,9 @@ def _as_decided(action: Action, event: Event, recorded: Any) -> bool:
         return isinstance(risk, dict) and risk.get("check") == guard_name(action.risk)
     return True
 
+
+#: Outcomes that say a write took effect, or may have: each needs that write's intent before it.
+_EFFECT_CLAIMS = frozenset({"succeeded", "unknown"})
 
 #: No guards recorded, which `illegal` reads as an empty list.
 _UNRECORDED: list[str] = []
@@ -311,12 +318,32 @@ class LogCheck:
         if event.seq != task.seq + 1 or event.prev_hash != task.last_hash:
             task.resync(event.seq - 1, event.prev_hash)
         try:
+            if event.trigger in _EFFECT_CLAIMS:
+                self._claimed_effect(task, event)
             task.step(event)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             self.add(Code.ILLEGAL_TRANSITION, event.seq, f"its data does not hold what {event.trigger!r} "
                                                            f"records ({type(exc).__name__}): the log cannot be "
                                                            "followed further")
             self._stop()
+            return
+        if task.terminal and is_open(task.effect):
+            effect = task.effect or {}
+            self.add(Code.INTENT_UNSETTLED, event.seq,
+                     f"the task ended in {event.to_state!r} while write {effect.get('tool')} (action "
+                     f"{effect.get('action_id')}) was {effect.get('status')}: its effect is not in the log")
+
+    def _claimed_effect(self, task: Fold, event: Event) -> None:
+        """An outcome saying a write happened (or may have) must follow that write's recorded intent."""
+        action_id = event.data.get("action_id")
+        prepared = task.prepared or {}
+        if prepared.get("kind") != "write" or action_id is None or prepared.get("action_id") != action_id:
+            return
+        effect = task.effect
+        if effect is None or effect.get("action_id") != action_id:
+            self.add(Code.OUTCOME_WITHOUT_INTENT, event.seq,
+                     f"{event.trigger!r} is recorded for write {prepared.get('tool')} (action {action_id}), whose "
+                     "intent the log does not hold")
 
     def snapshot(self, snapshot: Snapshot) -> None:
         """Check a snapshot right after the event at its seq was fed."""

@@ -11,21 +11,30 @@ is never simply called again if the tool writes: `reconcile(action_id)` asks
 the remote what happened; `succeeded`/`failed` record that outcome, only
 `not_found` permits a new attempt with the same action id, and a remote that
 still cannot tell after the budget leaves the task `unknown`
-(TOOL_EXECUTION_UNKNOWN), for a human. A read tool may simply run again, up
-to its `max_attempts`. An outcome that arrives after the task moved on
-(cancelled meanwhile) conflicts at the append and is logged, never applied.
+(TOOL_EXECUTION_UNKNOWN), for a human. The same holds for a retry after an
+`unknown` outcome: it reconciles first. A write whose remote can neither
+deduplicate nor reconcile is settled only by an operator's recorded assertion
+(`Engine.settle`). A read tool may simply run again, up to its `max_attempts`.
+
+An outcome is never dropped: if a person wrote while the tool ran (a cancel,
+which becomes `cancel_requested` while the write is open), the outcome is
+decided again on the task as it is then and recorded, leading where the cancel
+says (`cancelled`, or the workflow's `effect_after_cancel` state if the effect
+happened).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from engine.budgets import exceeded
 from engine.canonical import format_instant, now, parse_instant
-from engine.definition import CALL, LIMIT, RECONCILE, Tool
-from engine.errors import Code, ConcurrencyConflict, Refused
+from engine.decide import decide
+from engine.definition import CALL, CANCEL, LIMIT, RECONCILE, Tool
+from engine.errors import Code, ConcurrencyConflict, LeaseLost, Refused
 from engine.fold import TaskState
 from engine.tools.catalog import ToolDef, ToolKind
 from engine.tools.execute import ToolOutcome, execute, outcome_of, reconcile
@@ -39,6 +48,8 @@ log = logging.getLogger("railyard.tools")
 ACTOR = "system:tools"
 #: How long past a write's timeout its stranded attempt is assumed over, before reconciliation is trusted.
 SETTLE_MARGIN_SECONDS = 1.0
+#: How many times an outcome is decided again on a task people keep writing to (each a cancel request, say).
+LATE_OUTCOME_ATTEMPTS = 5
 
 
 class AttemptInFlight(Exception):
@@ -65,25 +76,38 @@ class ToolRunner:
             raise Refused(f"task {task.task_id} is in {task.state!r}, not a tool state",
                           code=Code.TRIGGER_NOT_ALLOWED, task_id=task.task_id)
         if definition.tools is None or state.tool not in definition.tools:
-            return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_NOT_FOUND,
-                                                   f"no tool {state.tool!r} in the catalog", 0))
+            # The deployment lacks the tool: a configuration error, not the task's failure (it is left as it is).
+            raise Refused(f"{definition.ref} state {task.state!r} names tool {state.tool!r}, which its catalog "
+                          "does not have", code=Code.TOOL_NOT_FOUND, task_id=task.task_id, tool=state.tool)
         tool = definition.tools.get(state.tool)
         if not task.prepared or task.prepared.get("tool") != tool.name:
             return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_NOT_ALLOWED,
                                                    "no prepared call for this tool", 0))
         prepared = PreparedToolCall.from_dict(task.prepared)
-        if not task.visit.get("pending"):
-            return self._attempt(task, tool, prepared)
-        # An intent without an outcome: the previous attempt's fate is unknown.
         if tool.kind is ToolKind.READ:
-            if int(task.visit.get("calls", 0)) < tool.max_attempts:
+            if not task.visit.get("pending") or int(task.visit.get("calls", 0)) < tool.max_attempts:
                 return self._attempt(task, tool, prepared)
             return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_TIMEOUT,
                                                    f"no answer after {tool.max_attempts} attempts", 0))
-        if tool.reconcile is None:
-            # idempotent_remote: the remote deduplicates by the same idempotency key, so calling again is safe.
+        effect = task.effect if task.effect and task.effect.get("action_id") == prepared.action_id else None
+        status = effect.get("status") if effect is not None else None
+        if status in (None, "failed", "not_executed"):
+            # Never sent, refused by the remote, or established not to have happened: sending it is safe.
+            if task.cancel_requested is not None:
+                return self._complete_cancel(task)
             return self._attempt(task, tool, prepared)
-        requested = task.visit.get("pending_at")
+        if status == "executed":  # an operator verified the effect happened: record it, never send it again
+            return self._outcome(task, ToolOutcome("succeeded", None, None, None, 0), asserted=dict(effect or {}))
+        # An intent without an outcome (its worker died, or this is a retry after `unknown`), or a retry of a
+        # write that succeeded: what the remote did must be established before anything is sent.
+        if tool.reconcile is None:
+            if tool.idempotent_remote:  # the remote deduplicates by the same idempotency key: sending again is safe
+                return self._attempt(task, tool, prepared)
+            return self._outcome(task, ToolOutcome(
+                "unknown", None, Code.TOOL_EXECUTION_UNKNOWN,
+                "the remote can neither deduplicate nor say what happened: an operator records what they verified "
+                "(railyard settle)", 0))
+        requested = (effect or {}).get("requested_at") if status == "pending" else None
         if requested is not None:
             # The attempt may still be running (its worker lost the lease but not its life): a `not_found`
             # now could be followed by the original call landing. Ask only once it can no longer be waited on.
@@ -95,6 +119,8 @@ class ToolRunner:
         if settled is None:  # not_found: it never happened; a new attempt with the same action id
             task = self._commit(task, RECONCILE, {"reconciled": {"outcome": "not_found",
                                                                  "action_id": prepared.action_id}}, late=False)
+            if task.cancel_requested is not None:
+                return self._complete_cancel(task)
             return self._attempt(task, tool, prepared)
         if settled.outcome == "unknown":
             if int(task.visit.get("reconciles", 0)) + 1 < self.reconcile_attempts:
@@ -102,6 +128,16 @@ class ToolRunner:
                                                                      "action_id": prepared.action_id}})
             settled = ToolOutcome("unknown", None, Code.TOOL_EXECUTION_UNKNOWN, settled.message, 0)
         return self._outcome(task, settled, reconciled=True)
+
+    def _complete_cancel(self, task: TaskState) -> TaskState:
+        """The write a cancel waited for is settled and did not happen: the cancel takes effect, as its requester's."""
+        request = task.cancel_requested or {}
+        requester = str(request.get("actor") or ACTOR)
+        definition = self.engine.definition_of(task)
+        decision = decide(definition, task, CANCEL, {"reason": request.get("reason") or "cancel requested"},
+                          actor=requester, roles=self.engine.authoriser.roles_of(requester))
+        decision = replace(decision, data={**decision.data, "requested_at_seq": request.get("seq")})
+        return self.engine.commit(task, decision, actor=requester)
 
     def _attempt(self, task: TaskState, tool: ToolDef, prepared: PreparedToolCall) -> TaskState:
         over = exceeded(self.engine.definition_of(task), task, now(), next_call=prepared.to_dict())
@@ -115,7 +151,8 @@ class ToolRunner:
         outcome = execute(tool, prepared)
         return self._outcome(task, outcome)
 
-    def _outcome(self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False) -> TaskState:
+    def _outcome(self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False,
+                 asserted: dict[str, Any] | None = None) -> TaskState:
         data: dict[str, Any] = {"outcome": outcome.to_dict()}
         if task.prepared:
             data["action_id"] = task.prepared.get("action_id")
@@ -126,17 +163,31 @@ class ToolRunner:
                                        "error": {"code": str(outcome.code), "message": outcome.message}}
         if reconciled:
             data["reconciled"] = True
+        if asserted is not None:  # the outcome an operator verified (`settle`): who, and where the evidence is
+            data["asserted"] = {"by": asserted.get("by"), "evidence": asserted.get("evidence")}
         return self._commit(task, outcome.outcome, data)
 
     def _commit(self, task: TaskState, trigger: str, data: dict[str, Any], *, late: bool = True) -> TaskState:
-        """Append a protocol step. `late=True` (outcomes): a refusal is logged and the task reloaded; otherwise
-        (an intent, a not_found) the refusal propagates, so nothing runs on a task this worker no longer holds."""
-        try:
-            return self.engine.commit_system(task, trigger, data, actor=ACTOR)
-        except ConcurrencyConflict:
-            if not late:
+        """Append a protocol step. An intent or a not_found (`late=False`) that conflicts propagates: nothing runs
+        on a task that moved. An outcome (`late=True`) is never dropped: if a person wrote meanwhile (a cancel
+        request, say), it is decided again on the task as it is now and recorded there."""
+        for _attempt in range(LATE_OUTCOME_ATTEMPTS):
+            try:
+                return self.engine.commit_system(task, trigger, data, actor=ACTOR)
+            except LeaseLost:
+                # Another worker holds the task now; it finds the intent without an outcome and reconciles it.
+                log.warning("task %s: %s not recorded, the lease was taken over; the holder reconciles action %s",
+                            task.task_id, trigger, data.get("action_id"))
                 raise
-            # The task moved while the tool ran (cancelled, say): this late record must not change it.
-            log.warning("task %s: %s refused, the task moved on meanwhile (action %s)", task.task_id, trigger,
-                        data.get("action_id") or data.get("intent", {}).get("action_id"))
-            return self.engine.load(task.task_id)
+            except ConcurrencyConflict:
+                if not late:
+                    raise
+                moved = self.engine.load(task.task_id)
+                pending = moved.visit.get("pending")
+                if moved.terminal or moved.state != task.state or pending != task.visit.get("pending"):
+                    # Someone else recorded this attempt's fate (a reconciling worker): it is in the log already.
+                    log.info("task %s: %s for action %s was recorded by another writer", task.task_id, trigger,
+                             data.get("action_id"))
+                    return moved
+                task = moved
+        raise ConcurrencyConflict(task.task_id, task.seq, None, task.state)

@@ -18,15 +18,22 @@ from __future__ import annotations
 from typing import Any
 
 from engine.definition import CALL, DEMOTE, RECONCILE, REPAIR, Agent, Tool, Workflow
+from engine.effects import CANCEL_REQUESTED, SETTLE
+
+#: Records made about a task where it stands (a cancel request, an operator's assertion): they do not start a visit.
+_NOTES = frozenset({CANCEL_REQUESTED, SETTLE})
 
 
 def next_visit(
-    definition: Workflow, visit: dict[str, Any], trigger: str, to_state: str, data: dict[str, Any]
+    definition: Workflow, visit: dict[str, Any], trigger: str, to_state: str, data: dict[str, Any],
+    from_state: str | None = None,
 ) -> dict[str, Any]:
     """The visit after an event: continued on `repair`/`demote`, restarted on entering an agent state.
 
     The lists in a visit are never changed in place, so a visit may share them with the one before.
     """
+    if trigger in _NOTES and to_state == from_state:
+        return visit
     demoted = list(visit.get("demoted", []))  # a list of its own, for the visits that take it
     turn = data.get("turn")
     if turn and turn.get("demoted") and turn["demoted"] not in demoted:

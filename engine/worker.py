@@ -32,11 +32,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from engine import config
 from engine.canonical import now
 from engine.core import Engine
-from engine.definition import EXPIRED, LIMIT, Status
+from engine.definition import EXPIRED, LIMIT, StateKind, Status
 from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
 from engine.leases import Lease, holding
+from engine.model.profiles import load_profiles
 from engine.model.types import ModelAdapter
 from engine.store.store import Claim, WorkerReport
 from engine.store.wakeups import Listener
@@ -44,7 +46,12 @@ from engine.tool_runner import AttemptInFlight
 
 log = logging.getLogger("railyard.worker")
 
-COUNTS = ("claimed", "transitions", "released", "handed_back", "conflicts", "lease_losses", "failures")
+COUNTS = ("claimed", "transitions", "released", "handed_back", "conflicts", "lease_losses", "failures",
+          "config_errors")
+#: Refusals that say this process cannot run the task (its deployment lacks the version, the model, a tool, a
+#: readable setting), not that the task's step failed: the task is left as it is, and its failures are not counted.
+CONFIGURATION = frozenset({Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED, Code.MODEL_NOT_CONFIGURED,
+                           Code.CONFIG_INVALID, Code.TOOL_NOT_FOUND})
 
 
 @dataclass
@@ -58,6 +65,7 @@ class WorkerCounts:
     conflicts: int = 0
     lease_losses: int = 0
     failures: int = 0
+    config_errors: int = 0
     #: Milliseconds from "due" to "claimed" for the latest claims (a bounded window, for p50/p99).
     claim_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000), repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -126,6 +134,25 @@ class Worker:
         self._stop = threading.Event()
         self._held: set[str] = set()  # the tasks whose leases the heartbeat extends
         self._held_lock = threading.Lock()
+
+    def check_configuration(self) -> None:
+        """Refuse to start (MODEL_NOT_CONFIGURED) when the workflows served have agent states and no model is set,
+        or (CONFIG_INVALID) when the capability profiles those states need cannot be read.
+
+        Started without a model, a worker would claim agent tasks only to leave them; better that the operator
+        hears it before anything is claimed.
+        """
+        needing = sorted({w.ref for w in self.engine.registry if w.name in self.workflows
+                          and any(s.kind is StateKind.AGENT for s in w.states)})
+        if needing:
+            load_profiles()  # an unreadable profiles file (RAILYARD_PROFILES_FILE) is CONFIG_INVALID now, not later
+        if self.model is not None or self.engine.model is not None or config.model_spec() is not None:
+            return
+        if needing:
+            raise Refused(f"the workflows this worker serves have agent states ({', '.join(needing)}) and no model "
+                          "is configured: set RAILYARD_MODEL or --model (scripted:PATH, openai:MODEL, "
+                          "anthropic:MODEL), or serve only other workflows (--workflows)",
+                          code=Code.MODEL_NOT_CONFIGURED, workflows=needing)
 
     # -- the loop -------------------------------------------------------
     def wake(self) -> None:
@@ -201,6 +228,7 @@ class Worker:
         task_id = claim.task_id
         started = time.perf_counter()
         failed = False
+        cleared = True  # whether this claim's end clears the task's count of failed steps
         with self._held_lock:
             self._held.add(task_id)
         try:
@@ -217,11 +245,14 @@ class Worker:
             self.counts.add("conflicts")
             log.info("task %s: moved by someone else meanwhile; it will be looked at again", task_id)
         except Exception as exc:  # one bad task never stops a worker
-            if isinstance(exc, Refused) and exc.code in (Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED):
-                # A deployment mismatch, not a poison task: this process lacks the task's version (or has other
-                # code under its number). Leave the task to a worker that has it; never count it as a failure.
-                log.warning("task %s: %s (%s); leaving it to a worker that defines its version", task_id,
-                            exc.code, exc.message)
+            if isinstance(exc, RailyardError) and exc.code in CONFIGURATION:
+                # A deployment or configuration mistake, not a poison task: this process lacks the task's version
+                # (or has other code under its number), a model, a tool. Leave the task untouched for a worker
+                # that can run it, and never count it as the task's failure.
+                cleared = False
+                self.counts.add("config_errors")
+                log.error("task %s: %s (%s); left as it is, for a worker that can run it", task_id, exc.code,
+                          exc.message)
                 self.engine.store.postpone(task_id, claim.epoch, now() + timedelta(seconds=self.retry_backoff))
                 return
             failed = True
@@ -235,7 +266,7 @@ class Worker:
             with self._held_lock:
                 self._held.discard(task_id)
             try:
-                self.engine.store.release(task_id, claim.epoch, step_succeeded=not failed)
+                self.engine.store.release(task_id, claim.epoch, step_succeeded=cleared and not failed)
                 self.counts.add("released")
             except RailyardError as error:  # the lease expires by itself
                 log.error("task %s: release failed: %s", task_id, error.code)

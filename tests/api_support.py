@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import uvicorn
 from fastapi import FastAPI
@@ -41,9 +43,15 @@ def token_table() -> TokenTable:
     return TokenTable.from_tokens(TOKENS)
 
 
+#: The shop refund again, where only an `operator` may record what became of a payment (`settle`).
+SETTLED_BY_OPERATORS = "shop_ops"
+
+
 def make_api_engine(db_url: str, ledger_dir: Path) -> Engine:
     tokens = token_table()
-    registry = Registry([make_workflow(Ledger(ledger_dir / "ledger.db")), *all_workflows()])
+    shop = make_workflow(Ledger(ledger_dir / "ledger.db"))
+    ops = dataclasses.replace(shop, name=SETTLED_BY_OPERATORS, settle_role="operator")
+    registry = Registry([shop, ops, *all_workflows()])
     return Engine(db_url, registry, authoriser=tokens)
 
 
@@ -52,14 +60,29 @@ def make_app(engine: Engine) -> FastAPI:
 
 
 def to_approval(engine: Engine, refund: dict[str, Any] = REFUND, *, starter: str = "ann",
-                text: str | None = None) -> str:
+                text: str | None = None, workflow: str = "shop_refund") -> str:
     """A shop refund driven by a scripted model up to its approval gate: the prepared call waits for a human."""
-    task_id = engine.start("shop_refund", {"customer": "c1"}, actor=starter)
+    task_id = engine.start(workflow, {"customer": "c1"}, actor=starter)
     proposal = call("propose_refund", **refund)
     if text is not None:
         proposal["text"] = text
     model = ScriptedModel([call("query_order", order_id="O-1"), proposal], profile="anthropic")
     assert engine.run(task_id, model=model).state == "awaiting_approval"
+    return task_id
+
+
+class WorkerDied(BaseException):
+    """Stands for a worker killed between a write's intent and its outcome (not an Exception: nothing catches it)."""
+
+
+def to_open_write(engine: Engine, workflow: str = SETTLED_BY_OPERATORS) -> str:
+    """A shop refund approved, whose payment's intent is in the log and its outcome is not: `unsettled`, pending."""
+    task_id = to_approval(engine, workflow=workflow)
+    engine.approve(task_id, actor="dana", prepared_digest=engine.load(task_id).prepared["digest"])  # type: ignore[index]
+    with mock.patch("engine.tool_runner.execute", side_effect=WorkerDied()), suppress(WorkerDied):
+        engine.run(task_id)
+    unsettled = engine.get(task_id).unsettled
+    assert unsettled is not None and unsettled["status"] == "pending", unsettled
     return task_id
 
 

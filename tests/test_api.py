@@ -12,7 +12,16 @@ from fastapi.testclient import TestClient
 from engine import Code, Engine, Registry, Workflow
 from engine.api import create_app
 from engine.api.http_errors import STATUS_BY_CODE
-from tests.api_support import REFUND, bearer, make_api_engine, make_app, to_approval, token_table
+from tests.api_support import (
+    REFUND,
+    SETTLED_BY_OPERATORS,
+    bearer,
+    make_api_engine,
+    make_app,
+    to_approval,
+    to_open_write,
+    token_table,
+)
 from tests.sample_workflows import OrderInput, refund_states
 
 ORDER = {"customer": "c1", "balance": 500}
@@ -217,6 +226,184 @@ def test_cancel(client: TestClient, engine: Engine) -> None:
             Code.TASK_NOT_FOUND)
 
 
+# -- ETag, If-Match and expected_seq: commands act on the state their sender saw ------------------------
+def etag(seq: int) -> dict[str, str]:
+    return {"If-Match": f'"{seq}"'}
+
+
+def tagged(response: Any) -> dict[str, Any]:
+    """The task body of a response, checked to carry its seq as a strong ETag."""
+    assert response.status_code in (200, 201), response.text
+    body: dict[str, Any] = response.json()
+    assert response.headers["ETag"] == f'"{body["seq"]}"'
+    return body
+
+
+def test_every_task_response_carries_its_seq_as_the_etag(client: TestClient, engine: Engine) -> None:
+    started = client.post("/api/tasks", json={"workflow": "refund", "input": ORDER}, headers=bearer("ann"))
+    assert tagged(started)["seq"] == 1 and started.headers["ETag"] == '"1"'
+    task_id = started.json()["task_id"]
+    read = tagged(client.get(f"/api/tasks/{task_id}", headers=bearer("audrey")))
+    assert read["seq"] == engine.load(task_id).seq and (read["cancel_requested"], read["unsettled"]) == (None, None)
+    signalled = tagged(client.post(f"/api/tasks/{task_id}/signal", json={"trigger": "note", "payload": {"note": "n"}},
+                                   headers=bearer("ann")))
+    assert signalled["seq"] == 2
+    assert tagged(client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "r"}, headers=bearer("ann")))[
+        "state"] == "cancelled"
+    waiting = to_approval(engine)
+    digest = engine.load(waiting).prepared["digest"]  # type: ignore[index]
+    assert tagged(client.post(f"/api/tasks/{waiting}/approve", json={"digest": digest}, headers=bearer("dana")))[
+        "state"] == "executing"
+    other = to_approval(engine)
+    assert tagged(client.post(f"/api/tasks/{other}/reject", json={"reason": "no"}, headers=bearer("erin")))[
+        "state"] == "rejected"
+    # Refusals are about the request, not a task representation: no ETag on them.
+    assert "ETag" not in client.get("/api/tasks/nope", headers=bearer("ann")).headers
+
+
+def test_a_stale_if_match_is_412_names_the_state_now_and_writes_nothing(client: TestClient, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    seq = engine.load(task_id).seq
+    digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+    commands = [("approve", {"digest": digest}, "dana"), ("reject", {"reason": "no"}, "erin"),
+                ("cancel", {"reason": "stop"}, "ann"), ("signal", {"trigger": "cancel", "payload": {"reason": "x"}},
+                                                        "ann")]
+    for command, body, who in commands:
+        stale = client.post(f"/api/tasks/{task_id}/{command}", json=body, headers={**bearer(who), **etag(seq - 1)})
+        details = refused(stale, 412, Code.CONCURRENCY_CONFLICT)["details"]
+        assert (details["state"], details["actual"], details["expected"]) == ("awaiting_approval", seq, seq - 1)
+        assert "'awaiting_approval'" in stale.json()["message"], command
+        assert "ETag" not in stale.headers
+    assert engine.load(task_id).seq == seq  # nothing was written
+    approved = client.post(f"/api/tasks/{task_id}/approve", json={"digest": digest},
+                           headers={**bearer("dana"), **etag(seq)})
+    assert tagged(approved)["seq"] == seq + 1 and approved.json()["state"] == "executing"
+    late = client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "too late"},
+                       headers={**bearer("ann"), **etag(seq)})
+    assert refused(late, 412, Code.CONCURRENCY_CONFLICT)["details"]["state"] == "executing"
+    assert engine.load(task_id).seq == seq + 1 and engine.replay(task_id).ok
+
+
+def test_a_current_if_match_applies_each_command(client: TestClient, engine: Engine) -> None:
+    task_id = start(client)
+    noted = client.post(f"/api/tasks/{task_id}/signal", json={"trigger": "note", "payload": {"note": "n"}},
+                        headers={**bearer("ann"), **etag(1)})
+    assert tagged(noted)["seq"] == 2
+    cancelled = client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "done"},
+                            headers={**bearer("ann"), "If-Match": noted.headers["ETag"]})
+    assert tagged(cancelled)["state"] == "cancelled"
+    waiting = to_approval(engine)
+    seq = engine.load(waiting).seq
+    rejected = client.post(f"/api/tasks/{waiting}/reject", json={"reason": "no"},
+                           headers={**bearer("erin"), **etag(seq)})
+    assert tagged(rejected)["state"] == "rejected"
+
+
+def test_if_match_star_is_no_precondition(client: TestClient) -> None:
+    task_id = start(client)
+    client.post(f"/api/tasks/{task_id}/signal", json={"trigger": "note", "payload": {"note": "n"}},
+                headers=bearer("ann"))
+    response = client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "any seq"},
+                           headers={**bearer("ann"), "If-Match": "*"})
+    assert tagged(response)["state"] == "cancelled"
+
+
+@pytest.mark.parametrize("value", ['W/"1"', "1", '"1", "2"', '"0"', '"01"', '"abc"', '""', '"1',
+                                   f'"{2**31}"', '"99999999999"'])
+def test_an_if_match_that_is_not_a_task_etag_is_refused(client: TestClient, value: str) -> None:
+    task_id = start(client)
+    response = client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "x"},
+                           headers={**bearer("ann"), "If-Match": value})
+    refused(response, 422, Code.PAYLOAD_INVALID)
+    assert client.get(f"/api/tasks/{task_id}", headers=bearer("ann")).json()["seq"] == 1
+
+
+def test_if_match_and_a_body_expected_seq_must_agree(client: TestClient) -> None:
+    task_id = start(client)
+    url = f"/api/tasks/{task_id}/signal"
+    disagree = client.post(url, json={"trigger": "note", "payload": {"note": "n"}, "expected_seq": 1},
+                           headers={**bearer("ann"), **etag(2)})
+    assert refused(disagree, 422, Code.PAYLOAD_INVALID)["details"]["header"] == "If-Match"
+    # The same seq in both: the header's answer (412), since the header carried it.
+    both_stale = client.post(url, json={"trigger": "note", "payload": {"note": "n"}, "expected_seq": 5},
+                             headers={**bearer("ann"), **etag(5)})
+    refused(both_stale, 412, Code.CONCURRENCY_CONFLICT)
+    agree = client.post(url, json={"trigger": "note", "payload": {"note": "n"}, "expected_seq": 1},
+                        headers={**bearer("ann"), **etag(1)})
+    assert tagged(agree)["seq"] == 2
+
+
+def test_a_stale_body_expected_seq_is_409_on_every_command(client: TestClient, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    seq = engine.load(task_id).seq
+    digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+    for command, body, who in [("approve", {"digest": digest}, "dana"), ("reject", {"reason": "no"}, "erin"),
+                               ("cancel", {"reason": "stop"}, "ann"),
+                               ("signal", {"trigger": "cancel", "payload": {"reason": "x"}}, "ann")]:
+        response = client.post(f"/api/tasks/{task_id}/{command}", json={**body, "expected_seq": seq + 3},
+                               headers=bearer(who))
+        details = refused(response, 409, Code.CONCURRENCY_CONFLICT)["details"]
+        assert (details["state"], details["actual"]) == ("awaiting_approval", seq), command
+    assert engine.load(task_id).seq == seq
+    current = client.post(f"/api/tasks/{task_id}/approve", json={"digest": digest, "expected_seq": seq},
+                          headers=bearer("dana"))
+    assert tagged(current)["state"] == "executing"
+    for body in ({"reason": "x", "expected_seq": 0}, {"reason": "x", "expected_seq": 1.5},
+                 {"reason": "x", "expected_seq": 2**31}):
+        refused(client.post(f"/api/tasks/{task_id}/cancel", json=body, headers=bearer("ann")), 422,
+                Code.PAYLOAD_INVALID)
+
+
+# -- settle: an operator records what became of a write whose outcome is open ---------------------------------
+def test_settle_records_an_operators_assertion_and_its_refusals(client: TestClient, engine: Engine) -> None:
+    task_id = to_open_write(engine)
+    url = f"/api/tasks/{task_id}/settle"
+    view = tagged(client.get(f"/api/tasks/{task_id}", headers=bearer("audrey")))
+    assert view["state"] == "executing" and "settle" in view["allowed"]
+    assert view["unsettled"] == {"action_id": view["unsettled"]["action_id"], "tool": "refund_payment",
+                                 "state": "executing", "status": "pending"}
+    seq = view["seq"]
+    ok = {"outcome": "not_executed", "evidence": "the provider's dashboard has no refund for this action id"}
+    refused(client.post(url, json=ok, headers=bearer("bob")), 403, Code.FORBIDDEN)  # no operator role
+    assert refused(client.post(url, json=ok, headers=bearer("audrey")), 403, Code.FORBIDDEN)["details"][
+        "reason"] == "read_only"
+    for bad in ({"outcome": "maybe", "evidence": "x"}, {"outcome": "executed", "evidence": ""},
+                {"outcome": "executed", "evidence": "x" * 501}, {"outcome": "executed"},
+                {**ok, "actor": "dana"}):
+        refused(client.post(url, json=bad, headers=bearer("olga")), 422, Code.PAYLOAD_INVALID)
+    refused(client.post(url, json=ok, headers={**bearer("olga"), **etag(seq - 1)}), 412, Code.CONCURRENCY_CONFLICT)
+    refused(client.post(url, json={**ok, "expected_seq": seq - 1}, headers=bearer("olga")), 409,
+            Code.CONCURRENCY_CONFLICT)
+    refused(client.post("/api/tasks/nope/settle", json=ok, headers=bearer("olga")), 404, Code.TASK_NOT_FOUND)
+    assert engine.load(task_id).seq == seq  # every refusal above left the log alone
+
+    settled = tagged(client.post(url, json=ok, headers={**bearer("olga"), **etag(seq)}))
+    assert (settled["seq"], settled["state"], settled["unsettled"]) == (seq + 1, "executing", None)
+    last = engine.history(task_id)[-1]
+    assert (last.actor, last.trigger, last.data["settled"]["outcome"]) == ("olga", "settle", "not_executed")
+    assert last.data["settled"]["evidence"] == ok["evidence"]
+    again = client.post(url, json=ok, headers=bearer("olga"))  # nothing is open any more
+    refused(again, 409, Code.TRIGGER_NOT_ALLOWED)
+    assert engine.replay(task_id).ok
+
+
+def test_a_cancel_while_a_write_is_open_is_requested_and_settling_completes_it(client: TestClient,
+                                                                              engine: Engine) -> None:
+    task_id = to_open_write(engine)
+    seq = engine.load(task_id).seq
+    requested = tagged(client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "customer called"},
+                                   headers={**bearer("ann"), **etag(seq)}))
+    assert requested["state"] == "executing" and requested["seq"] == seq + 1
+    assert {k: requested["cancel_requested"][k] for k in ("actor", "reason", "seq")} == {
+        "actor": "ann", "reason": "customer called", "seq": seq + 1}
+    assert isinstance(requested["cancel_requested"]["at"], str)
+    settled = tagged(client.post(f"/api/tasks/{task_id}/settle",
+                                 json={"outcome": "not_executed", "evidence": "no refund in the books"},
+                                 headers={**bearer("olga"), "If-Match": f'"{seq + 1}"'}))
+    assert (settled["state"], settled["cancel_requested"], settled["unsettled"]) == ("cancelled", None, None)
+    assert engine.replay(task_id).ok
+
+
 # -- approvals ------------------------------------------------------------------------
 def test_pending_approvals_show_the_prepared_call_and_filter_by_role(client: TestClient, engine: Engine) -> None:
     shop = to_approval(engine)
@@ -286,7 +473,7 @@ def test_reject(client: TestClient, engine: Engine) -> None:
 # -- workflows, diagrams, replay ------------------------------------------------------
 def test_workflows_and_versions(client: TestClient, engine: Engine) -> None:
     listed = {w["name"]: w for w in client.get("/api/workflows", headers=bearer("bob")).json()}
-    assert set(listed) == {"shop_refund", "refund", "counter", "triage"}
+    assert set(listed) == {"shop_refund", SETTLED_BY_OPERATORS, "refund", "counter", "triage"}
     assert listed["refund"]["newest"] == 2 and [v["version"] for v in listed["refund"]["versions"]] == [1, 2]
     one = client.get("/api/workflows/refund", headers=bearer("bob")).json()
     assert one["versions"][0]["digest"] == engine.registry.get("refund", 1).digest
@@ -347,12 +534,21 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
     assert operations == {
         ("GET", "/api/me"), ("POST", "/api/tasks"), ("GET", "/api/tasks"), ("GET", "/api/tasks/{task_id}"),
         ("GET", "/api/tasks/{task_id}/history"), ("POST", "/api/tasks/{task_id}/signal"),
-        ("POST", "/api/tasks/{task_id}/cancel"), ("GET", "/api/tasks/{task_id}/replay"),
+        ("POST", "/api/tasks/{task_id}/cancel"), ("POST", "/api/tasks/{task_id}/settle"),
+        ("GET", "/api/tasks/{task_id}/replay"),
         ("GET", "/api/tasks/{task_id}/diagram"), ("GET", "/api/approvals"),
         ("POST", "/api/tasks/{task_id}/approve"), ("POST", "/api/tasks/{task_id}/reject"),
         ("GET", "/api/workflows"), ("GET", "/api/workflows/{name}"), ("GET", "/api/workflows/{name}/diagram"),
     }
     assert "HTTPBearer" in doc["components"]["securitySchemes"]
+    for command in ("signal", "cancel", "settle", "approve", "reject"):
+        operation = doc["paths"][f"/api/tasks/{{task_id}}/{command}"]["post"]
+        assert {"in": "header", "name": "If-Match"}.items() <= next(
+            p for p in operation["parameters"] if p["name"] == "If-Match").items()
+        assert {"200", "409", "412", "413"} <= set(operation["responses"]), command
+        assert "ETag" in operation["responses"]["200"]["headers"]
+    assert "ETag" in doc["paths"]["/api/tasks/{task_id}"]["get"]["responses"]["200"]["headers"]
+    assert "ETag" in doc["paths"]["/api/tasks"]["post"]["responses"]["201"]["headers"]
 
 
 def test_every_response_carries_a_strict_content_security_policy(client: TestClient) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine import Engine
-from tests.api_support import make_api_engine, make_app, to_approval
+from tests.api_support import make_api_engine, make_app, to_approval, to_open_write
 
 SCRIPT = "<script>alert('reason')</script>"
 
@@ -31,6 +31,13 @@ def csrf_of(html: str) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', html)
     assert found, html
     return found.group(1)
+
+
+def seqs_of(html: str, task_id: str) -> list[str]:
+    """The seq each decision form of `task_id` carries, in page order."""
+    forms = re.findall(rf'<form method="post" action="/tasks/{re.escape(task_id)}/(?:approve|reject)".*?</form>', html,
+                       flags=re.S)
+    return [m.group(1) for f in forms if (m := re.search(r'name="seq" value="(\d+)"', f))]
 
 
 def login(client: TestClient, who: str) -> str:
@@ -104,18 +111,58 @@ def test_approving_from_the_page_records_the_sessions_actor(client: TestClient, 
     task_id = to_approval(engine)
     csrf = login(client, "dana")
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
-    response = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest, "comment": "ok"})
+    seq = engine.load(task_id).seq
+    response = client.post(f"/tasks/{task_id}/approve",
+                           data={"csrf": csrf, "digest": digest, "comment": "ok", "seq": str(seq)})
     assert response.status_code == 303 and response.headers["location"] == f"/tasks/{task_id}?done=approved"
     last = engine.history(task_id)[-1]
     assert (last.actor, last.trigger, last.data["approval"]["comment"]) == ("dana", "approve", "ok")
-    again = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest})
+    again = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest})  # a form without seq
     assert again.status_code == 409 and "TASK_NOT_AWAITING_APPROVAL" in again.text
+
+
+def test_every_decision_form_carries_the_seq_it_was_rendered_at(client: TestClient, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    login(client, "dana")
+    seq = str(engine.load(task_id).seq)
+    for url in ("/inbox", f"/tasks/{task_id}"):
+        assert seqs_of(client.get(url).text, task_id) == [seq, seq], url  # approve and reject
+
+
+@pytest.mark.parametrize("form", ["approve", "reject"])
+def test_a_stale_form_is_refused_with_the_state_the_task_is_in_now(client: TestClient, engine: Engine,
+                                                                   form: str) -> None:
+    task_id = to_approval(engine)
+    csrf = login(client, "dana")
+    [seq, _] = seqs_of(client.get("/inbox").text, task_id)
+    digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+    engine.signal(task_id, "cancel", {"reason": "customer withdrew"}, actor="ann")  # while the page was open
+    fields = {"approve": {"digest": digest, "comment": "ok"}, "reject": {"reason": "no"}}[form]
+    response = client.post(f"/tasks/{task_id}/{form}", data={"csrf": csrf, "seq": seq, **fields})
+    assert response.status_code == 409 and "CONCURRENCY_CONFLICT" in response.text
+    assert "&#39;cancelled&#39;" in response.text  # the state it is in now, named on the error page
+    assert [e.trigger for e in engine.history(task_id)][-1] == "cancel" and engine.get(task_id).state == "cancelled"
+
+
+def test_a_reject_form_left_open_while_another_approver_approved_is_stale(client: TestClient,
+                                                                          engine: Engine) -> None:
+    task_id = to_approval(engine)
+    csrf = login(client, "erin")
+    [_, seq] = seqs_of(client.get(f"/tasks/{task_id}").text, task_id)
+    digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+    engine.approve(task_id, actor="dana", prepared_digest=digest, expected_seq=int(seq))
+    response = client.post(f"/tasks/{task_id}/reject", data={"csrf": csrf, "seq": seq, "reason": "duplicate"})
+    assert response.status_code == 409 and "CONCURRENCY_CONFLICT" in response.text
+    assert "&#39;executing&#39;" in response.text
+    assert [e.trigger for e in engine.history(task_id) if "approval" in e.data] == ["approve"]
+    assert seqs_of(client.get(f"/tasks/{task_id}").text, task_id) == []  # nothing left to decide
 
 
 def test_rejecting_from_the_page(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine)
     csrf = login(client, "erin")
-    response = client.post(f"/tasks/{task_id}/reject", data={"csrf": csrf, "reason": "duplicate claim"})
+    response = client.post(f"/tasks/{task_id}/reject", data={"csrf": csrf, "reason": "duplicate claim",
+                                                              "seq": str(engine.load(task_id).seq)})
     assert response.status_code == 303
     assert engine.get(task_id).state == "rejected"
     assert engine.history(task_id)[-1].data["approval"]["comment"] == "duplicate claim"
@@ -151,6 +198,19 @@ def test_the_task_page_shows_timeline_path_and_diagram(client: TestClient, engin
     assert "stateDiagram" in html and "collecting --&gt; awaiting_approval" in html
     assert "propose_refund" in html and "system:tools" in html
     assert client.get("/tasks/no-such-task").status_code == 404
+
+
+def test_the_task_page_shows_an_open_write_and_a_cancel_waiting_for_it(client: TestClient,
+                                                                        engine: Engine) -> None:
+    task_id = to_open_write(engine)
+    engine.cancel(task_id, actor="ann", reason="<b>customer</b> called")
+    login(client, "olga")
+    html = client.get(f"/tasks/{task_id}").text
+    assert 'id="task-unsettled"' in html and "refund_payment" in html and "is pending" in html
+    assert 'id="task-cancel-requested"' in html and "by ann" in html
+    assert "&lt;b&gt;customer&lt;/b&gt; called" in html  # the reason is text
+    plain = to_approval(engine)
+    assert "task-unsettled" not in client.get(f"/tasks/{plain}").text
 
 
 def test_the_task_list_filters(client: TestClient, engine: Engine) -> None:

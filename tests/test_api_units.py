@@ -137,7 +137,18 @@ def test_serve_without_a_tokens_file_refuses_to_start() -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAILYARD_TOKENS_FILE"}
     done = subprocess.run([str(RAILYARD), "serve"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
-    assert done.returncode == 1 and "CONFIG_INVALID" in done.stderr
+    assert done.returncode == 2 and "CONFIG_INVALID" in done.stderr  # set up wrong: exit 2, like a usage error
+
+
+def test_serve_with_a_body_limit_that_is_not_a_number_refuses_to_start(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(toml_entry("dana", ["refund_approver"], hash_token("serve-token")), encoding="utf-8")
+    env = {**os.environ, "RAILYARD_TOKENS_FILE": str(tokens), "RAILYARD_API_MAX_BODY": "1MB",
+           "RAILYARD_DATABASE_URL": f"sqlite:///{tmp_path / 'never.db'}"}
+    done = subprocess.run([str(RAILYARD), "serve", "--port", str(free_port())], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "CONFIG_INVALID" in done.stderr and "RAILYARD_API_MAX_BODY" in done.stderr
+    assert not (tmp_path / "never.db").exists()  # refused before anything was opened
 
 
 def test_an_actor_with_tokens_of_different_roles_is_refused() -> None:

@@ -190,11 +190,12 @@ def test_run_drives_an_agent_state_with_a_scripted_model(cli_env: str, tmp_path:
 
 def test_run_refuses_a_bad_model_spec_and_a_missing_model(cli_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = start_refund()
-    assert "CONFIG_INVALID" in invoke("run", task_id, "--model", "nonsense")[2]
-    assert "CONFIG_INVALID" in invoke("run", task_id, "--model", "scripted:/no/such/file.json")[2]
+    for spec in ("nonsense", "scripted:/no/such/file.json"):  # a configuration error: exit 2, like a usage error
+        code, _, err = invoke("run", task_id, "--model", spec)
+        assert code == 2 and "CONFIG_INVALID" in err
     monkeypatch.delenv("RAILYARD_MODEL", raising=False)
     code, _, err = invoke("run", task_id)
-    assert code == 1 and "MODEL_NOT_CONFIGURED" in err
+    assert code == 2 and "MODEL_NOT_CONFIGURED" in err
 
 
 def test_providers_lists_every_profile_and_its_rungs(cli_env: str) -> None:

@@ -63,11 +63,14 @@ def test_the_ticket_script_is_forced_from_prose_to_an_escalation(eng: Engine) ->
 
 
 def test_a_railyard_worker_killed_mid_refund_is_finished_by_another_without_paying_twice(
-        db_url: str, eng: Engine, books: fakes.Systems) -> None:
+        db_url: str, eng: Engine, books: fakes.Systems, tmp_path: Path) -> None:
     task_id = to_approved_refund(eng, 2)
     books.arm("payments.refund", "crash_after")  # the worker dies after the provider paid, before it records it
     exe = str(Path(sys.executable).with_name("railyard"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": db_url}
+    silent = tmp_path / "silent.json"  # the task needs no model turn; a worker serving agent states needs a model
+    silent.write_text('{"turns": []}')
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": db_url,
+           "RAILYARD_MODEL": f"scripted:{silent}"}
     env.pop("RAILYARD_WORKFLOWS", None)  # the default: the project's `workflows` package
     done = subprocess.run([exe, "worker", "--once", "--lease-seconds", "2"], env=env, capture_output=True,
                           text=True, timeout=120)

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from engine import Code, Engine, Refused, Registry, StaticRoles, Workflow
 from engine.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.definition import CALL, RECONCILE
+from engine.effects import CANCEL_REQUESTED, SETTLE
 from engine.errors import StoreError
 from engine.events import seal, stored_body, with_stored_data
 from engine.fold import TaskState
@@ -25,7 +26,7 @@ from engine.model import ScriptedModel
 from engine.replay import ReplayReport, illegal
 from engine.store import TaskRow
 from engine.store.store import in_log_order
-from tests.insider import sql
+from tests.insider import forge, sql
 from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
 
 MakeEngine = Callable[..., Engine]
@@ -266,17 +267,6 @@ def test_a_definition_no_longer_defined_is_found(db_url: str, eng: Engine) -> No
         assert codes(later.replay(task_id)) == ["DEFINITION_MISSING", "HASH_MISMATCH"]
 
 
-def forge(eng: Engine, task_id: str, *, trigger: str, to_state: str, data: dict[str, Any] | None = None,
-          status: str = "runnable") -> None:
-    """Append an event with a valid hash and move the row to it: an insider who can recompute the chain."""
-    row = eng.store.row(task_id)
-    assert row is not None
-    last = eng.history(task_id)[-1]
-    event = seal(task_id=task_id, seq=row.seq + 1, at=last.at + timedelta(seconds=1), actor="mallory",
-                 from_state=row.state, trigger=trigger, to_state=to_state, data=data or {}, prev_hash=row.last_hash)
-    eng.store.append(task_id, row.seq, [event], status=status)
-
-
 def test_a_transition_the_definition_does_not_allow_is_illegal(eng: Engine) -> None:
     skipped = eng.start("refund", ORDER, actor="ann", version=1)
     forge(eng, skipped, trigger="approve", to_state="executing")  # no proposal, no approval state
@@ -317,8 +307,11 @@ def test_a_scripted_agent_run_with_repairs_replays_clean(eng: Engine) -> None:
     model = ScriptedModel([{"text": "I would refund."}, call,
                            {"tool_calls": [{"name": "propose", "arguments": {"amount": 40, "reason": "x"}}]}],
                           profile="anthropic")
-    eng.run(task_id, model=model)  # the tool state's tool is not in a catalog: it fails, the task waits
-    assert [e.trigger for e in eng.history(task_id)] == ["start", "repair", "repair", "propose", "failed"]
+    with pytest.raises(Refused) as raised:  # the tool state's tool is not in a catalog: a configuration error,
+        eng.run(task_id, model=model)  # which leaves the task where it is rather than failing it
+    assert raised.value.code is Code.TOOL_NOT_FOUND
+    assert [e.trigger for e in eng.history(task_id)] == ["start", "repair", "repair", "propose"]
+    assert eng.get(task_id).state == "auto_refund"
     assert eng.replay(task_id).ok
 
 
@@ -354,7 +347,9 @@ PAYLOADS: dict[str, Callable[[Draw, TaskState], dict[str, Any] | None]] = {
                                "reason": "r"},
     "cancel": lambda draw, t: {"reason": "stop"},
 }
-NOT_RANDOM = {CALL, RECONCILE}  # tool protocol steps carry the intent they record; covered by the shop test
+# Tool protocol steps carry the intent they record, and a cancel request or a settlement needs a write in flight:
+# covered by the shop and effects tests.
+NOT_RANDOM = {CALL, RECONCILE, CANCEL_REQUESTED, SETTLE}
 
 
 def random_run(draw: Draw, eng: Engine) -> tuple[str, list[TaskState]]:

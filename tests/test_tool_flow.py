@@ -109,20 +109,29 @@ def test_injected_instructions_in_a_tool_result_change_nothing(eng: Engine) -> N
     assert [t.name for t in request.tools] == ["query_order", "propose_refund"]
 
 
-def test_a_late_outcome_after_cancel_is_refused(eng: Engine, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cancel_while_the_payment_is_in_flight_waits_for_its_outcome(eng: Engine, ledger: Ledger,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = to_approval(eng)
     eng.approve(task_id, actor="dana", prepared_digest=eng.load(task_id).prepared["digest"])  # type: ignore[index]
     from engine.tools.execute import execute as real_execute
 
+    seen: list[Any] = []
+
     def cancel_while_running(tool: Any, prepared: Any) -> Any:
         outcome = real_execute(tool, prepared)
-        eng.cancel(task_id, actor="ann", reason="customer called")
+        seen.append(eng.cancel(task_id, actor="ann", reason="customer called"))
         return outcome
 
     monkeypatch.setattr("engine.tool_runner.execute", cancel_while_running)
     task = eng.run(task_id)
+    # The cancel was recorded while the call ran, and took effect once the payment's outcome was on record.
+    assert seen[0].state == "executing" and seen[0].cancel_requested["actor"] == "ann"
     assert task.state == "cancelled"
-    assert [e.trigger for e in eng.history(task_id)][-2:] == ["call", "cancel"]
+    events = eng.history(task_id)
+    assert [e.trigger for e in events][-3:] == ["call", "cancel_requested", "succeeded"]
+    assert events[-1].data["outcome"]["outcome"] == "succeeded"  # the log says the money moved
+    assert len(ledger.executions()) == 1
+    assert eng.replay(task_id).ok
 
 
 # -- SIGKILL at each point of the write protocol ------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from engine.api.http_errors import STATUS_BY_CODE
-from engine.cli import AUDIT_CODES, EXIT_AUDIT, EXIT_REFUSED
+from engine.cli import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_REFUSED, EXIT_USAGE
 from engine.errors import CODE_REFERENCE, Code
 
 START = "<!-- codes:start -->"
@@ -27,15 +27,17 @@ END = "<!-- codes:end -->"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 
 #: What `replay`, `verify-export` and `ReplayReport.findings` report (engine.replay, engine.export, engine.archive).
-REPLAY_FINDINGS = (Code.HASH_MISMATCH, Code.SEQ_GAP, Code.ILLEGAL_TRANSITION, Code.STATE_MISMATCH,
-                   Code.SNAPSHOT_MISMATCH, Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED, Code.ARCHIVE_MISSING)
+REPLAY_FINDINGS = (Code.HASH_MISMATCH, Code.SEQ_GAP, Code.ILLEGAL_TRANSITION, Code.INTENT_UNSETTLED,
+                   Code.OUTCOME_WITHOUT_INTENT, Code.STATE_MISMATCH, Code.SNAPSHOT_MISMATCH, Code.DEFINITION_MISSING,
+                   Code.DEFINITION_CHANGED, Code.ARCHIVE_MISSING)
 
 #: The exception classes and the codes each carries (the codes are passed where they are raised).
 CLASSES = (
     ("`Refused`", "a request understood and declined, the log unchanged: the codes not listed below"),
     ("`DefinitionError`", "`DEFINITION_INVALID`; `.problems` lists every defect"),
-    ("`ConcurrencyConflict`", "`CONCURRENCY_CONFLICT`; `.expected` and `.actual` seq. Its subclass `LeaseLost`: "
-                            "`LEASE_LOST`"),
+    ("`ConcurrencyConflict`", "`CONCURRENCY_CONFLICT`; `.expected` and `.actual` seq, and `.state` (in "
+                            "`details['state']`): where the task is now, when a human command found it moved. "
+                            "Its subclass `LeaseLost`: `LEASE_LOST`"),
     ("`StoreError`", "`DATABASE_ERROR`, `SCHEMA_MISSING`"),
     ("`IntegrityError`", "a stored log that does not hold together: `HASH_MISMATCH`, `SEQ_GAP`, `STATE_MISMATCH`, "
                        "`SNAPSHOT_MISMATCH`, `ARCHIVE_MISSING` (and from `archive`, the first finding of a file "
@@ -64,9 +66,10 @@ renamed or reused, and messages may change.
 
 - **CLI**: the code and the message are printed on stderr as `CODE: message`.
   The exit status is {exit_audit} for {audit_codes} (a log that does not hold
-  together) and {exit_refused} for every other code. `replay` and `verify-export`
-  exit {exit_audit} on any finding. Usage errors (a missing argument, `--payload`
-  that is not a JSON object) exit 2 and carry no code. See
+  together), {exit_usage} for {config_codes} (the process is set up wrong, like a
+  usage error) and {exit_refused} for every other code. `replay` and
+  `verify-export` exit {exit_audit} on any finding. Usage errors (a missing
+  argument, `--payload` that is not a JSON object) exit {exit_usage} and carry no code. See
   [operations](operations.md#cli-exit-codes).
 - **HTTP API**: the same JSON body, with the status in the table below
   (`engine.api.http_errors.STATUS_BY_CODE`); see [the API](api.md#errors).
@@ -122,7 +125,7 @@ def render_table() -> str:
     rows = ["| code | meaning | CLI | HTTP |", "| --- | --- | --- | --- |"]
     for code in Code:
         text = " ".join(CODE_REFERENCE[code].split()).replace("|", "\\|")
-        exit_status = EXIT_AUDIT if code in AUDIT_CODES else EXIT_REFUSED
+        exit_status = EXIT_AUDIT if code in AUDIT_CODES else EXIT_USAGE if code in CONFIG_CODES else EXIT_REFUSED
         rows.append(f"| `{code}` | {text} | {exit_status} | {STATUS_BY_CODE[code]} |")
     return "\n".join(rows)
 
@@ -134,6 +137,8 @@ def render_document() -> str:
         classes=classes,
         exit_audit=EXIT_AUDIT,
         exit_refused=EXIT_REFUSED,
+        exit_usage=EXIT_USAGE,
+        config_codes=_codes(code for code in Code if code in CONFIG_CODES),
         audit_codes=_codes(code for code in Code if code in AUDIT_CODES),
         replay_findings=_codes(REPLAY_FINDINGS),
     )

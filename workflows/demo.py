@@ -13,10 +13,12 @@ model gets.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,8 +167,14 @@ class Demo:
         exe = Path(sys.executable).with_name("railyard")
         command = [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
         env = {**os.environ, "RAILYARD_DATABASE_URL": self.database_url}
-        done = subprocess.run([*command, "worker", "--once", "--workflows", "refund", "--lease-seconds",
-                               str(CRASH_LEASE_SECONDS)], env=env, capture_output=True, text=True, timeout=120)
+        # The task is at its payment: the worker needs no model turn, but a worker serving agent states refuses
+        # to start without a model, so it gets one with nothing to say.
+        with tempfile.TemporaryDirectory() as folder:
+            silent = Path(folder) / "silent.json"
+            silent.write_text(json.dumps({"turns": []}))
+            done = subprocess.run([*command, "worker", "--once", "--workflows", "refund", "--lease-seconds",
+                                   str(CRASH_LEASE_SECONDS), "--model", f"scripted:{silent}"], env=env,
+                                  capture_output=True, text=True, timeout=120)
         return done.returncode
 
     # -- audit ----------------------------------------------------------

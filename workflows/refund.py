@@ -71,6 +71,11 @@ class Rejection(BaseModel):
     reason: str = Field(min_length=1, max_length=300)
 
 
+class Acknowledgement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str = Field(min_length=1, max_length=500, description="What was done about it (the customer told, ...).")
+
+
 class CustomerReply(BaseModel):
     model_config = ConfigDict(extra="forbid")
     message: str = Field(min_length=1, max_length=2000)
@@ -86,6 +91,10 @@ def _refund_workflow(version: int, tools: ToolCatalog, request: type[RefundReque
                     + note,
         input=RefundInput,
         tools=tools,
+        # A cancel that arrives while the payment is in flight waits for its outcome; if the money went out, a
+        # refund approver sees it here instead of the task quietly ending `cancelled`.
+        effect_after_cancel="paid_after_cancel",
+        settle_role=APPROVER,
         states=[
             Agent(
                 "collecting_information",
@@ -128,6 +137,10 @@ def _refund_workflow(version: int, tools: ToolCatalog, request: type[RefundReque
             Wait("needs_human", description="A person takes over: the agent gave up, or nobody approved in time.",
                  actions=[Action("reopen", "collecting_information", guards=[no_payment_attempted], role=APPROVER),
                           Action("close", "rejected", Rejection, role=APPROVER)]),
+            Wait("paid_after_cancel",
+                 description="The task was cancelled while the payment was in flight, and the provider paid: the "
+                             "outcome event names the action id and the amount. Tell the customer, then close it.",
+                 actions=[Action("acknowledge", "completed", Acknowledgement, role=APPROVER)]),
             Terminal("completed", description="The refund was paid."),
             Terminal("rejected", description="No refund."),
         ],

@@ -3,7 +3,9 @@
 The JSON API lives under /api (its OpenAPI document at /api/openapi.json); the
 pages are everything else. Both raise the engine's `RailyardError`s; the
 handlers here turn them into the JSON error body (API) or an error page (pages)
-with the status `http_errors.STATUS_BY_CODE` gives.
+with the status `http_errors.STATUS_BY_CODE` gives (412 for a failed If-Match).
+In front of them all, `limits.RequestLimits` authenticates API calls before
+their body is read and refuses bodies over `max_body` bytes (413).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from engine.api import approval_routes, page_routes, task_routes, workflow_route
 from engine.api.auth import LoginRequired
 from engine.api.context import Context
 from engine.api.headers import SecurityHeaders
-from engine.api.http_errors import error_body, status_of, validation_body
+from engine.api.http_errors import error_body, status_for, validation_body
+from engine.api.limits import OPENAPI_URL, RequestLimits, is_api
 from engine.api.session import Signer
+from engine.api.settings import DEFAULT_MAX_BODY
 from engine.api.templating import STATIC, render
 from engine.api.tokens import TokenTable
 from engine.core import Engine
@@ -29,24 +33,26 @@ from engine.errors import Code, RailyardError, Refused
 
 log = logging.getLogger("railyard.api")
 
-API_PREFIX = "/api"
-
 
 def create_app(engine: Engine, tokens: TokenTable, *, session_secret: str | None = None,
-               secure_cookies: bool = False) -> FastAPI:
+               secure_cookies: bool = False, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
     """The application over `engine`. Its authoriser should be `tokens` (what `railyard serve` builds), so the
     roles the engine checks are the roles the tokens file gives; `session_secret` signs the page cookies (a
-    random one per process if None: sessions then end when the server restarts)."""
+    random one per process if None: sessions then end when the server restarts); `max_body` is the largest
+    request body read, in bytes (`railyard serve` takes it from RAILYARD_API_MAX_BODY)."""
+    if max_body < 1:
+        raise ValueError(f"max_body must be a positive number of bytes, not {max_body}")
     app = FastAPI(
         title="Railyard",
         version="1",
         description="Tasks as versioned state machines over a hash-chained log: start, signal, approve, audit.",
         docs_url=None,  # Swagger UI loads scripts from a CDN and runs inline script: not under this CSP
         redoc_url=None,
-        openapi_url=f"{API_PREFIX}/openapi.json",
+        openapi_url=OPENAPI_URL,
     )
     app.state.railyard = Context(engine, tokens, Signer(session_secret), secure_cookies)
-    app.add_middleware(SecurityHeaders)
+    app.add_middleware(RequestLimits, tokens=tokens, max_body=max_body)
+    app.add_middleware(SecurityHeaders)  # added last, so outermost: on the limits' own answers too
     app.include_router(task_routes.router)
     app.include_router(approval_routes.router)
     app.include_router(workflow_routes.router)
@@ -57,13 +63,13 @@ def create_app(engine: Engine, tokens: TokenTable, *, session_secret: str | None
 
 
 def _is_api(request: Request) -> bool:
-    return request.url.path.startswith(API_PREFIX + "/") or request.url.path == API_PREFIX
+    return is_api(request.url.path)
 
 
 def _handlers(app: FastAPI) -> None:
     @app.exception_handler(RailyardError)
     async def refused(request: Request, error: RailyardError) -> Response:
-        status = status_of(error.code)
+        status = status_for(error)
         if status >= 500:
             log.error("%s %s: %s", request.method, request.url.path, error)
         headers = {"WWW-Authenticate": "Bearer"} if error.code is Code.ACTOR_REQUIRED and _is_api(request) else None

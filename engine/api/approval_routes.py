@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from engine.api.auth import Ctx, Reader, Writer
+from engine.api.preconditions import IfMatch, acting_on, precondition, task_body
 from engine.api.responses import errors
 from engine.api.schemas import TASK_ID_PATTERN, ApproveRequest, PendingApproval, RejectRequest, TaskBody
 
@@ -31,15 +32,26 @@ def approvals(
     return ctx.engine.approvals(role=role)
 
 
-@router.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=errors(401, 403, 404, 409, 422))
-def approve(task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer) -> dict[str, Any]:
-    """Approve the prepared call whose digest the body names. Two approvers at once: one decision, the other 409."""
-    task = ctx.engine.approve(task_id, actor=who.actor, prepared_digest=body.digest, comment=body.comment)
-    return ctx.engine.view(task).to_dict()
+DECISION_ERRORS = errors(401, 403, 404, 409, 412, 413, 422, tagged=200)
 
 
-@router.post("/tasks/{task_id}/reject", response_model=TaskBody, responses=errors(401, 403, 404, 409, 422))
-def reject(task_id: TaskId, body: RejectRequest, ctx: Ctx, who: Writer) -> dict[str, Any]:
+@router.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=DECISION_ERRORS)
+def approve(task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response,
+            if_match: IfMatch = None) -> dict[str, Any]:
+    """Approve the prepared call whose digest the body names. Two approvers at once: one decision, the other 409
+    (412 if it sent If-Match)."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.approve(task_id, actor=who.actor, prepared_digest=body.digest, comment=body.comment,
+                                  expected_seq=pre.expected_seq)
+    return task_body(response, ctx.engine.view(task))
+
+
+@router.post("/tasks/{task_id}/reject", response_model=TaskBody, responses=DECISION_ERRORS)
+def reject(task_id: TaskId, body: RejectRequest, ctx: Ctx, who: Writer, response: Response,
+           if_match: IfMatch = None) -> dict[str, Any]:
     """Reject the decision the task waits on; the reason is recorded with it."""
-    task = ctx.engine.reject(task_id, actor=who.actor, reason=body.reason)
-    return ctx.engine.view(task).to_dict()
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.reject(task_id, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq)
+    return task_body(response, ctx.engine.view(task))

@@ -14,7 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from engine.api.context import Context, context
 from engine.api.session import SESSION_COOKIE, SessionData
-from engine.api.tokens import AUDITOR, Principal
+from engine.api.tokens import AUDITOR, Principal, TokenTable
 from engine.errors import Code, Refused
 
 #: Declares the bearer scheme in the OpenAPI document; missing or malformed headers are refused below, not here.
@@ -25,16 +25,32 @@ def _no_actor(message: str) -> Refused:
     return Refused(message, code=Code.ACTOR_REQUIRED)
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header; None if there is none, or another scheme, or blank."""
+    if not authorization:
+        return None
+    scheme, _, param = authorization.partition(" ")
+    token = param.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def authenticate(tokens: TokenTable, token: str | None) -> Principal:
+    """The principal of a presented bearer token, or ACTOR_REQUIRED. The request-limits middleware calls this
+    before any body is read, and the route dependencies below again: one answer for both."""
+    if token is None:
+        raise _no_actor("a bearer token is required (Authorization: Bearer TOKEN)")
+    principal = tokens.authenticate(token)
+    if principal is None:
+        raise _no_actor("the bearer token is not one this server knows")
+    return principal
+
+
 def api_principal(
     ctx: Annotated[Context, Depends(context)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    if credentials is None or not credentials.credentials.strip():
-        raise _no_actor("a bearer token is required (Authorization: Bearer TOKEN)")
-    principal = ctx.tokens.authenticate(credentials.credentials.strip())
-    if principal is None:
-        raise _no_actor("the bearer token is not one this server knows")
-    return principal
+    token = credentials.credentials.strip() if credentials is not None else ""
+    return authenticate(ctx.tokens, token or None)
 
 
 def require_writer(principal: Principal) -> Principal:

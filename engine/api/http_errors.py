@@ -29,6 +29,8 @@ _STATUS: dict[Code, int] = {
     Code.TASK_TERMINAL: 409,
     Code.TRIGGER_NOT_ALLOWED: 409,
     Code.STATE_NOT_AGENT: 409,
+    # A write's outcome is open: the task waits for it to settle (a retry reconciles, or an operator settles it).
+    Code.OUTCOME_UNSETTLED: 409,
     # A task pinned to a version this server's code does not define (or defines differently): a deployment
     # conflict, not a client error; another server that runs that version can answer it.
     Code.DEFINITION_MISSING: 409,
@@ -82,6 +84,8 @@ _STATUS: dict[Code, int] = {
     Code.HASH_MISMATCH: 500,
     Code.SEQ_GAP: 500,
     Code.ILLEGAL_TRANSITION: 500,
+    Code.INTENT_UNSETTLED: 500,
+    Code.OUTCOME_WITHOUT_INTENT: 500,
     Code.STATE_MISMATCH: 500,
     Code.SNAPSHOT_MISMATCH: 500,
     Code.ARCHIVE_MISSING: 500,
@@ -93,6 +97,20 @@ STATUS_BY_CODE: Mapping[Code, int] = MappingProxyType(_STATUS)
 
 def status_of(code: Code) -> int:
     return STATUS_BY_CODE.get(code, 500)
+
+
+class PreconditionFailed(RailyardError):
+    """A command sent with `If-Match` found the task at another seq than the ETag named: 412, not the table's
+    409 for CONCURRENCY_CONFLICT, because the client's own precondition failed (RFC 9110, 13.1.1). The code is
+    the same, so a client that branches on the code needs no new case."""
+
+    code = Code.CONCURRENCY_CONFLICT
+    status = 412
+
+
+def status_for(error: RailyardError) -> int:
+    """The HTTP status of a raised error: the table's, except for a failed If-Match precondition."""
+    return PreconditionFailed.status if isinstance(error, PreconditionFailed) else status_of(error.code)
 
 
 def error_body(error: RailyardError) -> dict[str, Any]:

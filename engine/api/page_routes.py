@@ -2,7 +2,10 @@
 
 Server-rendered, no JavaScript. Every POST carries the session's CSRF token;
 decisions are made by the same `Engine.approve` / `Engine.reject` the API
-calls, as the session's actor, and a refusal is shown with its code.
+calls, as the session's actor, and a refusal is shown with its code. Every
+decision form carries the seq the page was rendered at (`seq`): if the task
+moved since, the decision is refused (409 CONCURRENCY_CONFLICT, naming the
+state it is in now) instead of landing on a task the person did not see.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from engine.api.auth import Ctx, PageSession, Session, require_writer
 from engine.api.context import Context
 from engine.api.listing import TaskFilter, list_tasks
 from engine.api.pageviews import inbox, task_page
-from engine.api.schemas import NAME_PATTERN, STATE_PATTERN, TASK_ID_PATTERN
+from engine.api.preconditions import acting_on, precondition
+from engine.api.schemas import MAX_SEQ, NAME_PATTERN, STATE_PATTERN, TASK_ID_PATTERN
 from engine.api.session import LOGIN_COOKIE, LOGIN_SECONDS, SESSION_COOKIE, SESSION_SECONDS, same_token
 from engine.api.templating import render
 from engine.definition import Status
@@ -26,6 +30,9 @@ router = APIRouter(include_in_schema=False)
 
 TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN)]
 Csrf = Annotated[str, Form(max_length=200)]
+#: The seq a decision form was rendered at. Optional only so a hand-made post still gets the engine's own refusal;
+#: the pages always send it.
+Seq = Annotated[int | None, Form(ge=1, le=MAX_SEQ)]
 
 
 def _cookie(response: Response, ctx: Context, name: str, value: str, max_age: int) -> None:
@@ -113,19 +120,22 @@ def task_page_view(request: Request, task_id: TaskId, ctx: Ctx, session: PageSes
 @router.post("/tasks/{task_id}/approve")
 def approve(request: Request, task_id: TaskId, ctx: Ctx, session: PageSession, csrf: Csrf,
             digest: Annotated[str, Form(max_length=64)] = "",
-            comment: Annotated[str, Form(max_length=2000)] = "") -> Response:
+            comment: Annotated[str, Form(max_length=2000)] = "", seq: Seq = None) -> Response:
     _check_csrf(session, csrf)
     require_writer(session.principal)
-    ctx.engine.approve(task_id, actor=session.principal.actor, prepared_digest=digest or None, comment=comment)
+    pre = precondition(None, seq)
+    with acting_on(ctx.engine, task_id, pre):
+        ctx.engine.approve(task_id, actor=session.principal.actor, prepared_digest=digest or None, comment=comment,
+                           expected_seq=pre.expected_seq)
     return RedirectResponse(f"/tasks/{task_id}?done=approved", status_code=303)
 
 
 @router.post("/tasks/{task_id}/reject")
 def reject(request: Request, task_id: TaskId, ctx: Ctx, session: PageSession, csrf: Csrf,
-           reason: Annotated[str, Form(min_length=1, max_length=2000)]) -> Response:
+           reason: Annotated[str, Form(min_length=1, max_length=2000)], seq: Seq = None) -> Response:
     _check_csrf(session, csrf)
     require_writer(session.principal)
-    ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason)
+    pre = precondition(None, seq)
+    with acting_on(ctx.engine, task_id, pre):
+        ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
     return RedirectResponse(f"/tasks/{task_id}?done=rejected", status_code=303)
-
-

@@ -36,6 +36,8 @@ class ApprovalView:
     task_id: str
     workflow: str
     state: str
+    #: The seq the page was rendered at: the forms send it back, so a decision lands only on the task as shown.
+    seq: int
     role: str
     started_by: str
     proposed_by: str | None
@@ -88,6 +90,7 @@ def approval_view(engine: Engine, definition: Workflow, task: TaskState, events:
         task_id=pending["task_id"],
         workflow=pending["workflow"],
         state=pending["state"],
+        seq=task.seq,
         role=pending["role"],
         started_by=pending["started_by"],
         proposed_by=pending["proposed_by"],

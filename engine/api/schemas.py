@@ -47,11 +47,19 @@ class StartRequest(_Request):
         return _finite(value)
 
 
+MAX_SEQ = 2**31 - 1
+
+
+def _expected_seq() -> Any:
+    return Field(default=None, ge=1, le=MAX_SEQ,
+                 description="Refuse (409) unless the task is at this seq; the If-Match header does the same "
+                             "with 412.")
+
+
 class SignalRequest(_Request):
     trigger: str = Field(pattern=NAME_PATTERN, description="A trigger the task's current state allows.")
     payload: dict[str, Any] | None = Field(default=None, description="The trigger's arguments.")
-    expected_seq: int | None = Field(default=None, ge=1, le=2**31 - 1,
-                                     description="Refuse (409) if the task has moved past this seq.")
+    expected_seq: int | None = _expected_seq()
 
     @field_validator("payload")
     @classmethod
@@ -61,6 +69,7 @@ class SignalRequest(_Request):
 
 class CancelRequest(_Request):
     reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the log.")
+    expected_seq: int | None = _expected_seq()
 
 
 class ApproveRequest(_Request):
@@ -69,16 +78,41 @@ class ApproveRequest(_Request):
         description="The digest of the prepared call the approver reviewed (null only if the task has none).",
     )
     comment: str = Field(default="", max_length=MAX_TEXT, description="Recorded with the decision.")
+    expected_seq: int | None = _expected_seq()
 
 
 class RejectRequest(_Request):
     reason: str = Field(min_length=1, max_length=MAX_TEXT, description="Why; recorded with the decision.")
+    expected_seq: int | None = _expected_seq()
+
+
+class SettleRequest(_Request):
+    outcome: Literal["executed", "not_executed"] = Field(
+        description="What the operator established happened to the unsettled write call.")
+    evidence: str = Field(min_length=1, max_length=500,
+                          description="What the assertion rests on (the provider's record, a ticket); recorded.")
+    expected_seq: int | None = _expected_seq()
 
 
 class ErrorBody(BaseModel):
     code: str | None = Field(description="A stable code from engine.errors.Code (null for an unknown URL or method).")
     message: str
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+class CancelRequested(BaseModel):
+    actor: str
+    reason: str
+    seq: int = Field(description="The event that recorded the request.")
+    at: str
+
+
+class Unsettled(BaseModel):
+    action_id: str
+    tool: str
+    state: str
+    status: Literal["pending", "unknown"] = Field(
+        description="pending: the call is in flight; unknown: it ended without a known outcome (settle it).")
 
 
 class TaskBody(BaseModel):
@@ -89,10 +123,15 @@ class TaskBody(BaseModel):
     state: str
     kind: str
     status: str
-    seq: int
+    seq: int = Field(description='The ETag of the response is this seq in double quotes ("7").')
     allowed: list[str]
     input: dict[str, Any]
     facts: dict[str, Any]
+    cancel_requested: CancelRequested | None = Field(
+        default=None, description="A cancel recorded while a write tool call is in flight: it takes effect when "
+                                  "the call settles.")
+    unsettled: Unsettled | None = Field(default=None,
+                                        description="The write tool call whose outcome is not settled, if any.")
 
 
 class TaskSummary(BaseModel):

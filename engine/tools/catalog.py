@@ -8,8 +8,10 @@ catalog version is caught like any other definition change.
 
 Every write tool must say how a lost outcome is recovered, because a worker
 that dies after the call and before recording the outcome must never simply
-call again: either the remote honours the idempotency key (`idempotent_remote`)
-or the tool answers `reconcile(action_id)`.
+call again: either the remote honours the idempotency key (`idempotent_remote`),
+or the tool answers `reconcile(action_id)`, or, for a remote that can do
+neither, `operator_settles`: a lost outcome waits for a person to record what
+they verified (`Engine.settle`), and only "not executed" sends it again.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class ToolDef:
     #: How many times in all a read tool may run for one prepared call (writes are never blindly repeated).
     max_attempts: int = 3
     description: str = ""
+    #: The remote can neither deduplicate nor be asked: a lost outcome is settled by an operator's assertion.
+    operator_settles: bool = False
 
     def spec(self) -> dict[str, Any]:
         """The digest-relevant content: what the model sees and how the engine treats the tool."""
@@ -123,6 +127,8 @@ class ToolDef:
             "idempotent_remote": self.idempotent_remote,
             "reconcile": self.reconcile is not None,
             "max_attempts": self.max_attempts,
+            # Added later, present only when set: the digests of catalogs that do not use it stay put.
+            **({"operator_settles": True} if self.operator_settles else {}),
         }
 
     def problems(self) -> list[str]:
@@ -153,9 +159,10 @@ class ToolDef:
             out.append(f"{where}: timeout must be a positive number of seconds")
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             out.append(f"{where}: max_attempts must be an integer >= 1")
-        if self.kind is ToolKind.WRITE and not self.idempotent_remote and self.reconcile is None:
-            out.append(f"{where}: a write tool needs idempotent_remote=True or a reconcile function, "
-                       "so a lost outcome is never settled by calling again")
+        if (self.kind is ToolKind.WRITE and not self.idempotent_remote and self.reconcile is None
+                and not self.operator_settles):
+            out.append(f"{where}: a write tool needs idempotent_remote=True, a reconcile function or "
+                       "operator_settles=True, so a lost outcome is never settled by calling again")
         if not out:
             try:
                 canonical_json(self.spec())

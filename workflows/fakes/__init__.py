@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from workflows.fakes.backend import Backend, backend, bind, close
 from workflows.fakes.errors import Declined, NotFound
-from workflows.fakes.faults import FAULTS, OPERATIONS, Fault, arm
+from workflows.fakes.faults import FAULTS, OPERATIONS, Fault, arm, held, release
 from workflows.fakes.orders import Order, Orders
 from workflows.fakes.payments import Payments, Refund
 from workflows.fakes.tickets import Ticket, Tickets
@@ -47,6 +47,14 @@ class Systems:
     def arm(self, operation: str, fault: Fault, times: int = 1) -> None:
         """The next `times` calls of `operation` (see `OPERATIONS`) suffer `fault` (see `FAULTS`)."""
         arm(self.backend, operation, fault, times)
+
+    def held(self, operation: str) -> bool:
+        """Whether a call of `operation` armed with `hold_before`/`hold_after` is waiting now."""
+        return held(self.backend, operation)
+
+    def release(self, operation: str) -> None:
+        """Let the held call of `operation` go on."""
+        release(self.backend, operation)
 
     def reset(self) -> None:
         """Back to the seed data, with no fault armed."""

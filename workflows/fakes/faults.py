@@ -7,7 +7,10 @@ worker running in another process. Each names where in the call it strikes:
   `unavailable` (connection refused), `remote_error` (a clear refusal: nothing
   happened), `crash_before` (the calling process dies: SIGKILL);
 - after the remote acted: `lost_reply` (the answer never arrives), `crash_after`
-  (the calling process dies before it can record the answer).
+  (the calling process dies before it can record the answer);
+- held: `hold_before` and `hold_after` keep the call waiting, before or after the
+  remote acts, until a test calls `release` (or most of the caller's timeout has
+  passed), so a test can act while the call is in flight; `held` says when one is.
 
 The crash faults kill the process that calls the fake, so arm them only for a
 worker running in a process of its own.
@@ -26,8 +29,14 @@ from workflows.fakes.backend import Backend
 from workflows.fakes.errors import Declined
 from workflows.fakes.schema import faults
 
-Fault = Literal["timeout", "unavailable", "remote_error", "lost_reply", "crash_before", "crash_after"]
-FAULTS: tuple[Fault, ...] = ("timeout", "unavailable", "remote_error", "lost_reply", "crash_before", "crash_after")
+Fault = Literal["timeout", "unavailable", "remote_error", "lost_reply", "crash_before", "crash_after",
+                "hold_before", "hold_after"]
+FAULTS: tuple[Fault, ...] = ("timeout", "unavailable", "remote_error", "lost_reply", "crash_before", "crash_after",
+                             "hold_before", "hold_after")
+#: A held call lets go by itself after this share of the caller's timeout, so it still answers in time.
+HOLD_SHARE = 0.9
+#: Marker rows (never taken as faults: nothing remains of them): a call is held; a test released it.
+_HELD, _RELEASED = "held", "released"
 #: The operations a fault can be armed on.
 OPERATIONS = ("orders.get", "payments.refund", "payments.lookup", "tickets.get")
 #: How far past the caller's timeout a `timeout` fault keeps it waiting.
@@ -80,3 +89,30 @@ def strike_after(fault: Fault | None) -> None:
     if fault == "crash_after":
         os.kill(os.getpid(), signal.SIGKILL)
 
+
+
+def hold(backend: Backend, operation: str, timeout: float) -> None:
+    """Wait, saying so, until a test releases `operation` or most of `timeout` is gone."""
+    with backend.write() as conn:
+        conn.execute(insert(faults).values(operation=operation, fault=_HELD, remaining=0))
+    until = time.monotonic() + timeout * HOLD_SHARE
+    while time.monotonic() < until:
+        with backend.read() as conn:
+            found = conn.execute(select(faults.c.id).where(faults.c.operation == operation,
+                                                           faults.c.fault == _RELEASED)).first()
+        if found is not None:
+            return
+        time.sleep(0.01)
+
+
+def held(backend: Backend, operation: str) -> bool:
+    """Whether a call of `operation` is being held now (or was, and has not been released)."""
+    with backend.read() as conn:
+        return conn.execute(select(faults.c.id).where(faults.c.operation == operation,
+                                                      faults.c.fault == _HELD)).first() is not None
+
+
+def release(backend: Backend, operation: str) -> None:
+    """Let the held call of `operation` go on."""
+    with backend.write() as conn:
+        conn.execute(insert(faults).values(operation=operation, fault=_RELEASED, remaining=0))

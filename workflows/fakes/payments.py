@@ -20,7 +20,7 @@ from sqlalchemy import Connection, func, insert, select, update
 from engine.canonical import now, utc
 from workflows.fakes.backend import Backend
 from workflows.fakes.errors import Declined
-from workflows.fakes.faults import strike_after, strike_before, take
+from workflows.fakes.faults import hold, strike_after, strike_before, take
 from workflows.fakes.schema import orders, payment_requests, refunds
 
 
@@ -48,6 +48,8 @@ class Payments:
         if fault == "remote_error":
             self._record_only(idempotency_key, order_id, amount, "declined", "remote_error")
         strike_before(fault, timeout)
+        if fault == "hold_before":
+            hold(self.backend, "payments.refund", timeout)
         declined: Declined | None = None
         result: Refund | None = None
         with self.backend.write() as conn:
@@ -75,6 +77,8 @@ class Payments:
         if declined is not None:
             raise declined
         assert result is not None
+        if fault == "hold_after":
+            hold(self.backend, "payments.refund", timeout)
         strike_after(fault)
         return result
 

@@ -1,0 +1,129 @@
+"""What a task's write calls have come to, and the cancel requested while one was in flight: pure, folded from the log.
+
+A write is *unsettled* from the event that records its intent (`call`) until an
+outcome says what the remote did: `succeeded` or `failed` from the call or from
+`reconcile(action_id)`, a reconciled `not_found`, or an operator's recorded
+assertion (`settle`: executed, or not executed). An `unknown` outcome leaves it
+unsettled. While a write is unsettled the task cannot become terminal: a
+`cancel` is recorded as `cancel_requested` and takes effect when the write
+settles (to `cancelled` if nothing happened, to the workflow's
+`effect_after_cancel` state if the effect did happen).
+
+The built-in guards below route those transitions. Their names are recorded in
+the log and checked by replay, so they are given names that do not depend on
+the module they live in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.canonical import format_instant
+from engine.events import Event
+
+#: The built-in triggers of this module: a cancel recorded while a write is unsettled, and an operator's assertion.
+CANCEL_REQUESTED = "cancel_requested"
+SETTLE = "settle"
+#: The statuses of a write that leave its outcome open.
+OPEN = frozenset({"pending", "unknown"})
+#: A write's status, after the last event about its action id.
+Status = Literal["pending", "unknown", "succeeded", "failed", "executed", "not_executed"]
+
+
+class SettleArgs(BaseModel):
+    """What an operator verified about a write whose outcome is unknown, and where the proof is."""
+
+    model_config = ConfigDict(extra="forbid")
+    outcome: Literal["executed", "not_executed"]
+    evidence: str = Field(min_length=1, max_length=500, description="Where the verification can be checked.")
+
+
+def is_open(effect: dict[str, Any] | None) -> bool:
+    """Whether `effect` (a `TaskState.effect`) is a write whose outcome is not settled."""
+    return effect is not None and effect.get("status") in OPEN
+
+
+def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] | None:
+    """The newest write's record after `event`: its action id, tool, the tool state that made it, and its status."""
+    data, trigger = event.data, event.trigger
+    if trigger == "call":
+        intent = data["intent"]
+        if intent.get("kind") != "write":
+            return effect
+        return {"action_id": intent["action_id"], "tool": intent["tool"], "state": event.from_state,
+                "status": "pending", "requested_at": data.get("requested_at")}
+    if effect is None or data.get("action_id", _action_of(data)) != effect["action_id"]:
+        return effect
+    if trigger in ("succeeded", "failed", "unknown"):
+        return {**effect, "status": trigger}
+    if trigger == "reconcile" and (data.get("reconciled") or {}).get("outcome") == "not_found":
+        return {**effect, "status": "not_executed"}
+    settled = data.get("settled")
+    if trigger == SETTLE and isinstance(settled, dict):
+        return {**effect, "status": settled["outcome"], "evidence": settled.get("evidence"), "by": event.actor}
+    return effect
+
+
+def _action_of(data: dict[str, Any]) -> Any:
+    """The action id a `reconcile` or `settle` event names (they carry it inside their own record)."""
+    for key in ("reconciled", "settled"):
+        inner = data.get(key)
+        if isinstance(inner, dict) and "action_id" in inner:
+            return inner["action_id"]
+    return None
+
+
+def next_cancel_request(request: dict[str, Any] | None, event: Event,
+                        effect: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Who asked for the cancel that waits for a write to settle, why, and when (None: no cancel waits).
+
+    `effect` is the write's record after `event`. The request is answered by the transition that leaves the
+    state once the write is settled (to `cancelled`, or to the workflow's `effect_after_cancel` state); until
+    then it stands, through an `unknown` outcome and a retry too.
+    """
+    if event.trigger == CANCEL_REQUESTED:
+        args = event.data.get("args") or {}
+        return {"actor": event.actor, "reason": args.get("reason", ""), "seq": event.seq,
+                "at": format_instant(event.at)}
+    if request is not None and not is_open(effect) and event.to_state != event.from_state:
+        return None
+    return request
+
+
+# -- built-in guards: module and name fixed, because the log records them -----------------------------------------
+def _builtin(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    fn.__module__ = "railyard"
+    fn.__qualname__ = fn.__name__
+    return fn
+
+
+@_builtin
+def write_unsettled(ctx: Any) -> str | None:
+    """A cancel becomes a request, and a settlement is possible, only while a write's outcome is open."""
+    return None if is_open(ctx.task.effect) else "no write of this task is waiting for its outcome"
+
+
+@_builtin
+def cancel_was_requested(ctx: Any) -> str | None:
+    """The outcome of a write in flight when a cancel was requested leads where the cancel says."""
+    effect = ctx.task.effect
+    if ctx.task.cancel_requested is None or not is_open(effect) or effect.get("state") != ctx.task.state:
+        return "no cancel waits for a write of this state"
+    return None
+
+
+@_builtin
+def cancel_requested_and_executed(ctx: Any) -> str | None:
+    if ctx.task.cancel_requested is None or not is_open(ctx.task.effect):
+        return "no cancel waits for this write"
+    return None if getattr(ctx.args, "outcome", None) == "executed" else "the write was not executed"
+
+
+@_builtin
+def cancel_requested_and_not_executed(ctx: Any) -> str | None:
+    if ctx.task.cancel_requested is None or not is_open(ctx.task.effect):
+        return "no cancel waits for this write"
+    return None if getattr(ctx.args, "outcome", None) == "not_executed" else "the write was executed"
