@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,13 +22,13 @@ from pydantic import BaseModel
 
 from engine import config
 from engine.approvals import DECISIONS
-from engine.canonical import GENESIS_HASH, canonical_json, now
+from engine.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.decide import Decision, decide, validate_payload
 from engine.definition import CANCEL, MIGRATE, START, Approval, StateKind, Workflow
-from engine.effects import SETTLE
+from engine.effects import SETTLE, may_still_land
 from engine.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
 from engine.events import Event, seal
-from engine.fold import TaskState, apply, fold, pinned_at_start
+from engine.fold import TaskState, apply, fold, pinned_at_start, predates_effects
 from engine.leases import current_epoch
 from engine.model.types import ModelAdapter
 from engine.registry import Registry
@@ -386,11 +386,36 @@ class Engine:
         definition = self.definition_of(task)
         decision = decide(definition, task, SETTLE, {"outcome": outcome, "evidence": evidence}, actor=actor,
                           roles=self.authoriser.roles_of(actor), system=True)
+        running = self._attempt_running(definition, task)
+        if running is not None:
+            raise Refused(f"write {unsettled['tool']} (action {unsettled['action_id']}) may still be running "
+                          f"({running}): what it did cannot be verified yet; settle it once it can no longer land",
+                          code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, unsettled=dict(unsettled))
         args = decision.data.get("args") or {}
         settled = {"action_id": unsettled["action_id"], "tool": unsettled["tool"], "outcome": args["outcome"],
                    "evidence": args["evidence"], "was": unsettled["status"]}
         decision = replace(decision, data={**decision.data, "settled": settled})
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
+
+    def _attempt_running(self, definition: Workflow, task: TaskState) -> str | None:
+        """Why the open write's last attempt may still be in flight (a worker holds the task, or its call has not
+        timed out yet), or None: an operator's settlement must not race the call it settles."""
+        effect = task.unsettled or {}
+        row = self.store.row(task.task_id)
+        at = now()
+        if row is not None and row.lease_owner is not None and row.lease_expires_at is not None \
+                and row.lease_expires_at > at:
+            return f"worker {row.lease_owner} holds the task"
+        requested = effect.get("requested_at") if may_still_land(task.unsettled) else None
+        tools = definition.tools
+        if isinstance(requested, str) and tools is not None and effect.get("tool") in tools:
+            from engine.tool_runner import SETTLE_MARGIN_SECONDS
+
+            until = parse_instant(requested) + timedelta(seconds=tools.get(str(effect["tool"])).timeout
+                                                         + SETTLE_MARGIN_SECONDS)
+            if at < until:
+                return f"its call may land until {format_instant(until)}"
+        return None
 
     def _as_seen(self, task_id: str, expected_seq: int | None) -> TaskState:
         """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one."""
@@ -628,7 +653,10 @@ class Engine:
         row = loaded.row
         if loaded.snapshot is not None:
             try:
-                start = TaskState.from_doc(json.loads(loaded.snapshot.doc))
+                doc = json.loads(loaded.snapshot.doc)
+                if predates_effects(doc):
+                    raise ValueError("it predates folded write outcomes")
+                start = TaskState.from_doc(doc)
                 if (start.task_id, start.seq, start.last_hash) != (row.task_id, loaded.snapshot.seq,
                                                                     loaded.snapshot.hash):
                     raise IntegrityError("snapshot header disagrees with its row", code=Code.SNAPSHOT_MISMATCH)

@@ -136,7 +136,7 @@ def decide(
                 to_state = action.risk_target
                 data["risk"] = {"check": guard_name(action.risk), "reason": risk}
         if unsettled is not None:
-            _refuse_unsettling(definition, task, trigger, to_state, unsettled)
+            _refuse_unsettling(definition, task, trigger, to_state, unsettled, prepares=action.prepares is not None)
         return Decision(trigger=trigger, from_state=task.state, to_state=to_state, data=data)
 
     raise Refused(
@@ -174,22 +174,30 @@ def validate_payload(
 
 
 
-#: The triggers that settle a write (or record it still open): they may lead on while its outcome is open.
-_SETTLING = frozenset({*TOOL_OUTCOMES, "reconcile", "call", SETTLE, CANCEL_REQUESTED})
+#: The steps of the open write's own protocol, in the tool state that made it: they record or settle it.
+_PROTOCOL = frozenset({*TOOL_OUTCOMES, "reconcile", "call"})
+#: Records made about the open write wherever the task stands: a cancel waiting for it, an operator's settlement.
+_NOTES = frozenset({SETTLE, CANCEL_REQUESTED})
 
 
 def _refuse_unsettling(definition: Workflow, task: TaskState, trigger: str, to_state: str,
-                       unsettled: Mapping[str, Any]) -> None:
-    """No effect outside the log: while a write's outcome is open the task neither ends nor re-sends it blindly."""
-    if trigger in _SETTLING:
+                       unsettled: Mapping[str, Any], *, prepares: bool) -> None:
+    """No effect outside the log: while a write's outcome is open the task neither ends, nor prepares another call
+    (which would take the open one's place), nor sends the open one again blindly."""
+    if trigger in _NOTES or (trigger in _PROTOCOL and task.state == unsettled["state"]):
         return
     where = f"write {unsettled['tool']} (action {unsettled['action_id']}) is {unsettled['status']}"
+    if prepares:
+        raise Refused(f"{trigger!r} would prepare another call while {where}: settle it first (a retry "
+                      "reconciles it; `railyard settle` records what an operator verified)",
+                      code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, trigger=trigger, unsettled=dict(unsettled))
     target = definition.state(to_state)
     if target.kind is StateKind.TERMINAL:
         raise Refused(f"{trigger!r} would end the task while {where}: settle it first (a retry reconciles it; "
                       "`railyard settle` records what an operator verified; `cancel` waits for it)",
                       code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, trigger=trigger, unsettled=dict(unsettled))
-    if isinstance(target, Tool) and definition.tools is not None and target.tool in definition.tools:
+    if isinstance(target, Tool) and target.tool == unsettled["tool"] and definition.tools is not None \
+            and target.tool in definition.tools:
         tool = definition.tools.get(target.tool)
         prepared = task.prepared or {}
         if (prepared.get("action_id") == unsettled["action_id"] and tool.reconcile is None

@@ -43,7 +43,16 @@ class SettleArgs(BaseModel):
 
 def is_open(effect: dict[str, Any] | None) -> bool:
     """Whether `effect` (a `TaskState.effect`) is a write whose outcome is not settled."""
-    return effect is not None and effect.get("status") in OPEN
+    return isinstance(effect, dict) and isinstance(status := effect.get("status"), str) and status in OPEN
+
+
+def may_still_land(effect: dict[str, Any] | None) -> bool:
+    """Whether the write's last attempt may still reach the remote: its intent has no outcome (its worker may live
+    on), or it timed out (its thread goes on). Then reconciling, or an operator's settlement, must wait until
+    the attempt's time is up (`requested_at` + the tool's timeout + the engine's margin)."""
+    if not is_open(effect) or effect is None:
+        return False
+    return effect.get("status") == "pending" or effect.get("code") == "TOOL_TIMEOUT"
 
 
 def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] | None:
@@ -58,12 +67,16 @@ def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] |
     if effect is None or data.get("action_id", _action_of(data)) != effect["action_id"]:
         return effect
     if trigger in ("succeeded", "failed", "unknown"):
-        return {**effect, "status": trigger}
+        code = (data.get("outcome") or {}).get("code")
+        return {**effect, "status": trigger, "code": code} if code else {**effect, "status": trigger}
     if trigger == "reconcile" and (data.get("reconciled") or {}).get("outcome") == "not_found":
         return {**effect, "status": "not_executed"}
     settled = data.get("settled")
     if trigger == SETTLE and isinstance(settled, dict):
-        return {**effect, "status": settled["outcome"], "evidence": settled.get("evidence"), "by": event.actor}
+        outcome = settled["outcome"]
+        if outcome not in ("executed", "not_executed"):
+            raise ValueError(f"a settlement says {outcome!r}, not executed or not_executed")
+        return {**effect, "status": outcome, "evidence": settled.get("evidence"), "by": event.actor}
     return effect
 
 
@@ -88,7 +101,8 @@ def next_cancel_request(request: dict[str, Any] | None, event: Event,
         args = event.data.get("args") or {}
         return {"actor": event.actor, "reason": args.get("reason", ""), "seq": event.seq,
                 "at": format_instant(event.at)}
-    if request is not None and not is_open(effect) and event.to_state != event.from_state:
+    answered = event.to_state != event.from_state or event.trigger == SETTLE
+    if request is not None and not is_open(effect) and answered:
         return None
     return request
 

@@ -65,7 +65,12 @@ class TaskState:
         return self.effect if is_open(self.effect) else None
 
     def to_doc(self) -> dict[str, Any]:
-        """The JSON form stored in snapshots (the two later fields only when set: older snapshots stay equal)."""
+        """The JSON form stored in snapshots.
+
+        `effect` is there once a call was prepared (null until its intent), `cancel_requested` only when set:
+        snapshots of tasks that never prepared a call are what they were before either existed, and a snapshot
+        with a prepared call and no `effect` is recognisably older (`predates_effects`).
+        """
         doc = {
             "task_id": self.task_id,
             "workflow": self.workflow,
@@ -83,7 +88,7 @@ class TaskState:
             "prepared_by": self.prepared_by,
             "usage": self.usage,
         }
-        if self.effect is not None:
+        if self.effect is not None or self.prepared is not None:
             doc["effect"] = self.effect
         if self.cancel_requested is not None:
             doc["cancel_requested"] = self.cancel_requested
@@ -110,6 +115,15 @@ class TaskState:
             effect=doc.get("effect"),
             cancel_requested=doc.get("cancel_requested"),
         )
+
+
+def predates_effects(doc: dict[str, Any]) -> bool:
+    """Whether a snapshot was written before writes' outcomes were folded: it has a prepared call and no `effect`.
+
+    Such a snapshot cannot say whether a write's intent is still open, so neither load nor replay may start
+    from it: an open intent read as "never sent" would be sent again.
+    """
+    return doc.get("prepared") is not None and "effect" not in doc
 
 
 def initial(definition: Workflow, event: Event) -> TaskState:

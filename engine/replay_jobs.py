@@ -39,7 +39,7 @@ from engine.audit import replay_tasks
 from engine.chain import Finding
 from engine.errors import Code
 from engine.events import Event
-from engine.fold import TaskState
+from engine.fold import TaskState, predates_effects
 from engine.replay import LogCheck, Lookup, ReplayReport
 from engine.store import Snapshot, Store, TaskRow
 from engine.store.store import AUDIT_PAGE
@@ -155,8 +155,11 @@ def check_stretch(stretch: Stretch, items: Iterator[TaskRow | Event | Snapshot],
 
 def _resume(check: LogCheck, snapshot: Snapshot) -> bool:
     try:
-        task = TaskState.from_doc(json.loads(snapshot.doc))
-    except (ValueError, KeyError, TypeError):
+        doc = json.loads(snapshot.doc)
+        if predates_effects(doc):
+            return False
+        task = TaskState.from_doc(doc)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return False
     if task.seq != snapshot.seq or task.last_hash != snapshot.hash:
         return False

@@ -34,6 +34,7 @@ from engine.budgets import exceeded
 from engine.canonical import format_instant, now, parse_instant
 from engine.decide import decide
 from engine.definition import CALL, CANCEL, LIMIT, RECONCILE, Tool
+from engine.effects import may_still_land
 from engine.errors import Code, ConcurrencyConflict, LeaseLost, Refused
 from engine.fold import TaskState
 from engine.tools.catalog import ToolDef, ToolKind
@@ -52,11 +53,16 @@ SETTLE_MARGIN_SECONDS = 1.0
 LATE_OUTCOME_ATTEMPTS = 5
 
 
-class AttemptInFlight(Exception):
-    """A stranded write attempt may still be running: look again at `settle_after`, do nothing now."""
+class AttemptInFlight(Refused):
+    """A stranded write attempt may still be running: look again at `settle_after`, do nothing now.
+
+    A worker postpones the task until then; a caller of `Engine.run` is refused (OUTCOME_UNSETTLED).
+    """
 
     def __init__(self, task_id: str, settle_after: datetime) -> None:
-        super().__init__(f"task {task_id}: the last attempt may still be running until {settle_after}")
+        super().__init__(f"task {task_id}: the last attempt of its write may still be running until "
+                         f"{format_instant(settle_after)}: it is reconciled after that (a worker does so by itself)",
+                         code=Code.OUTCOME_UNSETTLED, task_id=task_id, settle_after=format_instant(settle_after))
         self.task_id = task_id
         self.settle_after = settle_after
 
@@ -107,10 +113,11 @@ class ToolRunner:
                 "unknown", None, Code.TOOL_EXECUTION_UNKNOWN,
                 "the remote can neither deduplicate nor say what happened: an operator records what they verified "
                 "(railyard settle)", 0))
-        requested = (effect or {}).get("requested_at") if status == "pending" else None
+        requested = (effect or {}).get("requested_at") if may_still_land(effect) else None
         if requested is not None:
-            # The attempt may still be running (its worker lost the lease but not its life): a `not_found`
-            # now could be followed by the original call landing. Ask only once it can no longer be waited on.
+            # The attempt may still be running (its worker lost the lease but not its life, or it timed out and
+            # its thread goes on): a `not_found` now could be followed by the original call landing. Ask only
+            # once it can no longer be waited on.
             settle_after = parse_instant(requested) + timedelta(seconds=tool.timeout + SETTLE_MARGIN_SECONDS)
             if now() < settle_after:
                 raise AttemptInFlight(task.task_id, settle_after)
@@ -131,6 +138,8 @@ class ToolRunner:
 
     def _complete_cancel(self, task: TaskState) -> TaskState:
         """The write a cancel waited for is settled and did not happen: the cancel takes effect, as its requester's."""
+        if task.unsettled is not None:  # only a settled write lets the cancel through (decide would request again)
+            return task
         request = task.cancel_requested or {}
         requester = str(request.get("actor") or ACTOR)
         definition = self.engine.definition_of(task)
@@ -185,9 +194,12 @@ class ToolRunner:
                 moved = self.engine.load(task.task_id)
                 pending = moved.visit.get("pending")
                 if moved.terminal or moved.state != task.state or pending != task.visit.get("pending"):
-                    # Someone else recorded this attempt's fate (a reconciling worker): it is in the log already.
-                    log.info("task %s: %s for action %s was recorded by another writer", task.task_id, trigger,
-                             data.get("action_id"))
+                    # The attempt's fate was recorded by another writer (a reconciling worker) if its intent is no
+                    # longer open; if it is, nothing may have moved the task, and this outcome says what happened.
+                    level = logging.ERROR if moved.unsettled is not None else logging.INFO
+                    log.log(level, "task %s: %s for action %s not recorded here: the task is in %s at seq %s "
+                            "(outcome %s)", task.task_id, trigger, data.get("action_id"), moved.state, moved.seq,
+                            (data.get("outcome") or {}).get("outcome"))
                     return moved
                 task = moved
         raise ConcurrencyConflict(task.task_id, task.seq, None, task.state)

@@ -3,6 +3,7 @@ racing cancel, a retry after an unknown outcome, an operator's settlement; on SQ
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -18,6 +19,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles
+from engine.canonical import canonical_json
 from engine.definition import Action as Act
 from engine.definition import Terminal, Tool, Wait, Workflow
 from engine.model import ScriptedModel
@@ -311,7 +313,8 @@ def transfer_workflow(bank: Bank, *, askable: bool) -> Workflow:
         states=[
             Wait("ready", actions=[Act("send", "sending", Transfer, prepares="transfer", role="ops")]),
             Tool("sending", tool="transfer", on_succeeded="done", on_failed="review", on_unknown="review"),
-            Wait("review", actions=[Act("try_again", "sending", role="ops"), Act("close", "closed", role="ops")]),
+            Wait("review", actions=[Act("try_again", "sending", role="ops"), Act("close", "closed", role="ops"),
+                                    Act("send_other", "sending", Transfer, prepares="transfer", role="ops")]),
             Terminal("done"),
             Terminal("closed"),
         ])
@@ -441,6 +444,76 @@ def test_the_refund_cannot_be_closed_while_its_payment_is_unknown_and_a_settled_
     eng.cancel(task_id, actor="ann", reason="Withdrawn.")
     assert eng.settle(task_id, "dana", "executed", "provider dashboard").state == "paid_after_cancel"
     assert eng.replay(task_id).ok
+
+
+def stranded(eng: Engine, *, requested_at: str) -> str:
+    """A transfer whose intent a worker recorded at `requested_at` before it stopped answering."""
+    task_id = eng.start("transfer", actor="olga")
+    task = eng.fire(task_id, "send", {"amount": 100}, actor="olga")
+    assert task.prepared is not None
+    eng.commit_system(task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": requested_at},
+                      actor="system:tools")
+    return task_id
+
+
+def test_an_operator_cannot_settle_a_call_that_may_still_land(db_url: str) -> None:
+    from engine.canonical import format_instant, now
+
+    bank = Bank()
+    with transfer_engine(db_url, bank, askable=False) as eng:
+        task_id = stranded(eng, requested_at=format_instant(now()))
+        before = triggers(eng, task_id)
+        error = refused(lambda: eng.settle(task_id, "olga", "not_executed", "looked"))
+        assert error.code is Code.OUTCOME_UNSETTLED and "may still be running" in error.message
+        assert triggers(eng, task_id) == before
+        # Once the attempt's time is up (its intent long ago, no worker holding it), the settlement is recorded.
+        old = stranded(eng, requested_at="2000-01-01T00:00:00Z")
+        assert eng.settle(old, "olga", "not_executed", "looked").unsettled is None
+
+
+def test_no_other_call_is_prepared_while_a_write_is_open(db_url: str) -> None:
+    bank = Bank()
+    with transfer_engine(db_url, bank, askable=True) as eng:
+        task_id = lost_transfer(eng, bank)
+        before = triggers(eng, task_id)
+        error = refused(lambda: eng.fire(task_id, "send_other", {"amount": 5}, actor="olga"))
+        assert error.code is Code.OUTCOME_UNSETTLED and "prepare another call" in error.message
+        assert triggers(eng, task_id) == before
+        eng.fire(task_id, "try_again", actor="olga")  # the open one is reconciled first, then others may follow
+        assert eng.run(task_id).state == "done"
+
+
+def test_a_snapshot_from_before_effects_is_not_trusted_with_an_open_intent(db_url: str) -> None:
+    from tests.insider import tamper
+
+    bank = Bank()
+    with Engine(db_url, Registry([transfer_workflow(bank, askable=True)]), authoriser=StaticRoles(OPS),
+                snapshot_every=1) as eng:
+        task_id = stranded(eng, requested_at="2000-01-01T00:00:00Z")
+        seq = eng.load(task_id).seq
+        # The snapshot at the intent, as the code before effects wrote it: no `effect` key.
+        [snapshot] = [s for s in eng.store.snapshots(task_id) if s.seq == seq]
+        older = {k: v for k, v in json.loads(snapshot.doc).items() if k != "effect"}
+        tamper(db_url, "UPDATE snapshots SET doc = :doc WHERE task_id = :t AND seq = :s",
+               doc=canonical_json(older), t=task_id, s=seq)
+        assert eng.load(task_id).unsettled is not None  # folded from zero: the intent is still open
+        assert eng.replay(task_id).ok  # an older snapshot is checked on what it holds
+        assert eng.run(task_id).state == "done"
+        assert list(bank.executed.values()) == [1]  # reconciliation found nothing sent; then one send
+        assert triggers(eng, task_id)[-3:] == ["reconcile", "call", "succeeded"]
+
+
+def test_replay_reports_a_garbled_settlement_instead_of_crashing(eng: Engine, books: fakes.Systems) -> None:
+    task_id = to_approval(eng)
+    approve(eng, task_id)
+    task = eng.load(task_id)
+    assert task.prepared is not None
+    eng.commit_system(task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
+                      actor="system:tools")
+    forge(eng, task_id, trigger="settle", to_state="cancelled", status="terminal",
+          data={"args": {"outcome": "not_executed", "evidence": "x"},
+                "settled": {"action_id": task.prepared["action_id"], "outcome": ["no"]}})
+    assert "ILLEGAL_TRANSITION" in eng.replay(task_id).codes
 
 
 # -- configuration errors are not task failures -------------------------------------------------------------

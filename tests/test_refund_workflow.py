@@ -298,6 +298,9 @@ def test_a_provider_that_never_answers_is_unknown_and_the_retry_pays_once(eng: E
     outcome = eng.history(task_id)[-1].data["outcome"]
     assert (outcome["outcome"], outcome["code"]) == ("unknown", "TOOL_TIMEOUT")
     eng.fire(task_id, "retry_refund", actor="erin")
+    # The timed-out call may still land: nothing is asked or sent until it cannot.
+    assert refused(lambda: eng.run(task_id)).code is Code.OUTCOME_UNSETTLED
+    time.sleep(SETTLE_SECONDS)
     assert eng.run(task_id).state == "completed"
     action_id = prepared(eng, task_id)["action_id"]
     assert books.payments.executions() == {action_id: 1}
