@@ -40,6 +40,7 @@ bench-quick: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check engine workflows migrations tests bench tools
 	$(BIN)/mypy engine
+	$(BIN)/lint-imports
 
 db-upgrade: $(STAMP)
 	$(BIN)/railyard db upgrade

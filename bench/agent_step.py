@@ -77,14 +77,24 @@ from append import (
 )
 from sqlalchemy.engine import make_url
 
-from engine import Action, Agent, Engine, Registry, StaticRoles, Terminal, Workflow, migrations, verify_chain
-from engine.agent import AgentRunner
-from engine.canonical import canonical_json
-from engine.definition import Budgets
-from engine.fold import TaskState
-from engine.model import ScriptedModel
-from engine.model.forcing import build_request, choose_rung, model_actions
-from engine.model.types import ModelRequest, ModelResponse, ToolCall
+from engine import (
+    Action,
+    Agent,
+    Budgets,
+    Engine,
+    Registry,
+    ScriptedModel,
+    StaticRoles,
+    TaskState,
+    Terminal,
+    Workflow,
+    migrations,
+    verify_chain,
+)
+from engine.core.canonical import canonical_json
+from engine.core.forcing import build_request, choose_rung, model_actions
+from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
+from engine.runtime.agent import AgentRunner
 
 HISTORIES = (10, 1000)
 #: Timed steps a task takes at each history length before the next prebuilt task takes over.

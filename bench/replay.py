@@ -9,7 +9,7 @@ On PostgreSQL (the engine for real audits):
   raw                                    psycopg by hand: `SELECT <every events column> ... ORDER BY ...`
                                          of the same rows, fetched, nothing computed
 
-N is the number of CPUs available, what `railyard replay` uses by default (`engine.replay_jobs`); the
+N is the number of CPUs available, what `railyard replay` uses by default (`engine.audit.parallel`); the
 same replays in one process (`jobs=1`) are measured next to them. And the peak memory (`ru_maxrss`)
 of `Engine.replay_all(jobs=N)` over every task, of its process and of its largest job, each run in its
 own subprocess, once over the data of (a) and (b) and again after more long tasks bring the database
@@ -60,11 +60,11 @@ from append import (
 )
 
 from engine import Engine, Registry, StaticRoles, Workflow, migrations
-from engine.canonical import GENESIS_HASH, canonical_json
-from engine.definition import START
-from engine.events import Event, seal
-from engine.fold import TaskState, apply, initial
-from engine.replay_jobs import available_jobs
+from engine.audit.parallel import available_jobs
+from engine.core.canonical import GENESIS_HASH, canonical_json
+from engine.core.definition import START
+from engine.core.events import Event, seal
+from engine.core.fold import TaskState, apply, initial
 
 ACTOR = "bench"
 SNAPSHOT_EVERY = 10

@@ -58,11 +58,24 @@ from append import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, Engine, Registry, StaticRoles, Terminal, Tool, Workflow, migrations, verify_chain
-from engine.model.types import ModelRequest, ModelResponse, ToolCall
-from engine.tools import ToolCatalog, ToolDef, ToolKind
-from engine.tools.prepared import ToolInvocation
-from engine.worker import Worker
+from engine import (
+    Action,
+    Agent,
+    Engine,
+    Registry,
+    StaticRoles,
+    Terminal,
+    Tool,
+    ToolCatalog,
+    ToolDef,
+    ToolInvocation,
+    ToolKind,
+    Worker,
+    Workflow,
+    migrations,
+    verify_chain,
+)
+from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
 
 T = TypeVar("T")
 ACTOR = "bench"

@@ -5,18 +5,27 @@ The public surface a user reads first:
 - declare a workflow: `Workflow`, the state kinds `Agent`, `Tool`, `Approval`, `Wait`, `Terminal`,
   and `Action` (with a pydantic argument model, guards and a role);
 - run it: `Engine` (`start`, `fire`, `cancel`, `get`, `history`, `load`, `transition`);
+- give it tools: `ToolCatalog`, `ToolDef`, `ToolKind`, `ToolInvocation`, `Reconciled`, `ToolFailed`,
+  and the argument types `MinorUnits`, `CurrencyCode`, `Money`, `UtcTimestamp`;
 - branch on refusals: `Code` and the `RailyardError` family.
+
+Everything a user or a workflow module needs is importable from here; the
+folders below are the layers (`engine.core` pure, `engine.store`, `engine.audit`,
+`engine.providers`, `engine.runtime`, `engine.api`, `engine.cli`; see
+CONTRIBUTING.md), and a deep import is a missing export.
 """
 
 import logging
 
-from engine.chain import Finding, verify_chain
-from engine.core import Engine, TaskView
-from engine.decide import Decision, decide
-from engine.definition import (
+from engine.core.canonical import GENESIS_HASH, canonical_json, sha256_hex
+from engine.core.chain import Finding, verify_chain
+from engine.core.decide import Decision, decide
+from engine.core.definition import (
     Action,
     Agent,
     Approval,
+    Budgets,
+    Guard,
     GuardContext,
     State,
     StateKind,
@@ -26,43 +35,75 @@ from engine.definition import (
     Wait,
     Workflow,
 )
-from engine.errors import (
+from engine.core.errors import (
     Code,
     ConcurrencyConflict,
     DefinitionError,
     IntegrityError,
+    LeaseLost,
     RailyardError,
     Refused,
     StoreError,
 )
-from engine.events import Event
-from engine.fold import TaskState, fold
-from engine.registry import Registry
-from engine.replay import ReplayReport
-from engine.roles import StaticRoles, roles_from_file
-from engine.store import Store
+from engine.core.events import Event
+from engine.core.fold import TaskState, fold
+from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
+from engine.core.replay import ReplayReport
+from engine.core.tools import (
+    CurrencyCode,
+    MinorUnits,
+    Money,
+    PreparedToolCall,
+    Reconciled,
+    ToolCatalog,
+    ToolDef,
+    ToolFailed,
+    ToolInvocation,
+    ToolKind,
+    UtcTimestamp,
+)
+from engine.providers import ScriptedModel, adapter_from_spec
+from engine.runtime import config
+from engine.runtime.engine import Engine, TaskView
+from engine.runtime.registry import Registry
+from engine.runtime.roles import StaticRoles, roles_from_file
+from engine.runtime.worker import Worker
+from engine.store import Store, migrations
 
 # A library logs; the application decides where logs go. Without this, Python's last-resort
 # handler would print raw database messages to a user's terminal.
 logging.getLogger("railyard").addHandler(logging.NullHandler())
 
 __all__ = [
+    "GENESIS_HASH",
     "Action",
     "Agent",
     "Approval",
+    "Budgets",
     "Code",
     "ConcurrencyConflict",
+    "CurrencyCode",
     "Decision",
     "DefinitionError",
     "Engine",
     "Event",
     "Finding",
+    "Guard",
     "GuardContext",
     "IntegrityError",
+    "LeaseLost",
+    "MinorUnits",
+    "ModelAdapter",
+    "ModelRequest",
+    "ModelResponse",
+    "Money",
+    "PreparedToolCall",
     "RailyardError",
+    "Reconciled",
     "Refused",
     "Registry",
     "ReplayReport",
+    "ScriptedModel",
     "State",
     "StateKind",
     "StaticRoles",
@@ -73,10 +114,22 @@ __all__ = [
     "TaskView",
     "Terminal",
     "Tool",
+    "ToolCatalog",
+    "ToolDef",
+    "ToolFailed",
+    "ToolInvocation",
+    "ToolKind",
+    "UtcTimestamp",
     "Wait",
+    "Worker",
     "Workflow",
+    "adapter_from_spec",
+    "canonical_json",
+    "config",
     "decide",
     "fold",
+    "migrations",
     "roles_from_file",
+    "sha256_hex",
     "verify_chain",
 ]

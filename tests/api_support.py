@@ -14,10 +14,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from engine import Engine, Registry
+from engine import Engine, Registry, ScriptedModel
 from engine.api import TokenTable, create_app
-from engine.model import ScriptedModel
-from engine.model.scripted import call
+from engine.providers.scripted import call
 from tests.sample_workflows import all_workflows
 from tests.shop import Ledger, make_workflow
 

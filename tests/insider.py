@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, create_engine, text
 
 from engine import Engine
-from engine.events import seal
+from engine.core.events import seal
 
 
 @contextmanager

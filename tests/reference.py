@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from engine import Engine, Registry, StaticRoles
-from engine.model.scripted import call
+from engine.providers.scripted import call
 from workflows import REFUND_V1, REFUND_V2, TICKET_TRIAGE, fakes
 
 #: dana and erin approve refunds; bob holds no role; the portal relays customers' answers; sam works tickets.

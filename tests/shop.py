@@ -15,11 +15,25 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, Approval, GuardContext, Terminal, Tool, Wait, Workflow
-from engine.definition import Budgets
-from engine.tool_runner import SETTLE_MARGIN_SECONDS
-from engine.tools import CurrencyCode, MinorUnits, Reconciled, ToolCatalog, ToolDef, ToolKind
-from engine.tools.prepared import ToolInvocation
+from engine import (
+    Action,
+    Agent,
+    Approval,
+    Budgets,
+    CurrencyCode,
+    GuardContext,
+    MinorUnits,
+    Reconciled,
+    Terminal,
+    Tool,
+    ToolCatalog,
+    ToolDef,
+    ToolInvocation,
+    ToolKind,
+    Wait,
+    Workflow,
+)
+from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
 
 ORDERS = {
     "O-1": {"order_id": "O-1", "customer": "c1", "refundable_cents": 5_000, "currency": "EUR",
@@ -204,7 +218,7 @@ class ClerkModel:
     profile = "anthropic"
 
     def complete(self, request: Any) -> Any:
-        from engine.model.types import ModelResponse, ToolCall
+        from engine.core.model_interface import ModelResponse, ToolCall
 
         context = request.messages[1].content
         if 'name="query_order"' not in context:

@@ -10,14 +10,11 @@ from typing import Any
 
 import pytest
 
-from engine import Code, Engine, Registry, StaticRoles
-from engine.agent import AgentRunner, RetryPolicy
-from engine.errors import RailyardError
-from engine.model import ScriptedModel
-from engine.model.forcing import Rung, ladder
-from engine.model.profiles import BUILTIN_PROFILES, load_profiles
-from engine.model.scripted import call
-from engine.model.types import ModelRequest
+from engine import Code, Engine, ModelRequest, RailyardError, Registry, ScriptedModel, StaticRoles
+from engine.core.forcing import Rung, ladder
+from engine.core.profiles import BUILTIN_PROFILES, load_profiles
+from engine.providers.scripted import call
+from engine.runtime.agent import AgentRunner, RetryPolicy
 from tests.sample_workflows import ROLES, all_workflows
 
 ORDER = {"customer": "c1", "balance": 500}
@@ -287,8 +284,8 @@ def test_step_without_a_model_says_how_to_configure_one(eng: Engine, monkeypatch
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from engine.model.errors import PROVIDER_CODES  # noqa: E402
-from engine.model.proposal import REPAIRABLE  # noqa: E402
+from engine.core.model_errors import PROVIDER_CODES  # noqa: E402
+from engine.core.proposal import REPAIRABLE  # noqa: E402
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from engine import Engine, Registry, StaticRoles, migrations
-from engine.agent import AgentRunner, RetryPolicy
-from engine.model.anthropic_adapter import AnthropicAdapter
-from engine.model.openai_adapter import OpenAIAdapter
-from engine.model.profiles import BUILTIN_PROFILES, load_profiles
+from engine.core.profiles import BUILTIN_PROFILES, load_profiles
+from engine.providers.anthropic_adapter import AnthropicAdapter
+from engine.providers.openai_adapter import OpenAIAdapter
+from engine.runtime.agent import AgentRunner, RetryPolicy
 from tests.provider_server import (
     ProviderServer,
     anthropic_error,
@@ -74,7 +74,7 @@ def sent_mode(body: dict[str, Any], wire: str) -> str | None:
 
 
 def test_profiles_cover_every_model_name() -> None:
-    from engine.model.profiles import profile_for
+    from engine.core.profiles import profile_for
 
     assert {profile_for(load_profiles()[p].wire, m).name for p, m in MODEL_OF.items()} == set(MODEL_OF)
 

@@ -13,10 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import Code, RailyardError, migrations
+from engine import Code, Event, RailyardError, migrations
 from engine.api.present import display_arguments, event_summary, format_money, model_reason
 from engine.api.tokens import TokenTable, hash_token, load_tokens, main, parse_tokens, toml_entry
-from engine.events import Event
 from tests.api_support import free_port
 
 REPO = Path(__file__).resolve().parent.parent

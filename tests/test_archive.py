@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from engine import Code, Engine, Registry, StaticRoles, migrations
-from engine.canonical import now
-from engine.errors import RailyardError
+from engine import Code, Engine, RailyardError, Registry, StaticRoles, migrations
+from engine.core.canonical import now
 from tests.sample_workflows import COUNTER, ROLES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,7 +71,7 @@ def test_ended_tasks_move_to_a_verified_file_and_stay_provable(eng: Engine) -> N
 def test_replay_all_reads_each_archive_file_once(eng: Engine, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
     """Six ended tasks in one file, or in three files of two (filled by end time, so task ids jump between files):
     `replay_all` reads each file once for all its tasks, and reports every task once."""
-    from engine import archive
+    from engine.audit import archive
 
     ended = [t for _ in range(3) for t in ended_and_running(eng)[0]]
     files = eng.archive(now() + timedelta(seconds=1), batch=batch).files

@@ -296,7 +296,7 @@ def test_replay_exits_0_on_a_clean_log_and_3_on_a_tampered_one(cli_env: str) -> 
 
 
 def test_replay_with_jobs_says_what_one_process_says(cli_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine import replay_jobs
+    from engine.audit import parallel as replay_jobs
 
     monkeypatch.setattr(replay_jobs, "PAGE", 1)  # a page per task: two tasks are enough to go parallel
     task_id = refund_path(cli_env)

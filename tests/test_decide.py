@@ -6,10 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from engine import Code, Refused, decide, fold
-from engine.canonical import GENESIS_HASH
-from engine.events import seal
-from engine.fold import TaskState
+from engine import Code, Refused, TaskState, decide, fold
+from engine.core.canonical import GENESIS_HASH
+from engine.core.events import seal
 from tests.sample_workflows import REFUND_V1
 
 AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -52,7 +51,7 @@ def test_each_check_fails_with_its_own_code() -> None:
 def test_role_is_checked_against_the_trusted_roles() -> None:
     task = started()
     waiting = decide(REFUND_V1, task, "propose", {"amount": 300, "reason": "x"}, actor="model")
-    from engine.fold import apply
+    from engine.core.fold import apply
 
     ev = seal(task_id="t1", seq=2, at=AT, actor="model", from_state=waiting.from_state, trigger=waiting.trigger,
               to_state=waiting.to_state, data=waiting.data, prev_hash=task.last_hash)
@@ -66,7 +65,7 @@ def test_a_terminal_task_refuses_everything() -> None:
     task = started()
     from dataclasses import replace
 
-    from engine.definition import Status
+    from engine import Status
 
     done = replace(task, state="completed", status=Status.TERMINAL)
     assert refusal(done, "cancel", {"reason": "x"}) is Code.TASK_TERMINAL

@@ -11,8 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
-from engine import Engine
-from engine.registry import Registry
+from engine import Engine, Registry
 from tests.reference import steps
 from workflows import fakes
 from workflows.demo import run_demo

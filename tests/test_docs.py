@@ -205,7 +205,7 @@ def test_error_reference_is_generated_from_the_enum() -> None:
     doc = REPO / "docs" / "errors.md"
     text = doc.read_text(encoding="utf-8")
     assert _gen_errors_doc().regenerate(text) == text, (
-        "docs/errors.md is out of date with engine.errors: run `python tools/gen_errors_doc.py`"
+        "docs/errors.md is out of date with engine.core.errors: run `python tools/gen_errors_doc.py`"
     )
 
 
@@ -243,8 +243,8 @@ def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_providers_doc_shows_the_table_railyard_providers_prints() -> None:
-    from engine.model.forcing import rung_table_markdown
-    from engine.model.profiles import BUILTIN_PROFILES
+    from engine.core.forcing import rung_table_markdown
+    from engine.core.profiles import BUILTIN_PROFILES
 
     doc = (REPO / "docs" / "providers.md").read_text(encoding="utf-8")
     between = doc.split("<!-- providers:start -->\n", 1)[1].split("\n<!-- providers:end -->", 1)[0]

@@ -18,14 +18,26 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from engine import Code, Engine, RailyardError, Registry, StaticRoles
-from engine.canonical import canonical_json
-from engine.definition import Action as Act
-from engine.definition import Terminal, Tool, Wait, Workflow
-from engine.model import ScriptedModel
-from engine.tools import Reconciled, ToolCatalog, ToolDef, ToolKind
-from engine.tools.prepared import ToolInvocation
-from engine.worker import Worker
+from engine import (
+    Code,
+    Engine,
+    RailyardError,
+    Reconciled,
+    Registry,
+    ScriptedModel,
+    StaticRoles,
+    Terminal,
+    Tool,
+    ToolCatalog,
+    ToolDef,
+    ToolInvocation,
+    ToolKind,
+    Wait,
+    Worker,
+    Workflow,
+)
+from engine.core.canonical import canonical_json
+from engine.core.definition import Action as Act
 from tests import reference
 from tests.insider import forge
 from tests.reference import expire_leases
@@ -457,7 +469,7 @@ def stranded(eng: Engine, *, requested_at: str) -> str:
 
 
 def test_an_operator_cannot_settle_a_call_that_may_still_land(db_url: str) -> None:
-    from engine.canonical import format_instant, now
+    from engine.core.canonical import format_instant, now
 
     bank = Bank()
     with transfer_engine(db_url, bank, askable=False) as eng:

@@ -8,8 +8,7 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from engine import Code, ConcurrencyConflict, Engine, Registry, StaticRoles, Workflow, verify_chain
-from engine.errors import RailyardError
+from engine import Code, ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, Workflow, verify_chain
 from tests.conftest import _libpq
 from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
 

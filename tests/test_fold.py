@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.canonical import GENESIS_HASH, now
-from engine.definition import START
-from engine.events import Event, seal
-from engine.fold import Fold, TaskState, apply, fold, initial
+from engine.core.canonical import GENESIS_HASH, now
+from engine.core.definition import START
+from engine.core.events import Event, seal
+from engine.core.fold import Fold, TaskState, apply, fold, initial
 from tests.sample_workflows import COUNTER
 
 #: What a counter's events can carry: a tick's arguments, a tool's result or error, a prepared call, a model turn.

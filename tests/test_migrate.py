@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import Code, Engine, Registry, StaticRoles, migrations
-from engine.errors import RailyardError
+from engine import Code, Engine, RailyardError, Registry, StaticRoles, migrations
 from tests.sample_workflows import REFUND_V1, REFUND_V2, ROLES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,8 +130,8 @@ def test_railyard_migrate(tmp_path: Path) -> None:
 
 
 def test_refund_v1_migrated_to_v2_mid_flight_replays_and_exports_clean(db_url: str) -> None:
-    from engine.export import export_lines, verify_export
-    from engine.model import ScriptedModel
+    from engine import ScriptedModel
+    from engine.audit.export import export_lines, verify_export
     from tests.reference import fake_systems, reference_engine
     from workflows import REFUND_V1, REFUND_V2
     from workflows.scripts import REFUND_DAMAGED_ORDER_INPUT, refund_damaged_order

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from engine.errors import Code
-from engine.model.anthropic_adapter import AnthropicAdapter
-from engine.model.errors import ModelError
-from engine.model.openai_adapter import OpenAIAdapter
-from engine.model.types import Message, ModelRequest, ReasoningBlock, ResponseSchema, ToolCall, ToolSpec
+from engine import Code
+from engine.core.model_errors import ModelError
+from engine.core.model_interface import Message, ModelRequest, ReasoningBlock, ResponseSchema, ToolCall, ToolSpec
+from engine.providers.anthropic_adapter import AnthropicAdapter
+from engine.providers.openai_adapter import OpenAIAdapter
 from tests.provider_server import (
     ProviderServer,
     Reply,

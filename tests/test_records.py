@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from engine.canonical import GENESIS_HASH, now
-from engine.definition import Status
-from engine.events import Event, seal
-from engine.fold import TaskState
-from engine.records import quick_init
+from engine import Status, TaskState
+from engine.core.canonical import GENESIS_HASH, now
+from engine.core.events import Event, seal
+from engine.core.records import quick_init
 
 
 @dataclass(frozen=True, slots=True)

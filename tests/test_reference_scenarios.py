@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine
-from engine.model import ScriptedModel
-from engine.worker import Worker
+from engine import Engine, ScriptedModel, Worker
 from tests import reference
 from tests.reference import expire_leases, steps
 from workflows import fakes

@@ -20,9 +20,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import Engine, RailyardError, verify_chain
-from engine.model import ScriptedModel
-from engine.model.scripted import call
+from engine import Engine, RailyardError, ScriptedModel, verify_chain
+from engine.providers.scripted import call
 from tests.reference import ROLES, fake_systems, reference_engine
 from workflows import fakes
 from workflows.fakes.seed import EVIDENCE, ORDERS

@@ -17,12 +17,10 @@ from typing import Any
 
 import pytest
 
-from engine import Code, Engine, RailyardError, decide
-from engine.canonical import utc
-from engine.model import ScriptedModel
-from engine.model.scripted import call
-from engine.tool_runner import AttemptInFlight
-from engine.worker import Worker
+from engine import Code, Engine, RailyardError, ScriptedModel, Worker, decide
+from engine.core.canonical import utc
+from engine.providers.scripted import call
+from engine.runtime.tool_runner import AttemptInFlight
 from tests import reference
 from tests.reference import DAMAGED, expire_leases, make_due, refund, steps
 from workflows import REFUND_V1, REFUND_V2, fakes
@@ -309,7 +307,7 @@ def test_a_provider_that_never_answers_is_unknown_and_the_retry_pays_once(eng: E
 
 def test_a_worker_that_dies_after_the_provider_paid_is_reconciled_by_action_id(
         eng: Engine, books: fakes.Systems, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.tools.execute import execute as real_execute
+    from engine.runtime.execute import execute as real_execute
 
     task_id = to_approval(eng)
     approve(eng, task_id)
@@ -319,7 +317,7 @@ def test_a_worker_that_dies_after_the_provider_paid_is_reconciled_by_action_id(
         real_execute(tool, call_)  # the provider pays ...
         raise KeyboardInterrupt  # ... and the worker stops before it records the answer
 
-    monkeypatch.setattr("engine.tool_runner.execute", pays_then_dies)
+    monkeypatch.setattr("engine.runtime.tool_runner.execute", pays_then_dies)
     with pytest.raises(KeyboardInterrupt):
         eng.run(task_id)
     monkeypatch.undo()
@@ -338,7 +336,7 @@ def test_a_worker_that_dies_after_the_provider_paid_is_reconciled_by_action_id(
 KILLED_WORKER = """
 import sys
 from engine import Engine, Registry, StaticRoles
-from engine.worker import Worker
+from engine import Worker
 from tests.reference import ROLES
 url = sys.argv[1]
 with Engine(url, Registry.from_modules(["workflows"]), authoriser=StaticRoles(ROLES)) as engine:

@@ -15,15 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from engine import Code, Engine, Refused, Registry, StaticRoles, Workflow
-from engine.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
-from engine.definition import CALL, RECONCILE
-from engine.effects import CANCEL_REQUESTED, SETTLE
-from engine.errors import StoreError
-from engine.events import seal, stored_body, with_stored_data
-from engine.fold import TaskState
-from engine.model import ScriptedModel
-from engine.replay import ReplayReport, illegal
+from engine import Code, Engine, Refused, Registry, ScriptedModel, StaticRoles, StoreError, TaskState, Workflow
+from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
+from engine.core.definition import CALL, RECONCILE
+from engine.core.effects import CANCEL_REQUESTED, SETTLE
+from engine.core.events import seal, stored_body, with_stored_data
+from engine.core.replay import ReplayReport, illegal
 from engine.store import TaskRow
 from engine.store.store import in_log_order
 from tests.insider import forge, sql

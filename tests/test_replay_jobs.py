@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from engine import Engine, replay_jobs
-from engine.replay_jobs import STRETCHES_PER_JOB, Stretch, stretches
+from engine import Engine
+from engine.audit import parallel as replay_jobs
+from engine.audit.parallel import STRETCHES_PER_JOB, Stretch, stretches
 from engine.store import TaskRow
 from tests.insider import tamper
 

@@ -16,8 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from engine import ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, fold, verify_chain
-from engine.fold import TaskState
+from engine import ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, TaskState, fold, verify_chain
 from tests.sample_workflows import ROLES, all_workflows
 
 TRIGGERS = ["propose", "give_up", "note", "approve", "reject", "resume", "close", "tick", "finish",

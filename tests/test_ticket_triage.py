@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine import Code, Engine, RailyardError
-from engine.model import ScriptedModel
-from engine.model.scripted import call
+from engine import Code, Engine, RailyardError, ScriptedModel
+from engine.providers.scripted import call
 from tests import reference
 from tests.reference import steps
 from workflows import fakes

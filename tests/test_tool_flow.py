@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from engine import Code, Engine, RailyardError, Registry, StaticRoles
-from engine.model import ScriptedModel
-from engine.model.scripted import call
+from engine import Code, Engine, RailyardError, Registry, ScriptedModel, StaticRoles
+from engine.providers.scripted import call
 from tests.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +112,7 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_for_its_outcome(eng: Engi
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = to_approval(eng)
     eng.approve(task_id, actor="dana", prepared_digest=eng.load(task_id).prepared["digest"])  # type: ignore[index]
-    from engine.tools.execute import execute as real_execute
+    from engine.runtime.execute import execute as real_execute
 
     seen: list[Any] = []
 
@@ -122,7 +121,7 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_for_its_outcome(eng: Engi
         seen.append(eng.cancel(task_id, actor="ann", reason="customer called"))
         return outcome
 
-    monkeypatch.setattr("engine.tool_runner.execute", cancel_while_running)
+    monkeypatch.setattr("engine.runtime.tool_runner.execute", cancel_while_running)
     task = eng.run(task_id)
     # The cancel was recorded while the call ran, and took effect once the payment's outcome was on record.
     assert seen[0].state == "executing" and seen[0].cancel_requested["actor"] == "ann"
@@ -174,7 +173,7 @@ def test_a_worker_killed_mid_write_never_pays_twice(eng: Engine, ledger: Ledger,
     assert bool(stranded.visit.get("pending")) is (kill_at != "before_intent")
     if stranded.visit.get("pending"):
         # Too early: the attempt might still be running, so reconciliation is not trusted yet.
-        from engine.tool_runner import AttemptInFlight
+        from engine.runtime.tool_runner import AttemptInFlight
 
         with pytest.raises(AttemptInFlight):
             eng.run(task_id)
@@ -200,7 +199,7 @@ def test_a_worker_killed_mid_write_never_pays_twice(eng: Engine, ledger: Ledger,
 
 
 def budgeted(db_url: str, ledger: Ledger, **limits: Any) -> Engine:
-    from engine.definition import Budgets
+    from engine import Budgets
 
     return Engine(db_url, Registry([make_workflow(ledger, Budgets(**limits))]), authoriser=StaticRoles(ROLES))
 
@@ -239,7 +238,7 @@ def test_model_turns_and_deadline_budgets(db_url: str, ledger: Ledger) -> None:
 
 def test_a_read_tool_is_simply_retried_and_a_failure_is_shown_to_the_model(eng: Engine,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.tools.execute import execute as real_execute
+    from engine.runtime.execute import execute as real_execute
 
     task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
     crash = {"once": True}
@@ -249,7 +248,7 @@ def test_a_read_tool_is_simply_retried_and_a_failure_is_shown_to_the_model(eng: 
             raise KeyboardInterrupt  # the worker stops after the intent, before any outcome
         return real_execute(tool, prepared)
 
-    monkeypatch.setattr("engine.tool_runner.execute", dies_once)
+    monkeypatch.setattr("engine.runtime.tool_runner.execute", dies_once)
     with pytest.raises(KeyboardInterrupt):
         eng.run(task_id, model=ScriptedModel([call("query_order", order_id="O-1")], profile="anthropic"))
     assert eng.load(task_id).visit["pending"]
@@ -271,7 +270,7 @@ def test_a_tool_changed_without_a_new_catalog_version_is_detected(db_url: str, l
     assert original.tools is not None
     edited_tools = [replace(t, description=t.description + " Now faster.") if t.name == "refund_payment" else t
                     for t in original.tools.tools]
-    from engine.tools import ToolCatalog
+    from engine import ToolCatalog
 
     catalog = ToolCatalog(original.tools.name, original.tools.version, edited_tools)
     edited = replace(original, tools=catalog)

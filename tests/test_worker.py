@@ -16,11 +16,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from engine import Action, Approval, Code, Engine, Registry, StaticRoles, Terminal, Workflow
-from engine.errors import LeaseLost
-from engine.leases import Lease, holding
-from engine.model.types import ModelRequest, ModelResponse, ToolCall
-from engine.worker import Worker
+from engine import Action, Approval, Code, Engine, LeaseLost, Registry, StaticRoles, Terminal, Worker, Workflow
+from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
+from engine.runtime.leases import Lease, holding
 from tests.reference import expire_leases, make_due
 from tests.sample_workflows import COUNTER, ROLES
 from tests.shop import ROLES as SHOP_ROLES
@@ -169,7 +167,7 @@ def test_a_task_that_keeps_raising_is_handed_off_with_internal_error(eng: Engine
 KILLED_WORKER = """
 import os, sys
 from engine import Engine, Registry, StaticRoles
-from engine.worker import Worker
+from engine import Worker
 from tests.shop import ROLES, Ledger, make_workflow
 url, ledger_path = sys.argv[1:3]
 os.environ["SHOP_KILL_AT"] = "after_call"
@@ -179,7 +177,7 @@ Worker(engine, name="doomed", lease_seconds=30).run_once()
 
 
 def test_a_killed_workers_task_is_resumed_by_another_and_pays_once(db_url: str, tmp_path: Path) -> None:
-    from engine.model import ScriptedModel
+    from engine import ScriptedModel
 
     ledger = Ledger(tmp_path / "ledger.db")
     with Engine(db_url, Registry([make_workflow(ledger)]), authoriser=StaticRoles(SHOP_ROLES)) as eng:

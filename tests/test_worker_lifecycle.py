@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from engine import Engine, Registry, StaticRoles, migrations
-from engine.canonical import now
-from engine.model.types import ModelRequest, ModelResponse, ToolCall
-from engine.worker import Worker
+from engine import Engine, Registry, StaticRoles, Worker, migrations
+from engine.core.canonical import now
+from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
 from tests.reference import expire_leases
 from tests.sample_workflows import COUNTER, REFUND_V1, ROLES
 from tests.test_worker import Finisher

@@ -22,7 +22,7 @@ TASKS = 200
 WORKER = """
 import sys, threading, signal
 from engine import Engine, Registry, StaticRoles
-from engine.worker import Worker
+from engine import Worker
 from tests.shop import ROLES, ClerkModel, Ledger, make_auto_workflow
 url, ledger_path, name = sys.argv[1:4]
 engine = Engine(url, Registry([make_auto_workflow(Ledger(ledger_path))]), authoriser=StaticRoles(ROLES))

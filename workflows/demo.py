@@ -29,15 +29,18 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from engine.core import Engine
-from engine.errors import RailyardError
-from engine.events import Event
-from engine.fold import TaskState
-from engine.model import ScriptedModel, adapter_from_spec
-from engine.model.types import ModelAdapter
-from engine.registry import Registry
-from engine.roles import StaticRoles
-from engine.worker import Worker
+from engine import (
+    Engine,
+    Event,
+    ModelAdapter,
+    RailyardError,
+    Registry,
+    ScriptedModel,
+    StaticRoles,
+    TaskState,
+    Worker,
+    adapter_from_spec,
+)
 from workflows import fakes
 from workflows.refund_tools import SETTLE_SECONDS
 from workflows.scripts import (

@@ -20,9 +20,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, Approval, Terminal, Tool, Wait, Workflow
-from engine.definition import Guard
-from engine.tools import ToolCatalog
+from engine import Action, Agent, Approval, Guard, Terminal, Tool, ToolCatalog, Wait, Workflow
 from workflows.refund_rules import (
     ASSESSMENT_GUARDS,
     PROPOSAL_GUARDS,

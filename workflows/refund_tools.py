@@ -15,9 +15,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from engine.tool_runner import SETTLE_MARGIN_SECONDS
-from engine.tools import CurrencyCode, MinorUnits, Reconciled, ToolCatalog, ToolDef, ToolFailed, ToolKind
-from engine.tools.prepared import ToolInvocation
+from engine import CurrencyCode, MinorUnits, Reconciled, ToolCatalog, ToolDef, ToolFailed, ToolInvocation, ToolKind
+from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
 from workflows import fakes
 
 ORDER_ID = r"^O-\d{4}$"

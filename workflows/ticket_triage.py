@@ -18,9 +18,20 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, GuardContext, Terminal, Tool, Wait, Workflow
-from engine.tools import ToolCatalog, ToolDef, ToolFailed, ToolKind
-from engine.tools.prepared import ToolInvocation
+from engine import (
+    Action,
+    Agent,
+    GuardContext,
+    Terminal,
+    Tool,
+    ToolCatalog,
+    ToolDef,
+    ToolFailed,
+    ToolInvocation,
+    ToolKind,
+    Wait,
+    Workflow,
+)
 from workflows import fakes
 
 TICKET_ID = r"^T-\d{4}$"

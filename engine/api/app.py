@@ -28,8 +28,8 @@ from engine.api.session import Signer
 from engine.api.settings import DEFAULT_MAX_BODY
 from engine.api.templating import STATIC, render
 from engine.api.tokens import TokenTable
-from engine.core import Engine
-from engine.errors import Code, RailyardError, Refused
+from engine.core.errors import Code, RailyardError, Refused
+from engine.runtime.engine import Engine
 
 log = logging.getLogger("railyard.api")
 

@@ -15,7 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from engine.api.context import Context, context
 from engine.api.session import SESSION_COOKIE, SessionData
 from engine.api.tokens import AUDITOR, Principal, TokenTable
-from engine.errors import Code, Refused
+from engine.core.errors import Code, Refused
 
 #: Declares the bearer scheme in the OpenAPI document; missing or malformed headers are refused below, not here.
 bearer = HTTPBearer(auto_error=False, description="A token from the tokens file (RAILYARD_TOKENS_FILE).")

@@ -8,7 +8,7 @@ from fastapi import Request
 
 from engine.api.session import Signer
 from engine.api.tokens import TokenTable
-from engine.core import Engine
+from engine.runtime.engine import Engine
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from engine.api.present import path_of
-from engine.definition import Workflow
-from engine.events import Event
+from engine.core.definition import Workflow
+from engine.core.events import Event
 
 
 def workflow_diagram(definition: Workflow) -> dict[str, Any]:

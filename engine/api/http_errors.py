@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.errors import Code, RailyardError
+from engine.core.errors import Code, RailyardError
 
 _STATUS: dict[Code, int] = {
     # The thing named does not exist here.

@@ -29,7 +29,7 @@ from engine.api.auth import authenticate, bearer_token
 from engine.api.http_errors import error_body, status_of
 from engine.api.templating import render
 from engine.api.tokens import TokenTable
-from engine.errors import Code, RailyardError, Refused
+from engine.core.errors import Code, RailyardError, Refused
 
 API_PREFIX = "/api"
 OPENAPI_URL = f"{API_PREFIX}/openapi.json"

@@ -23,8 +23,8 @@ from engine.api.preconditions import acting_on, precondition
 from engine.api.schemas import MAX_SEQ, NAME_PATTERN, STATE_PATTERN, TASK_ID_PATTERN
 from engine.api.session import LOGIN_COOKIE, LOGIN_SECONDS, SESSION_COOKIE, SESSION_SECONDS, same_token
 from engine.api.templating import render
-from engine.definition import Status
-from engine.errors import Code, Refused
+from engine.core.definition import Status
+from engine.core.errors import Code, Refused
 
 router = APIRouter(include_in_schema=False)
 

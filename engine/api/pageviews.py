@@ -1,6 +1,6 @@
 """What the inbox and the task page show of a task: read through the engine, shaped by `present`.
 
-The inbox repeats the checks `engine.approvals.check_decision` will make (role,
+The inbox repeats the checks `engine.core.approvals.check_decision` will make (role,
 separation of duties, read-only token) only to decide whether to offer the
 buttons; the engine makes them again when the form is posted, and its answer
 is the one that counts.
@@ -24,11 +24,11 @@ from engine.api.present import (
     timeline,
 )
 from engine.api.tokens import Principal
-from engine.approvals import decision_role, pending_view, self_approval
-from engine.core import Engine, TaskView
-from engine.definition import Approval, Workflow
-from engine.events import Event
-from engine.fold import TaskState
+from engine.core.approvals import decision_role, pending_view, self_approval
+from engine.core.definition import Approval, Workflow
+from engine.core.events import Event
+from engine.core.fold import TaskState
+from engine.runtime.engine import Engine, TaskView
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from fastapi import Header, Response
 
 from engine.api.http_errors import PreconditionFailed
 from engine.api.schemas import MAX_SEQ
-from engine.core import Engine, TaskView
-from engine.errors import Code, ConcurrencyConflict, RailyardError, Refused
+from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
+from engine.runtime.engine import Engine, TaskView
 
 #: `*`, or one strong entity tag holding a seq: `"7"`. Weak tags (`W/"7"`) and lists are not accepted.
 IF_MATCH_PATTERN = r'^(\*|"[1-9][0-9]{0,9}")$'

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from engine.audit import path_visits
-from engine.events import Event, event_code
+from engine.audit.reads import path_visits
+from engine.core.events import Event, event_code
 
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
 _EXPONENT = {

@@ -95,7 +95,7 @@ class SettleRequest(_Request):
 
 
 class ErrorBody(BaseModel):
-    code: str | None = Field(description="A stable code from engine.errors.Code (null for an unknown URL or method).")
+    code: str | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
     message: str
     details: dict[str, Any] = Field(default_factory=dict)
 

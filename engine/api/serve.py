@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from engine import config
 from engine.api import settings
 from engine.api.app import create_app
 from engine.api.tokens import load_tokens
-from engine.core import Engine
+from engine.runtime import config
+from engine.runtime.engine import Engine
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080) -> None:

@@ -1,10 +1,10 @@
-"""The server's own settings from the environment (the engine's are in `engine.config`)."""
+"""The server's own settings from the environment (the engine's are in `engine.runtime.config`)."""
 
 from __future__ import annotations
 
 import os
 
-from engine.errors import Code, RailyardError
+from engine.core.errors import Code, RailyardError
 
 #: The largest request body the server reads, in bytes, unless RAILYARD_API_MAX_BODY says otherwise: 1 MiB.
 DEFAULT_MAX_BODY = 1024 * 1024

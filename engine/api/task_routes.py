@@ -33,8 +33,8 @@ from engine.api.schemas import (
     TaskSummary,
     WhoAmI,
 )
-from engine.approvals import DECISIONS
-from engine.errors import Code, Refused
+from engine.core.approvals import DECISIONS
+from engine.core.errors import Code, Refused
 
 router = APIRouter(prefix="/api", tags=["tasks"])
 

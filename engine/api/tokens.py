@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.core import MAX_ACTOR_LENGTH
-from engine.errors import Code, RailyardError
+from engine.core.errors import Code, RailyardError
+from engine.runtime.engine import MAX_ACTOR_LENGTH
 
 #: A role that may read everything and write nothing, whatever other roles the token lists.
 AUDITOR = "auditor"

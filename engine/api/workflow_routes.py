@@ -10,8 +10,8 @@ from engine.api.auth import Ctx, Reader
 from engine.api.diagrams import workflow_diagram
 from engine.api.responses import errors
 from engine.api.schemas import NAME_PATTERN, DiagramBody, WorkflowBody
-from engine.definition import Workflow
-from engine.registry import Registry
+from engine.core.definition import Workflow
+from engine.runtime.registry import Registry
 
 router = APIRouter(prefix="/api", tags=["workflows"])
 

@@ -1,6 +1,6 @@
 """Retention: move ended tasks' events to verified JSON Lines files, leaving a tombstone row; read them back.
 
-The archive file is an export (`engine.export`, format `railyard-export/1`).
+The archive file is an export (`engine.audit.export`, format `railyard-export/1`).
 Nothing is deleted until that file is written, synced to disk and verified with
 `verify_export` against the definitions, and until its sha256 is on the task
 row in the same transaction that deletes the events. The row stays (state,
@@ -20,13 +20,14 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from engine.canonical import now
-from engine.chain import Finding
-from engine.errors import Code, IntegrityError
-from engine.events import Event
-from engine.export import export_lines, read_events, verify_export
-from engine.replay import Lookup, ReplayReport
-from engine.store.store import ArchiveRef, Store, TaskRow
+from engine.audit.export import export_lines, read_events, verify_export
+from engine.core.canonical import now
+from engine.core.chain import Finding
+from engine.core.errors import Code, IntegrityError
+from engine.core.events import Event
+from engine.core.replay import Lookup, ReplayReport
+from engine.core.rows import ArchiveRef, TaskRow
+from engine.store import Store
 
 #: Tasks per archive file: each file is verified before its tasks' events are deleted.
 DEFAULT_BATCH = 500

@@ -23,11 +23,11 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from engine.canonical import canonical_json, format_instant, parse_instant
-from engine.chain import Finding
-from engine.errors import Code
-from engine.events import Event
-from engine.replay import LogCheck, Lookup, ReplayReport
+from engine.core.canonical import canonical_json, format_instant, parse_instant
+from engine.core.chain import Finding
+from engine.core.errors import Code
+from engine.core.events import Event
+from engine.core.replay import LogCheck, Lookup, ReplayReport
 from engine.store import Snapshot, TaskRow
 
 FORMAT = "railyard-export/1"

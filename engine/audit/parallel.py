@@ -2,7 +2,7 @@
 
 Replay is CPU-bound Python (a hash, a fold and a legality check per event), so one
 process checks as many events per second as one core allows; an auditor's machine
-has more. The checks are `engine.replay`'s own; only the reading is split:
+has more. The checks are `engine.core.replay`'s own; only the reading is split:
 
 - `replay_pages`: the task ids of `replay --all` in keyset pages, one page per job,
   reports yielded in task id order with a bounded number of pages in flight, so
@@ -35,12 +35,12 @@ from datetime import datetime
 from itertools import chain, pairwise
 from typing import Any
 
-from engine.audit import replay_tasks
-from engine.chain import Finding
-from engine.errors import Code
-from engine.events import Event
-from engine.fold import TaskState, predates_effects
-from engine.replay import LogCheck, Lookup, ReplayReport
+from engine.audit.reads import replay_tasks
+from engine.core.chain import Finding
+from engine.core.errors import Code
+from engine.core.events import Event
+from engine.core.fold import TaskState, predates_effects
+from engine.core.replay import LogCheck, Lookup, ReplayReport
 from engine.store import Snapshot, Store, TaskRow
 from engine.store.store import AUDIT_PAGE
 

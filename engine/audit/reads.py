@@ -1,6 +1,6 @@
 """The auditor's reads over the store: replay, the state as of a point, and the path a task took.
 
-The checks themselves are pure (`engine.replay`); this module only streams a
+The checks themselves are pure (`engine.core.replay`); this module only streams a
 task's row, events and snapshots out of the store into them. Nothing here
 builds a list of a task's events from the database: a log of any length is read
 page by page (an archived task's log is read back from its file).
@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from engine.canonical import format_instant
-from engine.definition import MIGRATE, Workflow
-from engine.errors import Code, Refused
-from engine.events import Event
-from engine.fold import Resolve, TaskState, apply, initial, migration_target, pinned_at_start
-from engine.replay import Lookup, ReplayReport, replay_stream
+from engine.core.canonical import format_instant
+from engine.core.definition import MIGRATE, Workflow
+from engine.core.errors import Code, Refused
+from engine.core.events import Event
+from engine.core.fold import Resolve, TaskState, apply, initial, migration_target, pinned_at_start
+from engine.core.replay import Lookup, ReplayReport, replay_stream
 from engine.store import Snapshot, Store, TaskRow
 
 

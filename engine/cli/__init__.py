@@ -21,13 +21,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from engine import config
-from engine.canonical import format_instant, parse_instant
-from engine.core import Engine
-from engine.errors import Code, RailyardError, Refused
-from engine.events import Event, event_code
-from engine.registry import Registry
-from engine.replay import ReplayReport
+from engine.core.canonical import format_instant, parse_instant
+from engine.core.errors import Code, RailyardError, Refused
+from engine.core.events import Event, event_code
+from engine.core.replay import ReplayReport
+from engine.runtime import config
+from engine.runtime.engine import Engine
+from engine.runtime.registry import Registry
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -169,7 +169,7 @@ def history_table(events: Iterable[Event], title: str | None = None) -> Table:
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
     """Create or migrate the schema of RAILYARD_DATABASE_URL to REVISION (default: head)."""
-    from engine import migrations
+    from engine.store import migrations
 
     url = config.database_url()
     migrations.upgrade(url, revision)
@@ -179,7 +179,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 @db_app.command("downgrade")
 def db_downgrade(revision: Annotated[str, typer.Argument(help="Target revision ('base' drops everything).")]) -> None:
     """Migrate the schema down to REVISION."""
-    from engine import migrations
+    from engine.store import migrations
 
     url = config.database_url()
     migrations.downgrade(url, revision)
@@ -189,7 +189,7 @@ def db_downgrade(revision: Annotated[str, typer.Argument(help="Target revision (
 @db_app.command("current")
 def db_current(as_json: JsonFlag = False) -> None:
     """Print the schema revision the database is at."""
-    from engine import migrations
+    from engine.store import migrations
 
     revision = migrations.current(config.database_url())
     if as_json:
@@ -513,8 +513,8 @@ def worker(
     import signal
     import threading
 
-    from engine.model import adapter_from_spec
-    from engine.worker import Worker
+    from engine.providers import adapter_from_spec
+    from engine.runtime.worker import Worker
 
     runner: Worker | None = None
     stopping = threading.Event()
@@ -565,7 +565,7 @@ def worker(
 @app.command("status")
 def status(as_json: JsonFlag = False) -> None:
     """Tasks per workflow (runnable, leased, blocked, terminal; the oldest runnable's wait) and the live workers."""
-    from engine.canonical import now
+    from engine.core.canonical import now
 
     at = now()
     with _engine() as engine:
@@ -697,7 +697,7 @@ def replay(
 
     Exit 3 when anything is found (each finding has a stable code), 0 when the logs prove their state.
     """
-    from engine.replay_jobs import available_jobs
+    from engine.audit.parallel import available_jobs
 
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
     since_at = _instant_option(since, "--since")
@@ -730,7 +730,7 @@ def export(
     since: ChangedSince = None,
 ) -> None:
     """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools."""
-    from engine.export import export_lines
+    from engine.audit.export import export_lines
 
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
     since_at = _instant_option(since, "--since")
@@ -754,7 +754,7 @@ def verify_export_command(
 
     Every hash, the chain, seq, each transition's legality and each task's final state. Exit 3 on any finding.
     """
-    from engine.export import verify_export
+    from engine.audit.export import verify_export
 
     try:
         registry = Registry.from_env()
@@ -805,7 +805,7 @@ def run(
     as_json: JsonFlag = False,
 ) -> None:
     """Run model turns while the task is in an agent state; print each event they appended."""
-    from engine.model import adapter_from_spec
+    from engine.providers import adapter_from_spec
 
     with _engine() as engine:
         adapter = adapter_from_spec(model) if model else None
@@ -841,8 +841,8 @@ def serve(
 @app.command("providers")
 def providers(as_json: JsonFlag = False) -> None:
     """The capability profiles and the forcing rung each gets, with thinking off and on."""
-    from engine.model.forcing import rung_table
-    from engine.model.profiles import load_profiles
+    from engine.core.forcing import rung_table
+    from engine.core.profiles import load_profiles
 
     try:
         rows = rung_table(load_profiles())

@@ -14,9 +14,9 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.definition import Approval, Workflow
-from engine.errors import Code, Refused
-from engine.fold import TaskState
+from engine.core.definition import Approval, Workflow
+from engine.core.errors import Code, Refused
+from engine.core.fold import TaskState
 
 Verdict = Literal["approve", "reject"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from engine.canonical import parse_instant
-from engine.definition import Workflow
-from engine.fold import TaskState, call_key
+from engine.core.canonical import parse_instant
+from engine.core.definition import Workflow
+from engine.core.fold import TaskState, call_key
 
 
 def exceeded(definition: Workflow, task: TaskState, now: datetime, *,

@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.canonical import GENESIS_HASH
-from engine.errors import Code
-from engine.events import Event
+from engine.core.canonical import GENESIS_HASH
+from engine.core.errors import Code
+from engine.core.events import Event
 
 
 @dataclass(frozen=True, slots=True)

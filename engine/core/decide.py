@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine.approvals import self_approval
-from engine.definition import (
+from engine.core.approvals import self_approval
+from engine.core.definition import (
     CANCEL,
     IDENTITY_FIELDS,
     TOOL_OUTCOMES,
@@ -30,9 +30,9 @@ from engine.definition import (
     guard_name,
     redact,
 )
-from engine.effects import CANCEL_REQUESTED, SETTLE
-from engine.errors import Code, Refused
-from engine.fold import TaskState
+from engine.core.effects import CANCEL_REQUESTED, SETTLE
+from engine.core.errors import Code, Refused
+from engine.core.fold import TaskState
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +223,7 @@ def _prepare(definition: Workflow, task: TaskState, action: Action, args: dict[s
     The action id comes from this event's seq, so it is the same for every
     attempt and every worker. The role recorded is the one its approval needs.
     """
-    from engine.tools.prepared import prepare
+    from engine.core.tools.prepared import prepare
 
     assert definition.tools is not None and action.prepares is not None
     target = definition.state(action.target)

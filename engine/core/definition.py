@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.canonical import canonical_json, sha256_hex
-from engine.effects import (
+from engine.core.canonical import canonical_json, sha256_hex
+from engine.core.effects import (
     CANCEL_REQUESTED,
     SETTLE,
     SettleArgs,
@@ -29,12 +29,12 @@ from engine.effects import (
     cancel_was_requested,
     write_unsettled,
 )
-from engine.errors import DefinitionError
+from engine.core.errors import DefinitionError
 
 if TYPE_CHECKING:
-    from engine.fold import TaskState
-    from engine.machine import CompiledMachine
-    from engine.tools.catalog import ToolCatalog
+    from engine.core.fold import TaskState
+    from engine.core.machine import CompiledMachine
+    from engine.core.tools.catalog import ToolCatalog
 
 
 class StateKind(StrEnum):
@@ -407,7 +407,7 @@ class Workflow:
             raise DefinitionError(self.ref, problems)
         object.__setattr__(self, "_by_name", {s.name: s for s in self._all})
         object.__setattr__(self, "_table", _transition_table(self))
-        from engine.machine import compile_machine
+        from engine.core.machine import compile_machine
 
         object.__setattr__(self, "_machine", compile_machine(self))
         object.__setattr__(self, "_digest", sha256_hex(canonical_json(self.spec())))

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.canonical import format_instant
-from engine.events import Event
+from engine.core.canonical import format_instant
+from engine.core.events import Event
 
 #: The built-in triggers of this module: a cancel recorded while a write is unsettled, and an operator's assertion.
 CANCEL_REQUESTED = "cancel_requested"

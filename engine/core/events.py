@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from engine.canonical import canonical_json, format_instant, json_string, sha256_hex
-from engine.records import quick_init
+from engine.core.canonical import canonical_json, format_instant, json_string, sha256_hex
+from engine.core.records import quick_init
 
 #: The key under which a reader keeps stored data that is no longer a JSON object (an edited row): the
 #: event is still read, and its hash no longer matches, so replay reports it instead of failing.

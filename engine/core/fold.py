@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
-from engine.definition import CALL, MIGRATE, START, Status, Workflow
-from engine.effects import is_open, next_cancel_request, next_effect
-from engine.errors import Code, IntegrityError
-from engine.events import Event
-from engine.records import quick_init
-from engine.visit import next_visit
+from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
+from engine.core.definition import CALL, MIGRATE, START, Status, Workflow
+from engine.core.effects import is_open, next_cancel_request, next_effect
+from engine.core.errors import Code, IntegrityError
+from engine.core.events import Event
+from engine.core.records import quick_init
+from engine.core.visit import next_visit
 
 
 @quick_init

@@ -23,12 +23,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from engine.definition import Action, Agent, Workflow
-from engine.errors import Code
-from engine.fold import TaskState
-from engine.model.profiles import CapabilityProfile
-from engine.model.types import Message, ModelRequest, ResponseSchema, ToolSpec
-from engine.tools.results import RESULT_NOTICE, wrap_error_for_model, wrap_for_model
+from engine.core.definition import Action, Agent, Workflow
+from engine.core.errors import Code
+from engine.core.fold import TaskState
+from engine.core.model_interface import Message, ModelRequest, ResponseSchema, ToolSpec
+from engine.core.profiles import CapabilityProfile
+from engine.core.tools.results import RESULT_NOTICE, wrap_error_for_model, wrap_for_model
 
 
 class Rung(StrEnum):

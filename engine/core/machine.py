@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from transitions import Machine
 
 if TYPE_CHECKING:
-    from engine.definition import Workflow
+    from engine.core.definition import Workflow
 
 GraphFormat = Literal["mermaid", "dot"]
 #: Built-in triggers left off diagrams unless a task took them (see `graph`).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.errors import Code
+from engine.core.errors import Code
 
 log = logging.getLogger("railyard.model")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.errors import Code, RailyardError
+from engine.core.errors import Code, RailyardError
 
 NativeSchema = Literal["strict", "loose", "json_object", "none"]
 #: `named` is a tool_choice naming one tool; an empty set means the field must not be sent at all.

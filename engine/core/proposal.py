@@ -15,13 +15,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from engine.decide import decide
-from engine.definition import HAND_OFF, REPAIR, Agent, Workflow, redact, sensitive_fields
-from engine.errors import Code, Refused
-from engine.fold import TaskState
-from engine.model.forcing import MODE_OF_RUNG, Rung, model_actions
-from engine.model.types import Message, ModelResponse, ToolCall
-from engine.text import clean
+from engine.core.decide import decide
+from engine.core.definition import HAND_OFF, REPAIR, Agent, Workflow, redact, sensitive_fields
+from engine.core.errors import Code, Refused
+from engine.core.fold import TaskState
+from engine.core.forcing import MODE_OF_RUNG, Rung, model_actions
+from engine.core.model_interface import Message, ModelResponse, ToolCall
+from engine.core.text import clean
 
 REPAIRABLE = frozenset({
     Code.NO_ACTION, Code.OUTPUT_NOT_JSON, Code.OUTPUT_SCHEMA_INVALID, Code.ACTION_NOT_ALLOWED, Code.ACTION_UNKNOWN,

@@ -3,7 +3,7 @@
 Pure: `LogCheck` is fed a task's row, its events and its snapshots in seq order,
 one at a time (from the database, or from an export file), and keeps only the
 state folded so far, so a log of any length is checked in constant memory. The
-reading lives in `engine.audit` (database) and `engine.export` (files).
+reading lives in `engine.audit.reads` (database) and `engine.audit.export` (files).
 
 What it checks, each finding with a stable code:
 
@@ -33,15 +33,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from engine.canonical import GENESIS_HASH, canonical_json
-from engine.chain import Finding, link_findings
-from engine.definition import MIGRATE, START, Action, Workflow, guard_name
-from engine.effects import is_open
-from engine.errors import Code
-from engine.events import Event
-from engine.fold import Fold, TaskState, initial, predates_effects
-from engine.records import quick_init
-from engine.store import Snapshot, TaskRow
+from engine.core.canonical import GENESIS_HASH, canonical_json
+from engine.core.chain import Finding, link_findings
+from engine.core.definition import MIGRATE, START, Action, Workflow, guard_name
+from engine.core.effects import is_open
+from engine.core.errors import Code
+from engine.core.events import Event
+from engine.core.fold import Fold, TaskState, initial, predates_effects
+from engine.core.records import quick_init
+from engine.core.rows import Snapshot, TaskRow
 
 #: How replay finds the definition a task is pinned to (`Registry.find`).
 Lookup = Callable[[str, int], Workflow | None]

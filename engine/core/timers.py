@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from engine.definition import Approval, Status, Wait, Workflow
+from engine.core.definition import Approval, Status, Wait, Workflow
 
 
 def next_run_at(definition: Workflow, state: str, entered_at: datetime) -> datetime | None:

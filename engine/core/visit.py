@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.definition import CALL, DEMOTE, RECONCILE, REPAIR, Agent, Tool, Workflow
-from engine.effects import CANCEL_REQUESTED, SETTLE
+from engine.core.definition import CALL, DEMOTE, RECONCILE, REPAIR, Agent, Tool, Workflow
+from engine.core.effects import CANCEL_REQUESTED, SETTLE
 
 #: Records made about a task where it stands (a cancel request, an operator's assertion): they do not start a visit.
 _NOTES = frozenset({CANCEL_REQUESTED, SETTLE})

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from engine.errors import Code, RailyardError
-from engine.model.errors import ModelError
-from engine.model.profiles import CapabilityProfile, load_profiles, profile_for
-from engine.model.scripted import ScriptedModel
-from engine.model.types import ModelAdapter, ModelRequest, ModelResponse
+from engine.core.errors import Code, RailyardError
+from engine.core.model_errors import ModelError
+from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
+from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
+from engine.providers.scripted import ScriptedModel
 
 __all__ = [
     "CapabilityProfile",
@@ -30,11 +30,11 @@ def adapter_from_spec(spec: str) -> ModelAdapter:
     if kind == "scripted":
         return ScriptedModel.from_file(rest)
     if kind == "openai":
-        from engine.model.openai_adapter import OpenAIAdapter
+        from engine.providers.openai_adapter import OpenAIAdapter
 
         return OpenAIAdapter(rest)
     if kind == "anthropic":
-        from engine.model.anthropic_adapter import AnthropicAdapter
+        from engine.providers.anthropic_adapter import AnthropicAdapter
 
         return AnthropicAdapter(rest)
     raise RailyardError(f"unknown model provider {kind!r} in {spec!r}", code=Code.CONFIG_INVALID)

@@ -40,9 +40,9 @@ from typing import Any
 import anthropic
 import httpx2
 
-from engine.errors import Code
-from engine.model.errors import ModelError, classify
-from engine.model.types import (
+from engine.core.errors import Code
+from engine.core.model_errors import ModelError, classify
+from engine.core.model_interface import (
     FinishReason,
     Message,
     ModelRequest,

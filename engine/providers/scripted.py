@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.errors import Code, RailyardError
-from engine.model.errors import ModelError, classify
-from engine.model.types import ModelRequest, ModelResponse, ToolCall
+from engine.core.errors import Code, RailyardError
+from engine.core.model_errors import ModelError, classify
+from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
 
 _STATE_OF_PROMPT = re.compile(r"in state '([^']+)'")
 

@@ -15,22 +15,20 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.budgets import exceeded
-from engine.canonical import now
-from engine.decide import Decision
-from engine.definition import DEMOTE, LIMIT, PROVIDER_ERROR, Agent
-from engine.errors import Code, Refused
-from engine.fold import TaskState
-from engine.model.errors import REQUEST_SHAPE, ModelError
-from engine.model.forcing import MODE_OF_RUNG, build_request, choose_rung, demotion_key, model_actions
-from engine.model.profiles import CapabilityProfile, load_profiles, profile_for
-from engine.model.proposal import interpret
-from engine.model.types import ModelAdapter, ModelRequest, ModelResponse
-
-if TYPE_CHECKING:
-    from engine.core import Engine
+from engine.core.budgets import exceeded
+from engine.core.canonical import now
+from engine.core.decide import Decision
+from engine.core.definition import DEMOTE, LIMIT, PROVIDER_ERROR, Agent
+from engine.core.errors import Code, Refused
+from engine.core.fold import TaskState
+from engine.core.forcing import MODE_OF_RUNG, build_request, choose_rung, demotion_key, model_actions
+from engine.core.model_errors import REQUEST_SHAPE, ModelError
+from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
+from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
+from engine.core.proposal import interpret
+from engine.runtime.port import TaskPort
 
 log = logging.getLogger("railyard.agent")
 
@@ -52,7 +50,7 @@ class RetryPolicy:
 class AgentRunner:
     """Runs model turns for tasks in agent states, with one adapter and one thinking setting."""
 
-    def __init__(self, engine: Engine, adapter: ModelAdapter, *, thinking: bool = False,
+    def __init__(self, engine: TaskPort, adapter: ModelAdapter, *, thinking: bool = False,
                  retry: RetryPolicy | None = None, profiles: dict[str, CapabilityProfile] | None = None) -> None:
         self.engine = engine
         self.adapter = adapter

@@ -16,30 +16,32 @@ from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from engine import config
-from engine.approvals import DECISIONS
-from engine.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
-from engine.decide import Decision, decide, validate_payload
-from engine.definition import CANCEL, MIGRATE, START, Approval, StateKind, Workflow
-from engine.effects import SETTLE, may_still_land
-from engine.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
-from engine.events import Event, seal
-from engine.fold import TaskState, apply, fold, pinned_at_start, predates_effects
-from engine.leases import current_epoch
-from engine.model.types import ModelAdapter
-from engine.registry import Registry
-from engine.replay import ReplayReport
-from engine.roles import Authoriser, default_authoriser
+from engine.audit import parallel as replay_jobs
+from engine.audit.archive import ArchiveRun, archive_ended, archived_events, replay_archived, replay_archives
+from engine.audit.reads import AsOf, replay_task, replay_tasks, state_as_of, task_logs, task_path
+from engine.core.approvals import DECISIONS, check_decision, pending_view
+from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
+from engine.core.decide import Decision, decide, validate_payload
+from engine.core.definition import CANCEL, MIGRATE, START, Agent, Approval, StateKind, Tool, Workflow
+from engine.core.effects import SETTLE, may_still_land
+from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
+from engine.core.events import Event, seal
+from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
+from engine.core.model_interface import ModelAdapter
+from engine.core.replay import ReplayReport
+from engine.core.timers import next_run_at
+from engine.providers import adapter_from_spec
+from engine.runtime import config
+from engine.runtime.agent import AgentRunner
+from engine.runtime.leases import current_epoch
+from engine.runtime.registry import Registry
+from engine.runtime.roles import Authoriser, default_authoriser
+from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
 from engine.store import Loaded, Store, TaskRow
-from engine.timers import next_run_at
-
-if TYPE_CHECKING:
-    from engine.archive import ArchiveRun
-    from engine.audit import AsOf
 
 log = logging.getLogger("railyard.engine")
 #: One line per transition (see `_log_transition`); `railyard worker` prints it at INFO.
@@ -257,8 +259,6 @@ class Engine:
 
     def step(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False) -> TaskState:
         """Run one model turn for a task in an agent state: exactly one event, whatever the model does."""
-        from engine.agent import AgentRunner
-
         return AgentRunner(self, self._model(model), thinking=thinking).step(self.load(task_id))
 
     def run(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False,
@@ -274,10 +274,6 @@ class Engine:
     def advance(self, task: TaskState, *, model: ModelAdapter | None = None, thinking: bool = False,
                 max_turns: int = 50, until: Callable[[], bool] | None = None) -> TaskState:
         """`run` for a task the caller already loaded (a worker that just claimed it): no second read."""
-        from engine.agent import AgentRunner
-        from engine.definition import Agent, Tool
-        from engine.tool_runner import ToolRunner
-
         agent: AgentRunner | None = None
         tools = ToolRunner(self)
         for _ in range(max_turns):
@@ -301,8 +297,6 @@ class Engine:
             if spec is None:
                 raise Refused("no model configured: set RAILYARD_MODEL (scripted:PATH, openai:MODEL, "
                               "anthropic:MODEL)", code=Code.MODEL_NOT_CONFIGURED)
-            from engine.model import adapter_from_spec
-
             self.model = adapter_from_spec(spec)
         return self.model
 
@@ -318,8 +312,6 @@ class Engine:
 
     def approvals(self, *, role: str | None = None) -> list[dict[str, Any]]:
         """Tasks awaiting a human decision (optionally for one role), each with the prepared call."""
-        from engine.approvals import pending_view
-
         return [pending_view(definition, task) for definition, task in self.awaiting_approval(role=role)]
 
     def awaiting_approval(self, *, role: str | None = None) -> Iterator[tuple[Workflow, TaskState]]:
@@ -342,8 +334,6 @@ class Engine:
         *, loaded: TaskState | None = None, expected_seq: int | None = None,
     ) -> TaskState:
         """`loaded`: the task as the caller just loaded it (then `expected_seq` was checked already)."""
-        from engine.approvals import check_decision
-
         _check_actor(actor)
         roles = self.authoriser.roles_of(actor)
         task = loaded if loaded is not None else self._as_seen(task_id, expected_seq)
@@ -409,8 +399,6 @@ class Engine:
         requested = effect.get("requested_at") if may_still_land(task.unsettled) else None
         tools = definition.tools
         if isinstance(requested, str) and tools is not None and effect.get("tool") in tools:
-            from engine.tool_runner import SETTLE_MARGIN_SECONDS
-
             until = parse_instant(requested) + timedelta(seconds=tools.get(str(effect["tool"])).timeout
                                                          + SETTLE_MARGIN_SECONDS)
             if at < until:
@@ -521,15 +509,11 @@ class Engine:
 
     # -- audit ----------------------------------------------------------
     def replay(self, task_id: str, *, jobs: int = 1) -> ReplayReport:
-        """Check the task's whole log from zero, without calling any model or tool (see `engine.replay`).
+        """Check the task's whole log from zero, without calling any model or tool (see `engine.core.replay`).
 
-        With `jobs` > 1, a long log is checked in stretches by that many processes (`engine.replay_jobs`).
+        With `jobs` > 1, a long log is checked in stretches by that many processes (`engine.audit.parallel`).
         """
-        from engine.audit import replay_task
-
         if jobs > 1:
-            from engine import replay_jobs
-
             row = self.store.row(task_id)
             if row is not None and row.seq >= replay_jobs.LONG_LOG and replay_jobs.can_fork(self.store):
                 report = replay_jobs.replay_long(self.store, self.registry.find, row, jobs)
@@ -545,15 +529,10 @@ class Engine:
 
         With `jobs` > 1, pages of tasks are checked by that many processes; the reports come in the same order.
         """
-        from engine.audit import replay_tasks
-
-        if jobs > 1:
-            from engine import replay_jobs
-
-            if replay_jobs.can_fork(self.store):
-                reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow,
-                                                   since=since)
-                return self._then_archives(reports, workflow, since)
+        if jobs > 1 and replay_jobs.can_fork(self.store):
+            reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow,
+                                               since=since)
+            return self._then_archives(reports, workflow, since)
         reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
         return self._then_archives(reports, workflow, since)
 
@@ -564,8 +543,6 @@ class Engine:
         An archived task has no events left in the database: its report there is left out, and the
         archive's comes after the others (a task archived while this runs may be reported twice).
         """
-        from engine.archive import replay_archives
-
         for report in reports:
             if report.events or not report.task_id or self.store.archive_of(report.task_id) is None:
                 yield report
@@ -573,15 +550,11 @@ class Engine:
                                    self.registry.find)
 
     def archive(self, before: datetime, *, batch: int = 500) -> ArchiveRun:
-        """Move the logs of tasks that ended before `before` to verified files in `archive_dir` (`engine.archive`)."""
-        from engine.archive import archive_ended
-
+        """Move the logs of tasks that ended before `before` to verified files in `archive_dir` (`audit.archive`)."""
         return archive_ended(self.store, self.registry.find, before, self.archive_dir, batch=batch)
 
     def _archived_events(self, task_id: str) -> list[Event]:
         """The events of an archived task, from its file (checked against the sha256 on its row); [] if not archived."""
-        from engine.archive import archived_events
-
         ref = self.store.archive_of(task_id)
         return archived_events(ref, self.archive_dir) if ref is not None else []
 
@@ -589,8 +562,6 @@ class Engine:
         """A task without events in the database may be archived: then its file is what replay proves."""
         if report.events or not report.task_id:
             return report
-        from engine.archive import replay_archived
-
         ref = self.store.archive_of(report.task_id)
         row = self.store.row(report.task_id)
         if ref is None or row is None:
@@ -603,8 +574,6 @@ class Engine:
 
     def as_of_event(self, task_id: str, seq: int | None = None, at: datetime | None = None) -> AsOf:
         """`as_of`, with the event it stops at (its time and actor): what `show --as-of` prints."""
-        from engine.audit import state_as_of
-
         row = self.store.row(task_id)
         if row is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
@@ -613,14 +582,10 @@ class Engine:
     def logs(self, task_ids: list[str] | None = None, *, workflow: str | None = None,
              since: datetime | None = None) -> Iterator[TaskRow | Event]:
         """Task rows each followed by its events, streamed; archived tasks' events come from their files."""
-        from engine.audit import task_logs
-
         return task_logs(self.store, self._archived_events, task_ids=task_ids, workflow=workflow, since=since)
 
     def path(self, task_id: str) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
         """The task's row, how often it took each (source, trigger, target) edge, and where it is now."""
-        from engine.audit import task_path
-
         return task_path(self.store, self._archived_events, task_id)
 
     def definition_of(self, task: TaskState) -> Workflow:

@@ -1,6 +1,6 @@
 """Run a prepared tool call (or reconcile a lost one) with a timeout, and map whatever happens to an outcome.
 
-This is the only module in `engine.tools` that does I/O. The rule it enforces:
+Tools' only I/O (their declarations are `engine.core.tools`). The rule it enforces:
 a write whose effect is uncertain is `unknown`, never `failed`. A timeout, an
 exception that is not `ToolFailed`, or an unusable result from a write may all
 follow a remote that did act; calling `failed` would invite a second attempt
@@ -26,10 +26,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from engine.errors import Code, Refused
-from engine.tools.catalog import Reconciled, ToolDef, ToolFailed, ToolKind
-from engine.tools.prepared import PreparedToolCall, ToolInvocation
-from engine.tools.results import accept_result, clean_text
+from engine.core.errors import Code, Refused
+from engine.core.tools.catalog import Reconciled, ToolDef, ToolFailed, ToolKind
+from engine.core.tools.prepared import PreparedToolCall, ToolInvocation
+from engine.core.tools.results import accept_result, clean_text
 
 log = logging.getLogger("railyard.tools")
 T = TypeVar("T")

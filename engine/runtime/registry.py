@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Iterator, Sequence
 
-from engine import config
-from engine.definition import Workflow
-from engine.errors import Code, DefinitionError, RailyardError, Refused
+from engine.core.definition import Workflow
+from engine.core.errors import Code, DefinitionError, RailyardError, Refused
+from engine.runtime import config
 
 
 class Registry:

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Protocol
 
-from engine import config
-from engine.errors import Code, RailyardError
+from engine.core.errors import Code, RailyardError
+from engine.runtime import config
 
 
 class Authoriser(Protocol):

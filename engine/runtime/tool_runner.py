@@ -28,21 +28,19 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.budgets import exceeded
-from engine.canonical import format_instant, now, parse_instant
-from engine.decide import decide
-from engine.definition import CALL, CANCEL, LIMIT, RECONCILE, Tool
-from engine.effects import may_still_land
-from engine.errors import Code, ConcurrencyConflict, LeaseLost, Refused
-from engine.fold import TaskState
-from engine.tools.catalog import ToolDef, ToolKind
-from engine.tools.execute import ToolOutcome, execute, outcome_of, reconcile
-from engine.tools.prepared import PreparedToolCall
-
-if TYPE_CHECKING:
-    from engine.core import Engine
+from engine.core.budgets import exceeded
+from engine.core.canonical import format_instant, now, parse_instant
+from engine.core.decide import decide
+from engine.core.definition import CALL, CANCEL, LIMIT, RECONCILE, Tool
+from engine.core.effects import may_still_land
+from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, Refused
+from engine.core.fold import TaskState
+from engine.core.tools.catalog import ToolDef, ToolKind
+from engine.core.tools.prepared import PreparedToolCall
+from engine.runtime.execute import ToolOutcome, execute, outcome_of, reconcile
+from engine.runtime.port import TaskPort
 
 log = logging.getLogger("railyard.tools")
 
@@ -70,7 +68,7 @@ class AttemptInFlight(Refused):
 class ToolRunner:
     """Runs the tool of a task's tool state, following the intent/outcome protocol."""
 
-    def __init__(self, engine: Engine, *, reconcile_attempts: int = 3) -> None:
+    def __init__(self, engine: TaskPort, *, reconcile_attempts: int = 3) -> None:
         self.engine = engine
         self.reconcile_attempts = reconcile_attempts
 

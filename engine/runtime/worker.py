@@ -5,7 +5,7 @@ seconds, a transition takes a millisecond, and a thread per held task keeps
 the code the same as `Engine.run`. A worker keeps `concurrency` tasks in hand
 and claims another as soon as one is released, so one slow task never holds
 up the others. Each held task carries its lease as a fencing token to every
-append (`engine.leases`); one heartbeat thread extends all of the worker's
+append (`engine.runtime.leases`); one heartbeat thread extends all of the worker's
 leases while long steps run, and no database transaction is open across a
 model or tool call. A task whose lease expired (its worker died) is claimed
 again by another worker and resumed from its log; a write tool's stranded
@@ -32,17 +32,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from engine import config
-from engine.canonical import now
-from engine.core import Engine
-from engine.definition import EXPIRED, LIMIT, StateKind, Status
-from engine.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
-from engine.leases import Lease, holding
-from engine.model.profiles import load_profiles
-from engine.model.types import ModelAdapter
-from engine.store.store import Claim, WorkerReport
+from engine.core.canonical import now
+from engine.core.definition import EXPIRED, LIMIT, StateKind, Status
+from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
+from engine.core.model_interface import ModelAdapter
+from engine.core.profiles import load_profiles
+from engine.core.rows import Claim, WorkerReport
+from engine.runtime import config
+from engine.runtime.engine import Engine
+from engine.runtime.leases import Lease, holding
+from engine.runtime.tool_runner import AttemptInFlight
 from engine.store.wakeups import Listener
-from engine.tool_runner import AttemptInFlight
 
 log = logging.getLogger("railyard.worker")
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from engine.canonical import parse_instant, utc
+from engine.core.canonical import parse_instant, utc
 
 #: Task row (k = 0), its newest snapshot at or below the row's seq (k = 1) and the events after
 #: that snapshot up to the row's seq (k = 2), in one statement: one round trip and one consistent

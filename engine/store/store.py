@@ -21,10 +21,10 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from engine.canonical import canonical_json, now, utc
-from engine.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, StoreError
-from engine.events import UNREADABLE, Event, with_stored_data
-from engine.records import quick_init
+from engine.core.canonical import canonical_json, now, utc
+from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, StoreError
+from engine.core.events import UNREADABLE, Event, with_stored_data
+from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.store import queries
 from engine.store.database import make_engine, reading, writing
 from engine.store.schema import events, snapshots, tasks, workers
@@ -34,68 +34,6 @@ log = logging.getLogger("railyard.store")
 #: Audit reads: task rows per keyset page, and log rows per round trip of a server-side cursor.
 AUDIT_PAGE = 500
 AUDIT_FETCH = 5000
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class TaskRow:
-    """The `tasks` row: the head of a task's log as the last append left it."""
-
-    task_id: str
-    workflow: str
-    version: int
-    digest: str
-    state: str
-    status: str
-    seq: int
-    last_hash: str
-    created_at: datetime
-    updated_at: datetime
-    next_run_at: datetime | None = None
-    lease_owner: str | None = None
-    lease_expires_at: datetime | None = None
-    lease_epoch: int = 0
-    failures: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A lease a worker just took: the epoch is its fencing token; `due_at` is when the task became due."""
-
-    task_id: str
-    epoch: int
-    due_at: datetime
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    task_id: str
-    seq: int
-    hash: str
-    doc: str
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerReport:
-    """A worker process as the `workers` table shows it to operators."""
-
-    name: str
-    host: str
-    pid: int
-    concurrency: int
-    started_at: datetime
-    seen_at: datetime
-    stopped_at: datetime | None
-    counts: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """What `load` read in one consistent view: the row, the newest snapshot, and the events after it."""
-
-    row: TaskRow
-    snapshot: Snapshot | None
-    events: list[Event]
 
 
 class Store:
@@ -713,16 +651,6 @@ def _event_values(ev: Event) -> dict[str, Any]:
         "prev_hash": ev.prev_hash,
         "hash": ev.hash,
     }
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveRef:
-    """Where an archived task's events are: the file's name (in the archive directory) and its sha256."""
-
-    task_id: str
-    file: str
-    sha256: str
-    archived_at: datetime
 
 
 def _task_row(r: Row[Any]) -> TaskRow:

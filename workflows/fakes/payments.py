@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from engine.canonical import now, utc
+from engine.core.canonical import now, utc
 from workflows.fakes.backend import Backend
 from workflows.fakes.errors import Declined
 from workflows.fakes.faults import hold, strike_after, strike_before, take

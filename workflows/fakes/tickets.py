@@ -7,7 +7,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from engine.canonical import utc
+from engine.core.canonical import utc
 from workflows.fakes.backend import Backend
 from workflows.fakes.errors import NotFound
 from workflows.fakes.faults import strike_after, strike_before, take

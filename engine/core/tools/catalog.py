@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from engine.canonical import canonical_json, sha256_hex
-from engine.definition import IDENTITY_FIELDS
-from engine.errors import Code, DefinitionError, Refused
+from engine.core.canonical import canonical_json, sha256_hex
+from engine.core.definition import IDENTITY_FIELDS
+from engine.core.errors import Code, DefinitionError, Refused
 
 if TYPE_CHECKING:
-    from engine.tools.prepared import ToolInvocation
+    from engine.core.tools.prepared import ToolInvocation
 
 #: Tool and catalog names: the same shape as state and action names, and valid as a provider function name.
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

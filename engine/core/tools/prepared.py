@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from engine.canonical import canonical_json, sha256_hex
-from engine.definition import IDENTITY_FIELDS, redact
-from engine.errors import Code, IntegrityError, Refused
-from engine.tools.catalog import ToolCatalog, ToolDef, ToolKind
+from engine.core.canonical import canonical_json, sha256_hex
+from engine.core.definition import IDENTITY_FIELDS, redact
+from engine.core.errors import Code, IntegrityError, Refused
+from engine.core.tools.catalog import ToolCatalog, ToolDef, ToolKind
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -24,11 +24,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine.canonical import canonical_json
-from engine.errors import Code, Refused
-from engine.text import clean
-from engine.tools.catalog import NAME, ToolDef
-from engine.tools.prepared import compact_errors, summarise
+from engine.core.canonical import canonical_json
+from engine.core.errors import Code, Refused
+from engine.core.text import clean
+from engine.core.tools.catalog import NAME, ToolDef
+from engine.core.tools.prepared import compact_errors, summarise
 
 #: The largest result, in UTF-8 bytes of canonical JSON, that is passed on to the model and the log.
 MAX_RESULT_BYTES = 8192

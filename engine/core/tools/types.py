@@ -23,7 +23,7 @@ from pydantic import (
     StringConstraints,
 )
 
-from engine.canonical import format_instant
+from engine.core.canonical import format_instant
 
 #: The largest integer every JSON reader (JavaScript included) represents exactly.
 MAX_SAFE_INTEGER = 2**53 - 1
