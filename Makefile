@@ -38,6 +38,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/workers.py --quick
 
 lint: $(STAMP)
+	$(BIN)/ruff format --check engine workflows migrations tests bench tools
 	$(BIN)/ruff check engine workflows migrations tests bench tools
 	$(BIN)/mypy engine
 	$(BIN)/lint-imports

@@ -148,8 +148,10 @@ class RepeatModel:
         self.calls += 1
         self.last_request = request
         if "tool_calls" in self.turn:
-            calls = tuple(ToolCall(f"call_{self.calls}_{i}", c["name"], json.dumps(c["arguments"]))
-                          for i, c in enumerate(self.turn["tool_calls"]))
+            calls = tuple(
+                ToolCall(f"call_{self.calls}_{i}", c["name"], json.dumps(c["arguments"]))
+                for i, c in enumerate(self.turn["tool_calls"])
+            )
             return ModelResponse(tool_calls=calls, finish_reason="tool_calls")
         return ModelResponse(text=json.dumps(self.turn["json"]))
 
@@ -177,8 +179,16 @@ class BatchingStore:
         self.store = store
         self.pending: tuple[str, int, list[Any], str, dict[str, Any]] | None = None
 
-    def append(self, task_id: str, expected_seq: int, new_events: Any, *, status: str,
-               snapshot: tuple[int, str, str] | None = None, **row: Any) -> None:
+    def append(
+        self,
+        task_id: str,
+        expected_seq: int,
+        new_events: Any,
+        *,
+        status: str,
+        snapshot: tuple[int, str, str] | None = None,
+        **row: Any,
+    ) -> None:
         # `row`: the other task-row fields an append sets (next_run_at, lease_epoch); the last ones win.
         if self.pending is not None and self.pending[0] != task_id:
             self.flush()
@@ -261,8 +271,9 @@ QUICK = Plan(rounds=3, steps=300, slices=3, warm=10, wait_s=5.0, redo=1)
 class Series:
     """One figure: a kind of step on one backend at one history length, with its prebuilt tasks."""
 
-    def __init__(self, name: str, backend: str, kind: str, history: int, make: Callable[[], Held],
-                 pool_size: int) -> None:
+    def __init__(
+        self, name: str, backend: str, kind: str, history: int, make: Callable[[], Held], pool_size: int
+    ) -> None:
         self.name, self.backend, self.kind, self.history = name, backend, kind, history
         self.warm_task = make()
         self.pool = [make() for _ in range(pool_size)]
@@ -289,8 +300,14 @@ class Bench:
         self.urls = {"sqlite": sqlite_url} | ({"pg": pg_url} if pg_url else {})
         self.engines = {b: make_engine(u) for b, u in self.urls.items()}
         # What builds the histories: the same engine code, its appends batched (see BatchingStore).
-        self.builders = {b: Engine(store=BatchingStore(e.store), registry=e.registry,  # type: ignore[arg-type]
-                                   authoriser=e.authoriser) for b, e in self.engines.items()}
+        self.builders = {
+            b: Engine(
+                store=BatchingStore(e.store),
+                registry=e.registry,  # type: ignore[arg-type]
+                authoriser=e.authoriser,
+            )
+            for b, e in self.engines.items()
+        }
         self.models: dict[tuple[str, str, int, str], RepeatModel] = {}
         self.runners: dict[tuple[str, str, int, str], AgentRunner] = {}
         self.raws: dict[str, PgRaw | SqliteRaw] = {}
@@ -304,8 +321,9 @@ class Bench:
         for eng in self.engines.values():
             eng.close()
 
-    def runner(self, backend: str, kind: str, history: int, eng: Engine | None = None,
-               role: str = "measure") -> AgentRunner:
+    def runner(
+        self, backend: str, kind: str, history: int, eng: Engine | None = None, role: str = "measure"
+    ) -> AgentRunner:
         """One runner (and model) per series and role ("measure", or "build" on the builder engine), so each
         model's last request is that series' own."""
         key = (backend, kind, history, role)
@@ -319,8 +337,9 @@ class Bench:
         if backend not in self.raws:
             seed = self.engines[backend].start(AGENT_WORKFLOW.name, {}, actor=ACTOR)
             url = self.urls[backend]
-            self.raws[backend] = PgRaw(libpq(url), seed) if backend == "pg" else SqliteRaw(
-                make_url(url).database or "", seed)
+            self.raws[backend] = (
+                PgRaw(libpq(url), seed) if backend == "pg" else SqliteRaw(make_url(url).database or "", seed)
+            )
         return self.raws[backend]
 
     def maker(self, backend: str, kind: str, history: int) -> Callable[[], Held]:
@@ -361,16 +380,24 @@ class Bench:
                 for kind in kinds:
                     t0 = time.perf_counter()
                     size = -(-((plan.rounds + plan.redo) * plan.steps) // BAND[history])
-                    series = Series(f"{backend}:{kind}@{history}", backend, kind, history,
-                                    self.maker(backend, kind, history), size)
+                    series = Series(
+                        f"{backend}:{kind}@{history}", backend, kind, history, self.maker(backend, kind, history), size
+                    )
                     self.series.append(series)
                     for held in (series.warm_task, series.pool[-1]):
                         check_built(self.engines[backend], held, history)
-                    print(f"  built {size + 1} tasks of {history} events for {series.name} "
-                          f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+                    print(
+                        f"  built {size + 1} tasks of {history} events for {series.name} "
+                        f"({time.perf_counter() - t0:.1f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         # The step with the append stubbed out: no database, so no history to speak of.
-        null = Engine(store=NullStore(), registry=self.engines["sqlite"].registry,  # type: ignore[arg-type]
-                      authoriser=self.engines["sqlite"].authoriser)
+        null = Engine(
+            store=NullStore(),
+            registry=self.engines["sqlite"].registry,  # type: ignore[arg-type]
+            authoriser=self.engines["sqlite"].authoriser,
+        )
         start = next(s for s in self.series if s.name == "sqlite:step@10").warm_task
         assert isinstance(start, EngineTask)
         runner = self.runner("none", "step", 0, null)
@@ -422,12 +449,17 @@ def conversation(bench: Bench, backend: str) -> dict[str, Any]:
         definition = eng.definition_of(task)
         state = definition.state(task.state)
         assert isinstance(state, Agent)
-        entry: dict[str, Any] = {"seq": task.seq, "visit": task.visit, "facts": task.facts,
-                                 "state_doc_bytes": len(canonical_json(task.to_doc()))}
+        entry: dict[str, Any] = {
+            "seq": task.seq,
+            "visit": task.visit,
+            "facts": task.facts,
+            "state_doc_bytes": len(canonical_json(task.to_doc())),
+        }
         for kind in RUNGS:
             runner = bench.runner(backend, kind, history)
-            rung = choose_rung(runner.profile, runner.adapter.model, False, len(model_actions(state)),
-                               task.visit.get("demoted", []))
+            rung = choose_rung(
+                runner.profile, runner.adapter.model, False, len(model_actions(state)), task.visit.get("demoted", [])
+            )
             request, _ = build_request(definition, task, runner.profile, runner.adapter.model, False, rung)
             entry[f"{kind}_request"] = {"rung": str(rung), **(request_size(request) or {})}
         out[str(history)] = entry
@@ -524,8 +556,11 @@ def run_rounds(bench: Bench) -> dict[str, dict[str, Any]]:
         if worst > DISTURBED and redo > 0:
             redo -= 1
             bench.discarded.append(round(worst, 3))
-            print(f"  round discarded: other work kept the CPUs {worst:.0%} busy; running it again",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  round discarded: other work kept the CPUs {worst:.0%} busy; running it again",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         for name, (wall, cpu, _, _) in totals.items():
             samples[name].append((wall / steps * 1000, cpu / steps * 1e6, busy[name]))
@@ -536,8 +571,13 @@ def run_rounds(bench: Bench) -> dict[str, dict[str, Any]]:
 def difference(top: dict[str, Any], bottom: dict[str, Any]) -> dict[str, Any]:
     """top - bottom: of the medians (what is judged), round by round (its spread), and of client CPU."""
     rounds = [round(a - b, 4) for a, b in zip(top["rounds"], bottom["rounds"], strict=True)]
-    return {"ms": round(top["median"] - bottom["median"], 4), "rounds": rounds, "min": min(rounds),
-            "max": max(rounds), "client_cpu_us": round(top["client_cpu_us"] - bottom["client_cpu_us"], 1)}
+    return {
+        "ms": round(top["median"] - bottom["median"], 4),
+        "rounds": rounds,
+        "min": min(rounds),
+        "max": max(rounds),
+        "client_cpu_us": round(top["client_cpu_us"] - bottom["client_cpu_us"], 1),
+    }
 
 
 def growth_met(short: float, long: float) -> bool:
@@ -554,13 +594,18 @@ def judge(fig: dict[str, dict[str, Any]], backends: list[str]) -> tuple[dict[str
         for history in HISTORIES:
             value = None
             if measured:
-                d = over[f"{backend}_overhead_{history}"] = difference(fig[f"{backend}:step@{history}"],
-                                                                       fig[f"{backend}:raw@{history}"])
+                d = over[f"{backend}_overhead_{history}"] = difference(
+                    fig[f"{backend}:step@{history}"], fig[f"{backend}:raw@{history}"]
+                )
                 value = d["ms"]
             t: dict[str, Any] = {
-                "name": f"{backend}_overhead_{history}_ms", "value": value, "op": "<", "threshold": OVERHEAD_MS,
+                "name": f"{backend}_overhead_{history}_ms",
+                "value": value,
+                "op": "<",
+                "threshold": OVERHEAD_MS,
                 "met": None if value is None else value < OVERHEAD_MS,
-                "note": f"AgentRunner.step - raw append, ms per step, {history:,} prior events, {label}"}
+                "note": f"AgentRunner.step - raw append, ms per step, {history:,} prior events, {label}",
+            }
             if measured:
                 t["rounds_met"] = f"{sum(v < OVERHEAD_MS for v in d['rounds'])}/{len(d['rounds'])}"
             targets.append(t)
@@ -569,19 +614,27 @@ def judge(fig: dict[str, dict[str, Any]], backends: list[str]) -> tuple[dict[str
         ratio = None if short is None or long is None or short <= 0 else round(long / short, 3)
         if short is not None and long is not None:
             over[f"{backend}_history_growth"] = {"ratio": ratio, "delta_ms": round(long - short, 4)}
-        targets.append({
-            "name": f"{backend}_history_growth", "value": ratio, "op": "within",
-            "threshold": f"{GROWTH_REL:.0%} or {GROWTH_ABS_MS} ms",
-            "met": None if short is None or long is None else growth_met(short, long),
-            "note": f"overhead at {HISTORIES[-1]:,} / at {HISTORIES[0]:,} prior events, {label}"})
+        targets.append(
+            {
+                "name": f"{backend}_history_growth",
+                "value": ratio,
+                "op": "within",
+                "threshold": f"{GROWTH_REL:.0%} or {GROWTH_ABS_MS} ms",
+                "met": None if short is None or long is None else growth_met(short, long),
+                "note": f"overhead at {HISTORIES[-1]:,} / at {HISTORIES[0]:,} prior events, {label}",
+            }
+        )
         if measured:
             h = HISTORIES[0]
-            over[f"{backend}_transition_vs_raw_{h}"] = difference(fig[f"{backend}:transition@{h}"],
-                                                                  fig[f"{backend}:raw@{h}"])
-            over[f"{backend}_step_vs_transition_{h}"] = difference(fig[f"{backend}:step@{h}"],
-                                                                   fig[f"{backend}:transition@{h}"])
-            over[f"{backend}_native_overhead_{h}"] = difference(fig[f"{backend}:step_native@{h}"],
-                                                                fig[f"{backend}:raw@{h}"])
+            over[f"{backend}_transition_vs_raw_{h}"] = difference(
+                fig[f"{backend}:transition@{h}"], fig[f"{backend}:raw@{h}"]
+            )
+            over[f"{backend}_step_vs_transition_{h}"] = difference(
+                fig[f"{backend}:step@{h}"], fig[f"{backend}:transition@{h}"]
+            )
+            over[f"{backend}_native_overhead_{h}"] = difference(
+                fig[f"{backend}:step_native@{h}"], fig[f"{backend}:raw@{h}"]
+            )
     return over, targets
 
 
@@ -618,14 +671,22 @@ def _line(label: str, fig: dict[str, Any]) -> str:
     return f"    {label:<52} {fig['median']:>7.3f} {spread:<15} {fig['client_cpu_us']:>6.0f} us {busy}"
 
 
-def report(fig: dict[str, dict[str, Any]], over: dict[str, Any], targets: list[dict[str, Any]],
-           conv: dict[str, Any], pg: dict[str, Any], backends: list[str]) -> None:
+def report(
+    fig: dict[str, dict[str, Any]],
+    over: dict[str, Any],
+    targets: list[dict[str, Any]],
+    conv: dict[str, Any],
+    pg: dict[str, Any],
+    backends: list[str],
+) -> None:
     header = f"    {'ms per step':<52} {'median':>7} {'[min-max]':<15} {'client CPU':>9} {'CPUs busy':>9}"
     print()
     for backend in backends:
         if backend == "pg":
-            print(f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, "
-                  f"synchronous_commit={pg['synchronous_commit']}); raw append = one CTE statement, autocommit")
+            print(
+                f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, "
+                f"synchronous_commit={pg['synchronous_commit']}); raw append = one CTE statement, autocommit"
+            )
         else:
             print("SQLite (WAL, synchronous=NORMAL); raw append = BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT")
         print(header)
@@ -640,26 +701,35 @@ def report(fig: dict[str, dict[str, Any]], over: dict[str, Any], targets: list[d
     print(_line("reference: fixed pure-Python work (the machine's speed)", fig["none:reference"]))
     print("Overhead = step - raw append, ms per step (of the medians; round by round in brackets):")
     for backend in backends:
-        for key, what in ([(f"{backend}_overhead_{h}", f"{h:,} prior events") for h in HISTORIES]
-                          + [(f"{backend}_transition_vs_raw_10", "context: Engine.transition - raw, 10"),
-                             (f"{backend}_step_vs_transition_10", "context: step - Engine.transition, 10"),
-                             (f"{backend}_native_overhead_10", "context: native_schema step - raw, 10")]):
+        for key, what in [(f"{backend}_overhead_{h}", f"{h:,} prior events") for h in HISTORIES] + [
+            (f"{backend}_transition_vs_raw_10", "context: Engine.transition - raw, 10"),
+            (f"{backend}_step_vs_transition_10", "context: step - Engine.transition, 10"),
+            (f"{backend}_native_overhead_10", "context: native_schema step - raw, 10"),
+        ]:
             d = over[key]
-            print(f"    {backend:<7} {what:<42} {d['ms']:>7.3f}  [{d['min']:.3f} to {d['max']:.3f}]  "
-                  f"client CPU {d['client_cpu_us']:+.0f} us")
+            print(
+                f"    {backend:<7} {what:<42} {d['ms']:>7.3f}  [{d['min']:.3f} to {d['max']:.3f}]  "
+                f"client CPU {d['client_cpu_us']:+.0f} us"
+            )
     for backend in backends:
         g = over[f"{backend}_history_growth"]
         print(f"    {backend:<7} history growth (1,000 / 10): {g['ratio']}x, {g['delta_ms']:+.3f} ms")
     for backend, c in conv.items():
-        print(f"Conversation, {backend}: same request and state size at 10 and 1,000 prior events: {c['same']} "
-              + "; ".join(f"{h}: {c[h]['step_request']['messages']} messages, {c[h]['step_request']['chars']} "
-                          f"chars, visit {len(c[h]['visit']['messages'])} messages, state {c[h]['state_doc_bytes']} B"
-                          for h in map(str, HISTORIES)))
+        print(
+            f"Conversation, {backend}: same request and state size at 10 and 1,000 prior events: {c['same']} "
+            + "; ".join(
+                f"{h}: {c[h]['step_request']['messages']} messages, {c[h]['step_request']['chars']} "
+                f"chars, visit {len(c[h]['visit']['messages'])} messages, state {c[h]['state_doc_bytes']} B"
+                for h in map(str, HISTORIES)
+            )
+        )
     disturbed = sum(f["disturbed_rounds"] for f in fig.values())
     if disturbed:
-        print(f"WARNING: in {disturbed} of {sum(len(f['rounds']) for f in fig.values())} timed runs the CPUs were "
-              f"more than {DISTURBED:.0%} busy, more than one stepping process explains: other work was running "
-              "and the figures are disturbed by it. Rerun on a quiet machine.")
+        print(
+            f"WARNING: in {disturbed} of {sum(len(f['rounds']) for f in fig.values())} timed runs the CPUs were "
+            f"more than {DISTURBED:.0%} busy, more than one stepping process explains: other work was running "
+            "and the figures are disturbed by it. Rerun on a quiet machine."
+        )
     print_targets(targets)
 
 
@@ -671,19 +741,32 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     started = time.perf_counter()
     idle_busy = background_busy(1.0 if plan is FULL else 0.5)
-    print(f"Railyard agent-step benchmark ({mode}: {plan.rounds} interleaved rounds x {plan.steps} timed steps "
-          f"per figure, in {plan.slices} slices after {plan.warm} warm-up steps each; figures are medians over "
-          "rounds)", flush=True)
+    print(
+        f"Railyard agent-step benchmark ({mode}: {plan.rounds} interleaved rounds x {plan.steps} timed steps "
+        f"per figure, in {plan.slices} slices after {plan.warm} warm-up steps each; figures are medians over "
+        "rounds)",
+        flush=True,
+    )
     host = machine(None)
-    print(f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, SQLite {host['sqlite']}, "
-          f"railyard {host['commit']}")
+    print(
+        f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, SQLite {host['sqlite']}, "
+        f"railyard {host['commit']}"
+    )
     if idle_busy is not None:
-        print(f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
-              + ("" if idle_busy < BUSY_WARNING else
-                 " -- WARNING: something else is running; the figures below are disturbed by it"), flush=True)
+        print(
+            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
+            + (
+                ""
+                if idle_busy < BUSY_WARNING
+                else " -- WARNING: something else is running; the figures below are disturbed by it"
+            ),
+            flush=True,
+        )
     profile_text = None
-    with bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg), \
-            tempfile.TemporaryDirectory(prefix="railyard_bench_") as tmp:
+    with (
+        bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg),
+        tempfile.TemporaryDirectory(prefix="railyard_bench_") as tmp,
+    ):
         sqlite_url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         migrations.upgrade(sqlite_url)
         if pg_url is not None:
@@ -701,8 +784,11 @@ def main(argv: list[str] | None = None) -> int:
             build_s = time.perf_counter() - t0
             conv = {backend: conversation(bench, backend) for backend in backends}
             fig = run_rounds(bench)
-            seen = {s.name: request_size(bench.models[(s.backend, s.kind, s.history, "measure")].last_request)
-                    for s in bench.series if s.kind in RUNGS}
+            seen = {
+                s.name: request_size(bench.models[(s.backend, s.kind, s.history, "measure")].last_request)
+                for s in bench.series
+                if s.kind in RUNGS
+            }
             check_tasks(bench)
             if args.profile:
                 profile_text = profile_steps(bench)
@@ -719,10 +805,14 @@ def main(argv: list[str] | None = None) -> int:
         print(profile_text)
     elapsed = time.perf_counter() - started
     if bench.discarded:
-        print(f"{len(bench.discarded)} round(s) discarded and run again: other work kept the CPUs busy "
-              f"({', '.join(f'{b:.0%}' for b in bench.discarded)})")
-    print(f"({elapsed:.0f} s, of which building the histories {build_s:.0f} s and waiting for other work to "
-          f"leave the CPUs alone before the rounds {sum(bench.waited):.0f} s)")
+        print(
+            f"{len(bench.discarded)} round(s) discarded and run again: other work kept the CPUs busy "
+            f"({', '.join(f'{b:.0%}' for b in bench.discarded)})"
+        )
+    print(
+        f"({elapsed:.0f} s, of which building the histories {build_s:.0f} s and waiting for other work to "
+        f"leave the CPUs alone before the rounds {sum(bench.waited):.0f} s)"
+    )
 
     def ms(name: str) -> float | None:
         return fig[name]["median"] if name in fig else None
@@ -735,8 +825,15 @@ def main(argv: list[str] | None = None) -> int:
         "mode": mode,
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "seconds": round(elapsed, 1),
-        "plan": {"rounds": plan.rounds, "steps": plan.steps, "slices": plan.slices, "warm": plan.warm,
-                 "wait_s": plan.wait_s, "redo": plan.redo, "bands": BAND},
+        "plan": {
+            "rounds": plan.rounds,
+            "steps": plan.steps,
+            "slices": plan.slices,
+            "warm": plan.warm,
+            "wait_s": plan.wait_s,
+            "redo": plan.redo,
+            "bands": BAND,
+        },
         "machine": {**host, "postgresql": pg.get("server_version")},  # the commit measured: as the run began
         "background_cpu_busy": None if idle_busy is None else round(idle_busy, 3),
         "waited_for_quiet_s": bench.waited,

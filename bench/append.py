@@ -77,11 +77,15 @@ class TickArgs(BaseModel):
 
 def tick_workflow(name: str) -> Workflow:
     """A self-loop, so one task can take any number of transitions (the append and replay benchmarks')."""
-    return Workflow(name=name, version=1, description="A self-loop so one task can take thousands of transitions.",
-                    states=[
-                        Agent("working", actions=[Action("tick", "working", TickArgs), Action("finish", "done")]),
-                        Terminal("done"),
-                    ])
+    return Workflow(
+        name=name,
+        version=1,
+        description="A self-loop so one task can take thousands of transitions.",
+        states=[
+            Agent("working", actions=[Action("tick", "working", TickArgs), Action("finish", "done")]),
+            Terminal("done"),
+        ],
+    )
 
 
 BENCH_WORKFLOW = tick_workflow("bench_tick")
@@ -187,8 +191,24 @@ class PgRaw:
         at, data, digest = _hand_event(self.task_id, seq, self.last_hash, self.n)
         self.cur.execute(
             PG_CTE,
-            (seq, "working", "runnable", digest, at, self.task_id, self.seq,
-             seq, at, ACTOR, "working", "tick", "working", data, self.last_hash, digest),
+            (
+                seq,
+                "working",
+                "runnable",
+                digest,
+                at,
+                self.task_id,
+                self.seq,
+                seq,
+                at,
+                ACTOR,
+                "working",
+                "tick",
+                "working",
+                data,
+                self.last_hash,
+                digest,
+            ),
         )
         if self.cur.rowcount != 1:
             raise Conflict(self.task_id)
@@ -411,8 +431,7 @@ class Pool:
         self.outbox = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(size)]
         self.procs = [
-            ctx.Process(target=_worker, args=(cfg, self.inboxes[w], self.outbox, w), daemon=True)
-            for w in range(size)
+            ctx.Process(target=_worker, args=(cfg, self.inboxes[w], self.outbox, w), daemon=True) for w in range(size)
         ]
         for proc in self.procs:
             proc.start()
@@ -511,8 +530,9 @@ def check_raw_matches_engine(cfg: Config, backend: str) -> None:
         task_id = eng.start(BENCH_WORKFLOW.name, {}, actor=ACTOR)
         url = cfg.pg_url if backend == "pg" else cfg.sqlite_url
         assert url is not None
-        raw: PgRaw | SqliteRaw = PgRaw(libpq(url), task_id) if backend == "pg" else SqliteRaw(
-            make_url(url).database or "", task_id)
+        raw: PgRaw | SqliteRaw = (
+            PgRaw(libpq(url), task_id) if backend == "pg" else SqliteRaw(make_url(url).database or "", task_id)
+        )
         steps = [raw.naive, raw.read_write] + ([raw.best] if isinstance(raw, PgRaw) else [])
         for step in steps:
             for _ in range(10):
@@ -579,8 +599,11 @@ def _time_loads(eng: Engine, task_id: str, samples: int) -> dict[str, float]:
         t0 = time.perf_counter()
         eng.load(task_id)
         times.append((time.perf_counter() - t0) * 1000)
-    return {"median": round(statistics.median(times), 3), "p95": round(statistics.quantiles(times, n=20)[-1], 3),
-            "mean": round(statistics.fmean(times), 3)}
+    return {
+        "median": round(statistics.median(times), 3),
+        "p95": round(statistics.quantiles(times, n=20)[-1], 3),
+        "mean": round(statistics.fmean(times), 3),
+    }
 
 
 def _figure_line(label: str, fig: dict[str, Any]) -> str:
@@ -597,12 +620,17 @@ def target(
     def ok(v: float) -> bool:
         return v >= threshold if op == ">=" else v < threshold
 
-    out = {"name": name, "value": None if value is None else round(value, 3), "op": op, "threshold": threshold,
-           "met": None if value is None else ok(value), "note": note}
+    out = {
+        "name": name,
+        "value": None if value is None else round(value, 3),
+        "op": op,
+        "threshold": threshold,
+        "met": None if value is None else ok(value),
+        "note": note,
+    }
     if rounds:
         out["rounds_met"] = f"{sum(ok(v) for v in rounds)}/{len(rounds)}"
     return out
-
 
 
 def bench_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -628,6 +656,7 @@ def print_targets(targets: list[dict[str, Any]]) -> None:
         rounds = f", met in {t['rounds_met']} rounds" if "rounds_met" in t else ""
         print(f"    {verdict:<13} {t['name']:<{width}} {shown} {t['op']} {t['threshold']}  ({t['note']}{rounds})")
 
+
 def machine(pg_version: str | None) -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -635,27 +664,44 @@ def machine(pg_version: str | None) -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
-            "postgresql": pg_version, "sqlite": sqlite3.sqlite_version, "platform": platform.platform(),
-            "commit": _commit()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "postgresql": pg_version,
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+        "commit": _commit(),
+    }
 
 
 def _commit() -> str | None:
     """The checkout measured: HEAD, plus `-dirty` if engine/ has uncommitted changes."""
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine"], cwd=root, capture_output=True,
-                               text=True, check=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "engine"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("-dirty" if dirty else "")
 
 
 def pg_server_url(arg: str | None) -> str:
-    return arg or os.environ.get("RAILYARD_BENCH_POSTGRES_URL") or os.environ.get(
-        "RAILYARD_TEST_POSTGRES_URL") or DEFAULT_PG_SERVER
+    return (
+        arg
+        or os.environ.get("RAILYARD_BENCH_POSTGRES_URL")
+        or os.environ.get("RAILYARD_TEST_POSTGRES_URL")
+        or DEFAULT_PG_SERVER
+    )
 
 
 def pg_unreachable(server: str) -> str | None:
@@ -741,23 +787,37 @@ def ratios_and_targets(
     sq = fig["sqlite"]
     ratio("sqlite_transition_vs_raw", sq["transition"], sq["naive"])
     ratio("sqlite_fire_vs_read_write", sq["fire"], sq["read_write"])
+
     def ratio_target(name: str, threshold: float, note: str) -> dict[str, Any]:
         return target(name, ratios.get(name), ">=", threshold, note, per_round.get(name))
 
     pg_load = fig["load"].get("postgresql")
     targets = [
         ratio_target("pg_1w_transition_vs_naive", 1.0, "Engine.transition / (a) raw naive, PostgreSQL, 1 writer"),
-        ratio_target("pg_1w_transition_vs_best", 0.7,
-                     "Engine.transition / (b) raw best (one CTE), PostgreSQL, 1 writer"),
+        ratio_target(
+            "pg_1w_transition_vs_best", 0.7, "Engine.transition / (b) raw best (one CTE), PostgreSQL, 1 writer"
+        ),
         ratio_target("pg_1w_fire_vs_read_write", 1.0, "Engine.fire / raw read-then-write, PostgreSQL, 1 writer"),
-        ratio_target("pg_4w_vs_1w_engine", 2.5,
-                     "Engine.transition, 4 writer processes / 1, one task each, PostgreSQL"),
-        ratio_target("sqlite_transition_vs_raw", 0.3,
-                     "Engine.transition / raw sqlite3 (BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT), WAL"),
-        target("pg_load_10k_ms", pg_load["at_snapshot_ms"]["median"] if pg_load else None, "<", 5.0,
-               "median Engine.load, 10,000 events, from its snapshot, PostgreSQL"),
-        target("sqlite_load_10k_ms", fig["load"]["sqlite"]["at_snapshot_ms"]["median"], "<", 5.0,
-               "median Engine.load, 10,000 events, from its snapshot, SQLite"),
+        ratio_target("pg_4w_vs_1w_engine", 2.5, "Engine.transition, 4 writer processes / 1, one task each, PostgreSQL"),
+        ratio_target(
+            "sqlite_transition_vs_raw",
+            0.3,
+            "Engine.transition / raw sqlite3 (BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT), WAL",
+        ),
+        target(
+            "pg_load_10k_ms",
+            pg_load["at_snapshot_ms"]["median"] if pg_load else None,
+            "<",
+            5.0,
+            "median Engine.load, 10,000 events, from its snapshot, PostgreSQL",
+        ),
+        target(
+            "sqlite_load_10k_ms",
+            fig["load"]["sqlite"]["at_snapshot_ms"]["median"],
+            "<",
+            5.0,
+            "median Engine.load, 10,000 events, from its snapshot, SQLite",
+        ),
     ]
     return ratios, per_round, targets
 
@@ -769,8 +829,7 @@ def report(
     per_round: dict[str, list[float]],
     targets: list[dict[str, Any]],
 ) -> None:
-    header = (f"    {'transitions per second':<66} {'median':>6} {'[min-max]':<13} {'client CPU':>9} "
-              f"{'CPUs busy':>9}")
+    header = f"    {'transitions per second':<66} {'median':>6} {'[min-max]':<13} {'client CPU':>9} {'CPUs busy':>9}"
     print()
     if "postgresql" in fig:
         print(f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, synchronous_commit={pg['synchronous_commit']})")
@@ -783,13 +842,17 @@ def report(
     print(header)
     for key, one in fig["sqlite"].items():
         print(_figure_line(SQLITE_LABELS[key], one))
-    print(f"Engine.load of a task with {LOAD_EVENTS:,} events (snapshot every "
-          f"{fig['load']['sqlite']['snapshot_every']} events), milliseconds:")
+    print(
+        f"Engine.load of a task with {LOAD_EVENTS:,} events (snapshot every "
+        f"{fig['load']['sqlite']['snapshot_every']} events), milliseconds:"
+    )
     for backend, one in fig["load"].items():
         at, tail = one["at_snapshot_ms"], one["with_tail_ms"]
-        print(f"    {backend:<10} {one['past_snapshot']} events past the newest snapshot: median {at['median']}, "
-              f"p95 {at['p95']}; {one['tail_events']} events past it: median {tail['median']}, p95 {tail['p95']}; "
-              f"no snapshot (fold from zero): {one['fold_from_zero_ms']}")
+        print(
+            f"    {backend:<10} {one['past_snapshot']} events past the newest snapshot: median {at['median']}, "
+            f"p95 {at['p95']}; {one['tail_events']} events past it: median {tail['median']}, p95 {tail['p95']}; "
+            f"no snapshot (fold from zero): {one['fold_from_zero_ms']}"
+        )
     print("Ratios (of the medians; in brackets the same ratio round by round, lowest to highest):")
     for name, value in ratios.items():
         print(f"    {name:<34} {value:5.2f}x  [{min(per_round[name]):.2f}-{max(per_round[name]):.2f}]")
@@ -802,18 +865,31 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     started = time.perf_counter()
     idle_busy = background_busy(1.0 if plan is FULL else 0.5)
-    print(f"Railyard append benchmark ({mode}: {plan.rounds} interleaved rounds x {plan.run_s} s per figure after "
-          f"a {plan.warm_s} s warm-up; figures are medians over rounds)", flush=True)
+    print(
+        f"Railyard append benchmark ({mode}: {plan.rounds} interleaved rounds x {plan.run_s} s per figure after "
+        f"a {plan.warm_s} s warm-up; figures are medians over rounds)",
+        flush=True,
+    )
 
     host = machine(None)
-    print(f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, SQLite {host['sqlite']}, "
-          f"railyard {host['commit']}")
+    print(
+        f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, SQLite {host['sqlite']}, "
+        f"railyard {host['commit']}"
+    )
     if idle_busy is not None:
-        print(f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
-              + ("" if idle_busy < BUSY_WARNING else
-                 " -- WARNING: something else is running; the figures below are disturbed by it"), flush=True)
-    with bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg), \
-            tempfile.TemporaryDirectory(prefix="railyard_bench_") as tmp:
+        print(
+            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
+            + (
+                ""
+                if idle_busy < BUSY_WARNING
+                else " -- WARNING: something else is running; the figures below are disturbed by it"
+            ),
+            flush=True,
+        )
+    with (
+        bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg),
+        tempfile.TemporaryDirectory(prefix="railyard_bench_") as tmp,
+    ):
         sqlite_url = f"sqlite:///{Path(tmp) / 'bench.db'}"
         migrations.upgrade(sqlite_url)
         if pg_url is not None:

@@ -99,16 +99,32 @@ def make_engine(url: str) -> Engine:
 def task_log(definition: Workflow, n_events: int, start_at: datetime) -> Iterator[tuple[Event, TaskState]]:
     """A task's events (`start`, then `tick`s) and the fold after each, as the engine would have written them."""
     task_id = str(uuid.uuid4())
-    first = seal(task_id=task_id, seq=1, at=start_at, actor=ACTOR, from_state=None, trigger=START,
-                 to_state=definition.initial_state,
-                 data={"workflow": definition.ref, "digest": definition.digest, "input": {}}, prev_hash=GENESIS_HASH)
+    first = seal(
+        task_id=task_id,
+        seq=1,
+        at=start_at,
+        actor=ACTOR,
+        from_state=None,
+        trigger=START,
+        to_state=definition.initial_state,
+        data={"workflow": definition.ref, "digest": definition.digest, "input": {}},
+        prev_hash=GENESIS_HASH,
+    )
     task = initial(definition, first)
     yield first, task
     state = definition.initial_state
     for seq in range(2, n_events + 1):
-        event = seal(task_id=task_id, seq=seq, at=start_at + timedelta(microseconds=seq), actor=ACTOR,
-                     from_state=state, trigger="tick", to_state=state, data={"args": {"n": seq}},
-                     prev_hash=task.last_hash)
+        event = seal(
+            task_id=task_id,
+            seq=seq,
+            at=start_at + timedelta(microseconds=seq),
+            actor=ACTOR,
+            from_state=state,
+            trigger="tick",
+            to_state=state,
+            data={"args": {"n": seq}},
+            prev_hash=task.last_hash,
+        )
         task = apply(definition, task, event)
         yield event, task
 
@@ -125,17 +141,43 @@ def load_tasks(dsn: str, definition: Workflow, n_tasks: int, n_events: int) -> l
     for _ in range(n_tasks):
         task: TaskState | None = None
         for event, task in task_log(definition, n_events, at):
-            events.append((event.task_id, event.seq, event.at, event.actor, event.from_state, event.trigger,
-                           event.to_state, canonical_json(event.data), event.prev_hash, event.hash))
+            events.append(
+                (
+                    event.task_id,
+                    event.seq,
+                    event.at,
+                    event.actor,
+                    event.from_state,
+                    event.trigger,
+                    event.to_state,
+                    canonical_json(event.data),
+                    event.prev_hash,
+                    event.hash,
+                )
+            )
             if event.seq % SNAPSHOT_EVERY == 0:
                 snapshots.append((event.task_id, event.seq, event.hash, canonical_json(task.to_doc()), at))
         assert task is not None
-        rows.append((task.task_id, definition.name, definition.version, definition.digest, task.state,
-                     str(task.status), task.seq, task.last_hash, at, at))
+        rows.append(
+            (
+                task.task_id,
+                definition.name,
+                definition.version,
+                definition.digest,
+                task.state,
+                str(task.status),
+                task.seq,
+                task.last_hash,
+                at,
+                at,
+            )
+        )
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        for sql, values in ((f"COPY tasks ({TASK_COLUMNS}) FROM STDIN", rows),
-                            (f"COPY events ({EVENT_COLUMNS}) FROM STDIN", events),
-                            ("COPY snapshots (task_id, seq, hash, doc, created_at) FROM STDIN", snapshots)):
+        for sql, values in (
+            (f"COPY tasks ({TASK_COLUMNS}) FROM STDIN", rows),
+            (f"COPY events ({EVENT_COLUMNS}) FROM STDIN", events),
+            ("COPY snapshots (task_id, seq, hash, doc, created_at) FROM STDIN", snapshots),
+        ):
             with cur.copy(sql) as copy:
                 for value in values:
                     copy.write_row(value)
@@ -204,8 +246,13 @@ def start_memory_child(jobs: int) -> subprocess.Popen[str]:
     small parent it was forked from, and its `ru_maxrss` is its own.
     """
     here = str(Path(__file__).resolve().parent)
-    return subprocess.Popen([sys.executable, "-c", MEMORY_CHILD.format(paths=[here], jobs=jobs)], cwd=here,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", MEMORY_CHILD.format(paths=[here], jobs=jobs)],
+        cwd=here,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def replay_all_memory(child: subprocess.Popen[str], url: str) -> dict[str, Any]:
@@ -213,18 +260,27 @@ def replay_all_memory(child: subprocess.Popen[str], url: str) -> dict[str, Any]:
     out, _ = child.communicate(url + "\n", timeout=3600)
     assert child.returncode == 0, out
     tasks, events, findings, imported, maxrss, seconds, workers = out.split()
-    return {"tasks": int(tasks), "events": int(events), "findings": int(findings),
-            "peak_rss_mb": round(int(maxrss) / 1024, 1), "import_rss_mb": round(int(imported) / 1024, 1),
-            "worker_peak_rss_mb": round(int(workers) / 1024, 1),
-            "seconds": round(float(seconds), 2), "events_per_s": round(int(events) / float(seconds))}
+    return {
+        "tasks": int(tasks),
+        "events": int(events),
+        "findings": int(findings),
+        "peak_rss_mb": round(int(maxrss) / 1024, 1),
+        "import_rss_mb": round(int(imported) / 1024, 1),
+        "worker_peak_rss_mb": round(int(workers) / 1024, 1),
+        "seconds": round(float(seconds), 2),
+        "events_per_s": round(int(events) / float(seconds)),
+    }
 
 
 def median_rate(samples: list[Sample]) -> dict[str, Any]:
     """Rate per wall second, and the client's own CPU per row (what the rate would be bound by alone)."""
     rates = [n / s for s, n, _ in samples]
     cpu = [c / n * 1e6 for _, n, c in samples]
-    return {"median": round(statistics.median(rates)), "rounds": [round(r) for r in rates],
-            "client_cpu_us": round(statistics.median(cpu), 2)}
+    return {
+        "median": round(statistics.median(rates)),
+        "rounds": [round(r) for r in rates],
+        "client_cpu_us": round(statistics.median(cpu), 2),
+    }
 
 
 def check_generated(eng: Engine, task_id: str) -> None:
@@ -241,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     idle_busy = background_busy(0.5)
     host = machine(None)
-    print(f"Railyard replay benchmark ({mode}: {plan.rounds} rounds; one task of {plan.long_events:,} events, "
-          f"{plan.short_tasks:,} tasks x {plan.short_events} events, memory up to {plan.memory_total:,} events)")
+    print(
+        f"Railyard replay benchmark ({mode}: {plan.rounds} rounds; one task of {plan.long_events:,} events, "
+        f"{plan.short_tasks:,} tasks x {plan.short_events} events, memory up to {plan.memory_total:,} events)"
+    )
     print(f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, railyard {host['commit']}")
     if idle_busy is not None and idle_busy >= BUSY_WARNING:
         print(f"WARNING: the CPUs were {idle_busy * 100:.0f} % busy with other work before the run", flush=True)
@@ -261,16 +319,28 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         long_id = load_tasks(dsn, LONG, 1, plan.long_events)[0]
         short_ids = load_tasks(dsn, SHORT, plan.short_tasks, plan.short_events)
-        print(f"  generated and loaded {plan.long_events + plan.short_tasks * plan.short_events:,} events in "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"  generated and loaded {plan.long_events + plan.short_tasks * plan.short_events:,} events in "
+            f"{time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         with make_engine(url) as eng:
             check_generated(eng, long_id)
             check_generated(eng, short_ids[0])
             one_sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE task_id = %s ORDER BY seq"
-            many_sql = (f"SELECT {EVENT_COLUMNS} FROM events WHERE task_id IN (SELECT task_id FROM tasks WHERE "
-                        "workflow = %s) ORDER BY task_id, seq")
-            samples: dict[str, list[Sample]] = {"raw_one": [], "engine_one": [], "serial_one": [], "raw_many": [],
-                                                "engine_many": [], "serial_many": []}
+            many_sql = (
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE task_id IN (SELECT task_id FROM tasks WHERE "
+                "workflow = %s) ORDER BY task_id, seq"
+            )
+            samples: dict[str, list[Sample]] = {
+                "raw_one": [],
+                "engine_one": [],
+                "serial_one": [],
+                "raw_many": [],
+                "engine_many": [],
+                "serial_many": [],
+            }
             for round_no in range(plan.rounds):
                 samples["raw_one"].append(raw_read(dsn, one_sql, (long_id,)))
                 samples["engine_one"].append(replay_one(eng, long_id, jobs))
@@ -294,41 +364,72 @@ def main(argv: list[str] | None = None) -> int:
     assert memory_small["findings"] == memory_large["findings"] == 0
 
     one, many = figures["engine_one"]["median"], figures["engine_many"]["median"]
-    ratios = {"one_task_vs_raw": one / figures["raw_one"]["median"],
-              "many_tasks_vs_raw": many / figures["raw_many"]["median"]}
-    growth = (max(memory_large["peak_rss_mb"], memory_large["worker_peak_rss_mb"])
-              - max(memory_small["peak_rss_mb"], memory_small["worker_peak_rss_mb"]))
+    ratios = {
+        "one_task_vs_raw": one / figures["raw_one"]["median"],
+        "many_tasks_vs_raw": many / figures["raw_many"]["median"],
+    }
+    growth = max(memory_large["peak_rss_mb"], memory_large["worker_peak_rss_mb"]) - max(
+        memory_small["peak_rss_mb"], memory_small["worker_peak_rss_mb"]
+    )
     targets = [
-        target("one_task_events_per_s", one, ">=", 100_000,
-               f"Engine.replay(jobs={jobs}), one task of {plan.long_events:,} events, hashes verified"),
-        target("many_tasks_events_per_s", many, ">=", 100_000,
-               f"Engine.replay_all(jobs={jobs}), {plan.short_tasks:,} tasks x {plan.short_events} events"),
+        target(
+            "one_task_events_per_s",
+            one,
+            ">=",
+            100_000,
+            f"Engine.replay(jobs={jobs}), one task of {plan.long_events:,} events, hashes verified",
+        ),
+        target(
+            "many_tasks_events_per_s",
+            many,
+            ">=",
+            100_000,
+            f"Engine.replay_all(jobs={jobs}), {plan.short_tasks:,} tasks x {plan.short_events} events",
+        ),
         target("one_task_vs_raw", ratios["one_task_vs_raw"], ">=", 0.3, "replay / raw SELECT, one task"),
         target("many_tasks_vs_raw", ratios["many_tasks_vs_raw"], ">=", 0.3, "replay_all / raw SELECT, many tasks"),
-        target("peak_rss_mb", max(memory_large["peak_rss_mb"], memory_large["worker_peak_rss_mb"]), "<", 200.0,
-               f"replay --all over {memory_large['events']:,} events, peak RSS of the process and of each job"),
-        target("rss_growth_mb", growth, "<", 20.0,
-               f"peak RSS over {memory_large['events']:,} events minus over {memory_small['events']:,}"),
+        target(
+            "peak_rss_mb",
+            max(memory_large["peak_rss_mb"], memory_large["worker_peak_rss_mb"]),
+            "<",
+            200.0,
+            f"replay --all over {memory_large['events']:,} events, peak RSS of the process and of each job",
+        ),
+        target(
+            "rss_growth_mb",
+            growth,
+            "<",
+            20.0,
+            f"peak RSS over {memory_large['events']:,} events minus over {memory_small['events']:,}",
+        ),
     ]
     elapsed = time.perf_counter() - started
     print()
-    print(f"PostgreSQL {pg['server_version']}, events per second (median of {plan.rounds} rounds [min-max]), and "
-          "this process's CPU time per row (median):")
-    for name, label in (("raw_one", f"raw SELECT, one task of {plan.long_events:,} events"),
-                        ("engine_one", f"Engine.replay, same task, {jobs} jobs"),
-                        ("serial_one", "Engine.replay, same task, in one process"),
-                        ("raw_many", f"raw SELECT, {plan.short_tasks:,} tasks x {plan.short_events} events"),
-                        ("engine_many", f"Engine.replay_all, same tasks, {jobs} jobs"),
-                        ("serial_many", "Engine.replay_all, same tasks, in one process")):
+    print(
+        f"PostgreSQL {pg['server_version']}, events per second (median of {plan.rounds} rounds [min-max]), and "
+        "this process's CPU time per row (median):"
+    )
+    for name, label in (
+        ("raw_one", f"raw SELECT, one task of {plan.long_events:,} events"),
+        ("engine_one", f"Engine.replay, same task, {jobs} jobs"),
+        ("serial_one", "Engine.replay, same task, in one process"),
+        ("raw_many", f"raw SELECT, {plan.short_tasks:,} tasks x {plan.short_events} events"),
+        ("engine_many", f"Engine.replay_all, same tasks, {jobs} jobs"),
+        ("serial_many", "Engine.replay_all, same tasks, in one process"),
+    ):
         fig = figures[name]
         whose = " (this process; the jobs' own CPU is not counted)" if name.startswith("engine") else ""
-        print(f"    {label:<52} {fig['median']:>9,}  [{min(fig['rounds']):,}-{max(fig['rounds']):,}]  "
-              f"client CPU {fig['client_cpu_us']} µs per row{whose}")
+        print(
+            f"    {label:<52} {fig['median']:>9,}  [{min(fig['rounds']):,}-{max(fig['rounds']):,}]  "
+            f"client CPU {fig['client_cpu_us']} µs per row{whose}"
+        )
     for memory in (memory_small, memory_large):
-        print(f"    replay --all over {memory['events']:>9,} events in {memory['tasks']:,} tasks: peak RSS "
-              f"{memory['peak_rss_mb']} MB, largest job {memory['worker_peak_rss_mb']} MB (interpreter and imports "
-              f"alone: {memory['import_rss_mb']} MB), "
-              f"{memory['events_per_s']:,} events/s")
+        print(
+            f"    replay --all over {memory['events']:>9,} events in {memory['tasks']:,} tasks: peak RSS "
+            f"{memory['peak_rss_mb']} MB, largest job {memory['worker_peak_rss_mb']} MB (interpreter and imports "
+            f"alone: {memory['import_rss_mb']} MB), "
+            f"{memory['events_per_s']:,} events/s"
+        )
     print_targets(targets)
     print(f"({elapsed:.0f} s)")
     result = {
@@ -340,14 +441,21 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(pg.get("server_version")),
         "background_cpu_busy": None if idle_busy is None else round(idle_busy, 3),
         "unit": "events per second; memory in MB",
-        "figures": {"one_task_events_per_s": one, "many_tasks_events_per_s": many,
-                    "one_task_client_cpu_us": figures["engine_one"]["client_cpu_us"],
-                    "many_tasks_client_cpu_us": figures["engine_many"]["client_cpu_us"],
-                    "jobs": jobs, "one_task_serial_events_per_s": figures["serial_one"]["median"],
-                    "many_tasks_serial_events_per_s": figures["serial_many"]["median"],
-                    "peak_rss_mb": memory_large["peak_rss_mb"], "rss_growth_mb": round(growth, 1)},
-        "baselines": {"raw_one_task_rows_per_s": figures["raw_one"]["median"],
-                      "raw_many_tasks_rows_per_s": figures["raw_many"]["median"]},
+        "figures": {
+            "one_task_events_per_s": one,
+            "many_tasks_events_per_s": many,
+            "one_task_client_cpu_us": figures["engine_one"]["client_cpu_us"],
+            "many_tasks_client_cpu_us": figures["engine_many"]["client_cpu_us"],
+            "jobs": jobs,
+            "one_task_serial_events_per_s": figures["serial_one"]["median"],
+            "many_tasks_serial_events_per_s": figures["serial_many"]["median"],
+            "peak_rss_mb": memory_large["peak_rss_mb"],
+            "rss_growth_mb": round(growth, 1),
+        },
+        "baselines": {
+            "raw_one_task_rows_per_s": figures["raw_one"]["median"],
+            "raw_many_tasks_rows_per_s": figures["raw_many"]["median"],
+        },
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "targets": targets,
         "all_met": all(t["met"] is True for t in targets),

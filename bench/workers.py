@@ -106,9 +106,13 @@ def lookup(call: ToolInvocation) -> Record:
     return Record(key=query.key, value=42)
 
 
-CATALOG = ToolCatalog("bench_tools", 1, [
-    ToolDef("lookup", Query, Record, ToolKind.READ, lookup, description="Read a record."),
-])
+CATALOG = ToolCatalog(
+    "bench_tools",
+    1,
+    [
+        ToolDef("lookup", Query, Record, ToolKind.READ, lookup, description="Read a record."),
+    ],
+)
 
 
 def short_workflow(name: str) -> Workflow:
@@ -118,8 +122,7 @@ def short_workflow(name: str) -> Workflow:
         description="agent -> read tool -> agent -> terminal: 4 transitions a task.",
         tools=CATALOG,
         states=[
-            Agent("asking", actions=[Action("lookup", "looking", Query, prepares="lookup"),
-                                     Action("finish", "done")]),
+            Agent("asking", actions=[Action("lookup", "looking", Query, prepares="lookup"), Action("finish", "done")]),
             Tool("looking", tool="lookup", on_succeeded="asking", on_failed="asking", on_unknown="asking"),
             Terminal("done"),
         ],
@@ -148,6 +151,7 @@ def make_engine(url: str) -> Engine:
 # -- worker processes -------------------------------------------------------------------------------
 def _warm_up(eng: Engine, threads: int) -> None:
     """Open the pool's connections and run the whole path once per thread, on tasks no worker serves."""
+
     def run_two() -> None:
         for _ in range(2):
             eng.run(eng.start(WARM, {}, actor=ACTOR), model=Clerk())
@@ -159,16 +163,24 @@ def _warm_up(eng: Engine, threads: int) -> None:
         t.join()
 
 
-def _serve(url: str, name: str, concurrency: int, poll_seconds: float, listen: bool, outbox: Any, serve: Any,
-           stop: Any) -> None:
+def _serve(
+    url: str, name: str, concurrency: int, poll_seconds: float, listen: bool, outbox: Any, serve: Any, stop: Any
+) -> None:
     """One worker process: warm up, wait for `serve`, run a `Worker` until `stop`; report its CPU time."""
     try:
         eng = make_engine(url)
         _warm_up(eng, concurrency)
         outbox.put(("warm", name))
         serve.wait()
-        worker = Worker(eng, name=name, concurrency=concurrency, workflows=[NAME], model=Clerk(),
-                        poll_seconds=poll_seconds, listen=listen)
+        worker = Worker(
+            eng,
+            name=name,
+            concurrency=concurrency,
+            workflows=[NAME],
+            model=Clerk(),
+            poll_seconds=poll_seconds,
+            listen=listen,
+        )
 
         def stop_when_told() -> None:
             stop.wait()
@@ -194,8 +206,11 @@ class Fleet:
         self.serve_event = ctx.Event()
         self.stop_event = ctx.Event()
         self.procs = [
-            ctx.Process(target=_serve, args=(url, name, CONCURRENCY, poll_seconds, listen, self.outbox,
-                                             self.serve_event, self.stop_event), daemon=True)
+            ctx.Process(
+                target=_serve,
+                args=(url, name, CONCURRENCY, poll_seconds, listen, self.outbox, self.serve_event, self.stop_event),
+                daemon=True,
+            )
             for name in self.names
         ]
         for proc in self.procs:
@@ -218,7 +233,8 @@ class Fleet:
             reported, listening = conn.execute(
                 "SELECT (SELECT count(*) FROM workers WHERE name = ANY(%s) AND stopped_at IS NULL),"
                 " (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %s)",
-                (self.names, LISTEN_CHANNEL_QUERY)).fetchone() or (0, 0)
+                (self.names, LISTEN_CHANNEL_QUERY),
+            ).fetchone() or (0, 0)
             if reported == self.n and (not self.listen or listening >= self.n):
                 break
             if time.monotonic() > deadline:
@@ -240,16 +256,19 @@ class Fleet:
         # The next fleet's readiness counts LISTEN connections: wait until these ones are gone.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                               " AND query = %s", (LISTEN_CHANNEL_QUERY,)).fetchone()
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+                (LISTEN_CHANNEL_QUERY,),
+            ).fetchone()
             if row is None or row[0] == 0:
                 break
             time.sleep(0.02)
 
     def reports(self, conn: psycopg.Connection[Any]) -> dict[str, dict[str, Any]]:
         """Each worker's last report (the `counts` JSON it wrote to the `workers` table when it stopped)."""
-        rows = conn.execute("SELECT name, counts, stopped_at FROM workers WHERE name = ANY(%s)",
-                            (self.names,)).fetchall()
+        rows = conn.execute(
+            "SELECT name, counts, stopped_at FROM workers WHERE name = ANY(%s)", (self.names,)
+        ).fetchall()
         out = {name: {**json.loads(counts), "stopped": stopped is not None} for name, counts, stopped in rows}
         assert set(out) == set(self.names), out
         return out
@@ -268,18 +287,29 @@ def verify(eng: Engine, conn: psycopg.Connection[Any], task_ids: list[str]) -> d
             broken.append((task_id, task.state, [f.code for f in findings]))
     transitions, last_at, leased = conn.execute(
         "SELECT count(*), max(at), (SELECT count(*) FROM tasks WHERE task_id = ANY(%s) AND lease_owner IS NOT NULL)"
-        " FROM events WHERE task_id = ANY(%s) AND seq > 1", (task_ids, task_ids)).fetchone() or (0, None, 0)
+        " FROM events WHERE task_id = ANY(%s) AND seq > 1",
+        (task_ids, task_ids),
+    ).fetchone() or (0, None, 0)
     if broken or transitions != TRANSITIONS_PER_TASK * len(task_ids) or leased:
-        raise SystemExit(f"verification failed: {len(broken)} broken tasks {broken[:3]}, {transitions} transitions "
-                         f"for {len(task_ids)} tasks, {leased} still leased")
-    return {"tasks": len(task_ids), "terminal": len(task_ids), "transitions": int(transitions), "chains_valid": True,
-            "last_event_at": last_at}
+        raise SystemExit(
+            f"verification failed: {len(broken)} broken tasks {broken[:3]}, {transitions} transitions "
+            f"for {len(task_ids)} tasks, {leased} still leased"
+        )
+    return {
+        "tasks": len(task_ids),
+        "terminal": len(task_ids),
+        "transitions": int(transitions),
+        "chains_valid": True,
+        "last_event_at": last_at,
+    }
 
 
 def _open_and_connections(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     row = conn.execute(
         "SELECT (SELECT count(*) FROM tasks WHERE workflow = %s AND status <> 'terminal'),"
-        " (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database())", (NAME,)).fetchone()
+        " (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database())",
+        (NAME,),
+    ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 
@@ -344,8 +374,12 @@ class CpuWindow:
         worker_s = workers - self.workers
         server_s = sum(cpu - self.server.get(pid, 0.0) for pid, cpu in server.items())
         other = busy - worker_s - server_s - (own - self.own)
-        return {"busy": busy / capacity, "worker_s": worker_s, "server_s": server_s,
-                "other_share": max(other, 0.0) / capacity}
+        return {
+            "busy": busy / capacity,
+            "worker_s": worker_s,
+            "server_s": server_s,
+            "other_share": max(other, 0.0) / capacity,
+        }
 
 
 def _settle(conn: psycopg.Connection[Any]) -> None:
@@ -358,16 +392,19 @@ def _settle(conn: psycopg.Connection[Any]) -> None:
 
 
 # -- the measurements ---------------------------------------------------------------------------------
-def throughput_run(url: str, eng: Engine, conn: psycopg.Connection[Any], n: int, tasks: int, tag: str
-                   ) -> dict[str, Any]:
+def throughput_run(
+    url: str, eng: Engine, conn: psycopg.Connection[Any], n: int, tasks: int, tag: str
+) -> dict[str, Any]:
     """`n` worker processes over `tasks` tasks made due by one UPDATE; transitions per second to the last one."""
     baseline = _open_and_connections(conn)[1]
     fleet = Fleet(url, n, tag=tag, poll_seconds=1.0, listen=True)
     try:
         # Created while the workers start (they serve only once told to), then kept from being due.
         task_ids = [eng.start(NAME, {}, actor=ACTOR) for _ in range(tasks)]
-        conn.execute("UPDATE tasks SET next_run_at = %s WHERE task_id = ANY(%s)",
-                     (datetime.now(UTC) + timedelta(days=1), task_ids))
+        conn.execute(
+            "UPDATE tasks SET next_run_at = %s WHERE task_id = ANY(%s)",
+            (datetime.now(UTC) + timedelta(days=1), task_ids),
+        )
         _settle(conn)
         fleet.serve(conn)
         window = CpuWindow([proc.pid for proc in fleet.procs if proc.pid is not None])
@@ -403,8 +440,17 @@ def throughput_run(url: str, eng: Engine, conn: psycopg.Connection[Any], n: int,
     }
 
 
-def latency_run(url: str, eng: Engine, conn: psycopg.Connection[Any], tasks: int, rate: float, *, listen: bool,
-                poll_seconds: float, tag: str) -> dict[str, Any]:
+def latency_run(
+    url: str,
+    eng: Engine,
+    conn: psycopg.Connection[Any],
+    tasks: int,
+    rate: float,
+    *,
+    listen: bool,
+    poll_seconds: float,
+    tag: str,
+) -> dict[str, Any]:
     """2 idle workers; tasks started one at a time at `rate` a second; claim latency as the workers report it."""
     _settle(conn)
     fleet = Fleet(url, 2, tag=tag, poll_seconds=poll_seconds, listen=listen)
@@ -429,10 +475,14 @@ def latency_run(url: str, eng: Engine, conn: psycopg.Connection[Any], tasks: int
     # A cross-check from the log: start event to the first transition (claim, load, one model step, append).
     rows = conn.execute(
         "SELECT EXTRACT(EPOCH FROM (b.at - a.at)) * 1000 FROM events a JOIN events b ON b.task_id = a.task_id"
-        " AND b.seq = 2 WHERE a.seq = 1 AND a.task_id = ANY(%s)", (task_ids,)).fetchall()
+        " AND b.seq = 2 WHERE a.seq = 1 AND a.task_id = ANY(%s)",
+        (task_ids,),
+    ).fetchall()
     first = sorted(float(r[0]) for r in rows)
-    per_worker = {name: {k: r[k] for k in ("claimed", "claim_latency_p50_ms", "claim_latency_p99_ms")}
-                  for name, r in sorted(reports.items())}
+    per_worker = {
+        name: {k: r[k] for k in ("claimed", "claim_latency_p50_ms", "claim_latency_p99_ms")}
+        for name, r in sorted(reports.items())
+    }
     active = [r for r in per_worker.values() if r["claimed"]]
     return {
         "listen": listen,
@@ -444,8 +494,11 @@ def latency_run(url: str, eng: Engine, conn: psycopg.Connection[Any], tasks: int
         "per_worker": per_worker,
         "other_cpu_share": None if cpu["other_share"] is None else round(cpu["other_share"], 3),
         "machine_cpu_busy": None if cpu["busy"] is None else round(cpu["busy"], 3),
-        "start_to_first_transition_ms": {"p50": round(_quantile(first, 0.50), 2),
-                                         "p99": round(_quantile(first, 0.99), 2), "max": round(first[-1], 2)},
+        "start_to_first_transition_ms": {
+            "p50": round(_quantile(first, 0.50), 2),
+            "p99": round(_quantile(first, 0.99), 2),
+            "max": round(first[-1], 2),
+        },
         "verified": checked,
     }
 
@@ -471,8 +524,10 @@ class Plan:
 FULL = Plan(rounds=3, tasks=2000, latency_tasks=400, latency_rate=40.0, warm_s=0.3, run_s=2.0, wait_s=60.0, redo=8)
 QUICK = Plan(rounds=1, tasks=300, latency_tasks=120, latency_rate=40.0, warm_s=0.15, run_s=0.5, wait_s=5.0, redo=2)
 
-RAW_KINDS = {"best": "raw best: one CTE statement, autocommit (PgRaw.best)",
-             "transition": "engine: Engine.transition (task held)"}
+RAW_KINDS = {
+    "best": "raw best: one CTE statement, autocommit (PgRaw.best)",
+    "transition": "engine: Engine.transition (task held)",
+}
 
 
 class Quiet:
@@ -497,8 +552,11 @@ class Quiet:
                 return value
             self.redo -= 1
             self.discarded.append({"what": label, "other_cpu_share": round(other, 3)})
-            print(f"  {label}: discarded, other work took {other:.0%} of the CPUs; running it again",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {label}: discarded, other work took {other:.0%} of the CPUs; running it again",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def raw_sample(pool: Pool, kind: str, n: int, plan: Plan) -> tuple[tuple[float, float, float | None], float | None]:
@@ -520,29 +578,51 @@ def measure_all(plan: Plan, url: str) -> dict[str, Any]:
             for r in range(plan.rounds):
                 order = FLEETS if r % 2 == 0 else tuple(reversed(FLEETS))  # drift touches every fleet alike
                 for n in order:
+
                     def one_run(n: int = n, r: int = r) -> tuple[dict[str, Any], float | None]:
                         run = throughput_run(url, eng, conn, n, plan.tasks, f"r{r}-n{n}-{len(quiet.waited)}")
                         return run, run["other_cpu_share"]
 
                     run = quiet.run(f"{n} worker(s)", one_run)
                     workers[n].append(run)
-                    print(f"  round {r + 1}/{plan.rounds}: {n} worker(s) {run['rate']:.0f} transitions/s "
-                          f"({run['transitions']} in {run['seconds']:.2f} s)", file=sys.stderr, flush=True)
+                    print(
+                        f"  round {r + 1}/{plan.rounds}: {n} worker(s) {run['rate']:.0f} transitions/s "
+                        f"({run['transitions']} in {run['seconds']:.2f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     for kind in RAW_KINDS:
-                        raw[kind][n].append(quiet.run(f"raw {kind} x{n}",
-                                                      lambda k=kind, n=n: raw_sample(pool, k, n, plan)))
+                        raw[kind][n].append(
+                            quiet.run(f"raw {kind} x{n}", lambda k=kind, n=n: raw_sample(pool, k, n, plan))
+                        )
         finally:
             pool.close()
     print("  claim latency ...", file=sys.stderr, flush=True)
 
     def listen() -> tuple[dict[str, Any], float | None]:
-        run = latency_run(url, eng, conn, plan.latency_tasks, plan.latency_rate, listen=True, poll_seconds=5.0,
-                          tag=f"lat-listen-{len(quiet.waited)}")
+        run = latency_run(
+            url,
+            eng,
+            conn,
+            plan.latency_tasks,
+            plan.latency_rate,
+            listen=True,
+            poll_seconds=5.0,
+            tag=f"lat-listen-{len(quiet.waited)}",
+        )
         return run, run["other_cpu_share"]
 
     def poll() -> tuple[dict[str, Any], float | None]:
-        run = latency_run(url, eng, conn, plan.latency_tasks, plan.latency_rate, listen=False, poll_seconds=0.5,
-                          tag=f"lat-poll-{len(quiet.waited)}")
+        run = latency_run(
+            url,
+            eng,
+            conn,
+            plan.latency_tasks,
+            plan.latency_rate,
+            listen=False,
+            poll_seconds=0.5,
+            tag=f"lat-poll-{len(quiet.waited)}",
+        )
         return run, run["other_cpu_share"]
 
     latency = {"listen": quiet.run("claim latency, LISTEN", listen), "poll": quiet.run("claim latency, poll", poll)}
@@ -562,14 +642,18 @@ def measure_all(plan: Plan, url: str) -> dict[str, Any]:
 
 def _summary_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [run["rate"] for run in runs]
-    return {"median": round(statistics.median(rates)), "min": round(min(rates)), "max": round(max(rates)),
-            "rounds": [round(x) for x in rates],
-            "worker_cpu_us_per_transition": _median_or_none([run["worker_cpu_us_per_transition"] for run in runs]),
-            "postgres_cpu_us_per_transition": _median_or_none([run["postgres_cpu_us_per_transition"] for run in runs]),
-            "connections_per_worker": max(run["connections_per_worker"] for run in runs),
-            "machine_cpu_busy": _median_or_none([run["machine_cpu_busy"] for run in runs]),
-            "other_cpu_share": _median_or_none([run["other_cpu_share"] for run in runs]),
-            "runs": runs}
+    return {
+        "median": round(statistics.median(rates)),
+        "min": round(min(rates)),
+        "max": round(max(rates)),
+        "rounds": [round(x) for x in rates],
+        "worker_cpu_us_per_transition": _median_or_none([run["worker_cpu_us_per_transition"] for run in runs]),
+        "postgres_cpu_us_per_transition": _median_or_none([run["postgres_cpu_us_per_transition"] for run in runs]),
+        "connections_per_worker": max(run["connections_per_worker"] for run in runs),
+        "machine_cpu_busy": _median_or_none([run["machine_cpu_busy"] for run in runs]),
+        "other_cpu_share": _median_or_none([run["other_cpu_share"] for run in runs]),
+        "runs": runs,
+    }
 
 
 def _cpu_bound(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -590,7 +674,8 @@ def _median_or_none(values: list[float | None]) -> float | None:
 
 
 def ratios_and_targets(
-    fig: dict[str, Any], nproc: int | None,
+    fig: dict[str, Any],
+    nproc: int | None,
 ) -> tuple[dict[str, float], dict[str, list[float]], list[dict[str, Any]]]:
     ratios: dict[str, float] = {}
     per_round: dict[str, list[float]] = {}
@@ -610,36 +695,56 @@ def ratios_and_targets(
     for n in FLEETS:
         ratio(f"workers_{n}w_vs_engine_transition", w[str(n)], tr[str(n)])
     latency = fig["latency"]
-    ratios["claim_p99_poll_vs_listen"] = (latency["poll"]["claim_latency_p99_ms"]
-                                          / max(latency["listen"]["claim_latency_p99_ms"], 0.001))
+    ratios["claim_p99_poll_vs_listen"] = latency["poll"]["claim_latency_p99_ms"] / max(
+        latency["listen"]["claim_latency_p99_ms"], 0.001
+    )
     note = "4 worker processes / 1, transitions per second, PostgreSQL"
     cpu_one = fig["cpu_bound"].get("1")
     if cpu_one is not None:
         ratios["cpu_bound_vs_1w"] = cpu_one["tps"] / w["1"]["median"]
     if (nproc or 0) < 4:
-        note += (f"; this machine has {nproc} CPUs for the workers and the database: raw best appends scale "
-                 f"{ratios['raw_best_4w_vs_1w']:.2f}x from 1 to 4 processes here")
+        note += (
+            f"; this machine has {nproc} CPUs for the workers and the database: raw best appends scale "
+            f"{ratios['raw_best_4w_vs_1w']:.2f}x from 1 to 4 processes here"
+        )
         if cpu_one is not None:
-            note += (f", and at {cpu_one['us_per_transition']:.0f} us of CPU per worker transition (worker + server) "
-                     f"no number of workers can exceed {cpu_one['tps']} transitions/s, "
-                     f"{ratios['cpu_bound_vs_1w']:.2f}x one worker")
+            note += (
+                f", and at {cpu_one['us_per_transition']:.0f} us of CPU per worker transition (worker + server) "
+                f"no number of workers can exceed {cpu_one['tps']} transitions/s, "
+                f"{ratios['cpu_bound_vs_1w']:.2f}x one worker"
+            )
     targets = [
         target("workers_4w_vs_1w", ratios["workers_4w_vs_1w"], ">=", 2.5, note, per_round["workers_4w_vs_1w"]),
-        target("claim_latency_p99_ms", latency["listen"]["claim_latency_p99_ms"], "<", 50.0,
-               "runnable to claimed, LISTEN/NOTIFY, 2 idle workers polling every 5 s (the worse worker's p99)"),
+        target(
+            "claim_latency_p99_ms",
+            latency["listen"]["claim_latency_p99_ms"],
+            "<",
+            50.0,
+            "runnable to claimed, LISTEN/NOTIFY, 2 idle workers polling every 5 s (the worse worker's p99)",
+        ),
     ]
     return ratios, per_round, targets
 
 
-def report(fig: dict[str, Any], pg: dict[str, Any], ratios: dict[str, float], per_round: dict[str, list[float]],
-           targets: list[dict[str, Any]], plan: Plan) -> None:
+def report(
+    fig: dict[str, Any],
+    pg: dict[str, Any],
+    ratios: dict[str, float],
+    per_round: dict[str, list[float]],
+    targets: list[dict[str, Any]],
+    plan: Plan,
+) -> None:
     print()
     print(f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, synchronous_commit={pg['synchronous_commit']})")
-    print(f"Throughput, transitions per second (median of {plan.rounds} round(s) [min-max]; workers: {plan.tasks:,} "
-          f"tasks x {TRANSITIONS_PER_TASK} transitions, {CONCURRENCY} threads per process)")
-    print(f"    {'processes':<10} {'workers':>18} {'raw best (CTE)':>22} {'Engine.transition':>22} "
-          f"{'workers/raw':>11} {'worker CPU':>10} {'server CPU':>10} {'conns/worker':>12} {'CPUs busy':>9} "
-          f"{'other':>6}")
+    print(
+        f"Throughput, transitions per second (median of {plan.rounds} round(s) [min-max]; workers: {plan.tasks:,} "
+        f"tasks x {TRANSITIONS_PER_TASK} transitions, {CONCURRENCY} threads per process)"
+    )
+    print(
+        f"    {'processes':<10} {'workers':>18} {'raw best (CTE)':>22} {'Engine.transition':>22} "
+        f"{'workers/raw':>11} {'worker CPU':>10} {'server CPU':>10} {'conns/worker':>12} {'CPUs busy':>9} "
+        f"{'other':>6}"
+    )
     for n in FLEETS:
         w, b, t = fig["workers"][str(n)], fig["raw"]["best"][str(n)], fig["raw"]["transition"][str(n)]
 
@@ -652,34 +757,50 @@ def report(fig: dict[str, Any], pg: dict[str, Any], ratios: dict[str, float], pe
         def pct(value: float | None) -> str:
             return "n/a" if value is None else f"{value * 100:.0f} %"
 
-        print(f"    {n:<10} {cell(w):>18} {cell(b):>22} {cell(t):>22} {ratios[f'workers_{n}w_vs_raw_best']:>10.2f}x "
-              f"{us(w['worker_cpu_us_per_transition']):>10} {us(w['postgres_cpu_us_per_transition']):>10} "
-              f"{w['connections_per_worker']:>12} {pct(w['machine_cpu_busy']):>9} {pct(w['other_cpu_share']):>6}")
-    print("    (worker CPU and server CPU: the worker processes' and the local PostgreSQL server's CPU time per "
-          "transition;\n     conns/worker: most connections per worker process during the run; other: the share "
-          "of the CPUs taken by anything else, the kernel included)")
+        print(
+            f"    {n:<10} {cell(w):>18} {cell(b):>22} {cell(t):>22} {ratios[f'workers_{n}w_vs_raw_best']:>10.2f}x "
+            f"{us(w['worker_cpu_us_per_transition']):>10} {us(w['postgres_cpu_us_per_transition']):>10} "
+            f"{w['connections_per_worker']:>12} {pct(w['machine_cpu_busy']):>9} {pct(w['other_cpu_share']):>6}"
+        )
+    print(
+        "    (worker CPU and server CPU: the worker processes' and the local PostgreSQL server's CPU time per "
+        "transition;\n     conns/worker: most connections per worker process during the run; other: the share "
+        "of the CPUs taken by anything else, the kernel included)"
+    )
     if fig["runs_discarded"]:
-        print(f"    {len(fig['runs_discarded'])} measurement(s) discarded and run again, other work having taken "
-              + ", ".join(f"{d['other_cpu_share']:.0%} ({d['what']})" for d in fig["runs_discarded"])
-              + " of the CPUs")
+        print(
+            f"    {len(fig['runs_discarded'])} measurement(s) discarded and run again, other work having taken "
+            + ", ".join(f"{d['other_cpu_share']:.0%} ({d['what']})" for d in fig["runs_discarded"])
+            + " of the CPUs"
+        )
     for n, bound in fig["cpu_bound"].items():
-        print(f"    CPU bound with {n} worker(s): {bound['nproc']} CPUs / {bound['us_per_transition']:.0f} us of CPU "
-              f"per transition (worker + server) = {bound['tps']:.0f} transitions per second")
-    print("Claim latency, runnable to claimed, milliseconds (2 idle worker processes; per worker p50/p99 from the "
-          "workers table)")
+        print(
+            f"    CPU bound with {n} worker(s): {bound['nproc']} CPUs / {bound['us_per_transition']:.0f} us of CPU "
+            f"per transition (worker + server) = {bound['tps']:.0f} transitions per second"
+        )
+    print(
+        "Claim latency, runnable to claimed, milliseconds (2 idle worker processes; per worker p50/p99 from the "
+        "workers table)"
+    )
     for key, label in (("listen", "LISTEN/NOTIFY, poll 5 s"), ("poll", "LISTEN off, poll 0.5 s")):
         lat = fig["latency"][key]
-        workers = ", ".join(f"{r['claimed']} claims p50 {r['claim_latency_p50_ms']} p99 {r['claim_latency_p99_ms']}"
-                            for r in lat["per_worker"].values())
+        workers = ", ".join(
+            f"{r['claimed']} claims p50 {r['claim_latency_p50_ms']} p99 {r['claim_latency_p99_ms']}"
+            for r in lat["per_worker"].values()
+        )
         first = lat["start_to_first_transition_ms"]
-        print(f"    {label:<26} p50 {lat['claim_latency_p50_ms']:>8} p99 {lat['claim_latency_p99_ms']:>8}   "
-              f"({workers}; {lat['tasks']} tasks at {lat['rate_per_s']:.0f}/s; start to first transition "
-              f"p50 {first['p50']} p99 {first['p99']}; other work {lat['other_cpu_share']})")
+        print(
+            f"    {label:<26} p50 {lat['claim_latency_p50_ms']:>8} p99 {lat['claim_latency_p99_ms']:>8}   "
+            f"({workers}; {lat['tasks']} tasks at {lat['rate_per_s']:.0f}/s; start to first transition "
+            f"p50 {first['p50']} p99 {first['p99']}; other work {lat['other_cpu_share']})"
+        )
     if fig["kept_disturbed"]:
-        print(f"WARNING: {len(fig['kept_disturbed'])} measurement(s) kept although other work took more than "
-              f"{DISTURBED:.0%} of the CPUs meanwhile (no runs left to redo them): "
-              + ", ".join(f"{d['what']} {d['other_cpu_share']:.0%}" for d in fig["kept_disturbed"])
-              + ". The figures are disturbed by it; rerun on a quiet machine.")
+        print(
+            f"WARNING: {len(fig['kept_disturbed'])} measurement(s) kept although other work took more than "
+            f"{DISTURBED:.0%} of the CPUs meanwhile (no runs left to redo them): "
+            + ", ".join(f"{d['what']} {d['other_cpu_share']:.0%}" for d in fig["kept_disturbed"])
+            + ". The figures are disturbed by it; rerun on a quiet machine."
+        )
     print("Ratios (of the medians; in brackets the same ratio round by round):")
     for name, value in ratios.items():
         spread = per_round.get(name)
@@ -694,15 +815,24 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     started = time.perf_counter()
     idle_busy = background_busy(1.0 if plan is FULL else 0.5)
-    print(f"Railyard worker benchmark ({mode}: {plan.rounds} round(s) of {plan.tasks:,} tasks per fleet of "
-          f"{', '.join(map(str, FLEETS))} worker processes; raw appends {plan.run_s} s per figure; claim latency over "
-          f"{plan.latency_tasks} tasks)", flush=True)
+    print(
+        f"Railyard worker benchmark ({mode}: {plan.rounds} round(s) of {plan.tasks:,} tasks per fleet of "
+        f"{', '.join(map(str, FLEETS))} worker processes; raw appends {plan.run_s} s per figure; claim latency over "
+        f"{plan.latency_tasks} tasks)",
+        flush=True,
+    )
     host = machine(None)
     print(f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, railyard {host['commit']}")
     if idle_busy is not None:
-        print(f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
-              + ("" if idle_busy < BUSY_WARNING else
-                 " -- WARNING: something else is running; the figures below are disturbed by it"), flush=True)
+        print(
+            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
+            + (
+                ""
+                if idle_busy < BUSY_WARNING
+                else " -- WARNING: something else is running; the figures below are disturbed by it"
+            ),
+            flush=True,
+        )
     with bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg):
         if pg_url is None:
             print("This benchmark needs PostgreSQL; nothing measured.")
@@ -722,9 +852,16 @@ def main(argv: list[str] | None = None) -> int:
         "mode": mode,
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "seconds": round(elapsed, 1),
-        "plan": {"rounds": plan.rounds, "tasks": plan.tasks, "transitions_per_task": TRANSITIONS_PER_TASK,
-                 "threads_per_worker": CONCURRENCY, "latency_tasks": plan.latency_tasks,
-                 "latency_rate_per_s": plan.latency_rate, "raw_run_s": plan.run_s, "raw_warm_s": plan.warm_s},
+        "plan": {
+            "rounds": plan.rounds,
+            "tasks": plan.tasks,
+            "transitions_per_task": TRANSITIONS_PER_TASK,
+            "threads_per_worker": CONCURRENCY,
+            "latency_tasks": plan.latency_tasks,
+            "latency_rate_per_s": plan.latency_rate,
+            "raw_run_s": plan.run_s,
+            "raw_warm_s": plan.warm_s,
+        },
         "machine": host,
         "background_cpu_busy": None if idle_busy is None else round(idle_busy, 3),
         "postgresql": pg,

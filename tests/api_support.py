@@ -57,8 +57,14 @@ def make_app(engine: Engine) -> FastAPI:
     return create_app(engine, token_table(), session_secret="test-secret")
 
 
-def to_approval(engine: Engine, refund: dict[str, Any] = REFUND, *, starter: str = "ann",
-                text: str | None = None, workflow: str = "shop_refund") -> str:
+def to_approval(
+    engine: Engine,
+    refund: dict[str, Any] = REFUND,
+    *,
+    starter: str = "ann",
+    text: str | None = None,
+    workflow: str = "shop_refund",
+) -> str:
     """A shop refund driven by a scripted model up to its approval gate: the prepared call waits for a human."""
     task_id = engine.start(workflow, {"customer": "c1"}, actor=starter)
     proposal = call("propose_refund", **refund)
@@ -69,7 +75,6 @@ def to_approval(engine: Engine, refund: dict[str, Any] = REFUND, *, starter: str
     return task_id
 
 
-
 def to_open_write(engine: Engine, workflow: str = SETTLED_BY_OPERATORS) -> str:
     """A shop refund approved, whose payment's intent is in the log and its outcome is not: `unsettled`, pending.
 
@@ -77,8 +82,12 @@ def to_open_write(engine: Engine, workflow: str = SETTLED_BY_OPERATORS) -> str:
     """
     task_id = to_approval(engine, workflow=workflow)
     task = engine.approve(task_id, actor="dana", prepared_digest=engine.load(task_id).prepared["digest"])  # type: ignore[index]
-    engine.commit_system(task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
-                         actor="system:tools")
+    engine.commit_system(
+        task,
+        "call",
+        {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
+        actor="system:tools",
+    )
     unsettled = engine.get(task_id).unsettled
     assert unsettled is not None and unsettled["status"] == "pending", unsettled
     return task_id

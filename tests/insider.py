@@ -30,12 +30,28 @@ def tamper(url: str, statement: str, **params: object) -> None:
         conn.execute(text(statement), params)
 
 
-def forge(eng: Engine, task_id: str, *, trigger: str, to_state: str, data: dict[str, Any] | None = None,
-          status: str = "runnable") -> None:
+def forge(
+    eng: Engine,
+    task_id: str,
+    *,
+    trigger: str,
+    to_state: str,
+    data: dict[str, Any] | None = None,
+    status: str = "runnable",
+) -> None:
     """Append an event with a valid hash and move the row to it: an insider who can recompute the chain."""
     row = eng.store.row(task_id)
     assert row is not None
     last = eng.history(task_id)[-1]
-    event = seal(task_id=task_id, seq=row.seq + 1, at=last.at + timedelta(seconds=1), actor="mallory",
-                 from_state=row.state, trigger=trigger, to_state=to_state, data=data or {}, prev_hash=row.last_hash)
+    event = seal(
+        task_id=task_id,
+        seq=row.seq + 1,
+        at=last.at + timedelta(seconds=1),
+        actor="mallory",
+        from_state=row.state,
+        trigger=trigger,
+        to_state=to_state,
+        data=data or {},
+        prev_hash=row.last_hash,
+    )
     eng.store.append(task_id, row.seq, [event], status=status)

@@ -163,8 +163,13 @@ def anthropic_stream_of(
         anthropic_event(
             "message_start",
             message={
-                "id": "msg_test", "type": "message", "role": "assistant", "model": "test-model", "content": [],
-                "stop_reason": None, "stop_sequence": None,
+                "id": "msg_test",
+                "type": "message",
+                "role": "assistant",
+                "model": "test-model",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
                 "usage": {"input_tokens": usage[0], "output_tokens": 1},
             },
         )
@@ -173,7 +178,8 @@ def anthropic_stream_of(
         events.extend(_block_events(index, block))
     events.append(
         anthropic_event(
-            "message_delta", delta={"stop_reason": stop_reason, "stop_sequence": None},
+            "message_delta",
+            delta={"stop_reason": stop_reason, "stop_sequence": None},
             usage={"output_tokens": usage[1]},
         )
     )

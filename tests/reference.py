@@ -59,9 +59,15 @@ def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:
 
 
 def refund(amount: int, order_id: str = "O-1001", currency: str = "EUR", **extra: Any) -> dict[str, Any]:
-    return call("propose_refund", order_id=order_id, amount=amount, currency=currency,
-                reason=extra.pop("reason", "Screen cracked in transit."),
-                evidence_ids=extra.pop("evidence_ids", ["EV-1"]), **extra)
+    return call(
+        "propose_refund",
+        order_id=order_id,
+        amount=amount,
+        currency=currency,
+        reason=extra.pop("reason", "Screen cracked in transit."),
+        evidence_ids=extra.pop("evidence_ids", ["EV-1"]),
+        **extra,
+    )
 
 
 def steps(engine: Engine, task_id: str) -> list[tuple[str, str, str]]:
@@ -76,12 +82,15 @@ def steps(engine: Engine, task_id: str) -> list[tuple[str, str, str]]:
 def make_due(engine: Engine) -> None:
     """Every timer fires now: as if the deadlines had passed while no worker ran."""
     with engine.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("UPDATE tasks SET next_run_at = :past WHERE next_run_at IS NOT NULL"),
-                     {"past": "2000-01-01 00:00:00"})
+        conn.execute(
+            text("UPDATE tasks SET next_run_at = :past WHERE next_run_at IS NOT NULL"), {"past": "2000-01-01 00:00:00"}
+        )
 
 
 def expire_leases(engine: Engine) -> None:
     """Every lease ends now: as if its worker had stopped heartbeating long ago."""
     with engine.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("UPDATE tasks SET lease_expires_at = :past WHERE lease_expires_at IS NOT NULL"),
-                     {"past": "2000-01-01 00:00:00"})
+        conn.execute(
+            text("UPDATE tasks SET lease_expires_at = :past WHERE lease_expires_at IS NOT NULL"),
+            {"past": "2000-01-01 00:00:00"},
+        )

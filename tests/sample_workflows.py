@@ -46,20 +46,43 @@ def large_amount(ctx: GuardContext) -> str | None:
 
 def refund_states() -> list:  # type: ignore[type-arg]
     states = [
-        Agent("assessing", actions=[
-            Action("propose", "auto_refund", Proposal, guards=[within_balance, small_amount]),
-            Action("propose", "awaiting_approval", Proposal, guards=[within_balance, large_amount]),
-            Action("give_up", "rejected"),
-            Action("note", "assessing", Note),
-        ]),
-        Approval("awaiting_approval", role="approver", deadline=timedelta(hours=48), on_expired="needs_human",
-                 actions=[Action("approve", "executing"), Action("reject", "rejected", Note)]),
-        Tool("auto_refund", tool="payments.refund", on_succeeded="completed", on_failed="needs_human",
-             on_unknown="needs_human"),
-        Tool("executing", tool="payments.refund", on_succeeded="completed", on_failed="needs_human",
-             on_unknown="needs_human"),
-        Wait("needs_human", actions=[Action("resume", "assessing", role="operator"),
-                                     Action("close", "rejected", Note, role="operator")]),
+        Agent(
+            "assessing",
+            actions=[
+                Action("propose", "auto_refund", Proposal, guards=[within_balance, small_amount]),
+                Action("propose", "awaiting_approval", Proposal, guards=[within_balance, large_amount]),
+                Action("give_up", "rejected"),
+                Action("note", "assessing", Note),
+            ],
+        ),
+        Approval(
+            "awaiting_approval",
+            role="approver",
+            deadline=timedelta(hours=48),
+            on_expired="needs_human",
+            actions=[Action("approve", "executing"), Action("reject", "rejected", Note)],
+        ),
+        Tool(
+            "auto_refund",
+            tool="payments.refund",
+            on_succeeded="completed",
+            on_failed="needs_human",
+            on_unknown="needs_human",
+        ),
+        Tool(
+            "executing",
+            tool="payments.refund",
+            on_succeeded="completed",
+            on_failed="needs_human",
+            on_unknown="needs_human",
+        ),
+        Wait(
+            "needs_human",
+            actions=[
+                Action("resume", "assessing", role="operator"),
+                Action("close", "rejected", Note, role="operator"),
+            ],
+        ),
         Terminal("completed"),
         Terminal("rejected"),
     ]
@@ -67,8 +90,9 @@ def refund_states() -> list:  # type: ignore[type-arg]
 
 
 REFUND_V1 = Workflow(name="refund", version=1, input=OrderInput, states=refund_states())
-REFUND_V2 = Workflow(name="refund", version=2, input=OrderInput, states=refund_states(),
-                     description="v2: same states, new description")
+REFUND_V2 = Workflow(
+    name="refund", version=2, input=OrderInput, states=refund_states(), description="v2: same states, new description"
+)
 
 
 class TickArgs(BaseModel):
@@ -115,10 +139,21 @@ TRIAGE = Workflow(
     version=1,
     input=TicketInput,
     states=[
-        Agent("deciding", actions=[Action("decide", "decided", TicketDecision, guards=[same_ticket],
-                                          description="Record the triage decision.",
-                                          risk=escalation_needs_review, risk_target="escalation_review")],
-              max_repairs=2),
+        Agent(
+            "deciding",
+            actions=[
+                Action(
+                    "decide",
+                    "decided",
+                    TicketDecision,
+                    guards=[same_ticket],
+                    description="Record the triage decision.",
+                    risk=escalation_needs_review,
+                    risk_target="escalation_review",
+                )
+            ],
+            max_repairs=2,
+        ),
         Approval("escalation_review", role="approver", actions=[Action("confirm", "decided")]),
         Terminal("decided"),
     ],

@@ -38,14 +38,17 @@ def run(eng: Engine, task_id: str, model: ScriptedModel, *, thinking: bool = Fal
 
 
 def trail(eng: Engine, task_id: str) -> list[tuple[str, str, str | None, str | None]]:
-    return [(e.trigger, e.to_state, e.data.get("turn", {}).get("strategy"), e.data.get("turn", {}).get("code"))
-            for e in eng.history(task_id)[1:]]
+    return [
+        (e.trigger, e.to_state, e.data.get("turn", {}).get("strategy"), e.data.get("turn", {}).get("code"))
+        for e in eng.history(task_id)[1:]
+    ]
 
 
 def test_free_text_three_times_then_a_valid_call(eng: Engine) -> None:
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
-    model = ScriptedModel([{"text": "I would refund."}] * 3 + [call("propose", amount=300, reason="damaged")],
-                          profile="anthropic")
+    model = ScriptedModel(
+        [{"text": "I would refund."}] * 3 + [call("propose", amount=300, reason="damaged")], profile="anthropic"
+    )
     task = run(eng, task_id, model)
     assert task.state == "awaiting_approval"
     assert trail(eng, task_id) == [
@@ -90,8 +93,10 @@ def test_repair_feedback_carries_the_call_and_compact_errors_never_the_raw_input
 
 def test_each_layer_has_its_code(eng: Engine) -> None:
     cases = [
-        ({"tool_calls": [{"name": "note", "arguments": {"note": "a"}}, {"name": "give_up", "arguments": {}}]},
-         "MULTIPLE_ACTIONS"),
+        (
+            {"tool_calls": [{"name": "note", "arguments": {"note": "a"}}, {"name": "give_up", "arguments": {}}]},
+            "MULTIPLE_ACTIONS",
+        ),
         (call("fly_to_the_moon"), "ACTION_UNKNOWN"),
         (call("approve"), "ACTION_NOT_ALLOWED"),
         (call("cancel", reason="x"), "ACTION_NOT_ALLOWED"),
@@ -110,18 +115,19 @@ def test_each_layer_has_its_code(eng: Engine) -> None:
 
 def test_identity_override_hands_off_at_once_without_a_repair(eng: Engine) -> None:
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
-    eng.step(task_id, model=ScriptedModel([call("propose", amount=5, reason="x", customer="c2")],
-                                          profile="anthropic"))
+    eng.step(task_id, model=ScriptedModel([call("propose", amount=5, reason="x", customer="c2")], profile="anthropic"))
     event = eng.history(task_id)[-1]
     assert (event.trigger, event.to_state, event.data["turn"]["code"]) == (
-        "hand_off", "assessing~handoff", "IDENTITY_OVERRIDE")
+        "hand_off",
+        "assessing~handoff",
+        "IDENTITY_OVERRIDE",
+    )
 
 
 def test_tool_choice_unsupported_moves_one_rung_down_without_spending_a_repair(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
     refusal = {"error": {"status": 400, "message": "Thinking mode does not support this tool_choice"}}
-    model = ScriptedModel([refusal, call("decide", ticket_id="T-1", decision="RESOLVE", reason="ok")],
-                          profile="qwen")
+    model = ScriptedModel([refusal, call("decide", ticket_id="T-1", decision="RESOLVE", reason="ok")], profile="qwen")
     task = run(eng, task_id, model)
     assert task.state == "decided"
     assert trail(eng, task_id) == [
@@ -168,8 +174,7 @@ def test_retryable_errors_back_off_inside_their_own_budget(eng: Engine) -> None:
     # Past the budget it is a provider error with the retryable code, still no repair spent.
     task_id = eng.start("triage", TICKET, actor="ann")
     task = AgentRunner(eng, ScriptedModel([rate] * 5), retry=NO_SLEEP).step(eng.load(task_id))
-    assert (task.state, eng.history(task_id)[-1].data["turn"]["code"]) == ("deciding~provider_error",
-                                                                            "RATE_LIMITED")
+    assert (task.state, eng.history(task_id)[-1].data["turn"]["code"]) == ("deciding~provider_error", "RATE_LIMITED")
 
 
 def test_running_out_of_script_is_empty_response(eng: Engine) -> None:
@@ -251,13 +256,16 @@ def test_ladder_order_per_profile() -> None:
 
 def test_profiles_can_be_overridden_and_added(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "profiles.toml"
-    path.write_text('[profiles.anthropic]\nnative_schema = "strict"\n\n[profiles.gateway]\nwire = "openai"\n'
-                    'models = ["gw-*"]\ntool_choice_thinking_off = ["auto"]\n', encoding="utf-8")
+    path.write_text(
+        '[profiles.anthropic]\nnative_schema = "strict"\n\n[profiles.gateway]\nwire = "openai"\n'
+        'models = ["gw-*"]\ntool_choice_thinking_off = ["auto"]\n',
+        encoding="utf-8",
+    )
     monkeypatch.setenv("RAILYARD_PROFILES_FILE", str(path))
     profiles = load_profiles()
     assert profiles["anthropic"].native_schema == "strict"
     assert profiles["gateway"].tool_choices(False) == frozenset({"auto"})
-    path.write_text('[profiles.anthropic]\nnot_a_setting = 1\n', encoding="utf-8")
+    path.write_text("[profiles.anthropic]\nnot_a_setting = 1\n", encoding="utf-8")
     with pytest.raises(RailyardError) as caught:
         load_profiles()
     assert caught.value.code is Code.CONFIG_INVALID
@@ -292,38 +300,67 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
     max_leaves=10,
 )
-names = st.sampled_from(["propose", "give_up", "note", "approve", "cancel", "succeeded", "repair", "retry",
-                         "hand_off", "", "x" * 300, "pro\x00pose"])
+names = st.sampled_from(
+    [
+        "propose",
+        "give_up",
+        "note",
+        "approve",
+        "cancel",
+        "succeeded",
+        "repair",
+        "retry",
+        "hand_off",
+        "",
+        "x" * 300,
+        "pro\x00pose",
+    ]
+)
 arguments = st.one_of(
     st.fixed_dictionaries({"amount": st.integers(-10, 1000), "reason": st.text(max_size=400)}),
     st.fixed_dictionaries({"note": st.text(max_size=50)}),
-    st.dictionaries(st.sampled_from(["amount", "reason", "note", "customer", "actor", "role", "tenant", "zzz"]),
-                    json_values, max_size=4),
+    st.dictionaries(
+        st.sampled_from(["amount", "reason", "note", "customer", "actor", "role", "tenant", "zzz"]),
+        json_values,
+        max_size=4,
+    ),
     json_values,
 )
-tool_call = st.builds(lambda n, a, raw: {"name": n, "arguments": raw if raw is not None else a}, names, arguments,
-                      st.none() | st.text(max_size=40) | st.just("\x1b[31m" + "A" * 10_000))
+tool_call = st.builds(
+    lambda n, a, raw: {"name": n, "arguments": raw if raw is not None else a},
+    names,
+    arguments,
+    st.none() | st.text(max_size=40) | st.just("\x1b[31m" + "A" * 10_000),
+)
 turns = st.one_of(
     st.builds(lambda calls: {"tool_calls": calls}, st.lists(tool_call, min_size=0, max_size=3)),
     st.builds(lambda t: {"text": t}, st.text(max_size=200) | st.just("{" * 5000)),
     st.builds(lambda j: {"json": j}, json_values | st.fixed_dictionaries({"action": names, "arguments": arguments})),
-    st.builds(lambda s, m: {"error": {"status": s, "message": m}}, st.sampled_from([400, 401, 408, 429, 500, 503]),
-              st.sampled_from(["bad", "tool_choice unsupported", "context length exceeded", "rate limit", ""])),
+    st.builds(
+        lambda s, m: {"error": {"status": s, "message": m}},
+        st.sampled_from([400, 401, 408, 429, 500, 503]),
+        st.sampled_from(["bad", "tool_choice unsupported", "context length exceeded", "rate limit", ""]),
+    ),
 )
 
 CLOSED = REPAIRABLE | PROVIDER_CODES | {Code.IDENTITY_OVERRIDE, Code.REPAIRS_EXHAUSTED, Code.FORBIDDEN}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(turn=turns, profile=st.sampled_from([p.name for p in BUILTIN_PROFILES]), thinking=st.booleans(),
-       repairs=st.integers(0, 3))
+@given(
+    turn=turns,
+    profile=st.sampled_from([p.name for p in BUILTIN_PROFILES]),
+    thinking=st.booleans(),
+    repairs=st.integers(0, 3),
+)
 def test_any_model_output_is_exactly_one_allowed_event_with_a_closed_code(
     eng: Engine, turn: dict[str, Any], profile: str, thinking: bool, repairs: int
 ) -> None:
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
     if repairs:  # enter the step in the middle of a repair visit
         AgentRunner(eng, ScriptedModel([{"text": "?"}] * repairs, profile="anthropic"), retry=NO_SLEEP).run(
-            eng.load(task_id), max_turns=repairs)
+            eng.load(task_id), max_turns=repairs
+        )
     before = eng.load(task_id)
     definition = eng.definition_of(before)
     task = AgentRunner(eng, ScriptedModel([turn], profile=profile), thinking=thinking, retry=NO_SLEEP).step(before)
@@ -351,8 +388,12 @@ def test_the_repair_budget_is_per_state(eng: Engine) -> None:
 
 def test_a_risky_proposal_is_routed_to_review_not_refused(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
-    task = eng.step(task_id, model=ScriptedModel([call("decide", ticket_id="T-1", decision="ESCALATE",
-                                                       reason="angry VIP")], profile="anthropic"))
+    task = eng.step(
+        task_id,
+        model=ScriptedModel(
+            [call("decide", ticket_id="T-1", decision="ESCALATE", reason="angry VIP")], profile="anthropic"
+        ),
+    )
     assert task.state == "escalation_review" and task.status == "blocked"
     event = eng.history(task_id)[-1]
     assert event.trigger == "decide" and event.data["risk"]["reason"] == "escalations are reviewed by a human"
@@ -371,15 +412,23 @@ def test_sensitive_fields_never_reach_the_log(tmp_path: Any) -> None:
         last4: str = Field(pattern=r"^\d{4}$")
         pan: str = Field(pattern=r"^\d{16}$", json_schema_extra={"sensitive": True})
 
-    flow = Workflow(name="cards", version=1, states=[
-        Agent("collecting", actions=[Action("store_card", "done", Card)]), Terminal("done")])
+    flow = Workflow(
+        name="cards",
+        version=1,
+        states=[Agent("collecting", actions=[Action("store_card", "done", Card)]), Terminal("done")],
+    )
     url = f"sqlite:///{tmp_path}/cards.db"
     migrations.upgrade(url)
     secret = "4111111111111111"
     with Engine(url, Registry([flow])) as eng:
         task_id = eng.start("cards", actor="ann")
-        model = ScriptedModel([call("store_card", last4="11", pan=secret),  # invalid: recorded for the repair
-                               call("store_card", last4="1111", pan=secret)], profile="anthropic")
+        model = ScriptedModel(
+            [
+                call("store_card", last4="11", pan=secret),  # invalid: recorded for the repair
+                call("store_card", last4="1111", pan=secret),
+            ],
+            profile="anthropic",
+        )
         task = eng.run(task_id, model=model)
         assert task.state == "done"
         log = json.dumps([e.to_dict() for e in eng.history(task_id)])

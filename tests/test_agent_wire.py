@@ -34,9 +34,17 @@ from tests.provider_server import (
 from tests.sample_workflows import ROLES, all_workflows
 
 #: A model name each profile is chosen by.
-MODEL_OF = {"openai": "gpt-4.1", "anthropic": "claude-test-model", "gemini": "gemini-2.5-pro",
-            "deepseek": "deepseek-reasoner", "qwen": "qwen3-max", "glm": "glm-4.6", "minimax": "MiniMax-M2",
-            "mistral": "mistral-large-latest", "ollama": "llama3.1"}
+MODEL_OF = {
+    "openai": "gpt-4.1",
+    "anthropic": "claude-test-model",
+    "gemini": "gemini-2.5-pro",
+    "deepseek": "deepseek-reasoner",
+    "qwen": "qwen3-max",
+    "glm": "glm-4.6",
+    "minimax": "MiniMax-M2",
+    "mistral": "mistral-large-latest",
+    "ollama": "llama3.1",
+}
 NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=lambda _s: None)
 
 
@@ -58,8 +66,7 @@ def eng(tmp_path: Any, server: ProviderServer) -> Iterator[Engine]:
 def adapter(server: ProviderServer, profile: str, *, stream: bool = False) -> Any:
     model = MODEL_OF[profile]
     if load_profiles()[profile].wire == "anthropic":
-        return AnthropicAdapter(model, base_url=server.anthropic_base_url, api_key="test", stream=stream,
-                                timeout=5)
+        return AnthropicAdapter(model, base_url=server.anthropic_base_url, api_key="test", stream=stream, timeout=5)
     return OpenAIAdapter(model, base_url=server.openai_base_url, api_key="test", stream=stream, timeout=5)
 
 
@@ -109,13 +116,15 @@ def test_no_forced_tool_choice_reaches_a_mode_that_rejects_it(
     assert offered <= {"decide", "propose", "give_up", "note"}
 
 
-def test_tool_choice_unsupported_from_the_server_moves_down_without_a_repair(eng: Engine,
-                                                                             server: ProviderServer) -> None:
+def test_tool_choice_unsupported_from_the_server_moves_down_without_a_repair(
+    eng: Engine, server: ProviderServer
+) -> None:
     server.reply(
         anthropic_error(400, "Thinking may not be enabled when tool_choice forces tool use."),
-        anthropic_message(tool_use_block("tu_1", "decide",
-                                         {"ticket_id": "T-1", "decision": "RESOLVE", "reason": "fixed"}),
-                          stop_reason="tool_use"),
+        anthropic_message(
+            tool_use_block("tu_1", "decide", {"ticket_id": "T-1", "decision": "RESOLVE", "reason": "fixed"}),
+            stop_reason="tool_use",
+        ),
     )
     task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
     task = AgentRunner(eng, adapter(server, "anthropic"), retry=NO_SLEEP).run(eng.load(task_id))
@@ -137,24 +146,41 @@ def test_an_error_inside_a_200_stream_is_a_provider_error_not_an_answer_nor_a_re
         profile = "deepseek"
     else:
         error = anthropic_event("error", error={"type": "api_error", "message": "Internal server error"})
-        start = anthropic_event("message_start", message={
-            "id": "m", "type": "message", "role": "assistant", "model": "x", "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}})
+        start = anthropic_event(
+            "message_start",
+            message={
+                "id": "m",
+                "type": "message",
+                "role": "assistant",
+                "model": "x",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            },
+        )
         server.reply(anthropic_stream(start, error))
         profile = "anthropic"
     task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
     task = AgentRunner(eng, adapter(server, profile, stream=True), retry=NO_SLEEP).step(eng.load(task_id))
     event = eng.history(task_id)[-1]
     assert (event.trigger, event.data["turn"]["code"], task.state) == (
-        "provider_error", "PROVIDER_ERROR", "deciding~provider_error")
+        "provider_error",
+        "PROVIDER_ERROR",
+        "deciding~provider_error",
+    )
     assert task.visit.get("repairs", 0) == 0
     assert len(server.requests) == 1
 
 
 def test_a_429_is_retried_by_the_engine_not_the_sdk(eng: Engine, server: ProviderServer) -> None:
-    server.reply(openai_error(429, "Rate limit reached"), openai_completion(
-        tool_calls=(("c1", "decide", json.dumps({"ticket_id": "T-1", "decision": "RESOLVE", "reason": "ok"})),),
-        finish_reason="tool_calls"))
+    server.reply(
+        openai_error(429, "Rate limit reached"),
+        openai_completion(
+            tool_calls=(("c1", "decide", json.dumps({"ticket_id": "T-1", "decision": "RESOLVE", "reason": "ok"})),),
+            finish_reason="tool_calls",
+        ),
+    )
     task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
     task = AgentRunner(eng, adapter(server, "openai"), retry=NO_SLEEP).step(eng.load(task_id))
     assert task.state == "decided" and len(server.requests) == 2

@@ -20,8 +20,15 @@ from tests.api_support import live_server, make_api_engine, make_app, to_approva
 CHROMIUM = os.environ.get("RAILYARD_TEST_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
 #: As the machine's notes advise: no sandbox as root, and no background traffic to hosts the network refuses.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def browser_required() -> bool:
@@ -121,8 +128,11 @@ def test_an_approver_without_the_role_cannot_approve(page: Any, engine: Engine) 
 
 def test_a_model_reason_containing_script_renders_as_text(page: Any, engine: Engine) -> None:
     script = "<script>window.pwned = 1; alert('pwned')</script>"
-    task_id = to_approval(engine, {"order_id": "O-1", "amount_cents": 2_500, "currency": "EUR", "reason": script},
-                          text=f"Because {script} <img src=x onerror=\"window.pwned=2\">")
+    task_id = to_approval(
+        engine,
+        {"order_id": "O-1", "amount_cents": 2_500, "currency": "EUR", "reason": script},
+        text=f'Because {script} <img src=x onerror="window.pwned=2">',
+    )
     log_in(page, "dana")
     card = page.locator(f"#approval-{task_id}")
     assert script in card.inner_text()  # shown, as text

@@ -29,8 +29,10 @@ Command = tuple[str, str, dict[str, Any], dict[str, str]]
 
 def race(url: str, task_id: str, commands: dict[str, Command]) -> dict[str, httpx.Response]:
     """Each command is POSTed from its own thread and connection, all released by one barrier."""
-    clients = {name: httpx.Client(base_url=url, headers=bearer(who), timeout=30)
-               for name, (who, _path, _body, _headers) in commands.items()}
+    clients = {
+        name: httpx.Client(base_url=url, headers=bearer(who), timeout=30)
+        for name, (who, _path, _body, _headers) in commands.items()
+    }
     for client in clients.values():
         assert client.get("/api/me").status_code == 200  # connections open before the race
     barrier = threading.Barrier(len(clients))
@@ -57,8 +59,11 @@ def test_two_approvers_at_once_one_200_one_409_one_decision(db_url: str, tmp_pat
         for _ in range(ROUNDS):
             task_id = to_approval(engine)
             digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
-            answers = race(url, task_id, {who: (who, "approve", {"digest": digest, "comment": who}, {})
-                                          for who in ("dana", "erin")})
+            answers = race(
+                url,
+                task_id,
+                {who: (who, "approve", {"digest": digest, "comment": who}, {}) for who in ("dana", "erin")},
+            )
             statuses = sorted(r.status_code for r in answers.values())
             assert statuses == [200, 409], {who: r.text for who, r in answers.items()}
             loser = next(r for r in answers.values() if r.status_code == 409)
@@ -75,11 +80,19 @@ def test_approve_and_cancel_with_the_same_if_match_exactly_one_wins(db_url: str,
             task_id = to_approval(engine)
             seen = engine.load(task_id)
             if_match = {"If-Match": f'"{seen.seq}"'}
-            answers = race(url, task_id, {
-                "approve": ("dana", "approve", {"digest": seen.prepared["digest"], "comment": "ok"},  # type: ignore[index]
-                            if_match),
-                "cancel": ("ann", "cancel", {"reason": "customer withdrew"}, if_match),
-            })
+            answers = race(
+                url,
+                task_id,
+                {
+                    "approve": (
+                        "dana",
+                        "approve",
+                        {"digest": seen.prepared["digest"], "comment": "ok"},  # type: ignore[index]
+                        if_match,
+                    ),
+                    "cancel": ("ann", "cancel", {"reason": "customer withdrew"}, if_match),
+                },
+            )
             shown = {name: (r.status_code, r.text) for name, r in answers.items()}
             won = [name for name, r in answers.items() if 200 <= r.status_code < 300]
             assert len(won) == 1, shown

@@ -46,10 +46,14 @@ def base_url(db_url: str, tmp_path: Path) -> Iterator[str]:
 
 
 @schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
 def test_no_request_makes_the_server_fail(case: Any, base_url: str) -> None:
-    case.call_and_validate(base_url=base_url, headers=bearer("dana"),
-                           checks=[not_a_server_error, status_code_conformance, content_type_conformance,
-                                   response_schema_conformance])
+    case.call_and_validate(
+        base_url=base_url,
+        headers=bearer("dana"),
+        checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance],
+    )

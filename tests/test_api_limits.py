@@ -60,10 +60,20 @@ class Body:
 
 def call(app: FastAPI, path: str, body: Body, headers: dict[str, str], method: str = "POST") -> dict[str, Any]:
     """One request straight into the ASGI application; the response's status, headers and body."""
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
-             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "root_path": "", "client": ("127.0.0.1", 50000), "server": ("testserver", 80),
-             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+    }
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -72,8 +82,11 @@ def call(app: FastAPI, path: str, body: Body, headers: dict[str, str], method: s
     asyncio.run(asyncio.wait_for(app(scope, body.receive, send), timeout=60))
     start = next(m for m in sent if m["type"] == "http.response.start")
     content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return {"status": start["status"], "content": content,
-            "headers": {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in start["headers"]}}
+    return {
+        "status": start["status"],
+        "content": content,
+        "headers": {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in start["headers"]},
+    }
 
 
 def error_of(answer: dict[str, Any], status: int, code: Code) -> dict[str, Any]:
@@ -91,11 +104,14 @@ def no_tasks(engine: Engine) -> bool:
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("auth", [None, "Bearer nope", "Basic dG9rLWFubg=="], ids=["none", "unknown", "basic"])
 def test_a_100_mb_post_without_a_valid_token_is_401_and_its_body_is_never_read(
-        engine: Engine, declared: bool, auth: str | None) -> None:
+    engine: Engine, declared: bool, auth: str | None
+) -> None:
     body = Body(HUNDRED_MB)
-    headers = {"content-type": "application/json",
-               **({"content-length": str(HUNDRED_MB)} if declared else {"transfer-encoding": "chunked"}),
-               **({"authorization": auth} if auth else {})}
+    headers = {
+        "content-type": "application/json",
+        **({"content-length": str(HUNDRED_MB)} if declared else {"transfer-encoding": "chunked"}),
+        **({"authorization": auth} if auth else {}),
+    }
     tracemalloc.start()
     try:
         answer = call(app_over(engine), "/api/tasks", body, headers)
@@ -127,8 +143,12 @@ def test_the_401_before_the_body_is_the_one_the_routes_give(engine: Engine) -> N
 # -- the size limit -----------------------------------------------------------------------------------------
 def test_an_oversized_body_with_a_valid_token_is_413_unread_and_starts_nothing(engine: Engine) -> None:
     body = Body(HUNDRED_MB)
-    answer = call(app_over(engine), "/api/tasks", body,
-                  {"content-type": "application/json", "content-length": str(HUNDRED_MB), **bearer("ann")})
+    answer = call(
+        app_over(engine),
+        "/api/tasks",
+        body,
+        {"content-type": "application/json", "content-length": str(HUNDRED_MB), **bearer("ann")},
+    )
     doc = error_of(answer, 413, Code.PAYLOAD_INVALID)
     assert doc["details"] == {"limit": DEFAULT_MAX_BODY, "content_length": HUNDRED_MB}
     assert answer["headers"]["connection"] == "close"
@@ -140,8 +160,12 @@ def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit(engine: Engine
     body = Body(HUNDRED_MB)
     tracemalloc.start()
     try:
-        answer = call(app_over(engine), "/api/tasks", body,
-                      {"content-type": "application/json", "transfer-encoding": "chunked", **bearer("ann")})
+        answer = call(
+            app_over(engine),
+            "/api/tasks",
+            body,
+            {"content-type": "application/json", "transfer-encoding": "chunked", **bearer("ann")},
+        )
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -175,15 +199,19 @@ def test_a_body_at_the_limit_is_read_and_one_byte_more_is_413(engine: Engine) ->
 
 def test_a_chunked_body_within_the_limit_reaches_the_route_whole(engine: Engine) -> None:
     raw = padded(ORDER, 3000)
-    chunks = [raw[i:i + 700] for i in range(0, len(raw), 700)]
+    chunks = [raw[i : i + 700] for i in range(0, len(raw), 700)]
 
     class Chunks(Body):
         async def receive(self) -> dict[str, Any]:
             self.pulled_chunks += 1
             return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
 
-    answer = call(app_over(engine, max_body=4096), "/api/tasks", Chunks(0),
-                  {"content-type": "application/json", "transfer-encoding": "chunked", **bearer("ann")})
+    answer = call(
+        app_over(engine, max_body=4096),
+        "/api/tasks",
+        Chunks(0),
+        {"content-type": "application/json", "transfer-encoding": "chunked", **bearer("ann")},
+    )
     assert answer["status"] == 201, answer
     assert json.loads(answer["content"])["state"] == "assessing" and answer["headers"]["etag"] == '"1"'
 
@@ -220,9 +248,11 @@ def raw_exchange(url: str, request: bytes, then: bytes = b"") -> bytes:
 @pytest.mark.parametrize("token", [None, "tok-ann"], ids=["no-token", "token"])
 def test_a_live_server_answers_a_huge_declared_body_at_once_and_closes(engine: Engine, token: str | None) -> None:
     with live_server(app_over(engine)) as url:
-        head = (b"POST /api/tasks HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                + (f"Authorization: Bearer {token}\r\n".encode() if token else b"")
-                + f"Content-Length: {HUNDRED_MB}\r\n\r\n".encode())
+        head = (
+            b"POST /api/tasks HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            + (f"Authorization: Bearer {token}\r\n".encode() if token else b"")
+            + f"Content-Length: {HUNDRED_MB}\r\n\r\n".encode()
+        )
         # 64 KiB of the 100 MB, then silence: the answer comes anyway, and the server closes the connection.
         answer = raw_exchange(url, head, b"x" * CHUNK)
     status_line, _, rest = answer.partition(b"\r\n")
@@ -237,8 +267,10 @@ def test_a_live_server_answers_a_huge_declared_body_at_once_and_closes(engine: E
 def test_a_live_server_refuses_a_chunked_body_past_the_limit(engine: Engine) -> None:
     limit = 32 * 1024
     with live_server(app_over(engine, max_body=limit)) as url:
-        head = (b"POST /api/tasks HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                b"Authorization: Bearer tok-ann\r\nTransfer-Encoding: chunked\r\n\r\n")
+        head = (
+            b"POST /api/tasks HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer tok-ann\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         piece = b"x" * 4096
         chunks = (f"{len(piece):x}\r\n".encode() + piece + b"\r\n") * (limit // len(piece) + 1)
         answer = raw_exchange(url, head, chunks)  # one chunk past the limit, and no end of body

@@ -35,8 +35,9 @@ def csrf_of(html: str) -> str:
 
 def seqs_of(html: str, task_id: str) -> list[str]:
     """The seq each decision form of `task_id` carries, in page order."""
-    forms = re.findall(rf'<form method="post" action="/tasks/{re.escape(task_id)}/(?:approve|reject)".*?</form>', html,
-                       flags=re.S)
+    forms = re.findall(
+        rf'<form method="post" action="/tasks/{re.escape(task_id)}/(?:approve|reject)".*?</form>', html, flags=re.S
+    )
     return [m.group(1) for f in forms if (m := re.search(r'name="seq" value="(\d+)"', f))]
 
 
@@ -98,8 +99,11 @@ def test_the_inbox_shows_the_prepared_call_evidence_reason_and_history(client: T
 
 
 def test_model_and_tool_text_is_escaped(client: TestClient, engine: Engine) -> None:
-    task_id = to_approval(engine, {"order_id": "O-1", "amount_cents": 100, "currency": "EUR", "reason": SCRIPT},
-                          text=f"<img src=x onerror=alert(1)> {SCRIPT}")
+    task_id = to_approval(
+        engine,
+        {"order_id": "O-1", "amount_cents": 100, "currency": "EUR", "reason": SCRIPT},
+        text=f"<img src=x onerror=alert(1)> {SCRIPT}",
+    )
     login(client, "dana")
     for url in ("/inbox", f"/tasks/{task_id}"):
         html = client.get(url).text
@@ -112,8 +116,9 @@ def test_approving_from_the_page_records_the_sessions_actor(client: TestClient, 
     csrf = login(client, "dana")
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
     seq = engine.load(task_id).seq
-    response = client.post(f"/tasks/{task_id}/approve",
-                           data={"csrf": csrf, "digest": digest, "comment": "ok", "seq": str(seq)})
+    response = client.post(
+        f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest, "comment": "ok", "seq": str(seq)}
+    )
     assert response.status_code == 303 and response.headers["location"] == f"/tasks/{task_id}?done=approved"
     last = engine.history(task_id)[-1]
     assert (last.actor, last.trigger, last.data["approval"]["comment"]) == ("dana", "approve", "ok")
@@ -130,8 +135,9 @@ def test_every_decision_form_carries_the_seq_it_was_rendered_at(client: TestClie
 
 
 @pytest.mark.parametrize("form", ["approve", "reject"])
-def test_a_stale_form_is_refused_with_the_state_the_task_is_in_now(client: TestClient, engine: Engine,
-                                                                   form: str) -> None:
+def test_a_stale_form_is_refused_with_the_state_the_task_is_in_now(
+    client: TestClient, engine: Engine, form: str
+) -> None:
     task_id = to_approval(engine)
     csrf = login(client, "dana")
     [seq, _] = seqs_of(client.get("/inbox").text, task_id)
@@ -144,8 +150,7 @@ def test_a_stale_form_is_refused_with_the_state_the_task_is_in_now(client: TestC
     assert [e.trigger for e in engine.history(task_id)][-1] == "cancel" and engine.get(task_id).state == "cancelled"
 
 
-def test_a_reject_form_left_open_while_another_approver_approved_is_stale(client: TestClient,
-                                                                          engine: Engine) -> None:
+def test_a_reject_form_left_open_while_another_approver_approved_is_stale(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine)
     csrf = login(client, "erin")
     [_, seq] = seqs_of(client.get(f"/tasks/{task_id}").text, task_id)
@@ -161,15 +166,16 @@ def test_a_reject_form_left_open_while_another_approver_approved_is_stale(client
 def test_rejecting_from_the_page(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine)
     csrf = login(client, "erin")
-    response = client.post(f"/tasks/{task_id}/reject", data={"csrf": csrf, "reason": "duplicate claim",
-                                                              "seq": str(engine.load(task_id).seq)})
+    response = client.post(
+        f"/tasks/{task_id}/reject",
+        data={"csrf": csrf, "reason": "duplicate claim", "seq": str(engine.load(task_id).seq)},
+    )
     assert response.status_code == 303
     assert engine.get(task_id).state == "rejected"
     assert engine.history(task_id)[-1].data["approval"]["comment"] == "duplicate claim"
 
 
-def test_without_the_role_the_page_offers_no_buttons_and_the_server_refuses(client: TestClient,
-                                                                            engine: Engine) -> None:
+def test_without_the_role_the_page_offers_no_buttons_and_the_server_refuses(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine)
     csrf = login(client, "bob")
     html = client.get("/inbox").text
@@ -200,8 +206,7 @@ def test_the_task_page_shows_timeline_path_and_diagram(client: TestClient, engin
     assert client.get("/tasks/no-such-task").status_code == 404
 
 
-def test_the_task_page_shows_an_open_write_and_a_cancel_waiting_for_it(client: TestClient,
-                                                                        engine: Engine) -> None:
+def test_the_task_page_shows_an_open_write_and_a_cancel_waiting_for_it(client: TestClient, engine: Engine) -> None:
     task_id = to_open_write(engine)
     engine.cancel(task_id, actor="ann", reason="<b>customer</b> called")
     login(client, "olga")

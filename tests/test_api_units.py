@@ -28,8 +28,12 @@ def entry(actor: str = "dana", roles: list[str] | None = None, token: str = "sec
 
 def test_a_tokens_file_maps_hashes_to_actors_and_roles(tmp_path: Path) -> None:
     path = tmp_path / "tokens.toml"
-    path.write_text(toml_entry("dana", ["refund_approver"], hash_token("t1")) + "\n"
-                    + toml_entry("audrey", ["auditor"], hash_token("t2")), encoding="utf-8")
+    path.write_text(
+        toml_entry("dana", ["refund_approver"], hash_token("t1"))
+        + "\n"
+        + toml_entry("audrey", ["auditor"], hash_token("t2")),
+        encoding="utf-8",
+    )
     table = load_tokens(path)
     dana = table.authenticate("t1")
     assert dana is not None and dana.actor == "dana" and not dana.read_only
@@ -39,15 +43,18 @@ def test_a_tokens_file_maps_hashes_to_actors_and_roles(tmp_path: Path) -> None:
     assert "t1" not in path.read_text() and hash_token("t1") == hashlib.sha256(b"t1").hexdigest()
 
 
-@pytest.mark.parametrize(("doc", "problem"), [
-    ({"token": [{**entry(), "token": "secret"}]}, "clear-text token is never stored"),
-    ({"token": [{**entry(), "sha256": "abc"}]}, "sha256 must be 64 lowercase hex"),
-    ({"token": [entry(actor="")]}, "actor must be"),
-    ({"token": [entry(roles="admin")]}, "roles must be a list"),  # type: ignore[arg-type]
-    ({"token": [entry(), entry(token="other", roles=["auditor"])]}, "different roles"),
-    ({"token": [entry(), entry(actor="erin")]}, "listed twice"),
-    ({"token": "x"}, "expected [[token]]"),
-])
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        ({"token": [{**entry(), "token": "secret"}]}, "clear-text token is never stored"),
+        ({"token": [{**entry(), "sha256": "abc"}]}, "sha256 must be 64 lowercase hex"),
+        ({"token": [entry(actor="")]}, "actor must be"),
+        ({"token": [entry(roles="admin")]}, "roles must be a list"),  # type: ignore[arg-type]
+        ({"token": [entry(), entry(token="other", roles=["auditor"])]}, "different roles"),
+        ({"token": [entry(), entry(actor="erin")]}, "listed twice"),
+        ({"token": "x"}, "expected [[token]]"),
+    ],
+)
 def test_a_bad_tokens_file_is_refused_with_every_problem(doc: dict[str, object], problem: str) -> None:
     with pytest.raises(RailyardError) as caught:
         parse_tokens(doc)
@@ -76,11 +83,15 @@ def test_money_is_shown_in_major_units_with_its_currency() -> None:
     assert format_money(1_500, "JPY") == "1,500 JPY"
     assert format_money(1_234, "KWD") == "1.234 KWD"
     assert format_money(5, "EUR") == "0.05 EUR"
-    shown = display_arguments({"amount_cents": 4_000, "currency": "EUR", "note": "<b>", "total": {"amount": 99,
-                                                                                              "currency": "GBP"}})
+    shown = display_arguments(
+        {"amount_cents": 4_000, "currency": "EUR", "note": "<b>", "total": {"amount": 99, "currency": "GBP"}}
+    )
     assert [(s.name, s.text, s.money) for s in shown] == [
-        ("amount_cents", "40.00 EUR", True), ("currency", "EUR", False), ("note", "<b>", False),
-        ("total", "0.99 GBP", True)]
+        ("amount_cents", "40.00 EUR", True),
+        ("currency", "EUR", False),
+        ("note", "<b>", False),
+        ("total", "0.99 GBP", True),
+    ]
     schema = {"properties": {"paid": {"type": "integer", "description": "An amount of money in minor units"}}}
     assert display_arguments({"paid": 250, "currency": "EUR"}, schema)[0].text == "2.50 EUR"
     assert display_arguments({"amount_cents": 250})[0].text == "250"  # no currency: not guessed
@@ -92,9 +103,20 @@ def _event(seq: int, trigger: str, data: dict[str, object], actor: str = "model"
 
 def test_the_models_reason_comes_from_the_event_that_prepared_the_call() -> None:
     old = _event(2, "propose", {"args": {"reason": "first try"}, "prepared": {"digest": "d1"}})
-    new = _event(3, "propose", {"args": {"reason": "damaged"}, "prepared": {"digest": "d2"},
-                                "turn": {"messages": [{"role": "assistant", "content": "Photos attached."},
-                                                      {"role": "user", "content": "not the model"}]}})
+    new = _event(
+        3,
+        "propose",
+        {
+            "args": {"reason": "damaged"},
+            "prepared": {"digest": "d2"},
+            "turn": {
+                "messages": [
+                    {"role": "assistant", "content": "Photos attached."},
+                    {"role": "user", "content": "not the model"},
+                ]
+            },
+        },
+    )
     reason = model_reason([old, new], "d2")
     assert (reason.argument, reason.text, reason.seq) == ("damaged", ["Photos attached."], 3)
     assert model_reason([old], "d9").argument is None
@@ -108,24 +130,37 @@ def test_railyard_serve_starts_the_api_on_the_port_given(tmp_path: Path) -> None
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(toml_entry("dana", ["refund_approver"], hash_token("serve-token")), encoding="utf-8")
     port = free_port()
-    env = {**os.environ, "RAILYARD_DATABASE_URL": url, "RAILYARD_TOKENS_FILE": str(tokens),
-           "RAILYARD_WORKFLOWS": "tests.sample_workflows", "PYTHONPATH": str(REPO)}
-    server = subprocess.Popen([str(RAILYARD), "serve", "--port", str(port)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "RAILYARD_DATABASE_URL": url,
+        "RAILYARD_TOKENS_FILE": str(tokens),
+        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+        "PYTHONPATH": str(REPO),
+    }
+    server = subprocess.Popen(
+        [str(RAILYARD), "serve", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                response = httpx.get(f"http://127.0.0.1:{port}/api/me",
-                                     headers={"Authorization": "Bearer serve-token"})
+                response = httpx.get(f"http://127.0.0.1:{port}/api/me", headers={"Authorization": "Bearer serve-token"})
                 break
             except httpx.TransportError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"railyard serve did not answer: {server.communicate(timeout=5)[0]!r}")
                 time.sleep(0.1)
         assert response.json() == {"actor": "dana", "roles": ["refund_approver"], "read_only": False}
-        names = [w["name"] for w in httpx.get(f"http://127.0.0.1:{port}/api/workflows",
-                                              headers={"Authorization": "Bearer serve-token"}).json()]
+        names = [
+            w["name"]
+            for w in httpx.get(
+                f"http://127.0.0.1:{port}/api/workflows", headers={"Authorization": "Bearer serve-token"}
+            ).json()
+        ]
         assert names == ["counter", "refund", "triage"]
     finally:
         server.terminate()
@@ -134,18 +169,27 @@ def test_railyard_serve_starts_the_api_on_the_port_given(tmp_path: Path) -> None
 
 def test_serve_without_a_tokens_file_refuses_to_start() -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAILYARD_TOKENS_FILE"}
-    done = subprocess.run([str(RAILYARD), "serve"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run([str(RAILYARD), "serve"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "CONFIG_INVALID" in done.stderr  # set up wrong: exit 2, like a usage error
 
 
 def test_serve_with_a_body_limit_that_is_not_a_number_refuses_to_start(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(toml_entry("dana", ["refund_approver"], hash_token("serve-token")), encoding="utf-8")
-    env = {**os.environ, "RAILYARD_TOKENS_FILE": str(tokens), "RAILYARD_API_MAX_BODY": "1MB",
-           "RAILYARD_DATABASE_URL": f"sqlite:///{tmp_path / 'never.db'}"}
-    done = subprocess.run([str(RAILYARD), "serve", "--port", str(free_port())], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "RAILYARD_TOKENS_FILE": str(tokens),
+        "RAILYARD_API_MAX_BODY": "1MB",
+        "RAILYARD_DATABASE_URL": f"sqlite:///{tmp_path / 'never.db'}",
+    }
+    done = subprocess.run(
+        [str(RAILYARD), "serve", "--port", str(free_port())],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "CONFIG_INVALID" in done.stderr and "RAILYARD_API_MAX_BODY" in done.stderr
     assert not (tmp_path / "never.db").exists()  # refused before anything was opened
 

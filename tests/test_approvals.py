@@ -41,8 +41,13 @@ def test_an_approver_with_the_role_approves_and_the_event_says_who_and_what(eng:
     task = eng.approve(task_id, actor="dana", prepared_digest=None, comment="receipt checked")
     assert task.state == "executing"
     record = eng.history(task_id)[-1].data["approval"]
-    assert record == {"actor": "dana", "role": "approver", "decision": "approve", "comment": "receipt checked",
-                      "digest": None}
+    assert record == {
+        "actor": "dana",
+        "role": "approver",
+        "decision": "approve",
+        "comment": "receipt checked",
+        "digest": None,
+    }
     assert eng.history(task_id)[-1].actor == "dana"
 
 
@@ -101,8 +106,10 @@ def together(*calls: Callable[[], object]) -> list[object]:
 def test_two_approvers_at_once_record_exactly_one_decision(eng: Engine) -> None:
     for _ in range(5):
         task_id = awaiting(eng)
-        results = together(lambda t=task_id: eng.approve(t, actor="dana", prepared_digest=None),
-                           lambda t=task_id: eng.reject(t, actor="erin", reason="no"))
+        results = together(
+            lambda t=task_id: eng.approve(t, actor="dana", prepared_digest=None),
+            lambda t=task_id: eng.reject(t, actor="erin", reason="no"),
+        )
         # The loser read the task before the winner wrote (refused, CONCURRENCY_CONFLICT) or after it (no
         # longer awaiting approval): never retried into a decision on a state its decider did not see.
         losers = [r for r in results if r in (Code.CONCURRENCY_CONFLICT, Code.TASK_NOT_AWAITING_APPROVAL)]
@@ -113,8 +120,10 @@ def test_two_approvers_at_once_record_exactly_one_decision(eng: Engine) -> None:
 def test_an_approval_racing_a_cancel_leaves_one_consistent_story(eng: Engine) -> None:
     for _ in range(5):
         task_id = awaiting(eng)
-        approved, cancelled = together(lambda t=task_id: eng.approve(t, actor="dana", prepared_digest=None),
-                                       lambda t=task_id: eng.cancel(t, actor="ann", reason="stop"))
+        approved, cancelled = together(
+            lambda t=task_id: eng.approve(t, actor="dana", prepared_digest=None),
+            lambda t=task_id: eng.cancel(t, actor="ann", reason="stop"),
+        )
         triggers = [e.trigger for e in eng.history(task_id)][2:]
         # Each command succeeded on the state it read, or was refused: what it told its caller is what the log
         # holds. Both succeed only when the cancel read the task after the approval (a later command).
@@ -124,7 +133,8 @@ def test_an_approval_racing_a_cancel_leaves_one_consistent_story(eng: Engine) ->
 
 
 def test_the_inbox_lists_tasks_at_approval_gates_oldest_first_and_loads_no_other_task(
-        eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first, second = awaiting(eng), awaiting(eng)
     parked = awaiting(eng)
     eng.transition(eng.load(parked), "expired", actor="system:timer", system=True)  # now waiting in needs_human

@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def eng(db_url: str, tmp_path: Path) -> Iterator[Engine]:
-    with Engine(db_url, Registry([COUNTER]), authoriser=StaticRoles(ROLES), archive_dir=tmp_path / "archive",
-                snapshot_every=2) as engine:
+    with Engine(
+        db_url, Registry([COUNTER]), authoriser=StaticRoles(ROLES), archive_dir=tmp_path / "archive", snapshot_every=2
+    ) as engine:
         yield engine
 
 
@@ -100,8 +101,7 @@ def test_an_edited_or_lost_archive_file_is_an_audit_finding(eng: Engine) -> None
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     assert "HASH_MISMATCH" in eng.replay(ended[0]).codes
-    assert {r.task_id: r.codes for r in eng.replay_all() if r.task_id in ended} == {t: ["HASH_MISMATCH"]
-                                                                                   for t in ended}
+    assert {r.task_id: r.codes for r in eng.replay_all() if r.task_id in ended} == {t: ["HASH_MISMATCH"] for t in ended}
     with pytest.raises(RailyardError) as caught:
         eng.history(ended[0])
     assert caught.value.code is Code.HASH_MISMATCH
@@ -115,8 +115,10 @@ def test_an_edited_or_lost_archive_file_is_an_audit_finding(eng: Engine) -> None
 def test_a_log_that_does_not_verify_is_never_archived(eng: Engine) -> None:
     ended, _ = ended_and_running(eng)
     with eng.store.engine.begin() as conn:  # someone edited an event of the first task
-        conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 2"),
-                     {"d": json.dumps({"args": {"n": 99}}), "t": ended[0]})
+        conn.execute(
+            text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 2"),
+            {"d": json.dumps({"args": {"n": 99}}), "t": ended[0]},
+        )
     with pytest.raises(RailyardError) as caught:
         eng.archive(now() + timedelta(seconds=1))
     assert caught.value.code is Code.HASH_MISMATCH
@@ -127,8 +129,13 @@ def test_a_log_that_does_not_verify_is_never_archived(eng: Engine) -> None:
 def test_railyard_archive_then_replay(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/a.db"
     migrations.upgrade(url)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": url,
-           "RAILYARD_WORKFLOWS": "tests.sample_workflows", "RAILYARD_ARCHIVE_DIR": str(tmp_path / "kept")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAILYARD_DATABASE_URL": url,
+        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+        "RAILYARD_ARCHIVE_DIR": str(tmp_path / "kept"),
+    }
     with Engine(url, Registry([COUNTER])) as eng:
         task_id = eng.start("counter", {}, actor="ann")
         eng.fire(task_id, "finish", {}, actor="model")

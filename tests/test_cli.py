@@ -37,8 +37,9 @@ def invoke(*args: str) -> tuple[int, str, str]:
 
 
 def start_refund(balance: int = 500) -> str:
-    code, out, _ = invoke("start", "refund", "--input", json.dumps({"customer": "c1", "balance": balance}),
-                          "--as", "ann")
+    code, out, _ = invoke(
+        "start", "refund", "--input", json.dumps({"customer": "c1", "balance": balance}), "--as", "ann"
+    )
     assert code == 0, out
     return out.strip()
 
@@ -57,8 +58,9 @@ def test_start_show_fire_history_cancel(cli_env: str) -> None:
     shown = json.loads(out)
     assert (shown["state"], shown["seq"], shown["version"]) == ("assessing", 1, 2)
 
-    code, out, _ = invoke("fire", task_id, "propose", "--payload", '{"amount": 300, "reason": "broken"}',
-                          "--as", "model", "--json")
+    code, out, _ = invoke(
+        "fire", task_id, "propose", "--payload", '{"amount": 300, "reason": "broken"}', "--as", "model", "--json"
+    )
     assert code == 0 and json.loads(out)["state"] == "awaiting_approval"
     code, out, _ = invoke("fire", task_id, "approve", "--as", "dana")
     assert code == 0 and "executing" in out
@@ -75,8 +77,9 @@ def test_start_show_fire_history_cancel(cli_env: str) -> None:
 
 
 def test_start_on_a_named_version(cli_env: str) -> None:
-    code, out, _ = invoke("start", "refund", "--version", "1", "--input", '{"customer": "c", "balance": 1}',
-                          "--as", "ann", "--json")
+    code, out, _ = invoke(
+        "start", "refund", "--version", "1", "--input", '{"customer": "c", "balance": 1}', "--as", "ann", "--json"
+    )
     assert code == 0 and json.loads(out)["version"] == 1
 
 
@@ -103,8 +106,10 @@ def test_refused_transitions_exit_1_and_leave_the_log_unchanged(cli_env: str) ->
         (["fire", task_id, "approve", "--as", "dana"], "TRIGGER_NOT_ALLOWED"),
         (["fire", task_id, "propose", "--payload", '{"amount": 500, "reason": "x"}', "--as", "m"], "DOMAIN_INVALID"),
         (["fire", task_id, "propose", "--payload", '{"amount": "x", "reason": "x"}', "--as", "m"], "PAYLOAD_INVALID"),
-        (["fire", task_id, "note", "--payload", '{"note": "x"}', "--as", "m", "--expected-seq", "7"],
-         "CONCURRENCY_CONFLICT"),
+        (
+            ["fire", task_id, "note", "--payload", '{"note": "x"}', "--as", "m", "--expected-seq", "7"],
+            "CONCURRENCY_CONFLICT",
+        ),
     ]:
         code, _, err = invoke(*args)
         assert (code, code_text in err) == (1, True), err
@@ -152,8 +157,7 @@ def test_the_installed_console_script_runs(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("railyard")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
     for command in (["db", "upgrade"], ["workflows"]):
-        done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "railyard.db").exists()
     assert "expense" in done.stdout
@@ -163,8 +167,7 @@ def test_demo_runs_on_a_fresh_database(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("railyard")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
     for command in (["db", "upgrade"], ["demo"]):
-        done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
     assert "DOMAIN_INVALID" in done.stdout and "APPROVAL_FORBIDDEN" in done.stdout
     assert "killed by SIGKILL" in done.stdout and "verified" in done.stdout and "railyard history" in done.stdout
@@ -172,17 +175,27 @@ def test_demo_runs_on_a_fresh_database(tmp_path: Path) -> None:
 
 def test_run_drives_an_agent_state_with_a_scripted_model(cli_env: str, tmp_path: Path) -> None:
     script = tmp_path / "model.json"
-    script.write_text(json.dumps({"profile": "anthropic", "turns": [
-        {"text": "Let me think."},
-        {"tool_calls": [{"name": "propose", "arguments": {"amount": 300, "reason": "broken on arrival"}}]},
-    ]}), encoding="utf-8")
+    script.write_text(
+        json.dumps(
+            {
+                "profile": "anthropic",
+                "turns": [
+                    {"text": "Let me think."},
+                    {"tool_calls": [{"name": "propose", "arguments": {"amount": 300, "reason": "broken on arrival"}}]},
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     task_id = start_refund()
     code, out, err = invoke("run", task_id, "--model", f"scripted:{script}", "--json")
     assert code == 0, err
     result = json.loads(out)
     assert result["task"]["state"] == "awaiting_approval"
     assert [(e["trigger"], e["data"]["turn"]["code"]) for e in result["events"]] == [
-        ("repair", "NO_ACTION"), ("propose", None)]
+        ("repair", "NO_ACTION"),
+        ("propose", None),
+    ]
     # Nothing to run once the task waits for a human: no model call, no event.
     code, out, _ = invoke("run", task_id, "--model", f"scripted:{script}", "--json")
     assert code == 0 and json.loads(out)["events"] == []
@@ -247,10 +260,18 @@ def refund_path(cli_env: str) -> str:
     """refund@2: a scripted turn without an action (repair, NO_ACTION), a proposal, an approval."""
     task_id = start_refund()
     script = Path(cli_env.removeprefix("sqlite:///")).with_name("audit-model.json")
-    script.write_text(json.dumps({"profile": "anthropic", "turns": [
-        {"text": "Let me think."},
-        {"tool_calls": [{"name": "propose", "arguments": {"amount": 300, "reason": "broken on arrival"}}]},
-    ]}), encoding="utf-8")
+    script.write_text(
+        json.dumps(
+            {
+                "profile": "anthropic",
+                "turns": [
+                    {"text": "Let me think."},
+                    {"tool_calls": [{"name": "propose", "arguments": {"amount": 300, "reason": "broken on arrival"}}]},
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     assert invoke("run", task_id, "--model", f"scripted:{script}")[0] == 0
     assert invoke("approve", task_id, "--as", "dana")[0] == 0
     return task_id
@@ -308,10 +329,18 @@ def test_replay_with_jobs_says_what_one_process_says(cli_env: str, monkeypatch: 
     assert invoke("replay", "--all", "--json") == serial  # one job per CPU
 
 
-@pytest.mark.parametrize("args", [["replay"], ["replay", "x", "--all"], ["replay", "x", "--workflow", "refund"],
-                                  ["replay", "--all", "--jobs", "-1"],
-                                  ["replay", "--all", "--since", "yesterday"], ["export"],
-                                  ["show", "x", "--as-of", "soon"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["replay"],
+        ["replay", "x", "--all"],
+        ["replay", "x", "--workflow", "refund"],
+        ["replay", "--all", "--jobs", "-1"],
+        ["replay", "--all", "--since", "yesterday"],
+        ["export"],
+        ["show", "x", "--as-of", "soon"],
+    ],
+)
 def test_audit_usage_errors_exit_2(cli_env: str, args: list[str]) -> None:
     assert invoke(*args)[0] == 2
 
@@ -322,10 +351,17 @@ def test_show_as_of_a_seq_or_a_time(cli_env: str) -> None:
     assert code == 0
     first = json.loads(out)
     assert (first["state"], first["seq"], first["as_of"]["seq"], first["as_of"]["trigger"]) == (
-        "assessing", 1, 1, "start")
+        "assessing",
+        1,
+        1,
+        "start",
+    )
     third = json.loads(invoke("show", task_id, "--as-of", "3", "--json")[1])
-    assert (third["state"], third["status"], third["facts"]["propose"]["amount"]) == ("awaiting_approval", "blocked",
-                                                                                       300)
+    assert (third["state"], third["status"], third["facts"]["propose"]["amount"]) == (
+        "awaiting_approval",
+        "blocked",
+        300,
+    )
     at = third["as_of"]["at"]
     assert json.loads(invoke("show", task_id, "--as-of", at, "--json")[1])["seq"] == 3
     code, out, _ = invoke("show", task_id, "--as-of", "3")
@@ -340,8 +376,7 @@ def test_export_then_verify_export(cli_env: str, tmp_path: Path) -> None:
     assert result.exit_code == 0
     export = tmp_path / "task.jsonl"
     export.write_bytes(result.stdout_bytes)
-    assert [json.loads(line)["kind"] for line in result.stdout_bytes.splitlines()] == ["task"] + ["event"] * 4 + [
-        "end"]
+    assert [json.loads(line)["kind"] for line in result.stdout_bytes.splitlines()] == ["task"] + ["event"] * 4 + ["end"]
     code, out, _ = invoke("verify-export", str(export), "--json")
     assert code == 0 and json.loads(out) == {"reports": [], "tasks": 1, "events": 4, "findings": 0, "ok": True}
     code, out, _ = invoke("verify-export", str(export))

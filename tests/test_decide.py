@@ -15,14 +15,23 @@ AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def started(balance: int = 500) -> TaskState:
-    first = seal(task_id="t1", seq=1, at=AT, actor="ann", from_state=None, trigger="start",
-                 to_state="assessing", data={"input": {"customer": "c1", "balance": balance},
-                                             "digest": REFUND_V1.digest}, prev_hash=GENESIS_HASH)
+    first = seal(
+        task_id="t1",
+        seq=1,
+        at=AT,
+        actor="ann",
+        from_state=None,
+        trigger="start",
+        to_state="assessing",
+        data={"input": {"customer": "c1", "balance": balance}, "digest": REFUND_V1.digest},
+        prev_hash=GENESIS_HASH,
+    )
     return fold(REFUND_V1, [first])
 
 
-def refusal(task: TaskState, trigger: str, payload: object, actor: str = "model",
-            roles: frozenset[str] = frozenset()) -> Code:
+def refusal(
+    task: TaskState, trigger: str, payload: object, actor: str = "model", roles: frozenset[str] = frozenset()
+) -> Code:
     with pytest.raises(Refused) as caught:
         decide(REFUND_V1, task, trigger, payload, actor=actor, roles=roles)  # type: ignore[arg-type]
     return caught.value.code
@@ -53,8 +62,17 @@ def test_role_is_checked_against_the_trusted_roles() -> None:
     waiting = decide(REFUND_V1, task, "propose", {"amount": 300, "reason": "x"}, actor="model")
     from engine.core.fold import apply
 
-    ev = seal(task_id="t1", seq=2, at=AT, actor="model", from_state=waiting.from_state, trigger=waiting.trigger,
-              to_state=waiting.to_state, data=waiting.data, prev_hash=task.last_hash)
+    ev = seal(
+        task_id="t1",
+        seq=2,
+        at=AT,
+        actor="model",
+        from_state=waiting.from_state,
+        trigger=waiting.trigger,
+        to_state=waiting.to_state,
+        data=waiting.data,
+        prev_hash=task.last_hash,
+    )
     approval = apply(REFUND_V1, task, ev)
     assert refusal(approval, "approve", {}, actor="bob") is Code.FORBIDDEN
     ok = decide(REFUND_V1, approval, "approve", {}, actor="dana", roles=frozenset({"approver"}))

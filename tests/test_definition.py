@@ -45,12 +45,15 @@ def test_every_defect_is_reported_at_once() -> None:
             name="broken",
             version=1,
             states=[
-                Agent("start_here", actions=[
-                    Action("go", "nowhere"),  # unknown target
-                    Action("pay", "paid", Loose),  # argument model without extra="forbid"
-                    Action("split", "paid"),  # shared trigger without guards ...
-                    Action("split", "start_here", guards=[always]),  # ... guarded on one side only
-                ]),
+                Agent(
+                    "start_here",
+                    actions=[
+                        Action("go", "nowhere"),  # unknown target
+                        Action("pay", "paid", Loose),  # argument model without extra="forbid"
+                        Action("split", "paid"),  # shared trigger without guards ...
+                        Action("split", "start_here", guards=[always]),  # ... guarded on one side only
+                    ],
+                ),
                 Agent("idle"),  # agent state with no action, and unreachable
                 Terminal("paid", actions=[Action("again", "start_here")]),  # terminal with exits
                 Terminal("paid"),  # duplicate state name
@@ -75,8 +78,10 @@ def test_reserved_names_kind_rules_and_deadlines_are_checked() -> None:
             name="Bad Name",
             version=0,
             states=[
-                Agent("a", actions=[Action("cancel", "b"), Action("step", "b"), Action("step2", "c"),
-                                    Action("step3", "d")]),
+                Agent(
+                    "a",
+                    actions=[Action("cancel", "b"), Action("step", "b"), Action("step2", "c"), Action("step3", "d")],
+                ),
                 Approval("b", actions=[Action("ok", "z")]),  # no role
                 Tool("c"),  # no tool, no on_succeeded
                 Wait("d", actions=[Action("ping", "z")], on_expired="z"),  # on_expired without deadline
@@ -95,17 +100,25 @@ def test_reserved_names_kind_rules_and_deadlines_are_checked() -> None:
 
 def test_shared_trigger_needs_one_argument_model() -> None:
     with pytest.raises(DefinitionError, match="different argument models"):
-        Workflow(name="w", version=1, states=[
-            Agent("a", actions=[Action("x", "b", Strict, guards=[always]), Action("x", "c", OtherStrict,
-                                                                               guards=[always])]),
-            Terminal("b"), Terminal("c"),
-        ])
+        Workflow(
+            name="w",
+            version=1,
+            states=[
+                Agent(
+                    "a",
+                    actions=[Action("x", "b", Strict, guards=[always]), Action("x", "c", OtherStrict, guards=[always])],
+                ),
+                Terminal("b"),
+                Terminal("c"),
+            ],
+        )
 
 
 def test_initial_state_must_exist_and_not_be_terminal() -> None:
     with pytest.raises(DefinitionError, match="initial state 'done' is terminal"):
-        Workflow(name="w", version=1, initial="done", states=[Agent("a", actions=[Action("x", "done")]),
-                                                               Terminal("done")])
+        Workflow(
+            name="w", version=1, initial="done", states=[Agent("a", actions=[Action("x", "done")]), Terminal("done")]
+        )
 
 
 def test_digest_is_stable_and_covers_content() -> None:
@@ -178,8 +191,15 @@ def test_graph_renders_mermaid_and_dot() -> None:
 
 def test_a_declared_cancelled_state_must_be_terminal() -> None:
     with pytest.raises(DefinitionError, match="'cancelled' is where `cancel` leads: it must be terminal"):
-        Workflow(name="w", version=1, states=[Agent("a", actions=[Action("x", "b")]), Terminal("b"),
-                                               Wait("cancelled", actions=[Action("back", "a")])])
+        Workflow(
+            name="w",
+            version=1,
+            states=[
+                Agent("a", actions=[Action("x", "b")]),
+                Terminal("b"),
+                Wait("cancelled", actions=[Action("back", "a")]),
+            ],
+        )
 
 
 def test_registry_reports_a_module_that_fails_while_importing(

@@ -27,9 +27,15 @@ def test_the_demo_scenarios(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Non
     with Engine(db_url, Registry.from_env()) as eng:
         refund = [(trigger, to) for _, trigger, to in steps(eng, tasks.refund)]
         assert refund == [
-            ("start", "collecting_information"), ("query_order", "looking_up_order"), ("call", "looking_up_order"),
-            ("succeeded", "collecting_information"), ("assess_eligibility", "eligible"), ("repair", "eligible~force"),
-            ("propose_refund", "awaiting_approval"), ("approve", "executing"), ("call", "executing"),
+            ("start", "collecting_information"),
+            ("query_order", "looking_up_order"),
+            ("call", "looking_up_order"),
+            ("succeeded", "collecting_information"),
+            ("assess_eligibility", "eligible"),
+            ("repair", "eligible~force"),
+            ("propose_refund", "awaiting_approval"),
+            ("approve", "executing"),
+            ("call", "executing"),
             ("succeeded", "completed"),
         ]
         history = eng.history(tasks.refund)
@@ -40,10 +46,12 @@ def test_the_demo_scenarios(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Non
         assert ticket[4].data["turn"]["code"] == "NO_ACTION" and ticket[-1].to_state == "human_queue"
         crashed = eng.history(tasks.crashed_refund)
         assert [(e.trigger, e.to_state) for e in crashed[-3:]] == [
-            ("approve", "executing"), ("call", "executing"), ("succeeded", "completed")]
+            ("approve", "executing"),
+            ("call", "executing"),
+            ("succeeded", "completed"),
+        ]
         assert crashed[-1].data["reconciled"] is True  # settled from the provider, not paid again
         for task_id in (tasks.refund, tasks.crashed_refund):
             action_id = eng.load(task_id).prepared["action_id"]  # type: ignore[index]
             assert books.payments.executions()[action_id] == 1
         assert all(eng.replay(t).ok for t in (tasks.refund, tasks.ticket, tasks.crashed_refund))
-

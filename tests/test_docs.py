@@ -51,8 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 #: (file, command as written after `$ `) -> why it cannot run. Only for pages someone else is editing; elsewhere
 #: mark the block `console no-run`. Remove an entry once its block is marked.
-NOT_MARKED_YET: dict[tuple[str, str], str] = {
-}
+NOT_MARKED_YET: dict[tuple[str, str], str] = {}
 RAILYARD = Path(sys.executable).parent / "railyard"
 
 FENCE = re.compile(r"^(\s*)```(.*)$")
@@ -180,9 +179,11 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
             name, _, value = argv.pop(0).partition("=")
             scoped[name] = value
         assert argv and argv[0] == "railyard", (
-            f"{where}: only `railyard` commands run; mark its block `no-run` if it cannot run in a test")
-        result = subprocess.run([str(RAILYARD), *argv[1:]], env=scoped, cwd=cwd, capture_output=True, text=True,
-                                timeout=120, check=False)
+            f"{where}: only `railyard` commands run; mark its block `no-run` if it cannot run in a test"
+        )
+        result = subprocess.run(
+            [str(RAILYARD), *argv[1:]], env=scoped, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+        )
         shown = f"{where}\n--- stdout\n{result.stdout}--- stderr\n{result.stderr}"
         assert result.returncode == expected_exit, f"exit {result.returncode}, expected {expected_exit}: {shown}"
         if expected_code is not None:

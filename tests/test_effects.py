@@ -78,8 +78,12 @@ def triggers(eng: Engine, task_id: str) -> list[str]:
 def worker_env(db_url: str, tmp_path: Path) -> dict[str, str]:
     silent = tmp_path / "silent.json"  # the tasks need no model turn; a worker serving agent states needs a model
     silent.write_text('{"turns": []}')
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": db_url,
-           "RAILYARD_MODEL": f"scripted:{silent}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAILYARD_DATABASE_URL": db_url,
+        "RAILYARD_MODEL": f"scripted:{silent}",
+    }
     env.pop("RAILYARD_WORKFLOWS", None)
     return env
 
@@ -96,12 +100,18 @@ def wait_for(condition: Callable[[], bool], seconds: float = 60.0, what: str = "
 
 
 def test_a_cancel_while_the_payment_is_in_flight_waits_and_a_paid_refund_goes_to_review(
-        db_url: str, eng: Engine, books: fakes.Systems, tmp_path: Path) -> None:
+    db_url: str, eng: Engine, books: fakes.Systems, tmp_path: Path
+) -> None:
     task_id = to_approval(eng)
     approve(eng, task_id)
     books.arm("payments.refund", "hold_before")  # the provider takes its time: the test acts meanwhile
-    worker = subprocess.Popen([RAILYARD, "worker", "--once", "--workflows", "refund"], env=worker_env(db_url, tmp_path),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [RAILYARD, "worker", "--once", "--workflows", "refund"],
+        env=worker_env(db_url, tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: books.held("payments.refund"), what="the payment call to reach the provider")
         during = eng.cancel(task_id, actor="ann", reason="The customer called it off.")
@@ -129,12 +139,17 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_and_a_paid_refund_goes_to
 
 @pytest.mark.parametrize(("hold", "ends_in"), [("hold_before", "cancelled"), ("hold_after", "paid_after_cancel")])
 def test_a_worker_killed_while_a_cancel_waits_is_reconciled_and_the_cancel_completes(
-        db_url: str, eng: Engine, books: fakes.Systems, tmp_path: Path, hold: fakes.Fault, ends_in: str) -> None:
+    db_url: str, eng: Engine, books: fakes.Systems, tmp_path: Path, hold: fakes.Fault, ends_in: str
+) -> None:
     task_id = to_approval(eng)
     approve(eng, task_id)
     books.arm("payments.refund", hold)  # held before the provider pays, or after it paid and before it answers
-    worker = subprocess.Popen([RAILYARD, "worker", "--once", "--workflows", "refund", "--lease-seconds", "1"],
-                              env=worker_env(db_url, tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [RAILYARD, "worker", "--once", "--workflows", "refund", "--lease-seconds", "1"],
+        env=worker_env(db_url, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: books.held("payments.refund"), what="the payment call to reach the provider")
         eng.cancel(task_id, actor="ann", reason="Withdrawn.")
@@ -201,10 +216,20 @@ def shop(db_url: str, ledger: Ledger) -> Iterator[Engine]:
 
 def shop_approval(eng: Engine) -> str:
     task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
-    model = ScriptedModel([{"tool_calls": [{"name": "query_order", "arguments": {"order_id": "O-1"}}]},
-                           {"tool_calls": [{"name": "propose_refund", "arguments": {
-                               "order_id": "O-1", "amount_cents": 4_000, "currency": "EUR", "reason": "damaged"}}]}],
-                          profile="anthropic")
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "query_order", "arguments": {"order_id": "O-1"}}]},
+            {
+                "tool_calls": [
+                    {
+                        "name": "propose_refund",
+                        "arguments": {"order_id": "O-1", "amount_cents": 4_000, "currency": "EUR", "reason": "damaged"},
+                    }
+                ]
+            },
+        ],
+        profile="anthropic",
+    )
     assert eng.run(task_id, model=model).state == "awaiting_approval"
     return task_id
 
@@ -216,13 +241,14 @@ def test_approve_and_cancel_decided_on_the_same_seq_exactly_one_wins_every_round
         digest = task.prepared["digest"]  # type: ignore[index]
         approved, cancelled = together(
             lambda t=task_id, d=digest, s=task.seq: shop.approve(t, actor="dana", prepared_digest=d, expected_seq=s),
-            lambda t=task_id, s=task.seq: shop.cancel(t, actor="ann", reason="stop", expected_seq=s))
+            lambda t=task_id, s=task.seq: shop.cancel(t, actor="ann", reason="stop", expected_seq=s),
+        )
         outcomes = {"approve": approved, "cancel": cancelled}
         winners = [name for name, r in outcomes.items() if not isinstance(r, Code)]
         assert len(winners) == 1, outcomes
         loser = next(r for r in outcomes.values() if isinstance(r, Code))
         assert loser is Code.CONCURRENCY_CONFLICT
-        assert triggers(shop, task_id)[task.seq:] == winners
+        assert triggers(shop, task_id)[task.seq :] == winners
         assert shop.get(task_id).state == ("executing" if winners == ["approve"] else "cancelled")
 
 
@@ -232,9 +258,11 @@ def test_a_stale_command_is_refused_naming_the_state_now_and_writes_nothing(shop
     approve_args = {"prepared_digest": shop.load(task_id).prepared["digest"]}  # type: ignore[index]
     shop.approve(task_id, actor="dana", **approve_args)
     before = triggers(shop, task_id)
-    for command in (lambda: shop.cancel(task_id, actor="ann", reason="stop", expected_seq=seen),
-                    lambda: shop.reject(task_id, actor="dana", reason="no", expected_seq=seen),
-                    lambda: shop.fire(task_id, "cancel", {"reason": "stop"}, actor="ann", expected_seq=seen)):
+    for command in (
+        lambda: shop.cancel(task_id, actor="ann", reason="stop", expected_seq=seen),
+        lambda: shop.reject(task_id, actor="dana", reason="no", expected_seq=seen),
+        lambda: shop.fire(task_id, "cancel", {"reason": "stop"}, actor="ann", expected_seq=seen),
+    ):
         error = refused(command)
         assert error.code is Code.CONCURRENCY_CONFLICT
         assert "'executing'" in error.message and error.details["state"] == "executing"
@@ -255,7 +283,9 @@ def test_approve_and_cancel_racing_a_live_worker_never_pay_outside_the_log(shop:
             # No seq named: each command is decided on the state it reads; the cancel comes 0-40 ms later.
             approved, cancelled = together(
                 lambda t=task_id, d=digest: shop.approve(t, actor="dana", prepared_digest=d),
-                lambda t=task_id: shop.cancel(t, actor="ann", reason="stop"), jitter=0.04)
+                lambda t=task_id: shop.cancel(t, actor="ann", reason="stop"),
+                jitter=0.04,
+            )
             told.append((task_id, approved, cancelled))
         for task_id, _, _ in told:
             wait_for(lambda t=task_id: shop.load(t).status != "runnable", what=f"task {task_id} to settle")
@@ -266,8 +296,11 @@ def test_approve_and_cancel_racing_a_live_worker_never_pay_outside_the_log(shop:
     assert all(n == 1 for n in paid.values()), paid
     for task_id, approved, cancelled in told:
         task, events = shop.load(task_id), shop.history(task_id)
-        outcomes = {e.data["action_id"]: e.trigger for e in events if e.trigger in ("succeeded", "failed", "unknown")
-                    and e.data.get("action_id")}
+        outcomes = {
+            e.data["action_id"]: e.trigger
+            for e in events
+            if e.trigger in ("succeeded", "failed", "unknown") and e.data.get("action_id")
+        }
         for action_id in (e.data["intent"]["action_id"] for e in events if e.trigger == "call"):
             if action_id in paid:  # money moved: the log says so
                 assert outcomes.get(action_id) == "succeeded", [(e.trigger, e.to_state) for e in events]
@@ -311,25 +344,40 @@ class Bank:
         return Receipt(reference=f"T-{key[:6]}")
 
     def lookup(self, action_id: str) -> Reconciled:
-        return Reconciled.succeeded(Receipt(reference=f"T-{action_id[:6]}")) if action_id in self.executed \
+        return (
+            Reconciled.succeeded(Receipt(reference=f"T-{action_id[:6]}"))
+            if action_id in self.executed
             else Reconciled.not_found()
+        )
 
 
 def transfer_workflow(bank: Bank, *, askable: bool) -> Workflow:
     """`transfer@1`: an operator sends a transfer; a lost outcome goes to review, where they retry or close."""
-    tool = (ToolDef("transfer", Transfer, Receipt, ToolKind.WRITE, bank.send, reconcile=bank.lookup, timeout=5)
-            if askable else
-            ToolDef("transfer", Transfer, Receipt, ToolKind.WRITE, bank.send, operator_settles=True, timeout=5))
+    tool = (
+        ToolDef("transfer", Transfer, Receipt, ToolKind.WRITE, bank.send, reconcile=bank.lookup, timeout=5)
+        if askable
+        else ToolDef("transfer", Transfer, Receipt, ToolKind.WRITE, bank.send, operator_settles=True, timeout=5)
+    )
     return Workflow(
-        name="transfer", version=1, tools=ToolCatalog("bank", 1, [tool]), settle_role="ops",
+        name="transfer",
+        version=1,
+        tools=ToolCatalog("bank", 1, [tool]),
+        settle_role="ops",
         states=[
             Wait("ready", actions=[Act("send", "sending", Transfer, prepares="transfer", role="ops")]),
             Tool("sending", tool="transfer", on_succeeded="done", on_failed="review", on_unknown="review"),
-            Wait("review", actions=[Act("try_again", "sending", role="ops"), Act("close", "closed", role="ops"),
-                                    Act("send_other", "sending", Transfer, prepares="transfer", role="ops")]),
+            Wait(
+                "review",
+                actions=[
+                    Act("try_again", "sending", role="ops"),
+                    Act("close", "closed", role="ops"),
+                    Act("send_other", "sending", Transfer, prepares="transfer", role="ops"),
+                ],
+            ),
             Terminal("done"),
             Terminal("closed"),
-        ])
+        ],
+    )
 
 
 OPS = {"olga": {"ops"}, "ann": set()}
@@ -404,8 +452,9 @@ def test_an_operator_who_verified_nothing_happened_lets_the_retry_send_it_again(
         eng.fire(task_id, "send", {"amount": 100}, actor="olga")
         bank.fail_before = True
         assert eng.run(task_id).state == "review"
-        eng.fire(task_id, "settle", {"outcome": "not_executed", "evidence": "bank says no such transfer"},
-                 actor="olga")  # `fire` reaches the same settlement
+        eng.fire(
+            task_id, "settle", {"outcome": "not_executed", "evidence": "bank says no such transfer"}, actor="olga"
+        )  # `fire` reaches the same settlement
         eng.fire(task_id, "try_again", actor="olga")
         assert eng.run(task_id).state == "done"
         assert list(bank.executed.values()) == [1]
@@ -420,8 +469,12 @@ def test_a_stranded_write_nobody_can_ask_about_is_recorded_unknown_not_sent_agai
         prepared = task.prepared
         assert prepared is not None
         # A worker recorded the intent and died before the outcome (the call may or may not have happened).
-        eng.commit_system(task, "call", {"intent": prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
-                          actor="system:tools")
+        eng.commit_system(
+            task,
+            "call",
+            {"intent": prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
+            actor="system:tools",
+        )
         assert eng.run(task_id).state == "review"
         outcome = eng.history(task_id)[-1].data["outcome"]
         assert (outcome["outcome"], outcome["code"]) == ("unknown", "TOOL_EXECUTION_UNKNOWN")
@@ -444,15 +497,18 @@ def test_a_cancel_of_a_task_whose_outcome_is_unknown_waits_for_the_operators_set
 
 
 def test_the_refund_cannot_be_closed_while_its_payment_is_unknown_and_a_settled_cancel_goes_to_review(
-        eng: Engine, books: fakes.Systems) -> None:
+    eng: Engine, books: fakes.Systems
+) -> None:
     task_id = to_approval(eng)
     approve(eng, task_id)
     books.arm("payments.refund", "lost_reply")
     assert eng.run(task_id).state == "retryable_failure"
     eng.fire(task_id, "give_up", actor="dana")
     assert refused(lambda: eng.fire(task_id, "close", {"reason": "No."}, actor="dana")).code is Code.OUTCOME_UNSETTLED
-    assert refused(lambda: eng.migrate(task_id, 2, {"needs_human": "needs_human"}, "dana", "x")).code \
+    assert (
+        refused(lambda: eng.migrate(task_id, 2, {"needs_human": "needs_human"}, "dana", "x")).code
         is Code.MIGRATION_INVALID
+    )
     eng.cancel(task_id, actor="ann", reason="Withdrawn.")
     assert eng.settle(task_id, "dana", "executed", "provider dashboard").state == "paid_after_cancel"
     assert eng.replay(task_id).ok
@@ -463,8 +519,9 @@ def stranded(eng: Engine, *, requested_at: str) -> str:
     task_id = eng.start("transfer", actor="olga")
     task = eng.fire(task_id, "send", {"amount": 100}, actor="olga")
     assert task.prepared is not None
-    eng.commit_system(task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": requested_at},
-                      actor="system:tools")
+    eng.commit_system(
+        task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": requested_at}, actor="system:tools"
+    )
     return task_id
 
 
@@ -499,15 +556,21 @@ def test_a_snapshot_from_before_effects_is_not_trusted_with_an_open_intent(db_ur
     from tests.insider import tamper
 
     bank = Bank()
-    with Engine(db_url, Registry([transfer_workflow(bank, askable=True)]), authoriser=StaticRoles(OPS),
-                snapshot_every=1) as eng:
+    with Engine(
+        db_url, Registry([transfer_workflow(bank, askable=True)]), authoriser=StaticRoles(OPS), snapshot_every=1
+    ) as eng:
         task_id = stranded(eng, requested_at="2000-01-01T00:00:00Z")
         seq = eng.load(task_id).seq
         # The snapshot at the intent, as the code before effects wrote it: no `effect` key.
         [snapshot] = [s for s in eng.store.snapshots(task_id) if s.seq == seq]
         older = {k: v for k, v in json.loads(snapshot.doc).items() if k != "effect"}
-        tamper(db_url, "UPDATE snapshots SET doc = :doc WHERE task_id = :t AND seq = :s",
-               doc=canonical_json(older), t=task_id, s=seq)
+        tamper(
+            db_url,
+            "UPDATE snapshots SET doc = :doc WHERE task_id = :t AND seq = :s",
+            doc=canonical_json(older),
+            t=task_id,
+            s=seq,
+        )
         assert eng.load(task_id).unsettled is not None  # folded from zero: the intent is still open
         assert eng.replay(task_id).ok  # an older snapshot is checked on what it holds
         assert eng.run(task_id).state == "done"
@@ -520,19 +583,32 @@ def test_replay_reports_a_garbled_settlement_instead_of_crashing(eng: Engine, bo
     approve(eng, task_id)
     task = eng.load(task_id)
     assert task.prepared is not None
-    eng.commit_system(task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
-                      actor="system:tools")
-    forge(eng, task_id, trigger="settle", to_state="cancelled", status="terminal",
-          data={"args": {"outcome": "not_executed", "evidence": "x"},
-                "settled": {"action_id": task.prepared["action_id"], "outcome": ["no"]}})
+    eng.commit_system(
+        task,
+        "call",
+        {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
+        actor="system:tools",
+    )
+    forge(
+        eng,
+        task_id,
+        trigger="settle",
+        to_state="cancelled",
+        status="terminal",
+        data={
+            "args": {"outcome": "not_executed", "evidence": "x"},
+            "settled": {"action_id": task.prepared["action_id"], "outcome": ["no"]},
+        },
+    )
     assert "ILLEGAL_TRANSITION" in eng.replay(task_id).codes
 
 
 # -- configuration errors are not task failures -------------------------------------------------------------
 
 
-def test_a_worker_without_a_model_refuses_to_start_and_touches_no_task(db_url: str, eng: Engine,
-                                                                       tmp_path: Path) -> None:
+def test_a_worker_without_a_model_refuses_to_start_and_touches_no_task(
+    db_url: str, eng: Engine, tmp_path: Path
+) -> None:
     task_id = eng.start("refund", REFUND_DAMAGED_ORDER_INPUT, actor="portal")
     before = eng.store.row(task_id)
     env = worker_env(db_url, tmp_path)
@@ -543,8 +619,7 @@ def test_a_worker_without_a_model_refuses_to_start_and_touches_no_task(db_url: s
     assert eng.store.row(task_id) == before
 
 
-def test_a_worker_with_an_unreadable_profiles_file_refuses_to_start(db_url: str, eng: Engine,
-                                                                     tmp_path: Path) -> None:
+def test_a_worker_with_an_unreadable_profiles_file_refuses_to_start(db_url: str, eng: Engine, tmp_path: Path) -> None:
     task_id = eng.start("refund", REFUND_DAMAGED_ORDER_INPUT, actor="portal")
     before = eng.store.row(task_id)
     (tmp_path / "profiles.toml").write_text("this is [not toml")
@@ -570,7 +645,8 @@ def test_a_tool_the_deployment_lacks_leaves_the_task_untouched_and_uncounted(db_
 
 
 def test_a_model_missing_at_run_time_leaves_the_task_untouched_and_uncounted(
-        eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("RAILYARD_MODEL", raising=False)
     task_id = eng.start("refund", REFUND_DAMAGED_ORDER_INPUT, actor="portal")
     before = triggers(eng, task_id)
@@ -591,8 +667,12 @@ def test_replay_finds_a_task_that_ended_with_its_payment_unsettled(eng: Engine, 
     approve(eng, task_id)
     task = eng.load(task_id)
     assert task.prepared is not None
-    eng.commit_system(task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": "2026-01-01T00:00:00Z"},
-                      actor="system:tools")
+    eng.commit_system(
+        task,
+        "call",
+        {"intent": task.prepared, "attempt": 1, "requested_at": "2026-01-01T00:00:00Z"},
+        actor="system:tools",
+    )
     assert eng.replay(task_id).ok
     # An insider "cancels" it with a well-chained event the engine would have refused: the intent has no outcome.
     forge(eng, task_id, trigger="cancel", to_state="cancelled", data={"args": {"reason": "x"}}, status="terminal")
@@ -606,6 +686,12 @@ def test_replay_finds_a_payment_outcome_whose_intent_is_missing(eng: Engine, boo
     approve(eng, task_id)
     prepared = eng.load(task_id).prepared
     assert prepared is not None
-    forge(eng, task_id, trigger="succeeded", to_state="completed", status="terminal",
-          data={"outcome": {"outcome": "succeeded"}, "action_id": prepared["action_id"]})
+    forge(
+        eng,
+        task_id,
+        trigger="succeeded",
+        to_state="completed",
+        status="terminal",
+        data={"outcome": {"outcome": "succeeded"}, "action_id": prepared["action_id"]},
+    )
     assert eng.replay(task_id).codes == ["OUTCOME_WITHOUT_INTENT"]

@@ -115,7 +115,12 @@ def test_role_is_required_for_approval(eng: Engine) -> None:
     assert eng.get(task_id).state == "awaiting_approval"
     done = eng.fire(task_id, "approve", {"comment": "ok"}, actor="dana")
     assert eng.history(task_id)[-1].data["approval"] == {
-        "actor": "dana", "role": "approver", "decision": "approve", "comment": "ok", "digest": None}
+        "actor": "dana",
+        "role": "approver",
+        "decision": "approve",
+        "comment": "ok",
+        "digest": None,
+    }
     assert done.state == eng.get(task_id).state
 
 
@@ -159,8 +164,7 @@ def test_a_corrupted_snapshot_is_not_trusted(make_engine: MakeEngine, db_url: st
     for n in range(7):
         task = eng.transition(task, "tick", {"n": n}, actor="model")
     with eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("UPDATE snapshots SET doc = :d WHERE task_id = :t"),
-                     {"d": '{"task_id": "x"}', "t": task_id})
+        conn.execute(text("UPDATE snapshots SET doc = :d WHERE task_id = :t"), {"d": '{"task_id": "x"}', "t": task_id})
     assert eng.load(task_id) == task
 
 

@@ -67,7 +67,7 @@ def test_every_single_flipped_byte_is_found(eng: Engine) -> None:
             changed = bytearray(data)
             changed[position] ^= bit
             if not findings(verify(bytes(changed))):
-                missed.append((position, bit, data[max(0, position - 20):position + 20]))
+                missed.append((position, bit, data[max(0, position - 20) : position + 20]))
     assert missed == []
 
 
@@ -79,8 +79,9 @@ def test_a_changed_value_is_reported_with_its_code(eng: Engine) -> None:
     lines = data.splitlines(keepends=True)
     without = b"".join(line for i, line in enumerate(lines) if i != 3)  # the third event
     assert {"SEQ_GAP", "HASH_MISMATCH"} <= {c for _, c, _ in findings(verify(without))}
-    assert "STATE_MISMATCH" in {c for _, c, _ in findings(verify(data.replace(b'"state":"completed"',
-                                                                             b'"state":"executing"')))}
+    assert "STATE_MISMATCH" in {
+        c for _, c, _ in findings(verify(data.replace(b'"state":"completed"', b'"state":"executing"')))
+    }
     assert findings(verify(b"".join(lines[:-1]))) == [("", "SEQ_GAP", 0)]  # cut short: no end line
 
 
@@ -100,8 +101,9 @@ def test_an_archived_task_is_exported_shown_as_of_and_drawn_from_its_file(db_url
     from engine.core.canonical import now
     from tests.sample_workflows import ROLES
 
-    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES),
-                archive_dir=tmp_path / "archive") as eng:
+    with Engine(
+        db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES), archive_dir=tmp_path / "archive"
+    ) as eng:
         first, second = two_tasks(eng)
         eng.cancel(second, actor="ann", reason="done")
         live = {seq: eng.as_of(first, seq) for seq in range(1, 6)}

@@ -29,12 +29,34 @@ DATA = st.one_of(
 def counter_log(datas: list[dict[str, Any]], *, finish: bool) -> list[Event]:
     """A counter task's log: start, a tick per data, and `finish` (to the terminal state) when asked."""
     at = now()
-    events = [seal(task_id="t", seq=1, at=at, actor="ann", from_state=None, trigger=START, to_state="counting",
-                   data={"workflow": COUNTER.ref, "digest": COUNTER.digest, "input": {}}, prev_hash=GENESIS_HASH)]
+    events = [
+        seal(
+            task_id="t",
+            seq=1,
+            at=at,
+            actor="ann",
+            from_state=None,
+            trigger=START,
+            to_state="counting",
+            data={"workflow": COUNTER.ref, "digest": COUNTER.digest, "input": {}},
+            prev_hash=GENESIS_HASH,
+        )
+    ]
     steps = [("tick", "counting", data) for data in datas] + ([("finish", "done", {})] if finish else [])
     for trigger, target, data in steps:
-        events.append(seal(task_id="t", seq=len(events) + 1, at=at, actor="model", from_state=events[-1].to_state,
-                           trigger=trigger, to_state=target, data=data, prev_hash=events[-1].hash))
+        events.append(
+            seal(
+                task_id="t",
+                seq=len(events) + 1,
+                at=at,
+                actor="model",
+                from_state=events[-1].to_state,
+                trigger=trigger,
+                to_state=target,
+                data=data,
+                prev_hash=events[-1].hash,
+            )
+        )
     return events
 
 
@@ -57,8 +79,9 @@ def test_stepping_one_fold_is_applying_event_by_event(datas: list[dict[str, Any]
         if "tool_result" in data:
             facts.pop("tool:lookup", None), facts.pop("tool_error:lookup", None)
             result = data["tool_result"]
-            facts["tool:lookup" if "result" in result else "tool_error:lookup"] = result.get("result",
-                                                                                         result.get("error"))
+            facts["tool:lookup" if "result" in result else "tool_error:lookup"] = result.get(
+                "result", result.get("error")
+            )
         prepared = data.get("prepared", prepared)
     assert (last.facts, last.prepared) == (facts, prepared)
     assert last.usage["turns"] == sum("turn" in d for d in datas)
@@ -86,8 +109,17 @@ def test_a_record_keeps_its_facts_when_the_fold_goes_on() -> None:
 def test_an_event_into_a_state_the_definition_lacks_is_refused_and_changes_nothing() -> None:
     events = counter_log([{"args": {"n": 1}}], finish=False)
     task: TaskState = initial(COUNTER, events[0])
-    nowhere = seal(task_id="t", seq=2, at=now(), actor="model", from_state="counting", trigger="tick",
-                   to_state="nowhere", data={"args": {"n": 1}}, prev_hash=events[0].hash)
+    nowhere = seal(
+        task_id="t",
+        seq=2,
+        at=now(),
+        actor="model",
+        from_state="counting",
+        trigger="tick",
+        to_state="nowhere",
+        data={"args": {"n": 1}},
+        prev_hash=events[0].hash,
+    )
     folding = Fold(COUNTER, task)
     with pytest.raises(KeyError):
         folding.step(nowhere)

@@ -21,8 +21,9 @@ SAME_STATES = {name: name for name in ("assessing", "awaiting_approval", "needs_
 
 @pytest.fixture(params=[1, 10], ids=["snapshot-every-event", "snapshot-every-10"])
 def eng(db_url: str, request: pytest.FixtureRequest) -> Iterator[Engine]:
-    with Engine(db_url, Registry([REFUND_V1, REFUND_V2]), authoriser=StaticRoles(ROLES),
-                snapshot_every=request.param) as engine:
+    with Engine(
+        db_url, Registry([REFUND_V1, REFUND_V2]), authoriser=StaticRoles(ROLES), snapshot_every=request.param
+    ) as engine:
         yield engine
 
 
@@ -35,10 +36,13 @@ def test_a_task_migrated_mid_flight_runs_on_under_the_new_version(eng: Engine) -
     assert (after.version, after.digest, after.state) == (2, REFUND_V2.digest, "awaiting_approval")
     event = eng.history(task_id)[-1]
     assert (event.trigger, event.actor, event.from_state, event.to_state) == (
-        "migrate", "olga", "awaiting_approval", "awaiting_approval")
+        "migrate",
+        "olga",
+        "awaiting_approval",
+        "awaiting_approval",
+    )
     assert event.data["reason"] == "v2 rolls out to open refunds"
-    assert (event.data["from"], event.data["to"], event.data["to_digest"]) == ("refund@1", "refund@2",
-                                                                               REFUND_V2.digest)
+    assert (event.data["from"], event.data["to"], event.data["to_digest"]) == ("refund@1", "refund@2", REFUND_V2.digest)
     row = eng.store.row(task_id)
     assert row is not None and (row.version, row.digest) == (2, REFUND_V2.digest)
 
@@ -50,27 +54,31 @@ def test_a_task_migrated_mid_flight_runs_on_under_the_new_version(eng: Engine) -
 
 
 def test_loading_from_zero_folds_each_side_with_its_own_version(db_url: str) -> None:
-    with Engine(db_url, Registry([REFUND_V1, REFUND_V2]), authoriser=StaticRoles(ROLES),
-                snapshot_every=1000) as eng:
+    with Engine(db_url, Registry([REFUND_V1, REFUND_V2]), authoriser=StaticRoles(ROLES), snapshot_every=1000) as eng:
         task_id = eng.start("refund", ORDER, actor="ann", version=1)
         eng.migrate(task_id, 2, SAME_STATES, actor="olga", reason="rollout")
         eng.fire(task_id, "note", {"note": "checked"}, actor="model")
         assert eng.store.snapshots(task_id) == []
         assert (eng.load(task_id).version, eng.load(task_id).seq) == (2, 3)
     # Without v1 in the code the migrated task cannot be folded from zero: refused, not guessed.
-    with Engine(db_url, Registry([REFUND_V2]), authoriser=StaticRoles(ROLES)) as only_v2, \
-            pytest.raises(RailyardError) as caught:
+    with (
+        Engine(db_url, Registry([REFUND_V2]), authoriser=StaticRoles(ROLES)) as only_v2,
+        pytest.raises(RailyardError) as caught,
+    ):
         only_v2.load(task_id)
     assert caught.value.code is Code.DEFINITION_MISSING
 
 
-@pytest.mark.parametrize(("to_version", "state_map", "reason", "why"), [
-    (1, SAME_STATES, "again", "already on that version"),
-    (2, {"nowhere": "assessing"}, "x", "does not have: nowhere"),
-    (2, {"assessing": "nowhere"}, "x", "does not have: nowhere"),
-    (2, {"needs_human": "needs_human"}, "x", "only mapped states move"),
-    (2, SAME_STATES, "  ", "a reason is required"),
-])
+@pytest.mark.parametrize(
+    ("to_version", "state_map", "reason", "why"),
+    [
+        (1, SAME_STATES, "again", "already on that version"),
+        (2, {"nowhere": "assessing"}, "x", "does not have: nowhere"),
+        (2, {"assessing": "nowhere"}, "x", "does not have: nowhere"),
+        (2, {"needs_human": "needs_human"}, "x", "only mapped states move"),
+        (2, SAME_STATES, "  ", "a reason is required"),
+    ],
+)
 def test_a_migration_that_does_not_hold_is_refused_and_the_log_is_unchanged(
     eng: Engine, to_version: int, state_map: dict[str, str], reason: str, why: str
 ) -> None:
@@ -110,20 +118,36 @@ def test_migrate_is_not_a_trigger_callers_can_fire(eng: Engine) -> None:
 def test_railyard_migrate(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/m.db"
     migrations.upgrade(url)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": url,
-           "RAILYARD_WORKFLOWS": "tests.sample_workflows"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAILYARD_DATABASE_URL": url,
+        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+    }
     exe = str(Path(sys.executable).with_name("railyard"))
 
     def railyard(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([exe, *argv], env=env, capture_output=True, text=True, timeout=60)
 
     task_id = railyard("start", "refund", "--version", "1", "--input", json.dumps(ORDER), "--as", "ann").stdout.strip()
-    done = railyard("migrate", task_id, "--to-version", "2", "--map", "assessing=assessing", "--as", "olga",
-                    "--reason", "rollout", "--json")
+    done = railyard(
+        "migrate",
+        task_id,
+        "--to-version",
+        "2",
+        "--map",
+        "assessing=assessing",
+        "--as",
+        "olga",
+        "--reason",
+        "rollout",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     assert (json.loads(done.stdout)["version"], json.loads(done.stdout)["state"]) == (2, "assessing")
-    refused = railyard("migrate", task_id, "--to-version", "2", "--map", "assessing=assessing", "--as", "olga",
-                       "--reason", "again")
+    refused = railyard(
+        "migrate", task_id, "--to-version", "2", "--map", "assessing=assessing", "--as", "olga", "--reason", "again"
+    )
     assert refused.returncode == 1 and "MIGRATION_INVALID" in refused.stderr
     bad = railyard("migrate", task_id, "--to-version", "1", "--map", "assessing", "--as", "olga", "--reason", "x")
     assert bad.returncode == 2

@@ -142,14 +142,18 @@ def test_openai_tools_are_strict_only_when_the_spec_says_so(server: ProviderServ
         {
             "type": "function",
             "function": {
-                "name": "approve_refund", "description": "Approve the refund.", "parameters": APPROVE.parameters,
+                "name": "approve_refund",
+                "description": "Approve the refund.",
+                "parameters": APPROVE.parameters,
             },
         },
         {
             "type": "function",
             "function": {
-                "name": "escalate", "description": "Hand the case to a human.",
-                "parameters": ESCALATE.parameters, "strict": True,
+                "name": "escalate",
+                "description": "Hand the case to a human.",
+                "parameters": ESCALATE.parameters,
+                "strict": True,
             },
         },
     ]
@@ -183,8 +187,11 @@ def test_openai_history_carries_tool_calls_results_and_reasoning_back(server: Pr
     history = (
         Message("user", "refund order 7"),
         Message(
-            "assistant", "", tool_calls=(ToolCall("call_1", "approve_refund", '{"amount": 5}'),),
-            reasoning="The order qualifies.", reasoning_blocks=(ReasoningBlock("The order qualifies.", "ignored"),),
+            "assistant",
+            "",
+            tool_calls=(ToolCall("call_1", "approve_refund", '{"amount": 5}'),),
+            reasoning="The order qualifies.",
+            reasoning_blocks=(ReasoningBlock("The order qualifies.", "ignored"),),
         ),
         Message("tool", '{"error": "OUTPUT_SCHEMA_INVALID"}', tool_call_id="call_1"),
         Message("assistant", "Let me retry."),
@@ -197,7 +204,8 @@ def test_openai_history_carries_tool_calls_results_and_reasoning_back(server: Pr
             "content": None,
             "tool_calls": [
                 {
-                    "id": "call_1", "type": "function",
+                    "id": "call_1",
+                    "type": "function",
                     "function": {"name": "approve_refund", "arguments": '{"amount": 5}'},
                 }
             ],
@@ -286,12 +294,20 @@ def test_openai_stream_accumulates_text_reasoning_and_tool_call_fragments(server
             openai_chunk({"reasoning_content": "qualifies."}),
             openai_chunk({"content": "Approv"}),
             openai_chunk({"content": "ing."}),
-            openai_chunk({"tool_calls": [
-                {"index": 0, "id": "call_1", "function": {"name": "approve_refund", "arguments": ""}},
-            ]}),
-            openai_chunk({"tool_calls": [
-                {"index": 1, "id": "call_2", "function": {"name": "escalate", "arguments": "{"}},
-            ]}),
+            openai_chunk(
+                {
+                    "tool_calls": [
+                        {"index": 0, "id": "call_1", "function": {"name": "approve_refund", "arguments": ""}},
+                    ]
+                }
+            ),
+            openai_chunk(
+                {
+                    "tool_calls": [
+                        {"index": 1, "id": "call_2", "function": {"name": "escalate", "arguments": "{"}},
+                    ]
+                }
+            ),
             openai_chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"amount"'}}]}),
             openai_chunk({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]}),
             openai_chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 5}"}}]}, finish_reason="tool_calls"),
@@ -393,8 +409,10 @@ def test_anthropic_tools_use_input_schema_and_strict_only_when_asked(server: Pro
     assert server.last_body["tools"] == [
         {"name": "approve_refund", "description": "Approve the refund.", "input_schema": APPROVE.parameters},
         {
-            "name": "escalate", "description": "Hand the case to a human.",
-            "input_schema": ESCALATE.parameters, "strict": True,
+            "name": "escalate",
+            "description": "Hand the case to a human.",
+            "input_schema": ESCALATE.parameters,
+            "strict": True,
         },
     ]
 
@@ -404,7 +422,8 @@ def test_anthropic_history_maps_thinking_tool_use_and_merged_tool_results(server
     history = (
         Message("user", "refund order 7"),
         Message(
-            "assistant", "Checking.",
+            "assistant",
+            "Checking.",
             tool_calls=(ToolCall("tu_1", "approve_refund", '{"amount": 5}'), ToolCall("tu_2", "escalate", "{bad")),
             reasoning="The order qualifies.",
             reasoning_blocks=(ReasoningBlock("The order qualifies.", "sig-abc"), ReasoningBlock(redacted="opaque")),
@@ -432,8 +451,10 @@ def test_anthropic_history_maps_thinking_tool_use_and_merged_tool_results(server
             "content": [
                 {"type": "tool_result", "tool_use_id": "tu_1", "content": '{"ok": true}'},
                 {
-                    "type": "tool_result", "tool_use_id": "tu_2",
-                    "content": '{"error": "OUTPUT_NOT_JSON"}', "is_error": True,
+                    "type": "tool_result",
+                    "tool_use_id": "tu_2",
+                    "content": '{"error": "OUTPUT_NOT_JSON"}',
+                    "is_error": True,
                 },
                 {"type": "text", "text": "Try again."},
             ],
@@ -477,13 +498,17 @@ def test_anthropic_answer_with_thinking_text_tool_use_and_usage(server: Provider
     server.reply(
         Reply(
             body={
-                "id": "msg_1", "type": "message", "role": "assistant", "model": "test-model",
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "test-model",
                 "content": [
                     thinking_block("It qualifies.", "sig-1"),
                     text_block("Approving."),
                     tool_use_block("tu_1", "approve_refund", {"amount": 5}),
                 ],
-                "stop_reason": "tool_use", "stop_sequence": None,
+                "stop_reason": "tool_use",
+                "stop_sequence": None,
                 "usage": {"input_tokens": 100, "cache_read_input_tokens": 20, "output_tokens": 30},
             }
         )
@@ -540,8 +565,14 @@ def test_anthropic_stream_accumulates_blocks(server: ProviderServer) -> None:
 MESSAGE_START = anthropic_event(
     "message_start",
     message={
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "test-model", "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1},
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "test-model",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 1},
     },
 )
 TEXT_SO_FAR = (
@@ -726,7 +757,10 @@ def test_openai_tool_call_extras_such_as_thought_signatures_go_back_unchanged(se
     server.reply(Reply(body=body), OK_OPENAI)
     answer = openai(server).complete(request(tools=(APPROVE,)))
     assert answer.tool_calls[0].extra == extra
-    history = (Message("user", "go"), Message("assistant", "", tool_calls=answer.tool_calls),
-               Message("tool", "{}", tool_call_id="c1"))
+    history = (
+        Message("user", "go"),
+        Message("assistant", "", tool_calls=answer.tool_calls),
+        Message("tool", "{}", tool_call_id="c1"),
+    )
     openai(server).complete(request(messages=history))
     assert server.last_body["messages"][1]["tool_calls"][0]["extra_content"] == extra["extra_content"]

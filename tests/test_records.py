@@ -35,10 +35,10 @@ def as_tuple(record: Any) -> tuple[Any, ...]:
     return tuple(getattr(record, f.name) for f in dataclasses.fields(record))
 
 
-@pytest.mark.parametrize(("args", "kwargs"), [((1,), {}), ((1, "x"), {}), ((1,), {"c": {"k": 1}}),
-                                              ((), {"a": 2, "b": "y", "c": {}})])
-def test_the_same_fields_defaults_and_factories_as_the_dataclass(args: tuple[Any, ...],
-                                                                 kwargs: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("args", "kwargs"), [((1,), {}), ((1, "x"), {}), ((1,), {"c": {"k": 1}}), ((), {"a": 2, "b": "y", "c": {}})]
+)
+def test_the_same_fields_defaults_and_factories_as_the_dataclass(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     assert as_tuple(Quick(*args, **kwargs)) == as_tuple(Plain(*args, **kwargs))
     assert repr(Quick(*args, **kwargs)) == repr(Plain(*args, **kwargs)).replace("Plain", "Quick")
 
@@ -70,8 +70,17 @@ def test_only_frozen_slotted_dataclasses_are_accepted() -> None:
 
 
 def test_events_and_task_states_build_as_before() -> None:
-    event = seal(task_id="t", seq=1, at=now(), actor="ann", from_state=None, trigger="start", to_state="s",
-                 data={"x": 1}, prev_hash=GENESIS_HASH)
+    event = seal(
+        task_id="t",
+        seq=1,
+        at=now(),
+        actor="ann",
+        from_state=None,
+        trigger="start",
+        to_state="s",
+        data={"x": 1},
+        prev_hash=GENESIS_HASH,
+    )
     assert event.stored_data is None and event.computed_hash() == event.hash
     assert Event(**{f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.init}) == event
     state = TaskState("t", "w", 1, "d", "s", Status.RUNNABLE, 1, "h", {})

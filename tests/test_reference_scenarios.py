@@ -43,9 +43,15 @@ def test_the_refund_script_is_repaired_approved_and_paid_once(eng: Engine, books
     task_id = to_approved_refund(eng, version)
     assert eng.run(task_id).state == "completed"
     assert [(t, s) for _, t, s in steps(eng, task_id)] == [
-        ("start", "collecting_information"), ("query_order", "looking_up_order"), ("call", "looking_up_order"),
-        ("succeeded", "collecting_information"), ("assess_eligibility", "eligible"), ("repair", "eligible~force"),
-        ("propose_refund", "awaiting_approval"), ("approve", "executing"), ("call", "executing"),
+        ("start", "collecting_information"),
+        ("query_order", "looking_up_order"),
+        ("call", "looking_up_order"),
+        ("succeeded", "collecting_information"),
+        ("assess_eligibility", "eligible"),
+        ("repair", "eligible~force"),
+        ("propose_refund", "awaiting_approval"),
+        ("approve", "executing"),
+        ("call", "executing"),
         ("succeeded", "completed"),
     ]
     assert eng.history(task_id)[5].data["turn"]["code"] == "DOMAIN_INVALID"
@@ -61,17 +67,23 @@ def test_the_ticket_script_is_forced_from_prose_to_an_escalation(eng: Engine) ->
 
 
 def test_a_railyard_worker_killed_mid_refund_is_finished_by_another_without_paying_twice(
-        db_url: str, eng: Engine, books: fakes.Systems, tmp_path: Path) -> None:
+    db_url: str, eng: Engine, books: fakes.Systems, tmp_path: Path
+) -> None:
     task_id = to_approved_refund(eng, 2)
     books.arm("payments.refund", "crash_after")  # the worker dies after the provider paid, before it records it
     exe = str(Path(sys.executable).with_name("railyard"))
     silent = tmp_path / "silent.json"  # the task needs no model turn; a worker serving agent states needs a model
     silent.write_text('{"turns": []}')
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": db_url,
-           "RAILYARD_MODEL": f"scripted:{silent}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAILYARD_DATABASE_URL": db_url,
+        "RAILYARD_MODEL": f"scripted:{silent}",
+    }
     env.pop("RAILYARD_WORKFLOWS", None)  # the default: the project's `workflows` package
-    done = subprocess.run([exe, "worker", "--once", "--lease-seconds", "2"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [exe, "worker", "--once", "--lease-seconds", "2"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == -9, done.stderr
     action_id = eng.load(task_id).visit["pending"]
     assert books.payments.executions() == {action_id: 1}

@@ -43,12 +43,14 @@ def proposals(draw: st.DrawFn) -> dict[str, Any]:
     """Mostly plausible, often wrong: any order, amounts around the balances, other currencies, unknown evidence."""
     order_id = draw(order_ids)
     balance = REFUNDABLE.get(order_id, 1_000)
-    amount = draw(st.one_of(st.integers(1, max(balance, 1)), st.integers(-10, 40_000),
-                            st.sampled_from([0, balance, balance + 1])))
+    amount = draw(
+        st.one_of(st.integers(1, max(balance, 1)), st.integers(-10, 40_000), st.sampled_from([0, balance, balance + 1]))
+    )
     currency = draw(st.one_of(st.just(CURRENCY.get(order_id, "EUR")), st.sampled_from(["EUR", "USD", "GBP", "eur"])))
     evidence = draw(st.lists(st.sampled_from(["EV-1", "EV-2", "EV-3", "EV-4", "EV-99"]), max_size=11))
-    return call("propose_refund", order_id=order_id, amount=amount, currency=currency, reason="Damaged.",
-                evidence_ids=evidence)
+    return call(
+        "propose_refund", order_id=order_id, amount=amount, currency=currency, reason="Damaged.", evidence_ids=evidence
+    )
 
 
 turns = st.one_of(
@@ -59,26 +61,34 @@ turns = st.one_of(
     st.just(call("reject", reason="Not eligible.")),
     st.just(call("request_more_info", question="Which order?")),
     st.just({"text": "I will refund the customer in full right away."}),
-    proposals().map(lambda p: {"tool_calls": [{**p["tool_calls"][0],
-                                               "arguments": {**p["tool_calls"][0]["arguments"],
-                                                             "customer_id": "C-200"}}]}),
+    proposals().map(
+        lambda p: {
+            "tool_calls": [
+                {**p["tool_calls"][0], "arguments": {**p["tool_calls"][0]["arguments"], "customer_id": "C-200"}}
+            ]
+        }
+    ),
     proposals().map(lambda p: {"tool_calls": [{**p["tool_calls"][0], "name": "payments_refund"}]}),
-    st.tuples(proposals(), proposals()).map(lambda ps: {"tool_calls": [ps[0]["tool_calls"][0],
-                                                                       ps[1]["tool_calls"][0]]}),
+    st.tuples(proposals(), proposals()).map(
+        lambda ps: {"tool_calls": [ps[0]["tool_calls"][0], ps[1]["tool_calls"][0]]}
+    ),
 )
 
 actors = st.sampled_from(ACTORS)
-moves = st.lists(st.one_of(
-    st.tuples(st.just("model"), st.lists(turns, min_size=1, max_size=6)),
-    st.tuples(st.just("approve"), actors, st.booleans()),
-    st.tuples(st.just("fire"), st.sampled_from(["approve", "retry_refund", "give_up", "reopen", "close"]), actors),
-    st.tuples(st.just("reject"), actors),
-    st.tuples(st.just("expire")),
-    st.tuples(st.just("fault"), st.sampled_from(["lost_reply", "remote_error", "unavailable"])),
-    st.tuples(st.just("reply"), st.lists(st.sampled_from(["EV-1", "EV-3", "EV-77"]), max_size=2)),
-    st.tuples(st.just("run")),
-    st.tuples(st.just("cancel"), actors),
-), max_size=8)
+moves = st.lists(
+    st.one_of(
+        st.tuples(st.just("model"), st.lists(turns, min_size=1, max_size=6)),
+        st.tuples(st.just("approve"), actors, st.booleans()),
+        st.tuples(st.just("fire"), st.sampled_from(["approve", "retry_refund", "give_up", "reopen", "close"]), actors),
+        st.tuples(st.just("reject"), actors),
+        st.tuples(st.just("expire")),
+        st.tuples(st.just("fault"), st.sampled_from(["lost_reply", "remote_error", "unavailable"])),
+        st.tuples(st.just("reply"), st.lists(st.sampled_from(["EV-1", "EV-3", "EV-77"]), max_size=2)),
+        st.tuples(st.just("run")),
+        st.tuples(st.just("cancel"), actors),
+    ),
+    max_size=8,
+)
 
 
 @st.composite
@@ -91,28 +101,49 @@ def stories(draw: st.DrawFn) -> tuple[str, list[tuple[Any, ...]]]:
     order_id = draw(st.one_of(st.sampled_from(own), order_ids))
     balance, currency = REFUNDABLE.get(order_id, 1), CURRENCY.get(order_id, "EUR")
     evidence = [e["evidence_id"] for e in EVIDENCE if e["order_id"] == order_id]
-    valid = {"order_id": order_id, "amount": draw(st.integers(1, balance)), "currency": currency,
-             "reason": "Damaged in transit.",
-             "evidence_ids": draw(st.lists(st.sampled_from(evidence), max_size=2)) if evidence else []}
-    tempting = draw(st.sampled_from([
-        {}, {"amount": balance + 1}, {"amount": 2 * balance + 500}, {"amount": 0},
-        {"currency": "USD" if currency != "USD" else "EUR"}, {"evidence_ids": ["EV-99"]},
-    ]))
+    valid = {
+        "order_id": order_id,
+        "amount": draw(st.integers(1, balance)),
+        "currency": currency,
+        "reason": "Damaged in transit.",
+        "evidence_ids": draw(st.lists(st.sampled_from(evidence), max_size=2)) if evidence else [],
+    }
+    tempting = draw(
+        st.sampled_from(
+            [
+                {},
+                {"amount": balance + 1},
+                {"amount": 2 * balance + 500},
+                {"amount": 0},
+                {"currency": "USD" if currency != "USD" else "EUR"},
+                {"evidence_ids": ["EV-99"]},
+            ]
+        )
+    )
     approve_via = draw(st.sampled_from(["approve", "fire"]))
     approver = draw(st.sampled_from(["dana", "dana", "erin", "ann", "bob"]))  # dana also starts half the tasks
-    first_approval = (("approve", approver, draw(st.booleans())) if approve_via == "approve"
-                      else ("fire", "approve", approver))
+    first_approval = (
+        ("approve", approver, draw(st.booleans())) if approve_via == "approve" else ("fire", "approve", approver)
+    )
     story: list[tuple[Any, ...]] = [
-        ("model", [call("query_order", order_id=order_id),
-                   call("assess_eligibility", order_id=order_id, finding="Damaged."),
-                   *draw(st.lists(turns, max_size=2)),
-                   call("propose_refund", **{**valid, **tempting}),
-                   call("propose_refund", **valid)]),
+        (
+            "model",
+            [
+                call("query_order", order_id=order_id),
+                call("assess_eligibility", order_id=order_id, finding="Damaged."),
+                *draw(st.lists(turns, max_size=2)),
+                call("propose_refund", **{**valid, **tempting}),
+                call("propose_refund", **valid),
+            ],
+        ),
         *draw(st.sampled_from([[], [], [], [("expire",)]])),  # sometimes nobody approves in time
         first_approval,
         ("approve", draw(st.sampled_from(sorted(APPROVERS))), draw(st.sampled_from([True, True, False]))),
-        *draw(st.lists(st.tuples(st.just("fault"), st.sampled_from(["lost_reply", "remote_error", "unavailable"])),
-                       max_size=1)),
+        *draw(
+            st.lists(
+                st.tuples(st.just("fault"), st.sampled_from(["lost_reply", "remote_error", "unavailable"])), max_size=1
+            )
+        ),
         ("run",),
         ("fire", "retry_refund", draw(st.sampled_from(["dana", "erin", "bob"]))),
         ("run",),
@@ -193,7 +224,8 @@ def check(eng: Engine, books: fakes.Systems, task_id: str, seen: Counter[str]) -
         for earlier, later in pairwise(e for e in calls if e.data["intent"]["action_id"] == key):
             between = [e for e in events if earlier.seq < e.seq < later.seq]
             assert any(e.trigger == "retry_refund" for e in between) or any(
-                e.trigger == "reconcile" and e.data["reconciled"]["outcome"] == "not_found" for e in between)
+                e.trigger == "reconcile" and e.data["reconciled"]["outcome"] == "not_found" for e in between
+            )
             seen["resent"] += 1
     for event in events:
         if event.trigger == "succeeded" and event.data.get("reconciled"):
@@ -207,14 +239,20 @@ def test_refund_v1_never_pays_without_another_approver_above_the_balance_or_twic
     seen: Counter[str] = Counter()
     with fake_systems(db_url) as books, reference_engine(db_url) as eng:
 
-        @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
         @given(starter=st.sampled_from(["ann", "dana"]), story=stories())
         def property_holds(starter: str, story: tuple[str, list[tuple[Any, ...]]]) -> None:
             customer, script = story
             books.reset()
-            task_id = eng.start("refund", {"customer_id": customer, "message": "Refund please."}, actor=starter,
-                                version=1)
+            task_id = eng.start(
+                "refund", {"customer_id": customer, "message": "Refund please."}, actor=starter, version=1
+            )
             for move in script:
                 apply(eng, books, task_id, move, seen)
             check(eng, books, task_id, seen)

@@ -37,16 +37,18 @@ def refused(action: Any) -> RailyardError:
     return caught.value
 
 
-def to_approval(eng: Engine, *, starter: str = "ann", amount: int = 12_999, version: int = 1,
-                **extra: Any) -> str:
+def to_approval(eng: Engine, *, starter: str = "ann", amount: int = 12_999, version: int = 1, **extra: Any) -> str:
     """A task the model took to awaiting_approval: looked up, assessed, proposed 15,000 (refused), then `amount`."""
     task_id = eng.start("refund", DAMAGED, actor=starter, version=version)
-    model = ScriptedModel([
-        call("query_order", order_id="O-1001"),
-        call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
-        refund(15_000, **extra),  # over the refundable balance of 12,999: the guard refuses, the model repairs
-        refund(amount, **extra),
-    ], profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+            refund(15_000, **extra),  # over the refundable balance of 12,999: the guard refuses, the model repairs
+            refund(amount, **extra),
+        ],
+        profile="anthropic",
+    )
     assert eng.run(task_id, model=model).state == "awaiting_approval"
     return task_id
 
@@ -64,15 +66,23 @@ def approve(eng: Engine, task_id: str, approver: str = "dana") -> None:
 # -- the main path ------------------------------------------------------------------------------------------
 
 
-def test_a_refund_is_looked_up_repaired_approved_by_another_user_and_paid_once(eng: Engine,
-                                                                                books: fakes.Systems) -> None:
+def test_a_refund_is_looked_up_repaired_approved_by_another_user_and_paid_once(
+    eng: Engine, books: fakes.Systems
+) -> None:
     task_id = to_approval(eng)
     call_ = prepared(eng, task_id)
     assert call_["tool"] == "payments_refund" and call_["required_role"] == "refund_approver"
-    assert call_["arguments"] == {"order_id": "O-1001", "amount": 12_999, "currency": "EUR",
-                                  "reason": "Screen cracked in transit.", "evidence_ids": ["EV-1"]}
-    assert refused(lambda: eng.approve(task_id, actor="bob", prepared_digest=call_["digest"])).code \
-        is Code.APPROVAL_FORBIDDEN  # no role
+    assert call_["arguments"] == {
+        "order_id": "O-1001",
+        "amount": 12_999,
+        "currency": "EUR",
+        "reason": "Screen cracked in transit.",
+        "evidence_ids": ["EV-1"],
+    }
+    assert (
+        refused(lambda: eng.approve(task_id, actor="bob", prepared_digest=call_["digest"])).code
+        is Code.APPROVAL_FORBIDDEN
+    )  # no role
     assert books.payments.requests() == []
 
     approve(eng, task_id)
@@ -95,13 +105,23 @@ def test_a_refund_is_looked_up_repaired_approved_by_another_user_and_paid_once(e
     assert repair["code"] == "DOMAIN_INVALID"
     assert [e["msg"] for e in repair["errors"]] == [
         "within_refundable_balance: amount 15000 exceeds the refundable balance of order O-1001: 12999 EUR "
-        "(minor units)"]
-    assert events[7].data["approval"] == {"actor": "dana", "role": "refund_approver", "decision": "approve",
-                                          "comment": "photo checked", "digest": call_["digest"]}
+        "(minor units)"
+    ]
+    assert events[7].data["approval"] == {
+        "actor": "dana",
+        "role": "refund_approver",
+        "decision": "approve",
+        "comment": "photo checked",
+        "digest": call_["digest"],
+    }
     assert events[8].data["intent"]["action_id"] == call_["action_id"]
     receipt = events[9].data["outcome"]["result"]
-    assert receipt == {"refund_id": f"re_{call_['action_id'][:12]}", "order_id": "O-1001", "amount": 12_999,
-                       "currency": "EUR"}
+    assert receipt == {
+        "refund_id": f"re_{call_['action_id'][:12]}",
+        "order_id": "O-1001",
+        "amount": 12_999,
+        "currency": "EUR",
+    }
     assert books.payments.executions() == {call_["action_id"]: 1}
     assert [r["result"] for r in books.payments.requests()] == ["executed"]
     assert books.orders.get("O-1001").refundable == 0
@@ -109,9 +129,15 @@ def test_a_refund_is_looked_up_repaired_approved_by_another_user_and_paid_once(e
 
 def test_the_refused_amount_is_fed_back_to_the_model_before_it_repairs(eng: Engine) -> None:
     task_id = eng.start("refund", DAMAGED, actor="ann", version=1)
-    model = ScriptedModel([call("query_order", order_id="O-1001"),
-                           call("assess_eligibility", order_id="O-1001", finding="damaged"),
-                           refund(15_000), refund(12_000)], profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="damaged"),
+            refund(15_000),
+            refund(12_000),
+        ],
+        profile="anthropic",
+    )
     eng.run(task_id, model=model)
     repaired = model.requests[-1]
     feedback = [m.content for m in repaired.messages if m.role == "tool"]
@@ -137,42 +163,72 @@ def test_whoever_started_the_task_may_not_approve_it_by_any_path(eng: Engine, bo
 def eligible_on(eng: Engine, order_id: str) -> Any:
     """A task in `eligible` whose model looked `order_id` up (for C-100)."""
     task_id = eng.start("refund", {**DAMAGED, "order_id": order_id}, actor="ann", version=1)
-    model = ScriptedModel([call("query_order", order_id=order_id),
-                           call("assess_eligibility", order_id=order_id, finding="looked at it")],
-                          profile="anthropic")
+    model = ScriptedModel(
+        [call("query_order", order_id=order_id), call("assess_eligibility", order_id=order_id, finding="looked at it")],
+        profile="anthropic",
+    )
     return eng.run(task_id, model=model, max_turns=3)  # the two turns and the lookup: it stops in `eligible`
 
 
-@pytest.mark.parametrize(("order_id", "proposal", "reason"), [
-    ("O-1002", {"amount": 2_501}, "within_refundable_balance: amount 2501 exceeds the refundable balance of order "
-                                  "O-1002: 2500 EUR (minor units)"),
-    ("O-1002", {"amount": 0}, "amount_is_positive: the amount must be at least 1 minor unit"),
-    ("O-1003", {"currency": "EUR"}, "currency_matches: order O-1003 was paid in USD, not EUR"),
-    ("O-1001", {"evidence_ids": ["EV-1", "EV-3", "EV-99"]},
-     "evidence_exists: no evidence EV-3, EV-99 on order O-1001; it has ['EV-1', 'EV-2']"),
-    ("O-1001", {"order_id": "O-1002"}, "order_was_looked_up: order O-1002 was not looked up: use query_order on it "
-                                       "first"),
-])
-def test_each_guard_refuses_with_a_reason_the_model_can_act_on(eng: Engine, order_id: str,
-                                                                proposal: dict[str, Any], reason: str) -> None:
+@pytest.mark.parametrize(
+    ("order_id", "proposal", "reason"),
+    [
+        (
+            "O-1002",
+            {"amount": 2_501},
+            "within_refundable_balance: amount 2501 exceeds the refundable balance of order "
+            "O-1002: 2500 EUR (minor units)",
+        ),
+        ("O-1002", {"amount": 0}, "amount_is_positive: the amount must be at least 1 minor unit"),
+        ("O-1003", {"currency": "EUR"}, "currency_matches: order O-1003 was paid in USD, not EUR"),
+        (
+            "O-1001",
+            {"evidence_ids": ["EV-1", "EV-3", "EV-99"]},
+            "evidence_exists: no evidence EV-3, EV-99 on order O-1001; it has ['EV-1', 'EV-2']",
+        ),
+        (
+            "O-1001",
+            {"order_id": "O-1002"},
+            "order_was_looked_up: order O-1002 was not looked up: use query_order on it first",
+        ),
+    ],
+)
+def test_each_guard_refuses_with_a_reason_the_model_can_act_on(
+    eng: Engine, order_id: str, proposal: dict[str, Any], reason: str
+) -> None:
     task = eligible_on(eng, order_id)
     assert task.state == "eligible"
     currency = {"O-1003": "USD"}.get(order_id, "EUR")
-    payload = {"order_id": order_id, "amount": 100, "currency": currency, "reason": "damaged",
-               "evidence_ids": [], **proposal}
+    payload = {
+        "order_id": order_id,
+        "amount": 100,
+        "currency": currency,
+        "reason": "damaged",
+        "evidence_ids": [],
+        **proposal,
+    }
     with pytest.raises(RailyardError) as caught:
         decide(REFUND_V1, task, "propose_refund", payload, actor="model")
     assert caught.value.code is Code.DOMAIN_INVALID
     assert caught.value.details["reasons"] == [reason]
-    decide(REFUND_V1, task, "propose_refund", {**payload, "order_id": order_id, "amount": 100, "currency": currency,
-                                               "evidence_ids": []}, actor="model")  # the repaired proposal passes
+    decide(
+        REFUND_V1,
+        task,
+        "propose_refund",
+        {**payload, "order_id": order_id, "amount": 100, "currency": currency, "evidence_ids": []},
+        actor="model",
+    )  # the repaired proposal passes
 
 
 def test_another_customers_order_can_be_read_but_not_assessed_or_refunded(eng: Engine) -> None:
     task_id = eng.start("refund", {**DAMAGED, "order_id": "O-2001"}, actor="ann", version=1)
-    model = ScriptedModel([call("query_order", order_id="O-2001"),
-                           *[call("assess_eligibility", order_id="O-2001", finding="torn packaging")] * 4],
-                          profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-2001"),
+            *[call("assess_eligibility", order_id="O-2001", finding="torn packaging")] * 4,
+        ],
+        profile="anthropic",
+    )
     eng.run(task_id, model=model, max_turns=12)
     assert eng.get(task_id).state == "needs_human"  # the agent kept trying: after max_repairs a human takes over
     codes = [e.data["turn"]["code"] for e in eng.history(task_id) if e.trigger in ("repair", "hand_off")]
@@ -194,10 +250,14 @@ def test_schema_limits_reason_and_evidence_are_schema_errors_not_guards(eng: Eng
 
 def test_the_agent_rejects_and_nothing_is_paid(eng: Engine, books: fakes.Systems) -> None:
     task_id = eng.start("refund", {**DAMAGED, "order_id": "O-1003"}, actor="ann", version=1)
-    model = ScriptedModel([call("query_order", order_id="O-1003"),
-                           call("assess_eligibility", order_id="O-1003", finding="not delivered yet"),
-                           call("reject", reason="The parcel is still in transit; nothing to refund yet.")],
-                          profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1003"),
+            call("assess_eligibility", order_id="O-1003", finding="not delivered yet"),
+            call("reject", reason="The parcel is still in transit; nothing to refund yet."),
+        ],
+        profile="anthropic",
+    )
     assert eng.run(task_id, model=model).state == "rejected"
     assert eng.history(task_id)[-1].data["args"] == {"reason": "The parcel is still in transit; nothing to refund yet."}
     assert books.payments.requests() == []
@@ -224,25 +284,34 @@ def test_an_approval_nobody_gives_in_48_hours_expires_to_a_human(eng: Engine, bo
     assert Worker(eng).run_once() == 1
     last = eng.history(task_id)[-1]
     assert (last.actor, last.trigger, last.from_state, last.to_state) == (
-        "system:timer", "expired", "awaiting_approval", "needs_human")
+        "system:timer",
+        "expired",
+        "awaiting_approval",
+        "needs_human",
+    )
     assert refused(lambda: approve(eng, task_id)).code is Code.TASK_NOT_AWAITING_APPROVAL
     assert books.payments.requests() == []
     assert eng.fire(task_id, "reopen", actor="dana").state == "collecting_information"  # no payment was attempted
 
 
 def test_the_model_asks_the_customer_and_the_portal_relays_the_answer(eng: Engine, books: fakes.Systems) -> None:
-    task_id = eng.start("refund", {"customer_id": "C-100", "message": "I want my money back."}, actor="ann",
-                        version=1)
-    model = ScriptedModel([call("request_more_info", question="Which order, and can you send a photo?")],
-                          profile="anthropic")
+    task_id = eng.start("refund", {"customer_id": "C-100", "message": "I want my money back."}, actor="ann", version=1)
+    model = ScriptedModel(
+        [call("request_more_info", question="Which order, and can you send a photo?")], profile="anthropic"
+    )
     assert eng.run(task_id, model=model).state == "awaiting_customer"
     books.orders.add_evidence("EV-10", "O-1002", "photo", "Wrong colour, second angle.")
     reply = {"message": "Order O-1002, photo uploaded.", "evidence_ids": ["EV-10"]}
     assert refused(lambda: eng.fire(task_id, "customer_replied", reply, actor="bob")).code is Code.FORBIDDEN
     eng.fire(task_id, "customer_replied", reply, actor="portal")
-    model = ScriptedModel([call("query_order", order_id="O-1002"),
-                           call("assess_eligibility", order_id="O-1002", finding="wrong colour"),
-                           refund(2_500, order_id="O-1002", evidence_ids=["EV-3", "EV-10"])], profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1002"),
+            call("assess_eligibility", order_id="O-1002", finding="wrong colour"),
+            refund(2_500, order_id="O-1002", evidence_ids=["EV-3", "EV-10"]),
+        ],
+        profile="anthropic",
+    )
     assert eng.run(task_id, model=model).state == "awaiting_approval"
     assert eng.get(task_id).facts["customer_replied"] == reply
 
@@ -251,7 +320,8 @@ def test_the_model_asks_the_customer_and_the_portal_relays_the_answer(eng: Engin
 
 
 def test_a_reply_lost_after_paying_leaves_the_outcome_unknown_and_a_retry_never_pays_twice(
-        eng: Engine, books: fakes.Systems) -> None:
+    eng: Engine, books: fakes.Systems
+) -> None:
     task_id = to_approval(eng)
     approve(eng, task_id)
     books.arm("payments.refund", "lost_reply")
@@ -266,8 +336,11 @@ def test_a_reply_lost_after_paying_leaves_the_outcome_unknown_and_a_retry_never_
     assert eng.run(task_id).state == "completed"
     events = eng.history(task_id)
     # The retry asked the provider what became of the action id before sending anything: it was paid.
-    assert [e.data["intent"]["action_id"] for e in events
-            if e.trigger == "call" and e.data["intent"]["tool"] == "payments_refund"] == [action_id]
+    assert [
+        e.data["intent"]["action_id"]
+        for e in events
+        if e.trigger == "call" and e.data["intent"]["tool"] == "payments_refund"
+    ] == [action_id]
     assert (events[-1].trigger, events[-1].data.get("reconciled")) == ("succeeded", True)
     assert [r["result"] for r in books.payments.requests(action_id)] == ["executed"]
     assert books.payments.executions() == {action_id: 1}
@@ -306,7 +379,8 @@ def test_a_provider_that_never_answers_is_unknown_and_the_retry_pays_once(eng: E
 
 
 def test_a_worker_that_dies_after_the_provider_paid_is_reconciled_by_action_id(
-        eng: Engine, books: fakes.Systems, monkeypatch: pytest.MonkeyPatch) -> None:
+    eng: Engine, books: fakes.Systems, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engine.runtime.execute import execute as real_execute
 
     task_id = to_approval(eng)
@@ -345,14 +419,16 @@ with Engine(url, Registry.from_modules(["workflows"]), authoriser=StaticRoles(RO
 
 
 def test_a_worker_process_killed_mid_refund_is_resumed_by_another_without_paying_twice(
-        db_url: str, eng: Engine, books: fakes.Systems) -> None:
+    db_url: str, eng: Engine, books: fakes.Systems
+) -> None:
     task_id = to_approval(eng)
     approve(eng, task_id)
     action_id = prepared(eng, task_id)["action_id"]
     books.arm("payments.refund", "crash_after")  # the worker process dies right after the provider paid
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": db_url}
-    done = subprocess.run([sys.executable, "-c", KILLED_WORKER, db_url], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WORKER, db_url], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == -9, done.stderr
     assert books.payments.executions() == {action_id: 1}
     stranded = eng.load(task_id)
@@ -374,8 +450,15 @@ def test_a_read_that_times_out_is_shown_to_the_model_which_reads_again(eng: Engi
     task_id = eng.start("refund", DAMAGED, actor="ann", version=1)
     model = ScriptedModel([call("query_order", order_id="O-1001")] * 2, profile="anthropic")
     eng.run(task_id, model=model, max_turns=6)
-    assert [t for _, t, _ in steps(eng, task_id)][:7] == ["start", "query_order", "call", "failed", "query_order",
-                                                          "call", "succeeded"]
+    assert [t for _, t, _ in steps(eng, task_id)][:7] == [
+        "start",
+        "query_order",
+        "call",
+        "failed",
+        "query_order",
+        "call",
+        "succeeded",
+    ]
     failed = next(e for e in eng.history(task_id) if e.trigger == "failed")
     assert failed.data["outcome"]["code"] == "TOOL_TIMEOUT"
     assert '"error": "TOOL_TIMEOUT"' in model.requests[1].messages[1].content
@@ -393,20 +476,36 @@ def test_refund_v2_adds_one_rule_and_keeps_every_state_of_v1(eng: Engine) -> Non
     assert "category" not in prepared(eng, v1)["arguments"]
 
     task_id = eng.start("refund", DAMAGED, actor="ann")
-    model = ScriptedModel([call("query_order", order_id="O-1001"),
-                           call("assess_eligibility", order_id="O-1001", finding="damaged"),
-                           over_half,
-                           refund(10_000, category="goodwill"),
-                           refund(10_000, category="damaged")], profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="damaged"),
+            over_half,
+            refund(10_000, category="goodwill"),
+            refund(10_000, category="damaged"),
+        ],
+        profile="anthropic",
+    )
     assert eng.run(task_id, model=model).state == "awaiting_approval"
     errors = [e.data["turn"]["errors"][0]["msg"] for e in eng.history(task_id) if e.trigger == "repair"]
-    assert errors == ["large_refunds_name_a_category: a refund above 50% of the order total (12999) needs a "
-                      "category: damaged, not_delivered or wrong_item"] * 2
+    assert (
+        errors
+        == [
+            "large_refunds_name_a_category: a refund above 50% of the order total (12999) needs a "
+            "category: damaged, not_delivered or wrong_item"
+        ]
+        * 2
+    )
     assert prepared(eng, task_id)["arguments"]["category"] == "damaged"
     assert eng.load(task_id).version == 2 and eng.load(v1).version == 1
 
     small = eng.start("refund", DAMAGED, actor="ann")
-    model = ScriptedModel([call("query_order", order_id="O-1001"),
-                           call("assess_eligibility", order_id="O-1001", finding="goodwill"),
-                           refund(1_000, category="goodwill")], profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="goodwill"),
+            refund(1_000, category="goodwill"),
+        ],
+        profile="anthropic",
+    )
     assert eng.run(small, model=model).state == "awaiting_approval"  # a small goodwill refund needs no category

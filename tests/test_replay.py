@@ -93,11 +93,18 @@ def test_a_task_that_does_not_exist_is_refused(eng: Engine) -> None:
 def test_edited_event_data_is_a_hash_mismatch_at_that_event(eng: Engine, db_url: str) -> None:
     task_id, _ = refund_to_completion(eng)
     with sql(db_url) as conn:
-        conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 3"),
-                     {"d": canonical_json({"args": {"amount": 30, "reason": "damaged"},
-                                           "guards": ["tests.sample_workflows.within_balance",
-                                                      "tests.sample_workflows.large_amount"]}),
-                      "t": task_id})
+        conn.execute(
+            text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 3"),
+            {
+                "d": canonical_json(
+                    {
+                        "args": {"amount": 30, "reason": "damaged"},
+                        "guards": ["tests.sample_workflows.within_balance", "tests.sample_workflows.large_amount"],
+                    }
+                ),
+                "t": task_id,
+            },
+        )
     report = eng.replay(task_id)
     assert [(str(f.code), f.seq) for f in report.findings] == [("HASH_MISMATCH", 3)]
     assert "content" in report.findings[0].message
@@ -116,8 +123,10 @@ def test_event_data_only_reformatted_keeps_its_hash(eng: Engine, db_url: str) ->
     task_id, _ = refund_to_completion(eng)
     stored = next(e for e in eng.history(task_id) if e.seq == 3)
     with sql(db_url) as conn:
-        conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 3"),
-                     {"d": json.dumps(stored.data, indent=2, ensure_ascii=True), "t": task_id})
+        conn.execute(
+            text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 3"),
+            {"d": json.dumps(stored.data, indent=2, ensure_ascii=True), "t": task_id},
+        )
     assert eng.replay(task_id).ok
 
 
@@ -128,8 +137,11 @@ JSON_VALUES = st.recursive(
 )
 
 
-@given(at=st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)),
-                                                   timezone(-timedelta(hours=11))])))
+@given(
+    at=st.datetimes(
+        timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=11))])
+    )
+)
 def test_an_instant_enters_a_hash_as_strftime_writes_it_in_utc(at: datetime) -> None:
     """`format_instant` formats dates once per day; the text is still the documented strftime form, at any offset and
     in any year (before 1000 glibc does not pad the year, and neither does the hash)."""
@@ -138,16 +150,33 @@ def test_an_instant_enters_a_hash_as_strftime_writes_it_in_utc(at: datetime) -> 
         assert parse_instant(format_instant(at)) == at
 
 
-@given(task_id=st.text(), seq=st.integers(min_value=1), actor=st.text(), source=st.none() | st.text(),
-       trigger=st.text(), target=st.text(), data=st.dictionaries(st.text(), JSON_VALUES, max_size=5),
-       at=st.datetimes(timezones=st.just(UTC)))
-def test_the_hash_over_stored_data_text_is_the_canonical_hash(task_id: str, seq: int, actor: str,
-                                                              source: str | None, trigger: str, target: str,
-                                                              data: dict[str, Any], at: Any) -> None:
-    event = seal(task_id=task_id, seq=seq, at=at, actor=actor, from_state=source, trigger=trigger,
-                 to_state=target, data=data, prev_hash=GENESIS_HASH)
+@given(
+    task_id=st.text(),
+    seq=st.integers(min_value=1),
+    actor=st.text(),
+    source=st.none() | st.text(),
+    trigger=st.text(),
+    target=st.text(),
+    data=st.dictionaries(st.text(), JSON_VALUES, max_size=5),
+    at=st.datetimes(timezones=st.just(UTC)),
+)
+def test_the_hash_over_stored_data_text_is_the_canonical_hash(
+    task_id: str, seq: int, actor: str, source: str | None, trigger: str, target: str, data: dict[str, Any], at: Any
+) -> None:
+    event = seal(
+        task_id=task_id,
+        seq=seq,
+        at=at,
+        actor=actor,
+        from_state=source,
+        trigger=trigger,
+        to_state=target,
+        data=data,
+        prev_hash=GENESIS_HASH,
+    )
     assert stored_body(task_id, seq, at, actor, source, trigger, target, canonical_json(data)) == canonical_json(
-        event.body())
+        event.body()
+    )
     assert with_stored_data(replace(event), canonical_json(data)).computed_hash() == event.hash
     # Text that is not the sealed one never decides: the hash comes from the content, as without any text.
     edited = replace(event, data={**data, "edited": True})
@@ -222,14 +251,20 @@ def test_a_changed_snapshot_is_a_snapshot_mismatch(make_engine: MakeEngine, db_u
     doc = json.loads(snapshot.doc)
     doc["facts"]["propose"]["amount"] = 3
     with sql(db_url) as conn:
-        conn.execute(text("UPDATE snapshots SET doc = :d WHERE task_id = :t AND seq = 4"),
-                     {"d": canonical_json(doc), "t": task_id})
+        conn.execute(
+            text("UPDATE snapshots SET doc = :d WHERE task_id = :t AND seq = 4"),
+            {"d": canonical_json(doc), "t": task_id},
+        )
     assert [(str(f.code), f.seq) for f in eng.replay(task_id).findings] == [("SNAPSHOT_MISMATCH", 4)]
     with sql(db_url) as conn:
-        conn.execute(text("UPDATE snapshots SET doc = :d, hash = :h WHERE task_id = :t AND seq = 2"),
-                     {"d": snapshot.doc, "h": "f" * 64, "t": task_id})
-    assert {(str(f.code), f.seq) for f in eng.replay(task_id).findings} == {("SNAPSHOT_MISMATCH", 2),
-                                                                           ("SNAPSHOT_MISMATCH", 4)}
+        conn.execute(
+            text("UPDATE snapshots SET doc = :d, hash = :h WHERE task_id = :t AND seq = 2"),
+            {"d": snapshot.doc, "h": "f" * 64, "t": task_id},
+        )
+    assert {(str(f.code), f.seq) for f in eng.replay(task_id).findings} == {
+        ("SNAPSHOT_MISMATCH", 2),
+        ("SNAPSHOT_MISMATCH", 4),
+    }
 
 
 def test_a_snapshot_only_reformatted_is_not_a_finding(make_engine: MakeEngine, db_url: str) -> None:
@@ -237,15 +272,18 @@ def test_a_snapshot_only_reformatted_is_not_a_finding(make_engine: MakeEngine, d
     task_id, _ = refund_to_completion(eng)
     snapshot = next(s for s in eng.store.snapshots(task_id) if s.seq == 2)
     with sql(db_url) as conn:
-        conn.execute(text("UPDATE snapshots SET doc = :d WHERE task_id = :t AND seq = 2"),
-                     {"d": json.dumps(json.loads(snapshot.doc), indent=1), "t": task_id})
+        conn.execute(
+            text("UPDATE snapshots SET doc = :d WHERE task_id = :t AND seq = 2"),
+            {"d": json.dumps(json.loads(snapshot.doc), indent=1), "t": task_id},
+        )
     assert eng.replay(task_id).ok
 
 
 def test_a_definition_changed_without_a_new_version_is_found(db_url: str, eng: Engine) -> None:
     task_id, _ = refund_to_completion(eng)
-    edited = Workflow(name="refund", version=1, input=OrderInput, states=refund_states(),
-                      description="edited in place, same version")
+    edited = Workflow(
+        name="refund", version=1, input=OrderInput, states=refund_states(), description="edited in place, same version"
+    )
     with Engine(db_url, Registry([edited, REFUND_V2, COUNTER]), authoriser=StaticRoles(ROLES)) as later:
         report = later.replay(task_id)
     assert [(str(f.code), f.seq) for f in report.findings] == [("DEFINITION_CHANGED", 1)]
@@ -286,12 +324,21 @@ def test_a_transition_the_definition_does_not_allow_is_illegal(eng: Engine) -> N
 
 
 def test_illegal_is_a_pure_check_of_the_definition() -> None:
-    task = TaskState("t", "refund", 1, REFUND_V1.digest, "assessing", REFUND_V1.status_of("assessing"), 1,
-                     GENESIS_HASH, ORDER)
+    task = TaskState(
+        "t", "refund", 1, REFUND_V1.digest, "assessing", REFUND_V1.status_of("assessing"), 1, GENESIS_HASH, ORDER
+    )
     guards = ["tests.sample_workflows.within_balance", "tests.sample_workflows.small_amount"]
-    ok = seal(task_id="t", seq=2, at=now(), actor="m", from_state="assessing", trigger="propose",
-              to_state="auto_refund", data={"args": {"amount": 5, "reason": "x"}, "guards": guards},
-              prev_hash=GENESIS_HASH)
+    ok = seal(
+        task_id="t",
+        seq=2,
+        at=now(),
+        actor="m",
+        from_state="assessing",
+        trigger="propose",
+        to_state="auto_refund",
+        data={"args": {"amount": 5, "reason": "x"}, "guards": guards},
+        prev_hash=GENESIS_HASH,
+    )
     assert illegal(REFUND_V1, task, ok) is None
     assert illegal(REFUND_V1, task, replace(ok, from_state="needs_human")) is not None
     assert illegal(REFUND_V1, task, replace(ok, data={**ok.data, "guards": guards[:1]})) is not None
@@ -301,9 +348,14 @@ def test_illegal_is_a_pure_check_of_the_definition() -> None:
 def test_a_scripted_agent_run_with_repairs_replays_clean(eng: Engine) -> None:
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
     call = {"tool_calls": [{"name": "propose", "arguments": {"amount": 9_000, "reason": "x"}}]}
-    model = ScriptedModel([{"text": "I would refund."}, call,
-                           {"tool_calls": [{"name": "propose", "arguments": {"amount": 40, "reason": "x"}}]}],
-                          profile="anthropic")
+    model = ScriptedModel(
+        [
+            {"text": "I would refund."},
+            call,
+            {"tool_calls": [{"name": "propose", "arguments": {"amount": 40, "reason": "x"}}]},
+        ],
+        profile="anthropic",
+    )
     with pytest.raises(Refused) as raised:  # the tool state's tool is not in a catalog: a configuration error,
         eng.run(task_id, model=model)  # which leaves the task where it is rather than failing it
     assert raised.value.code is Code.TOOL_NOT_FOUND
@@ -339,9 +391,11 @@ PAYLOADS: dict[str, Callable[[Draw, TaskState], dict[str, Any] | None]] = {
     "reject": lambda draw, t: {"note": "no"},
     "close": lambda draw, t: {"note": "done"},
     "tick": lambda draw, t: {"n": draw(st.integers(0, 9))},
-    "decide": lambda draw, t: {"ticket_id": t.input["ticket_id"],
-                               "decision": draw(st.sampled_from(["ESCALATE", "RESOLVE", "REQUEST_INFO"])),
-                               "reason": "r"},
+    "decide": lambda draw, t: {
+        "ticket_id": t.input["ticket_id"],
+        "decision": draw(st.sampled_from(["ESCALATE", "RESOLVE", "REQUEST_INFO"])),
+        "reason": "r",
+    },
     "cancel": lambda draw, t: {"reason": "stop"},
 }
 # Tool protocol steps carry the intent they record, and a cancel request or a settlement needs a write in flight:
@@ -360,13 +414,19 @@ def random_run(draw: Draw, eng: Engine) -> tuple[str, list[TaskState]]:
         if task.terminal:
             break
         definition = eng.definition_of(task)
-        trigger = draw(st.sampled_from([t for t in definition.triggers(task.state, system=True)
-                                        if t not in NOT_RANDOM]))
+        trigger = draw(
+            st.sampled_from([t for t in definition.triggers(task.state, system=True) if t not in NOT_RANDOM])
+        )
         action = definition.candidates(task.state, trigger)[0]
         make = PAYLOADS.get(trigger)
         try:
-            after = eng.transition(task, trigger, make(draw, task) if make else None,
-                                   actor=ACTOR_FOR_ROLE.get(action.role, "model"), system=action.system)
+            after = eng.transition(
+                task,
+                trigger,
+                make(draw, task) if make else None,
+                actor=ACTOR_FOR_ROLE.get(action.role, "model"),
+                system=action.system,
+            )
         except Refused as refusal:  # a guard said no: nothing was written, the run goes on
             assert refusal.code == Code.DOMAIN_INVALID
             continue
@@ -374,8 +434,9 @@ def random_run(draw: Draw, eng: Engine) -> tuple[str, list[TaskState]]:
     return task_id, live
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_random_valid_runs_replay_clean_and_as_of_matches_live(make_engine: MakeEngine, data: st.DataObject) -> None:
     eng = make_engine(snapshot_every=3)
@@ -399,10 +460,22 @@ def test_replay_and_as_of_cross_a_migration_and_judge_it(eng: Engine) -> None:
 
     # A migration forged with valid hashes but a state map that does not send the task where it went.
     forged = eng.start("refund", ORDER, actor="ann", version=1)
-    forge(eng, forged, trigger="migrate", to_state="needs_human",
-          data={"from": "refund@1", "to": "refund@2", "from_digest": REFUND_V1.digest, "to_version": 2,
-                "to_digest": REFUND_V2.digest, "state_map": {"assessing": "assessing"}, "reason": "x"},
-          status="blocked")
+    forge(
+        eng,
+        forged,
+        trigger="migrate",
+        to_state="needs_human",
+        data={
+            "from": "refund@1",
+            "to": "refund@2",
+            "from_digest": REFUND_V1.digest,
+            "to_version": 2,
+            "to_digest": REFUND_V2.digest,
+            "state_map": {"assessing": "assessing"},
+            "reason": "x",
+        },
+        status="blocked",
+    )
     with sql_rows(eng, forged) as set_row:
         set_row(version=2, digest=REFUND_V2.digest)
     report = eng.replay(forged)
@@ -413,19 +486,33 @@ def test_replay_and_as_of_cross_a_migration_and_judge_it(eng: Engine) -> None:
 def sql_rows(eng: Engine, task_id: str) -> Iterator[Callable[..., None]]:
     """Set columns of a task row directly (the forger also re-pins the row)."""
     with sql(eng.store.url) as conn:
+
         def set_row(**values: Any) -> None:
             assignments = ", ".join(f"{k} = :{k}" for k in values)
             conn.execute(text(f"UPDATE tasks SET {assignments} WHERE task_id = :t"), {**values, "t": task_id})
+
         yield set_row
 
 
 def test_odd_data_in_a_forged_event_is_a_finding_not_a_crash(eng: Engine) -> None:
     guards = ["tests.sample_workflows.same_ticket"]
-    for data in ({"guards": [{"not": "a name"}]}, {"guards": "x"}, {"guards": guards, "risk": "high"},
-                 {"guards": guards, "risk": [1]}, {"guards": guards, "risk": {"check": {}}}, {"guards": None}):
+    for data in (
+        {"guards": [{"not": "a name"}]},
+        {"guards": "x"},
+        {"guards": guards, "risk": "high"},
+        {"guards": guards, "risk": [1]},
+        {"guards": guards, "risk": {"check": {}}},
+        {"guards": None},
+    ):
         task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
-        forge(eng, task_id, trigger="decide", to_state="escalation_review",
-              data={"args": {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"}, **data}, status="blocked")
+        forge(
+            eng,
+            task_id,
+            trigger="decide",
+            to_state="escalation_review",
+            data={"args": {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"}, **data},
+            status="blocked",
+        )
         assert codes(eng.replay(task_id)) == ["ILLEGAL_TRANSITION"], data
 
 
@@ -436,9 +523,18 @@ def test_a_legal_verdict_remembered_for_one_task_does_not_excuse_another(eng: En
     risky = eng.history(fair)[-1].data["risk"]
     assert risky["check"] == "tests.sample_workflows.escalation_needs_review"
     forged = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
-    forge(eng, forged, trigger="decide", to_state="escalation_review", status="blocked",
-          data={"args": {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"}, "guards": guards,
-                "risk": {"check": "tests.sample_workflows.other", "reason": "x"}})
+    forge(
+        eng,
+        forged,
+        trigger="decide",
+        to_state="escalation_review",
+        status="blocked",
+        data={
+            "args": {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"},
+            "guards": guards,
+            "risk": {"check": "tests.sample_workflows.other", "reason": "x"},
+        },
+    )
     reports = {r.task_id: r for r in eng.replay_all(workflow="triage")}
     assert reports[fair].ok and codes(reports[forged]) == ["ILLEGAL_TRANSITION"]
 
@@ -448,8 +544,13 @@ def rows(items: list[tuple[Any, ...]]) -> Generator[tuple[Any, ...]]:
     yield from items
 
 
-@given(st.lists(st.tuples(st.lists(st.integers(1, 30), unique=True), st.lists(st.integers(0, 32), unique=True)),
-                min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(1, 30), unique=True), st.lists(st.integers(0, 32), unique=True)),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_events_and_snapshots_merge_in_log_order(logs: list[tuple[list[int], list[int]]]) -> None:
     """Per task of a page (in page order): its events and its snapshots by seq, a snapshot right after the event at
     its seq, wherever the two streams leave gaps (a deleted event, a snapshot past the last event, a task with
@@ -475,8 +576,12 @@ def test_a_log_row_of_a_task_outside_the_page_is_a_store_error() -> None:
         list(in_log_order(rows([(0, "a", 1)]), rows([(1, "z", 1)]), {"a": 0}))
 
 
-SEQS = st.one_of(st.integers(-3, 30), st.floats(-3, 30, allow_nan=False).filter(lambda f: not f.is_integer()),
-                 st.text("ab1", max_size=2), st.binary(max_size=2))
+SEQS = st.one_of(
+    st.integers(-3, 30),
+    st.floats(-3, 30, allow_nan=False).filter(lambda f: not f.is_integer()),
+    st.text("ab1", max_size=2),
+    st.binary(max_size=2),
+)
 
 
 @given(st.lists(st.tuples(st.lists(SEQS, max_size=6), st.lists(SEQS, max_size=6)), min_size=1, max_size=3))
@@ -489,8 +594,9 @@ def test_a_merged_page_keeps_sqlites_own_order_whatever_the_seqs_hold(logs: list
     conn.execute("CREATE TABLE log (k INTEGER, task_id TEXT, seq)")  # no affinity: each value kept as given
     ids = [f"t{n}" for n in range(len(logs))]
     for tid, (events, snapshots) in zip(ids, logs, strict=True):
-        conn.executemany("INSERT INTO log VALUES (?, ?, ?)",
-                         [(0, tid, s) for s in events] + [(1, tid, s) for s in snapshots])
+        conn.executemany(
+            "INSERT INTO log VALUES (?, ?, ?)", [(0, tid, s) for s in events] + [(1, tid, s) for s in snapshots]
+        )
 
     def read(k: int) -> Generator[tuple[Any, ...]]:
         yield from conn.execute("SELECT k, task_id, seq FROM log WHERE k = ? ORDER BY task_id, seq", (k,))

@@ -47,21 +47,33 @@ def test_a_long_log_in_stretches_is_checked_like_one_fold(make_engine: MakeEngin
     assert eng.replay(task_id, jobs=2).ok
 
 
-@pytest.mark.parametrize(("edit", "values"), [
-    ("UPDATE events SET data = :v WHERE task_id = :t AND seq = 20", {"v": '{"args":{"n":99}}'}),
-    ("DELETE FROM events WHERE task_id = :t AND seq = 17", {}),
-    ("UPDATE snapshots SET doc = replace(doc, :old, :new) WHERE task_id = :t AND seq = 18",
-     {"old": '"n":16', "new": '"n":61'}),
-    # A stretch cannot start from a snapshot in a state the definition does not have (it is not a fold of this log).
-    ("UPDATE snapshots SET doc = replace(doc, :old, :new) WHERE task_id = :t AND seq = 18",
-     {"old": '"state":"counting"', "new": '"state":"nowhere"'}),
-    ("UPDATE tasks SET state = 'done' WHERE task_id = :t", {}),
-    # The row rolled back to an earlier, consistent head: the events stored after it are still found.
-    ("UPDATE tasks SET seq = 30, last_hash = (SELECT hash FROM events WHERE task_id = :t AND seq = 30)"
-     " WHERE task_id = :t", {}),
-], ids=["event", "deleted", "snapshot", "snapshot-state", "row", "rolled-back-row"])
-def test_a_tampered_long_log_gets_the_serial_findings(make_engine: MakeEngine, db_url: str, edit: str,
-                                                      values: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("edit", "values"),
+    [
+        ("UPDATE events SET data = :v WHERE task_id = :t AND seq = 20", {"v": '{"args":{"n":99}}'}),
+        ("DELETE FROM events WHERE task_id = :t AND seq = 17", {}),
+        (
+            "UPDATE snapshots SET doc = replace(doc, :old, :new) WHERE task_id = :t AND seq = 18",
+            {"old": '"n":16', "new": '"n":61'},
+        ),
+        # A stretch cannot start from a snapshot in a state the definition does not have (it is not a fold of this log).
+        (
+            "UPDATE snapshots SET doc = replace(doc, :old, :new) WHERE task_id = :t AND seq = 18",
+            {"old": '"state":"counting"', "new": '"state":"nowhere"'},
+        ),
+        ("UPDATE tasks SET state = 'done' WHERE task_id = :t", {}),
+        # The row rolled back to an earlier, consistent head: the events stored after it are still found.
+        (
+            "UPDATE tasks SET seq = 30, last_hash = (SELECT hash FROM events WHERE task_id = :t AND seq = 30)"
+            " WHERE task_id = :t",
+            {},
+        ),
+    ],
+    ids=["event", "deleted", "snapshot", "snapshot-state", "row", "rolled-back-row"],
+)
+def test_a_tampered_long_log_gets_the_serial_findings(
+    make_engine: MakeEngine, db_url: str, edit: str, values: dict[str, str]
+) -> None:
     eng = make_engine(snapshot_every=3)
     task_id = counter_task(eng, 40)
     tamper(db_url, edit, t=task_id, **values)
@@ -74,8 +86,9 @@ def test_a_tampered_long_log_gets_the_serial_findings(make_engine: MakeEngine, d
     assert eng.replay(task_id, jobs=2) == serial
 
 
-def test_many_tasks_a_page_per_job_come_back_in_order_with_the_same_findings(make_engine: MakeEngine,
-                                                                             db_url: str) -> None:
+def test_many_tasks_a_page_per_job_come_back_in_order_with_the_same_findings(
+    make_engine: MakeEngine, db_url: str
+) -> None:
     eng = make_engine(snapshot_every=3)
     ids = [counter_task(eng, n % 4) for n in range(11)]
     tamper(db_url, "UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 2", t=ids[5])
@@ -117,8 +130,9 @@ def test_a_job_that_dies_costs_time_not_reports(make_engine: MakeEngine, monkeyp
         DOOMED.clear()
 
 
-def test_jobs_that_cannot_start_leave_replay_to_this_process(make_engine: MakeEngine,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jobs_that_cannot_start_leave_replay_to_this_process(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     eng = make_engine(snapshot_every=3)
     for n in range(7):
         counter_task(eng, n)

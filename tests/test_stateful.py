@@ -19,8 +19,23 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, 
 from engine import ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, TaskState, fold, verify_chain
 from tests.sample_workflows import ROLES, all_workflows
 
-TRIGGERS = ["propose", "give_up", "note", "approve", "reject", "resume", "close", "tick", "finish",
-            "succeeded", "failed", "unknown", "expired", "cancel", "bogus"]
+TRIGGERS = [
+    "propose",
+    "give_up",
+    "note",
+    "approve",
+    "reject",
+    "resume",
+    "close",
+    "tick",
+    "finish",
+    "succeeded",
+    "failed",
+    "unknown",
+    "expired",
+    "cancel",
+    "bogus",
+]
 ACTORS = ["model", "dana", "olga", "bob", "system"]
 
 payloads = st.one_of(
@@ -117,8 +132,9 @@ class StoreMachine(RuleBasedStateMachine):
             events = self.eng.history(task_id)
             assert [e.seq for e in events] == list(range(1, expected + 1))
             assert verify_chain(events) == []
-            definition = self.registry.find(events[0].data["workflow"].split("@")[0],
-                                            int(events[0].data["workflow"].split("@")[1]))
+            definition = self.registry.find(
+                events[0].data["workflow"].split("@")[0], int(events[0].data["workflow"].split("@")[1])
+            )
             assert definition is not None
             terminal_at = [e.seq for e in events if definition.status_of(e.to_state) == "terminal"]
             assert not terminal_at or terminal_at == [events[-1].seq], "an event follows a terminal state"
@@ -126,7 +142,11 @@ class StoreMachine(RuleBasedStateMachine):
             row = self.eng.store.row(task_id)
             assert row is not None
             assert (full.state, full.seq, full.last_hash, str(full.status)) == (
-                row.state, row.seq, row.last_hash, row.status)
+                row.state,
+                row.seq,
+                row.last_hash,
+                row.status,
+            )
             assert self.eng.load(task_id) == full
             for snap in self.eng.store.snapshots(task_id):
                 assert TaskState.from_doc(json.loads(snap.doc)) == fold(definition, events[: snap.seq])
@@ -137,6 +157,7 @@ def test_store_invariants_hold_under_random_operations(db_url: str, examples: in
     StoreMachine.url = db_url
     run_state_machine_as_test(
         StoreMachine,
-        settings=settings(max_examples=examples, stateful_step_count=25, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow]),
+        settings=settings(
+            max_examples=examples, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+        ),
     )

@@ -26,13 +26,18 @@ def answer(profile: str, name: str, **arguments: Any) -> dict[str, Any]:
     return call(name, **arguments)
 
 
-def decision(verdict: str, ticket_id: str = "T-5001", reason: str = "Duplicate charge: billing must refund it.",
-             profile: str = "anthropic") -> dict[str, Any]:
+def decision(
+    verdict: str,
+    ticket_id: str = "T-5001",
+    reason: str = "Duplicate charge: billing must refund it.",
+    profile: str = "anthropic",
+) -> dict[str, Any]:
     return answer(profile, "decide", ticket_id=ticket_id, decision=verdict, reason=reason)
 
 
-def triage(eng: Engine, turns: list[dict[str, Any]], *, profile: str = "anthropic",
-           ticket: dict[str, str] = T5001) -> tuple[str, ScriptedModel]:
+def triage(
+    eng: Engine, turns: list[dict[str, Any]], *, profile: str = "anthropic", ticket: dict[str, str] = T5001
+) -> tuple[str, ScriptedModel]:
     task_id = eng.start("ticket_triage", ticket, actor="helpdesk")
     model = ScriptedModel(turns, profile=profile)
     eng.run(task_id, model=model, max_turns=2 * len(turns))  # each turn, and a tool step after each read
@@ -45,11 +50,15 @@ LADDERS = [("anthropic", "named_tool", "NO_ACTION"), ("openai", "native_schema",
 
 @pytest.mark.parametrize(("profile", "rung", "code"), LADDERS)
 def test_a_prose_answer_is_forced_into_a_ticket_decision(eng: Engine, profile: str, rung: str, code: str) -> None:
-    task_id, model = triage(eng, [
-        answer(profile, "query_ticket", ticket_id="T-5001"),
-        {"text": "This customer was clearly double charged; someone in billing should look at it."},
-        decision("ESCALATE", profile=profile),
-    ], profile=profile)
+    task_id, model = triage(
+        eng,
+        [
+            answer(profile, "query_ticket", ticket_id="T-5001"),
+            {"text": "This customer was clearly double charged; someone in billing should look at it."},
+            decision("ESCALATE", profile=profile),
+        ],
+        profile=profile,
+    )
     assert eng.get(task_id).state == "human_queue"
     assert steps(eng, task_id) == [
         ("helpdesk", "start", "reading"),
@@ -63,8 +72,11 @@ def test_a_prose_answer_is_forced_into_a_ticket_decision(eng: Engine, profile: s
     repair, decided = events[4].data["turn"], events[5].data
     assert (repair["strategy"], repair["code"]) == (rung, code)
     assert decided["turn"]["strategy"] == rung and decided["turn"]["code"] is None
-    assert decided["args"] == {"ticket_id": "T-5001", "decision": "ESCALATE",
-                               "reason": "Duplicate charge: billing must refund it."}
+    assert decided["args"] == {
+        "ticket_id": "T-5001",
+        "decision": "ESCALATE",
+        "reason": "Duplicate charge: billing must refund it.",
+    }
     # Only the one action was offered, and the error was fed back before the model answered again.
     forced = model.requests[-1]
     if rung == "named_tool":
@@ -76,19 +88,24 @@ def test_a_prose_answer_is_forced_into_a_ticket_decision(eng: Engine, profile: s
 
 
 def test_a_decision_about_another_ticket_is_refused_and_repaired(eng: Engine) -> None:
-    task_id, _ = triage(eng, [
-        call("query_ticket", ticket_id="T-5001"),
-        decision("RESOLVE", ticket_id="T-5002"),
-        decision("RESOLVE", reason="Customer confirmed the duplicate was reversed by the bank."),
-    ])
+    task_id, _ = triage(
+        eng,
+        [
+            call("query_ticket", ticket_id="T-5001"),
+            decision("RESOLVE", ticket_id="T-5002"),
+            decision("RESOLVE", reason="Customer confirmed the duplicate was reversed by the bank."),
+        ],
+    )
     assert eng.get(task_id).state == "resolved"
     repair = eng.history(task_id)[4]
     assert (repair.trigger, repair.data["turn"]["code"]) == ("repair", "DOMAIN_INVALID")
     assert {e["msg"] for e in repair.data["turn"]["errors"]} == {
-        "is_this_ticket: this task is about ticket T-5001, not T-5002"}  # no noise from the routing guards
+        "is_this_ticket: this task is about ticket T-5001, not T-5002"
+    }  # no noise from the routing guards
     with pytest.raises(RailyardError) as caught:  # the same check holds outside a model turn
-        eng.fire(eng.start("ticket_triage", T5001, actor="helpdesk"), "query_ticket", {"ticket_id": "T-5003"},
-                 actor="model")
+        eng.fire(
+            eng.start("ticket_triage", T5001, actor="helpdesk"), "query_ticket", {"ticket_id": "T-5003"}, actor="model"
+        )
     assert caught.value.code is Code.DOMAIN_INVALID
 
 
@@ -104,9 +121,14 @@ def test_escalate_routes_to_the_human_queue_where_only_support_decides(eng: Engi
 
 
 def test_request_info_waits_for_the_customer_and_their_answer_is_read_again(eng: Engine) -> None:
-    task_id, _ = triage(eng, [call("query_ticket", ticket_id="T-5002"),
-                              decision("REQUEST_INFO", ticket_id="T-5002", reason="Which account email?")],
-                        ticket={"ticket_id": "T-5002"})
+    task_id, _ = triage(
+        eng,
+        [
+            call("query_ticket", ticket_id="T-5002"),
+            decision("REQUEST_INFO", ticket_id="T-5002", reason="Which account email?"),
+        ],
+        ticket={"ticket_id": "T-5002"},
+    )
     assert eng.get(task_id).state == "awaiting_customer"
     eng.fire(task_id, "customer_replied", {"note": "It is brook@example.com"}, actor="portal")
     assert eng.get(task_id).state == "reading"
@@ -128,8 +150,17 @@ def test_the_model_never_sees_phone_national_id_or_internal_notes(eng: Engine) -
 
 def test_a_ticket_that_cannot_be_read_is_shown_to_the_model_as_an_error(eng: Engine, books: fakes.Systems) -> None:
     books.arm("tickets.get", "unavailable")
-    task_id, model = triage(eng, [call("query_ticket", ticket_id="T-5001"), call("query_ticket", ticket_id="T-5001"),
-                                  decision("RESOLVE")])
-    assert [t for _, t, _ in steps(eng, task_id)] == ["start", "query_ticket", "call", "failed", "query_ticket",
-                                                      "call", "succeeded", "decide"]
+    task_id, model = triage(
+        eng, [call("query_ticket", ticket_id="T-5001"), call("query_ticket", ticket_id="T-5001"), decision("RESOLVE")]
+    )
+    assert [t for _, t, _ in steps(eng, task_id)] == [
+        "start",
+        "query_ticket",
+        "call",
+        "failed",
+        "query_ticket",
+        "call",
+        "succeeded",
+        "decide",
+    ]
     assert '"error": "TOOL_REMOTE_ERROR"' in model.requests[1].messages[1].content

@@ -37,11 +37,14 @@ def eng(db_url: str, ledger: Ledger) -> Iterator[Engine]:
 
 def to_approval(eng: Engine, refund: dict[str, Any] = REFUND) -> str:
     task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
-    model = ScriptedModel([
-        call("query_order", order_id="O-1"),
-        call("propose_refund", **{**refund, "amount_cents": 9_000}),  # over the refundable balance: repaired
-        call("propose_refund", **refund),
-    ], profile="anthropic")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1"),
+            call("propose_refund", **{**refund, "amount_cents": 9_000}),  # over the refundable balance: repaired
+            call("propose_refund", **refund),
+        ],
+        profile="anthropic",
+    )
     assert eng.run(task_id, model=model).state == "awaiting_approval"
     return task_id
 
@@ -88,14 +91,18 @@ def test_an_approval_naming_another_digest_is_stale(eng: Engine) -> None:
 
 def test_injected_instructions_in_a_tool_result_change_nothing(eng: Engine) -> None:
     task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
-    obedient = ScriptedModel([
-        call("query_order", order_id="O-2"),
-        # The model "obeys" the note in the order: the engine still applies every layer.
-        call("propose_refund", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="as instructed"),
-        call("refund_payment", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="direct"),
-        call("propose_refund", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="again",
-             actor="admin"),
-    ], profile="anthropic")
+    obedient = ScriptedModel(
+        [
+            call("query_order", order_id="O-2"),
+            # The model "obeys" the note in the order: the engine still applies every layer.
+            call("propose_refund", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="as instructed"),
+            call("refund_payment", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="direct"),
+            call(
+                "propose_refund", order_id="O-2", amount_cents=1_000_000, currency="EUR", reason="again", actor="admin"
+            ),
+        ],
+        profile="anthropic",
+    )
     task = eng.run(task_id, model=obedient)
     codes = [e.data["turn"]["code"] for e in eng.history(task_id) if "turn" in e.data and e.data["turn"]["code"]]
     assert codes == ["DOMAIN_INVALID", "ACTION_UNKNOWN", "IDENTITY_OVERRIDE"]
@@ -108,8 +115,9 @@ def test_injected_instructions_in_a_tool_result_change_nothing(eng: Engine) -> N
     assert [t.name for t in request.tools] == ["query_order", "propose_refund"]
 
 
-def test_a_cancel_while_the_payment_is_in_flight_waits_for_its_outcome(eng: Engine, ledger: Ledger,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cancel_while_the_payment_is_in_flight_waits_for_its_outcome(
+    eng: Engine, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     task_id = to_approval(eng)
     eng.approve(task_id, actor="dana", prepared_digest=eng.load(task_id).prepared["digest"])  # type: ignore[index]
     from engine.runtime.execute import execute as real_execute
@@ -156,8 +164,13 @@ print(engine.run(task_id).state)
 
 def run_worker(db_url: str, ledger: Ledger, task_id: str, kill_at: str) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", WORKER, db_url, ledger.path, task_id, kill_at], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, db_url, ledger.path, task_id, kill_at],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return done.returncode
 
 
@@ -206,8 +219,11 @@ def budgeted(db_url: str, ledger: Ledger, **limits: Any) -> Engine:
 
 def limit_event(eng: Engine, task_id: str) -> Any:
     event = eng.history(task_id)[-1]
-    assert (event.trigger, event.to_state, event.data["code"]) == ("limit", "limit_exceeded",
-                                                                    "AGENT_STEP_LIMIT_EXCEEDED")
+    assert (event.trigger, event.to_state, event.data["code"]) == (
+        "limit",
+        "limit_exceeded",
+        "AGENT_STEP_LIMIT_EXCEEDED",
+    )
     return event
 
 
@@ -236,8 +252,9 @@ def test_model_turns_and_deadline_budgets(db_url: str, ledger: Ledger) -> None:
         assert limit_event(eng, task_id).data["budget"] == "deadline"
 
 
-def test_a_read_tool_is_simply_retried_and_a_failure_is_shown_to_the_model(eng: Engine,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_tool_is_simply_retried_and_a_failure_is_shown_to_the_model(
+    eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engine.runtime.execute import execute as real_execute
 
     task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
@@ -268,14 +285,18 @@ def test_a_tool_changed_without_a_new_catalog_version_is_detected(db_url: str, l
     task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
     original = make_workflow(ledger)
     assert original.tools is not None
-    edited_tools = [replace(t, description=t.description + " Now faster.") if t.name == "refund_payment" else t
-                    for t in original.tools.tools]
+    edited_tools = [
+        replace(t, description=t.description + " Now faster.") if t.name == "refund_payment" else t
+        for t in original.tools.tools
+    ]
     from engine import ToolCatalog
 
     catalog = ToolCatalog(original.tools.name, original.tools.version, edited_tools)
     edited = replace(original, tools=catalog)
     assert edited.digest != original.digest
-    with Engine(db_url, Registry([edited]), authoriser=StaticRoles(ROLES)) as other, \
-            pytest.raises(RailyardError) as caught:
+    with (
+        Engine(db_url, Registry([edited]), authoriser=StaticRoles(ROLES)) as other,
+        pytest.raises(RailyardError) as caught,
+    ):
         other.get(task_id)
     assert caught.value.code is Code.DEFINITION_CHANGED

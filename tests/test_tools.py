@@ -101,13 +101,26 @@ def query_ticket(call: ToolInvocation) -> dict[str, Any]:
     return {"ticket_id": call.arguments["ticket_id"], "status": "open", "note": "customer waited 3 weeks"}
 
 
-def make_catalog(*, description: str = "Read one ticket.", args: type[BaseModel] = QueryArgs,
-                 payments: FakePayments | None = None, version: int = 1, reverse: bool = False) -> ToolCatalog:
+def make_catalog(
+    *,
+    description: str = "Read one ticket.",
+    args: type[BaseModel] = QueryArgs,
+    payments: FakePayments | None = None,
+    version: int = 1,
+    reverse: bool = False,
+) -> ToolCatalog:
     payments = payments or FakePayments()
     tools = [
         ToolDef("query_ticket", args, Ticket, ToolKind.READ, query_ticket, description=description),
-        ToolDef("refund", RefundArgs, RefundDone, ToolKind.WRITE, payments.refund, reconcile=payments.reconcile,
-                description="Refund part of an order."),
+        ToolDef(
+            "refund",
+            RefundArgs,
+            RefundDone,
+            ToolKind.WRITE,
+            payments.refund,
+            reconcile=payments.reconcile,
+            description="Refund part of an order.",
+        ),
     ]
     return ToolCatalog("ticket-tools", version, tools[::-1] if reverse else tools)
 
@@ -148,11 +161,18 @@ def test_catalog_reports_every_problem_at_once() -> None:
         ToolCatalog("Ticket Tools", 0, tools)
     problems = "\n".join(caught.value.problems)
     assert caught.value.code is Code.DEFINITION_INVALID
-    for expected in ("catalog name 'Ticket Tools'", "version 0", "tool 'Bad-Name': name must match",
-                     "duplicate tool name 'query_ticket'", "tool 'pay': a write tool needs idempotent_remote",
-                     "argument model Loose must set extra='forbid'", "tool 'loose': timeout must be a positive number",
-                     "tool 'loose': max_attempts", "tool 'whoami': argument model declares identity fields",
-                     "tool 'broken': args must be a pydantic model class"):
+    for expected in (
+        "catalog name 'Ticket Tools'",
+        "version 0",
+        "tool 'Bad-Name': name must match",
+        "duplicate tool name 'query_ticket'",
+        "tool 'pay': a write tool needs idempotent_remote",
+        "argument model Loose must set extra='forbid'",
+        "tool 'loose': timeout must be a positive number",
+        "tool 'loose': max_attempts",
+        "tool 'whoami': argument model declares identity fields",
+        "tool 'broken': args must be a pydantic model class",
+    ):
         assert expected in problems, expected
 
 
@@ -201,13 +221,30 @@ def test_action_ids_are_deterministic_and_distinct() -> None:
 
 
 def test_prepare_normalises_arguments() -> None:
-    call = prepare(CATALOG, "refund", {**REFUND, "not_before": "2026-03-01T09:30:00+01:00"}, task_id="t1", seq=4,
-                   policy_version="7", required_role="refund_approver")
-    assert call.arguments == {"order_id": "O-1", "amount": 1250, "currency": "EUR", "reason": "late",
-                              "not_before": "2026-03-01T08:30:00.000000Z", "card_token": ""}
+    call = prepare(
+        CATALOG,
+        "refund",
+        {**REFUND, "not_before": "2026-03-01T09:30:00+01:00"},
+        task_id="t1",
+        seq=4,
+        policy_version="7",
+        required_role="refund_approver",
+    )
+    assert call.arguments == {
+        "order_id": "O-1",
+        "amount": 1250,
+        "currency": "EUR",
+        "reason": "late",
+        "not_before": "2026-03-01T08:30:00.000000Z",
+        "card_token": "",
+    }
     assert type(call.arguments["amount"]) is int
     assert (call.action_id, call.kind, call.catalog, call.catalog_digest) == (
-        action_id_for("t1", 4), ToolKind.WRITE, "ticket-tools@1", CATALOG.digest)
+        action_id_for("t1", 4),
+        ToolKind.WRITE,
+        "ticket-tools@1",
+        CATALOG.digest,
+    )
     assert (call.policy_version, call.required_role) == ("7", "refund_approver")
 
 
@@ -226,8 +263,10 @@ def test_timestamps_must_carry_a_time_zone(when: object) -> None:
 
 def test_enums_and_currency_codes_come_from_the_allowed_set() -> None:
     for bad in ({"reason": "goodwill"}, {"currency": "eur"}, {"currency": "EURO"}):
-        assert refused(prepare, CATALOG, "refund", {**REFUND, **bad}, task_id="t1", seq=1).code \
+        assert (
+            refused(prepare, CATALOG, "refund", {**REFUND, **bad}, task_id="t1", seq=1).code
             is Code.TOOL_ARGUMENT_INVALID
+        )
 
 
 def test_argument_errors_are_compact_and_never_echo_values() -> None:
@@ -240,13 +279,19 @@ def test_argument_errors_are_compact_and_never_echo_values() -> None:
 
 
 def test_identity_fields_and_tools_outside_the_allowed_set_are_refused() -> None:
-    assert refused(prepare, CATALOG, "refund", {**REFUND, "customer_id": "c2"}, task_id="t1", seq=1).code \
+    assert (
+        refused(prepare, CATALOG, "refund", {**REFUND, "customer_id": "c2"}, task_id="t1", seq=1).code
         is Code.IDENTITY_OVERRIDE
-    assert refused(prepare, CATALOG, "refund", REFUND, task_id="t1", seq=1, allowed={"query_ticket"}).code \
+    )
+    assert (
+        refused(prepare, CATALOG, "refund", REFUND, task_id="t1", seq=1, allowed={"query_ticket"}).code
         is Code.TOOL_NOT_ALLOWED
+    )
     assert refused(prepare, CATALOG, "nope", {}, task_id="t1", seq=1).code is Code.TOOL_NOT_FOUND
-    assert refused(prepare, CATALOG, "refund", ["not", "a", "dict"], task_id="t1", seq=1).code \
+    assert (
+        refused(prepare, CATALOG, "refund", ["not", "a", "dict"], task_id="t1", seq=1).code
         is Code.TOOL_ARGUMENT_INVALID
+    )
 
 
 def test_a_prepared_call_is_immutable_and_round_trips_through_json() -> None:
@@ -271,8 +316,15 @@ def test_the_digest_covers_everything_an_approver_relies_on() -> None:
     assert len({call.digest, *(v.digest for v in variants)}) == 1 + len(variants)
 
 
-@pytest.mark.parametrize("edit", [{"arguments": {**REFUND, "amount": 999999}}, {"required_role": None},
-                                  {"policy_version": "0"}, {"action_id": action_id_for("t1", 9)}])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"arguments": {**REFUND, "amount": 999999}},
+        {"required_role": None},
+        {"policy_version": "0"},
+        {"action_id": action_id_for("t1", 9)},
+    ],
+)
 def test_a_tampered_prepared_call_is_refused(edit: dict[str, Any]) -> None:
     data = {**prepare(CATALOG, "refund", REFUND, task_id="t1", seq=2, required_role="approver").to_dict(), **edit}
     with pytest.raises(IntegrityError) as caught:
@@ -316,12 +368,24 @@ def test_money_model_travels_as_amount_and_currency() -> None:
 def test_results_are_validated_against_the_result_model() -> None:
     tool = CATALOG.get("query_ticket")
     assert accept_result(tool, Ticket(ticket_id="T-1", status="open")) == {
-        "ticket_id": "T-1", "status": "open", "note": ""}
+        "ticket_id": "T-1",
+        "status": "open",
+        "note": "",
+    }
     assert accept_result(tool, {"ticket_id": "T-1", "status": "open", "extra": "dropped"}) == {
-        "ticket_id": "T-1", "status": "open", "note": ""}
+        "ticket_id": "T-1",
+        "status": "open",
+        "note": "",
+    }
     unvalidated = Ticket.model_construct(ticket_id="T-1", status="weird")  # type: ignore[arg-type]
-    for raw in ({"ticket_id": "T-1", "status": "deleted"}, ["a list"], "text", None,
-                RefundDone(refund_id="R", amount=1), unvalidated):
+    for raw in (
+        {"ticket_id": "T-1", "status": "deleted"},
+        ["a list"],
+        "text",
+        None,
+        RefundDone(refund_id="R", amount=1),
+        unvalidated,
+    ):
         assert refused(accept_result, tool, raw).code is Code.TOOL_RESULT_INVALID, raw
 
 
@@ -351,7 +415,7 @@ def test_an_injection_in_a_result_stays_inside_the_tags_as_data() -> None:
     assert wrapped.startswith('<tool_result name="query_ticket" status="succeeded">')
     assert wrapped.endswith("</tool_result>")
     assert wrapped.count("<") == 2 and wrapped.count(">") == 2, "only the two fixed tags"
-    inner = wrapped[wrapped.index(">") + 1: -len("</tool_result>")]
+    inner = wrapped[wrapped.index(">") + 1 : -len("</tool_result>")]
     assert json.loads(inner) == result and json.loads(inner)["note"] == INJECTION
     assert "data" in RESULT_NOTICE
     with pytest.raises(ValueError):
@@ -361,7 +425,7 @@ def test_an_injection_in_a_result_stays_inside_the_tags_as_data() -> None:
 def test_an_error_is_wrapped_with_its_code_and_a_short_message() -> None:
     wrapped = wrap_error_for_model("refund", Code.TOOL_TIMEOUT, INJECTION + "z" * 500)
     assert wrapped.count("</tool_result") == 1
-    body = json.loads(wrapped[wrapped.index(">") + 1: -len("</tool_result>")])
+    body = json.loads(wrapped[wrapped.index(">") + 1 : -len("</tool_result>")])
     assert body["error"] == "TOOL_TIMEOUT" and len(body["message"]) < 220
 
 
@@ -416,8 +480,9 @@ def test_tool_failed_means_a_write_definitely_did_not_happen() -> None:
 
 
 @pytest.mark.parametrize(("kind", "expected"), [(ToolKind.READ, "failed"), (ToolKind.WRITE, "unknown")])
-def test_a_timeout_fails_a_read_and_leaves_a_write_unknown(gate: threading.Event, kind: ToolKind,
-                                                           expected: str) -> None:
+def test_a_timeout_fails_a_read_and_leaves_a_write_unknown(
+    gate: threading.Event, kind: ToolKind, expected: str
+) -> None:
     def slow(call: ToolInvocation) -> dict[str, Any]:
         gate.wait(5)
         return {"ticket_id": "T-1", "status": "open"}
@@ -430,8 +495,9 @@ def test_a_timeout_fails_a_read_and_leaves_a_write_unknown(gate: threading.Event
 
 @pytest.mark.parametrize(("kind", "expected"), [(ToolKind.READ, "failed"), (ToolKind.WRITE, "unknown")])
 def test_an_invalid_result_is_refused(kind: ToolKind, expected: str) -> None:
-    tool = ToolDef("odd", QueryArgs, Ticket, kind, lambda call: {"status": "?", "note": INJECTION},
-                   idempotent_remote=True)
+    tool = ToolDef(
+        "odd", QueryArgs, Ticket, kind, lambda call: {"status": "?", "note": INJECTION}, idempotent_remote=True
+    )
     outcome = execute(tool, single(tool, {"ticket_id": "T-1"})[1])
     assert (outcome.outcome, outcome.code, outcome.result) == (expected, Code.TOOL_RESULT_INVALID, None)
     assert INJECTION not in (outcome.message or "")
@@ -461,8 +527,14 @@ def test_reconcile_finds_an_executed_action_and_only_not_found_permits_a_new_att
 
 
 def test_reconcile_failed_is_recorded_as_failed() -> None:
-    tool = ToolDef("pay", RefundArgs, RefundDone, ToolKind.WRITE, FakePayments().refund,
-                   reconcile=lambda action_id: Reconciled.failed("declined\x00 by bank"))
+    tool = ToolDef(
+        "pay",
+        RefundArgs,
+        RefundDone,
+        ToolKind.WRITE,
+        FakePayments().refund,
+        reconcile=lambda action_id: Reconciled.failed("declined\x00 by bank"),
+    )
     answer = reconcile(tool, "a" * 32)
     assert (answer.outcome, answer.reason) == ("failed", "declined by bank")
     settled = outcome_of(answer)
@@ -486,8 +558,16 @@ def test_anything_short_of_a_clear_answer_stays_unknown(gate: threading.Event) -
         (None, Code.TOOL_EXECUTION_UNKNOWN),
     ]
     for reconciler, code in cases:
-        tool = ToolDef("pay", RefundArgs, RefundDone, ToolKind.WRITE, FakePayments().refund, timeout=0.5,
-                       idempotent_remote=True, reconcile=reconciler)
+        tool = ToolDef(
+            "pay",
+            RefundArgs,
+            RefundDone,
+            ToolKind.WRITE,
+            FakePayments().refund,
+            timeout=0.5,
+            idempotent_remote=True,
+            reconcile=reconciler,
+        )
         answer = reconcile(tool, "a" * 32)
         assert (answer.outcome, answer.code) == ("unknown", code), reconciler
         assert "secret" not in (answer.reason or "")

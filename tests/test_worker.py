@@ -26,12 +26,21 @@ from tests.shop import SETTLE_SECONDS, Ledger, make_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 
-GATED = Workflow(name="gated", version=1, states=[
-    Approval("review", role="approver", deadline=timedelta(hours=1), on_expired="expired_out",
-             actions=[Action("approve", "done")]),
-    Terminal("done"),
-    Terminal("expired_out"),
-])
+GATED = Workflow(
+    name="gated",
+    version=1,
+    states=[
+        Approval(
+            "review",
+            role="approver",
+            deadline=timedelta(hours=1),
+            on_expired="expired_out",
+            actions=[Action("approve", "done")],
+        ),
+        Terminal("done"),
+        Terminal("expired_out"),
+    ],
+)
 
 
 class Finisher:
@@ -182,16 +191,38 @@ def test_a_killed_workers_task_is_resumed_by_another_and_pays_once(db_url: str, 
     ledger = Ledger(tmp_path / "ledger.db")
     with Engine(db_url, Registry([make_workflow(ledger)]), authoriser=StaticRoles(SHOP_ROLES)) as eng:
         task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
-        eng.run(task_id, model=ScriptedModel([
-            {"tool_calls": [{"name": "query_order", "arguments": {"order_id": "O-1"}}]},
-            {"tool_calls": [{"name": "propose_refund", "arguments": {
-                "order_id": "O-1", "amount_cents": 1_000, "currency": "EUR", "reason": "late"}}]},
-        ], profile="anthropic"))
+        eng.run(
+            task_id,
+            model=ScriptedModel(
+                [
+                    {"tool_calls": [{"name": "query_order", "arguments": {"order_id": "O-1"}}]},
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "propose_refund",
+                                "arguments": {
+                                    "order_id": "O-1",
+                                    "amount_cents": 1_000,
+                                    "currency": "EUR",
+                                    "reason": "late",
+                                },
+                            }
+                        ]
+                    },
+                ],
+                profile="anthropic",
+            ),
+        )
         prepared: Any = eng.load(task_id).prepared
         eng.approve(task_id, actor="dana", prepared_digest=prepared["digest"])
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        done = subprocess.run([sys.executable, "-c", KILLED_WORKER, db_url, ledger.path], env=env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", KILLED_WORKER, db_url, ledger.path],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == -9, done.stderr
         row = eng.store.row(task_id)
         assert row is not None and row.lease_owner == "doomed"
@@ -217,15 +248,26 @@ def test_railyard_worker_advances_tasks_and_stops_on_sigterm(tmp_path: Path) -> 
     url = f"sqlite:///{tmp_path}/w.db"
     migrations.upgrade(url)
     script = tmp_path / "model.json"
-    script.write_text(json.dumps({"profile": "anthropic", "turns": [
-        {"tool_calls": [{"name": "finish", "arguments": {}}]}] * 3}), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": url,
-           "RAILYARD_WORKFLOWS": "tests.sample_workflows"}
+    script.write_text(
+        json.dumps({"profile": "anthropic", "turns": [{"tool_calls": [{"name": "finish", "arguments": {}}]}] * 3}),
+        encoding="utf-8",
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAILYARD_DATABASE_URL": url,
+        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+    }
     with Engine(url, Registry([COUNTER])) as eng:
         task_ids = [eng.start("counter", {}, actor="ann") for _ in range(3)]
         exe = str(Path(sys.executable).with_name("railyard"))
-        proc = subprocess.Popen([exe, "worker", "--model", f"scripted:{script}", "--concurrency", "2"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [exe, "worker", "--model", f"scripted:{script}", "--concurrency", "2"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(200):
             if all(eng.get(t).state == "done" for t in task_ids):
                 break

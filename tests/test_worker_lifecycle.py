@@ -108,8 +108,10 @@ def test_heartbeats_keep_the_lease_of_a_long_step_and_only_that_one(eng: Engine)
         held = eng.store.row(task_id)
         assert held is not None and held.lease_owner == "slow"
         with eng.store.engine.begin() as conn:  # a lease under the same name the worker does not hold
-            conn.execute(text("UPDATE tasks SET lease_owner = 'slow', lease_expires_at = :past WHERE task_id = :t"),
-                         {"past": "2000-01-01 00:00:00", "t": bystander})
+            conn.execute(
+                text("UPDATE tasks SET lease_owner = 'slow', lease_expires_at = :past WHERE task_id = :t"),
+                {"past": "2000-01-01 00:00:00", "t": bystander},
+            )
         time.sleep(1.5)  # more than two lease lengths into the step
         row = eng.store.row(task_id)
         assert row is not None and row.lease_owner == "slow" and row.lease_expires_at is not None
@@ -192,8 +194,12 @@ def test_an_idle_worker_hears_of_a_new_task_without_polling(db_url: str) -> None
 
 
 def _worker_env(tmp_path: Path, url: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "RAILYARD_DATABASE_URL": url,
-            "RAILYARD_WORKFLOWS": "tests.sample_workflows"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAILYARD_DATABASE_URL": url,
+        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+    }
 
 
 def _script(tmp_path: Path, name: str, turns: list[dict[str, object]]) -> str:
@@ -212,10 +218,14 @@ def test_sigterm_during_a_step_hands_the_task_back_after_that_step(tmp_path: Pat
     with Engine(url, Registry([COUNTER])) as eng:
         task_id = eng.start("counter", {}, actor="ann")
         slow = _script(tmp_path, "slow.json", [{**TICK, "delay_seconds": 2.0}, TICK, FINISH])
-        proc = subprocess.Popen([RAILYARD, "worker", "--model", slow, "--grace-seconds", "20"],
-                                env=_worker_env(tmp_path, url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        wait_for(lambda: (eng.store.row(task_id).lease_owner is not None))  # type: ignore[union-attr]
+        proc = subprocess.Popen(
+            [RAILYARD, "worker", "--model", slow, "--grace-seconds", "20"],
+            env=_worker_env(tmp_path, url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: eng.store.row(task_id).lease_owner is not None)  # type: ignore[union-attr]
         time.sleep(0.5)  # inside the 2-second model call
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -229,8 +239,13 @@ def test_sigterm_during_a_step_hands_the_task_back_after_that_step(tmp_path: Pat
         assert row is not None and row.lease_owner is None and row.status == "runnable"
         assert "handed back 1" in err
         rest = _script(tmp_path, "rest.json", [TICK, FINISH])
-        done = subprocess.run([RAILYARD, "worker", "--once", "--model", rest], env=_worker_env(tmp_path, url),
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [RAILYARD, "worker", "--once", "--model", rest],
+            env=_worker_env(tmp_path, url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert [e.trigger for e in eng.history(task_id)] == ["start", "tick", "tick", "finish"]
 
@@ -241,10 +256,14 @@ def test_a_step_longer_than_the_grace_is_cut_off_and_resumed_by_the_next_worker(
     with Engine(url, Registry([COUNTER])) as eng:
         task_id = eng.start("counter", {}, actor="ann")
         slow = _script(tmp_path, "slow.json", [{**FINISH, "delay_seconds": 30.0}])
-        proc = subprocess.Popen([RAILYARD, "worker", "--model", slow, "--grace-seconds", "1"],
-                                env=_worker_env(tmp_path, url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        wait_for(lambda: (eng.store.row(task_id).lease_owner is not None))  # type: ignore[union-attr]
+        proc = subprocess.Popen(
+            [RAILYARD, "worker", "--model", slow, "--grace-seconds", "1"],
+            env=_worker_env(tmp_path, url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: eng.store.row(task_id).lease_owner is not None)  # type: ignore[union-attr]
         time.sleep(0.5)
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -255,8 +274,13 @@ def test_a_step_longer_than_the_grace_is_cut_off_and_resumed_by_the_next_worker(
         assert eng.store.claim("next", limit=1, lease_seconds=5) == []  # its lease still stands...
         expire_leases(eng)  # ...until it runs out
         fast = _script(tmp_path, "fast.json", [FINISH])
-        done = subprocess.run([RAILYARD, "worker", "--once", "--model", fast], env=_worker_env(tmp_path, url),
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [RAILYARD, "worker", "--once", "--model", fast],
+            env=_worker_env(tmp_path, url),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert [e.trigger for e in eng.history(task_id)] == ["start", "finish"]
         assert eng.get(task_id).state == "done"

@@ -45,8 +45,13 @@ def test_workers_killed_at_random_lose_nothing_and_pay_once(pg_database: str, tm
         task_ids = [eng.start("shop_auto", {"customer": "c1"}, actor="ann") for _ in range(TASKS)]
 
         def spawn(n: int) -> subprocess.Popen[str]:
-            return subprocess.Popen([sys.executable, "-c", WORKER, pg_database, ledger.path, f"w{n}"], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+            return subprocess.Popen(
+                [sys.executable, "-c", WORKER, pg_database, ledger.path, f"w{n}"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
 
         workers = [spawn(n) for n in range(4)]
         spawned, kills = 4, 0

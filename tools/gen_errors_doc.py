@@ -27,23 +27,41 @@ END = "<!-- codes:end -->"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 
 #: What `replay`, `verify-export` and `ReplayReport.findings` report (engine.replay, engine.export, engine.archive).
-REPLAY_FINDINGS = (Code.HASH_MISMATCH, Code.SEQ_GAP, Code.ILLEGAL_TRANSITION, Code.INTENT_UNSETTLED,
-                   Code.OUTCOME_WITHOUT_INTENT, Code.STATE_MISMATCH, Code.SNAPSHOT_MISMATCH, Code.DEFINITION_MISSING,
-                   Code.DEFINITION_CHANGED, Code.ARCHIVE_MISSING)
+REPLAY_FINDINGS = (
+    Code.HASH_MISMATCH,
+    Code.SEQ_GAP,
+    Code.ILLEGAL_TRANSITION,
+    Code.INTENT_UNSETTLED,
+    Code.OUTCOME_WITHOUT_INTENT,
+    Code.STATE_MISMATCH,
+    Code.SNAPSHOT_MISMATCH,
+    Code.DEFINITION_MISSING,
+    Code.DEFINITION_CHANGED,
+    Code.ARCHIVE_MISSING,
+)
 
 #: The exception classes and the codes each carries (the codes are passed where they are raised).
 CLASSES = (
     ("`Refused`", "a request understood and declined, the log unchanged: the codes not listed below"),
     ("`DefinitionError`", "`DEFINITION_INVALID`; `.problems` lists every defect"),
-    ("`ConcurrencyConflict`", "`CONCURRENCY_CONFLICT`; `.expected` and `.actual` seq, and `.state` (in "
-                            "`details['state']`): where the task is now, when a human command found it moved. "
-                            "Its subclass `LeaseLost`: `LEASE_LOST`"),
+    (
+        "`ConcurrencyConflict`",
+        "`CONCURRENCY_CONFLICT`; `.expected` and `.actual` seq, and `.state` (in "
+        "`details['state']`): where the task is now, when a human command found it moved. "
+        "Its subclass `LeaseLost`: `LEASE_LOST`",
+    ),
     ("`StoreError`", "`DATABASE_ERROR`, `SCHEMA_MISSING`"),
-    ("`IntegrityError`", "a stored log that does not hold together: `HASH_MISMATCH`, `SEQ_GAP`, `STATE_MISMATCH`, "
-                       "`SNAPSHOT_MISMATCH`, `ARCHIVE_MISSING` (and from `archive`, the first finding of a file "
-                       "that does not verify)"),
-    ("`RailyardError` itself", "`CONFIG_INVALID` (an unreadable roles, profiles or tokens file, a workflow module "
-                              "that does not import, a bad model spec)"),
+    (
+        "`IntegrityError`",
+        "a stored log that does not hold together: `HASH_MISMATCH`, `SEQ_GAP`, `STATE_MISMATCH`, "
+        "`SNAPSHOT_MISMATCH`, `ARCHIVE_MISSING` (and from `archive`, the first finding of a file "
+        "that does not verify)",
+    ),
+    (
+        "`RailyardError` itself",
+        "`CONFIG_INVALID` (an unreadable roles, profiles or tokens file, a workflow module "
+        "that does not import, a bad model spec)",
+    ),
 )
 
 HEAD = """\
@@ -131,8 +149,9 @@ def render_table() -> str:
 
 
 def render_document() -> str:
-    classes = "\n".join(["  | class | codes |", "  | --- | --- |",
-                         *(f"  | {name} | {codes} |" for name, codes in CLASSES)])
+    classes = "\n".join(
+        ["  | class | codes |", "  | --- | --- |", *(f"  | {name} | {codes} |" for name, codes in CLASSES)]
+    )
     head = HEAD.format(
         classes=classes,
         exit_audit=EXIT_AUDIT,

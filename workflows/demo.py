@@ -81,8 +81,11 @@ class Demo:
             result = action()
         except RailyardError as refusal:
             after = self.engine.get(task_id).seq
-            self.console.print(f"   [red]refused[/] {refusal.code}: {refusal.message}"
-                               f"\n   the log is unchanged (seq {before} -> {after})", highlight=False)
+            self.console.print(
+                f"   [red]refused[/] {refusal.code}: {refusal.message}"
+                f"\n   the log is unchanged (seq {before} -> {after})",
+                highlight=False,
+            )
             return None
         self.show_events(task_id, before)
         return result
@@ -96,28 +99,45 @@ class Demo:
         engine = self.engine
         task_id = engine.start("refund", REFUND_DAMAGED_ORDER_INPUT, actor="portal")
         view = engine.get(task_id)
-        self.console.print(f"the customer portal starts [bold]{task_id}[/] on {view.workflow}@{view.version}: "
-                           f"\"{REFUND_DAMAGED_ORDER_INPUT['message']}\"", highlight=False)
+        self.console.print(
+            f"the customer portal starts [bold]{task_id}[/] on {view.workflow}@{view.version}: "
+            f'"{REFUND_DAMAGED_ORDER_INPUT["message"]}"',
+            highlight=False,
+        )
         version = view.version
-        task: TaskState | None = self.advance(task_id, "the agent works the case (model turns and the order lookup)",
-                                              lambda: engine.run(task_id, model=self.model_for(
-                                                  refund_damaged_order(version))))
+        task: TaskState | None = self.advance(
+            task_id,
+            "the agent works the case (model turns and the order lookup)",
+            lambda: engine.run(task_id, model=self.model_for(refund_damaged_order(version))),
+        )
         if task is None or task.state != "awaiting_approval":
             self.console.print(f"   the model left the task in {engine.get(task_id).state}; no approval to give")
             return task_id
         prepared = engine.load(task_id).prepared or {}
-        self.console.print(f"   awaiting approval: {prepared.get('tool')} {_money(prepared.get('arguments', {}))} "
-                           f"(action {str(prepared.get('action_id'))[:8]}, digest {str(prepared.get('digest'))[:12]})",
-                           highlight=False)
-        self.advance(task_id, "bob, who does not hold refund_approver, tries to approve",
-                     lambda: engine.approve(task_id, actor="bob", prepared_digest=prepared.get("digest")))
-        self.advance(task_id, "dana (refund_approver) approves what she was shown",
-                     lambda: engine.approve(task_id, actor="dana", prepared_digest=prepared.get("digest"),
-                                            comment="Photos match the claim."))
+        self.console.print(
+            f"   awaiting approval: {prepared.get('tool')} {_money(prepared.get('arguments', {}))} "
+            f"(action {str(prepared.get('action_id'))[:8]}, digest {str(prepared.get('digest'))[:12]})",
+            highlight=False,
+        )
+        self.advance(
+            task_id,
+            "bob, who does not hold refund_approver, tries to approve",
+            lambda: engine.approve(task_id, actor="bob", prepared_digest=prepared.get("digest")),
+        )
+        self.advance(
+            task_id,
+            "dana (refund_approver) approves what she was shown",
+            lambda: engine.approve(
+                task_id, actor="dana", prepared_digest=prepared.get("digest"), comment="Photos match the claim."
+            ),
+        )
         self.advance(task_id, "the engine executes the approved call", lambda: engine.run(task_id))
         paid = self.books.payments.executions().get(str(prepared.get("action_id")), 0)
-        self.console.print(f"   the payment provider's books: action {str(prepared.get('action_id'))[:8]} "
-                           f"executed [bold]{paid}[/] time(s)", highlight=False)
+        self.console.print(
+            f"   the payment provider's books: action {str(prepared.get('action_id'))[:8]} "
+            f"executed [bold]{paid}[/] time(s)",
+            highlight=False,
+        )
         return task_id
 
     def ticket(self) -> str:
@@ -126,8 +146,11 @@ class Demo:
         task_id = engine.start("ticket_triage", TICKET_DOUBLE_CHARGE_INPUT, actor="helpdesk")
         ticket = TICKET_DOUBLE_CHARGE_INPUT["ticket_id"]
         self.console.print(f"the helpdesk starts [bold]{task_id}[/] for ticket {ticket}", highlight=False)
-        self.advance(task_id, "the agent reads the ticket (phone, id number and notes withheld) and decides",
-                     lambda: engine.run(task_id, model=self.model_for(TICKET_DOUBLE_CHARGE)))
+        self.advance(
+            task_id,
+            "the agent reads the ticket (phone, id number and notes withheld) and decides",
+            lambda: engine.run(task_id, model=self.model_for(TICKET_DOUBLE_CHARGE)),
+        )
         self.console.print(f"   the ticket is now in [cyan]{engine.get(task_id).state}[/]")
         return task_id
 
@@ -140,30 +163,42 @@ class Demo:
         prepared = engine.load(task_id).prepared or {}
         engine.approve(task_id, actor="dana", prepared_digest=prepared.get("digest"), comment="Wrong colour.")
         action_id = str(prepared.get("action_id"))
-        self.console.print(f"[bold]{task_id}[/] is approved: {_money(prepared.get('arguments', {}))}, action "
-                           f"{action_id[:8]}", highlight=False)
+        self.console.print(
+            f"[bold]{task_id}[/] is approved: {_money(prepared.get('arguments', {}))}, action {action_id[:8]}",
+            highlight=False,
+        )
         self.books.arm("payments.refund", "crash_after")
-        self.console.print("[bold]a `railyard worker` process claims it; it is killed (SIGKILL) right after the "
-                           "provider paid, before the outcome is recorded[/]")
+        self.console.print(
+            "[bold]a `railyard worker` process claims it; it is killed (SIGKILL) right after the "
+            "provider paid, before the outcome is recorded[/]"
+        )
         before = engine.get(task_id).seq
         returncode = self._run_doomed_worker()
         killed = "killed by SIGKILL" if returncode == -signal.SIGKILL else f"exit status {returncode}"
         self.console.print(f"   the worker process ended: {killed}")
         self.show_events(task_id, before)
         row = engine.store.row(task_id)
-        self.console.print(f"   the log ends on the recorded intent; the lease still names "
-                           f"{row.lease_owner if row else None}; the provider paid "
-                           f"{self.books.payments.executions().get(action_id, 0)} time(s)", highlight=False)
+        self.console.print(
+            f"   the log ends on the recorded intent; the lease still names "
+            f"{row.lease_owner if row else None}; the provider paid "
+            f"{self.books.payments.executions().get(action_id, 0)} time(s)",
+            highlight=False,
+        )
         wait = CRASH_LEASE_SECONDS + SETTLE_SECONDS
-        self.console.print(f"[bold]another worker, {wait:.0f} s later (the lease ran out; a stranded call gets "
-                           f"{SETTLE_SECONDS:.0f} s to settle)[/]")
+        self.console.print(
+            f"[bold]another worker, {wait:.0f} s later (the lease ran out; a stranded call gets "
+            f"{SETTLE_SECONDS:.0f} s to settle)[/]"
+        )
         time.sleep(wait)
         before = engine.get(task_id).seq
         Worker(engine, name="demo-worker-2", listen=False).run_once()
         self.show_events(task_id, before)
         paid = self.books.payments.executions().get(action_id, 0)
-        self.console.print(f"   [cyan]{engine.get(task_id).state}[/]; the provider's books: action {action_id[:8]} "
-                           f"executed [bold]{paid}[/] time(s)", highlight=False)
+        self.console.print(
+            f"   [cyan]{engine.get(task_id).state}[/]; the provider's books: action {action_id[:8]} "
+            f"executed [bold]{paid}[/] time(s)",
+            highlight=False,
+        )
         return task_id
 
     def _run_doomed_worker(self) -> int:
@@ -175,9 +210,23 @@ class Demo:
         with tempfile.TemporaryDirectory() as folder:
             silent = Path(folder) / "silent.json"
             silent.write_text(json.dumps({"turns": []}))
-            done = subprocess.run([*command, "worker", "--once", "--workflows", "refund", "--lease-seconds",
-                                   str(CRASH_LEASE_SECONDS), "--model", f"scripted:{silent}"], env=env,
-                                  capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                [
+                    *command,
+                    "worker",
+                    "--once",
+                    "--workflows",
+                    "refund",
+                    "--lease-seconds",
+                    str(CRASH_LEASE_SECONDS),
+                    "--model",
+                    f"scripted:{silent}",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         return done.returncode
 
     # -- audit ----------------------------------------------------------
@@ -196,8 +245,12 @@ class Demo:
         row, visits, current = self.engine.path(task_id)  # what `railyard graph --task` draws
         definition = self.engine.registry.get(row.workflow, row.version)
         diagram = definition.machine.graph("mermaid", current=current, visits=visits)
-        self.console.print(Panel(route_only(diagram), title=f"railyard graph refund --task {task_id} "
-                                                            "(the route taken; the command prints every state)"))
+        self.console.print(
+            Panel(
+                route_only(diagram),
+                title=f"railyard graph refund --task {task_id} (the route taken; the command prints every state)",
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -214,11 +267,13 @@ def run_demo(database_url: str, console: Console, model: str | None = None) -> D
     fakes.systems(database_url).reset()
     registry = Registry.from_env()
     adapter = adapter_from_spec(model) if model else None
-    console.print(Panel.fit(
-        f"[bold]Railyard demo[/] on {database_url}\n"
-        f"workflows: {', '.join(w.ref for w in registry)}\n"
-        f"model: {model or 'scripted (no provider called)'}; roles: dana = refund_approver",
-    ))
+    console.print(
+        Panel.fit(
+            f"[bold]Railyard demo[/] on {database_url}\n"
+            f"workflows: {', '.join(w.ref for w in registry)}\n"
+            f"model: {model or 'scripted (no provider called)'}; roles: dana = refund_approver",
+        )
+    )
     started = time.monotonic()
     with Engine(database_url, registry, authoriser=StaticRoles(DEMO_ROLES)) as engine:
         demo = Demo(engine, console, database_url, adapter)
@@ -227,21 +282,26 @@ def run_demo(database_url: str, console: Console, model: str | None = None) -> D
         crashed = demo.crash()
         demo.audit([refund, ticket, crashed])
         demo.route(refund)
-    console.print(f"done in {time.monotonic() - started:.1f} s. Look further:\n"
-                  f"  railyard history {refund}\n"
-                  f"  railyard show {refund} --as-of 7\n"
-                  "  railyard approvals\n"
-                  f"  railyard graph refund --task {refund} --format dot\n"
-                  "  railyard replay --all\n"
-                  f"  railyard export {crashed} > refund.jsonl && railyard verify-export refund.jsonl",
-                  highlight=False)
+    console.print(
+        f"done in {time.monotonic() - started:.1f} s. Look further:\n"
+        f"  railyard history {refund}\n"
+        f"  railyard show {refund} --as-of 7\n"
+        "  railyard approvals\n"
+        f"  railyard graph refund --task {refund} --format dot\n"
+        "  railyard replay --all\n"
+        f"  railyard export {crashed} > refund.jsonl && railyard verify-export refund.jsonl",
+        highlight=False,
+    )
     return DemoTasks(refund, ticket, crashed)
 
 
 def route_only(mermaid: str) -> str:
     """The Mermaid diagram cut down to the states visited and the edges taken (those with a visit count)."""
-    visited = {line.split()[1] for line in mermaid.splitlines()
-               if line.strip().startswith("Class ") and line.split()[-1] in ("s_previous", "s_active")}
+    visited = {
+        line.split()[1]
+        for line in mermaid.splitlines()
+        if line.strip().startswith("Class ") and line.split()[-1] in ("s_previous", "s_active")
+    }
     kept = []
     for line in mermaid.splitlines():
         words = line.split()

@@ -80,13 +80,13 @@ class CustomerReply(BaseModel):
     evidence_ids: list[EvidenceId] = Field(default_factory=list, max_length=10)
 
 
-def _refund_workflow(version: int, tools: ToolCatalog, request: type[RefundRequest], guards: Sequence[Guard],
-                     note: str) -> Workflow:
+def _refund_workflow(
+    version: int, tools: ToolCatalog, request: type[RefundRequest], guards: Sequence[Guard], note: str
+) -> Workflow:
     return Workflow(
         name="refund",
         version=version,
-        description="Refund a customer's order: find it, check it, propose a refund, get it approved, pay it. "
-                    + note,
+        description="Refund a customer's order: find it, check it, propose a refund, get it approved, pay it. " + note,
         input=RefundInput,
         tools=tools,
         # A cancel that arrives while the payment is in flight waits for its outcome; if the money went out, a
@@ -99,46 +99,96 @@ def _refund_workflow(version: int, tools: ToolCatalog, request: type[RefundReque
                 description="Find the order the customer means and decide whether a refund can be considered.",
                 on_exhausted="needs_human",
                 actions=[
-                    Action("query_order", "looking_up_order", OrderQuery, prepares="query_order",
-                           description="Look an order up (read-only)."),
-                    Action("request_more_info", "awaiting_customer", InfoRequest,
-                           description="Ask the customer for what is missing (an order id, a photo)."),
-                    Action("assess_eligibility", "eligible", Assessment, guards=ASSESSMENT_GUARDS,
-                           description="The looked-up order of this customer may be refunded: go on to propose."),
+                    Action(
+                        "query_order",
+                        "looking_up_order",
+                        OrderQuery,
+                        prepares="query_order",
+                        description="Look an order up (read-only).",
+                    ),
+                    Action(
+                        "request_more_info",
+                        "awaiting_customer",
+                        InfoRequest,
+                        description="Ask the customer for what is missing (an order id, a photo).",
+                    ),
+                    Action(
+                        "assess_eligibility",
+                        "eligible",
+                        Assessment,
+                        guards=ASSESSMENT_GUARDS,
+                        description="The looked-up order of this customer may be refunded: go on to propose.",
+                    ),
                 ],
             ),
-            Tool("looking_up_order", tool="query_order", on_succeeded="collecting_information",
-                 on_failed="collecting_information", on_unknown="collecting_information"),
-            Wait("awaiting_customer", description="Waiting for the customer's answer, relayed by the portal.",
-                 deadline=CUSTOMER_DEADLINE, on_expired="needs_human",
-                 actions=[Action("customer_replied", "collecting_information", CustomerReply, role=PORTAL)]),
+            Tool(
+                "looking_up_order",
+                tool="query_order",
+                on_succeeded="collecting_information",
+                on_failed="collecting_information",
+                on_unknown="collecting_information",
+            ),
+            Wait(
+                "awaiting_customer",
+                description="Waiting for the customer's answer, relayed by the portal.",
+                deadline=CUSTOMER_DEADLINE,
+                on_expired="needs_human",
+                actions=[Action("customer_replied", "collecting_information", CustomerReply, role=PORTAL)],
+            ),
             Agent(
                 "eligible",
                 description="Propose the refund for a human to approve, or reject the request.",
                 on_exhausted="needs_human",
                 actions=[
-                    Action("propose_refund", "awaiting_approval", request, guards=guards, prepares="payments_refund",
-                           description="Propose a refund of the looked-up order, in its currency, in minor units."),
+                    Action(
+                        "propose_refund",
+                        "awaiting_approval",
+                        request,
+                        guards=guards,
+                        prepares="payments_refund",
+                        description="Propose a refund of the looked-up order, in its currency, in minor units.",
+                    ),
                     Action("reject", "rejected", Rejection, description="The request does not qualify."),
                 ],
             ),
-            Approval("awaiting_approval", role=APPROVER, deadline=APPROVAL_DEADLINE, on_expired="needs_human",
-                     description="A refund approver checks the prepared refund.",
-                     actions=[Action("approve", "executing"), Action("reject", "rejected", Rejection)]),
-            Tool("executing", tool="payments_refund", on_succeeded="completed", on_failed="retryable_failure",
-                 on_unknown="retryable_failure"),
-            Wait("retryable_failure",
-                 description="The provider refused the refund, or its answer was lost. Retrying sends the same "
-                             "action id, which the provider never pays twice.",
-                 actions=[Action("retry_refund", "executing", role=APPROVER),
-                          Action("give_up", "needs_human", role=APPROVER)]),
-            Wait("needs_human", description="A person takes over: the agent gave up, or nobody approved in time.",
-                 actions=[Action("reopen", "collecting_information", guards=[no_payment_attempted], role=APPROVER),
-                          Action("close", "rejected", Rejection, role=APPROVER)]),
-            Wait("paid_after_cancel",
-                 description="The task was cancelled while the payment was in flight, and the provider paid: the "
-                             "outcome event names the action id and the amount. Tell the customer, then close it.",
-                 actions=[Action("acknowledge", "completed", Acknowledgement, role=APPROVER)]),
+            Approval(
+                "awaiting_approval",
+                role=APPROVER,
+                deadline=APPROVAL_DEADLINE,
+                on_expired="needs_human",
+                description="A refund approver checks the prepared refund.",
+                actions=[Action("approve", "executing"), Action("reject", "rejected", Rejection)],
+            ),
+            Tool(
+                "executing",
+                tool="payments_refund",
+                on_succeeded="completed",
+                on_failed="retryable_failure",
+                on_unknown="retryable_failure",
+            ),
+            Wait(
+                "retryable_failure",
+                description="The provider refused the refund, or its answer was lost. Retrying sends the same "
+                "action id, which the provider never pays twice.",
+                actions=[
+                    Action("retry_refund", "executing", role=APPROVER),
+                    Action("give_up", "needs_human", role=APPROVER),
+                ],
+            ),
+            Wait(
+                "needs_human",
+                description="A person takes over: the agent gave up, or nobody approved in time.",
+                actions=[
+                    Action("reopen", "collecting_information", guards=[no_payment_attempted], role=APPROVER),
+                    Action("close", "rejected", Rejection, role=APPROVER),
+                ],
+            ),
+            Wait(
+                "paid_after_cancel",
+                description="The task was cancelled while the payment was in flight, and the provider paid: the "
+                "outcome event names the action id and the amount. Tell the customer, then close it.",
+                actions=[Action("acknowledge", "completed", Acknowledgement, role=APPROVER)],
+            ),
             Terminal("completed", description="The refund was paid."),
             Terminal("rejected", description="No refund."),
         ],
@@ -147,5 +197,9 @@ def _refund_workflow(version: int, tools: ToolCatalog, request: type[RefundReque
 
 REFUND_V1 = _refund_workflow(1, REFUND_TOOLS_V1, RefundRequest, PROPOSAL_GUARDS, "")
 REFUND_V2 = _refund_workflow(
-    2, REFUND_TOOLS_V2, CategorisedRefundRequest, (*PROPOSAL_GUARDS, large_refunds_name_a_category),
-    "A refund of more than half the order total must name its category (damaged, not_delivered, wrong_item).")
+    2,
+    REFUND_TOOLS_V2,
+    CategorisedRefundRequest,
+    (*PROPOSAL_GUARDS, large_refunds_name_a_category),
+    "A refund of more than half the order total must name its category (damaged, not_delivered, wrong_item).",
+)

@@ -56,8 +56,10 @@ def amount_is_positive(ctx: GuardContext) -> str | None:
 def within_refundable_balance(ctx: GuardContext) -> str | None:
     order, amount = _snapshot(ctx), _request(ctx).amount
     if order is not None and amount > order["refundable"]:
-        return (f"amount {amount} exceeds the refundable balance of order {order['order_id']}: "
-                f"{order['refundable']} {order['currency']} (minor units)")
+        return (
+            f"amount {amount} exceeds the refundable balance of order {order['order_id']}: "
+            f"{order['refundable']} {order['currency']} (minor units)"
+        )
     return None
 
 
@@ -85,8 +87,10 @@ def large_refunds_name_a_category(ctx: GuardContext) -> str | None:
     if order is None or request.amount <= order["total"] * LARGE_SHARE:
         return None
     if request.category is None or request.category is Category.GOODWILL:
-        return (f"a refund above {LARGE_SHARE:.0%} of the order total ({order['total']}) needs a category: "
-                "damaged, not_delivered or wrong_item")
+        return (
+            f"a refund above {LARGE_SHARE:.0%} of the order total ({order['total']}) needs a category: "
+            "damaged, not_delivered or wrong_item"
+        )
     return None
 
 
@@ -98,6 +102,12 @@ def no_payment_attempted(ctx: GuardContext) -> str | None:
 
 
 #: Every guard of propose_refund in refund@1, in the order their reasons are reported.
-PROPOSAL_GUARDS = (order_was_looked_up, order_belongs_to_customer, amount_is_positive, within_refundable_balance,
-                   currency_matches, evidence_exists)
+PROPOSAL_GUARDS = (
+    order_was_looked_up,
+    order_belongs_to_customer,
+    amount_is_positive,
+    within_refundable_balance,
+    currency_matches,
+    evidence_exists,
+)
 ASSESSMENT_GUARDS = (order_was_looked_up, order_belongs_to_customer)

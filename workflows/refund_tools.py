@@ -56,8 +56,9 @@ class RefundRequest(BaseModel):
     amount: MinorUnits = Field(description="The refund in minor units of the order's currency (1299 = 12.99).")
     currency: CurrencyCode
     reason: str = Field(min_length=1, max_length=300, description="Why, in a sentence the customer could read.")
-    evidence_ids: list[EvidenceId] = Field(default_factory=list, max_length=10,
-                                           description="Ids of the order's evidence that support the refund.")
+    evidence_ids: list[EvidenceId] = Field(
+        default_factory=list, max_length=10, description="Ids of the order's evidence that support the refund."
+    )
 
 
 class Category(StrEnum):
@@ -90,9 +91,16 @@ def query_order(call: ToolInvocation) -> OrderSnapshot:
         order = fakes.systems().orders.get(query.order_id, timeout=call.timeout)
     except fakes.Declined as refusal:
         raise _declined(refusal) from None
-    return OrderSnapshot(order_id=order.order_id, customer_id=order.customer_id, currency=order.currency,
-                         total=order.total, refunded=order.refunded, refundable=order.refundable,
-                         status=order.status, evidence_ids=list(order.evidence_ids))
+    return OrderSnapshot(
+        order_id=order.order_id,
+        customer_id=order.customer_id,
+        currency=order.currency,
+        total=order.total,
+        refunded=order.refunded,
+        refundable=order.refundable,
+        status=order.status,
+        evidence_ids=list(order.evidence_ids),
+    )
 
 
 def refund(call: ToolInvocation) -> RefundReceipt:
@@ -100,9 +108,14 @@ def refund(call: ToolInvocation) -> RefundReceipt:
     request = call.parse(CategorisedRefundRequest)
     try:
         paid = fakes.systems().payments.refund(
-            call.idempotency_key, order_id=request.order_id, amount=request.amount, currency=request.currency,
-            reason=request.reason, category=request.category.value if request.category else None,
-            timeout=call.timeout)
+            call.idempotency_key,
+            order_id=request.order_id,
+            amount=request.amount,
+            currency=request.currency,
+            reason=request.reason,
+            category=request.category.value if request.category else None,
+            timeout=call.timeout,
+        )
     except fakes.Declined as refusal:
         raise _declined(refusal) from None
     return RefundReceipt(refund_id=paid.refund_id, order_id=paid.order_id, amount=paid.amount, currency=paid.currency)
@@ -113,20 +126,34 @@ def lookup_refund(action_id: str) -> Reconciled:
     paid = fakes.systems().payments.lookup(action_id, timeout=PAYMENTS_TIMEOUT)
     if paid is None:
         return Reconciled.not_found()
-    return Reconciled.succeeded(RefundReceipt(refund_id=paid.refund_id, order_id=paid.order_id, amount=paid.amount,
-                                              currency=paid.currency))
+    return Reconciled.succeeded(
+        RefundReceipt(refund_id=paid.refund_id, order_id=paid.order_id, amount=paid.amount, currency=paid.currency)
+    )
 
 
 QUERY_ORDER = ToolDef(
-    "query_order", OrderQuery, OrderSnapshot, ToolKind.READ, query_order, timeout=READ_TIMEOUT,
-    description="Look an order up: its customer, currency, total, refundable balance and evidence ids.")
+    "query_order",
+    OrderQuery,
+    OrderSnapshot,
+    ToolKind.READ,
+    query_order,
+    timeout=READ_TIMEOUT,
+    description="Look an order up: its customer, currency, total, refundable balance and evidence ids.",
+)
 
 
 def _payments_refund(args: type[RefundRequest]) -> ToolDef:
     return ToolDef(
-        "payments_refund", args, RefundReceipt, ToolKind.WRITE, refund, timeout=PAYMENTS_TIMEOUT,
-        idempotent_remote=True, reconcile=lookup_refund,
-        description="Refund part or all of an order through the payment provider, idempotent by action id.")
+        "payments_refund",
+        args,
+        RefundReceipt,
+        ToolKind.WRITE,
+        refund,
+        timeout=PAYMENTS_TIMEOUT,
+        idempotent_remote=True,
+        reconcile=lookup_refund,
+        description="Refund part or all of an order through the payment provider, idempotent by action id.",
+    )
 
 
 REFUND_TOOLS_V1 = ToolCatalog("refund-tools", 1, [QUERY_ORDER, _payments_refund(RefundRequest)])

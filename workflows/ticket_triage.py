@@ -87,14 +87,32 @@ def query_ticket(call: ToolInvocation) -> TicketSnapshot:
     except fakes.Declined as refusal:
         raise ToolFailed(refusal.message) from None
     # An allow-list, field by field: whatever the help desk adds to its records stays out.
-    return TicketSnapshot(ticket_id=ticket.ticket_id, subject=ticket.subject, body=ticket.body, status=ticket.status,
-                          priority=ticket.priority, product=ticket.product, opened_at=ticket.opened_at.isoformat())
+    return TicketSnapshot(
+        ticket_id=ticket.ticket_id,
+        subject=ticket.subject,
+        body=ticket.body,
+        status=ticket.status,
+        priority=ticket.priority,
+        product=ticket.product,
+        opened_at=ticket.opened_at.isoformat(),
+    )
 
 
-TICKET_TOOLS = ToolCatalog("ticket-tools", 1, [
-    ToolDef("query_ticket", TicketQuery, TicketSnapshot, ToolKind.READ, query_ticket, timeout=READ_TIMEOUT,
-            description="Read a ticket's subject, body, status, priority and product (no personal data)."),
-])
+TICKET_TOOLS = ToolCatalog(
+    "ticket-tools",
+    1,
+    [
+        ToolDef(
+            "query_ticket",
+            TicketQuery,
+            TicketSnapshot,
+            ToolKind.READ,
+            query_ticket,
+            timeout=READ_TIMEOUT,
+            description="Read a ticket's subject, body, status, priority and product (no personal data).",
+        ),
+    ],
+)
 
 
 def is_this_ticket(ctx: GuardContext) -> str | None:
@@ -133,28 +151,56 @@ TICKET_TRIAGE = Workflow(
     input=TriageInput,
     tools=TICKET_TOOLS,
     states=[
-        Agent("reading", description="Read the task's ticket.", on_exhausted="human_queue", actions=[
-            Action("query_ticket", "fetching_ticket", TicketQuery, guards=[is_this_ticket], prepares="query_ticket",
-                   description="Read the ticket (read-only)."),
-        ]),
-        Tool("fetching_ticket", tool="query_ticket", on_succeeded="deciding", on_failed="reading",
-             on_unknown="reading"),
+        Agent(
+            "reading",
+            description="Read the task's ticket.",
+            on_exhausted="human_queue",
+            actions=[
+                Action(
+                    "query_ticket",
+                    "fetching_ticket",
+                    TicketQuery,
+                    guards=[is_this_ticket],
+                    prepares="query_ticket",
+                    description="Read the ticket (read-only).",
+                ),
+            ],
+        ),
+        Tool(
+            "fetching_ticket", tool="query_ticket", on_succeeded="deciding", on_failed="reading", on_unknown="reading"
+        ),
         # One trigger, three targets: the first action whose guards pass routes the decision.
-        Agent("deciding", description="Decide what happens to the ticket you read.", on_exhausted="human_queue",
-              actions=[
-                  Action("decide", "human_queue", TicketDecision, guards=[is_this_ticket, escalates],
-                         description=DECIDE),
-                  Action("decide", "resolved", TicketDecision, guards=[is_this_ticket, resolves], description=DECIDE),
-                  Action("decide", "awaiting_customer", TicketDecision, guards=[is_this_ticket, requests_info],
-                         description=DECIDE),
-              ]),
-        Wait("human_queue", description="A support agent takes the ticket.", actions=[
-            Action("resolve", "resolved", Note, role=SUPPORT),
-            Action("ask_customer", "awaiting_customer", Note, role=SUPPORT),
-        ]),
-        Wait("awaiting_customer", description="Waiting for the customer's answer.",
-             deadline=timedelta(days=7), on_expired="closed_unanswered",
-             actions=[Action("customer_replied", "reading", Note, role=PORTAL)]),
+        Agent(
+            "deciding",
+            description="Decide what happens to the ticket you read.",
+            on_exhausted="human_queue",
+            actions=[
+                Action("decide", "human_queue", TicketDecision, guards=[is_this_ticket, escalates], description=DECIDE),
+                Action("decide", "resolved", TicketDecision, guards=[is_this_ticket, resolves], description=DECIDE),
+                Action(
+                    "decide",
+                    "awaiting_customer",
+                    TicketDecision,
+                    guards=[is_this_ticket, requests_info],
+                    description=DECIDE,
+                ),
+            ],
+        ),
+        Wait(
+            "human_queue",
+            description="A support agent takes the ticket.",
+            actions=[
+                Action("resolve", "resolved", Note, role=SUPPORT),
+                Action("ask_customer", "awaiting_customer", Note, role=SUPPORT),
+            ],
+        ),
+        Wait(
+            "awaiting_customer",
+            description="Waiting for the customer's answer.",
+            deadline=timedelta(days=7),
+            on_expired="closed_unanswered",
+            actions=[Action("customer_replied", "reading", Note, role=PORTAL)],
+        ),
         Terminal("resolved"),
         Terminal("closed_unanswered"),
     ],

@@ -34,8 +34,14 @@ from engine.runtime.engine import Engine
 log = logging.getLogger("railyard.api")
 
 
-def create_app(engine: Engine, tokens: TokenTable, *, session_secret: str | None = None,
-               secure_cookies: bool = False, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+def create_app(
+    engine: Engine,
+    tokens: TokenTable,
+    *,
+    session_secret: str | None = None,
+    secure_cookies: bool = False,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> FastAPI:
     """The application over `engine`. Its authoriser should be `tokens` (what `railyard serve` builds), so the
     roles the engine checks are the roles the tokens file gives; `session_secret` signs the page cookies (a
     random one per process if None: sessions then end when the server restarts); `max_body` is the largest
@@ -82,8 +88,14 @@ def _handlers(app: FastAPI) -> None:
         body = validation_body(exc)
         if _is_api(request):
             return JSONResponse(body, status_code=422)
-        return render(request, "error.html", 422, session=None, code=body["code"],
-                      message="; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in body["details"]["errors"]))
+        return render(
+            request,
+            "error.html",
+            422,
+            session=None,
+            code=body["code"],
+            message="; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in body["details"]["errors"]),
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -92,8 +104,9 @@ def _handlers(app: FastAPI) -> None:
             error = Refused(f"the request body cannot be read: {message}", code=Code.PAYLOAD_INVALID)
             return await refused(request, error)
         if _is_api(request):
-            return JSONResponse({"code": None, "message": message, "details": {}}, status_code=exc.status_code,
-                                headers=exc.headers)
+            return JSONResponse(
+                {"code": None, "message": message, "details": {}}, status_code=exc.status_code, headers=exc.headers
+            )
         return render(request, "error.html", exc.status_code, session=None, code=None, message=message)
 
     @app.exception_handler(LoginRequired)

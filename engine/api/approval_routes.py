@@ -36,20 +36,23 @@ DECISION_ERRORS = errors(401, 403, 404, 409, 412, 413, 422, tagged=200)
 
 
 @router.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=DECISION_ERRORS)
-def approve(task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response,
-            if_match: IfMatch = None) -> dict[str, Any]:
+def approve(
+    task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
     """Approve the prepared call whose digest the body names. Two approvers at once: one decision, the other 409
     (412 if it sent If-Match)."""
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):
-        task = ctx.engine.approve(task_id, actor=who.actor, prepared_digest=body.digest, comment=body.comment,
-                                  expected_seq=pre.expected_seq)
+        task = ctx.engine.approve(
+            task_id, actor=who.actor, prepared_digest=body.digest, comment=body.comment, expected_seq=pre.expected_seq
+        )
     return task_body(response, ctx.engine.view(task))
 
 
 @router.post("/tasks/{task_id}/reject", response_model=TaskBody, responses=DECISION_ERRORS)
-def reject(task_id: TaskId, body: RejectRequest, ctx: Ctx, who: Writer, response: Response,
-           if_match: IfMatch = None) -> dict[str, Any]:
+def reject(
+    task_id: TaskId, body: RejectRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
     """Reject the decision the task waits on; the reason is recorded with it."""
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):

@@ -55,8 +55,12 @@ def api_principal(
 
 def require_writer(principal: Principal) -> Principal:
     if principal.read_only:
-        raise Refused(f"{principal.actor!r} holds the {AUDITOR!r} role: reads only", code=Code.FORBIDDEN,
-                      actor=principal.actor, reason="read_only")
+        raise Refused(
+            f"{principal.actor!r} holds the {AUDITOR!r} role: reads only",
+            code=Code.FORBIDDEN,
+            actor=principal.actor,
+            reason="read_only",
+        )
     return principal
 
 

@@ -17,12 +17,24 @@ from engine.core.events import Event
 
 
 def workflow_diagram(definition: Workflow) -> dict[str, Any]:
-    return {"workflow": definition.name, "version": definition.version, "format": "mermaid",
-            "diagram": definition.machine.graph("mermaid"), "current": None, "path": []}
+    return {
+        "workflow": definition.name,
+        "version": definition.version,
+        "format": "mermaid",
+        "diagram": definition.machine.graph("mermaid"),
+        "current": None,
+        "path": [],
+    }
 
 
 def task_diagram(definition: Workflow, events: Iterable[Event]) -> dict[str, Any]:
     steps, visits, current = path_of(events)
     diagram = definition.machine.graph("mermaid", current=current, visits=visits)
-    return {"workflow": definition.name, "version": definition.version, "format": "mermaid", "diagram": diagram,
-            "current": current, "path": steps}
+    return {
+        "workflow": definition.name,
+        "version": definition.version,
+        "format": "mermaid",
+        "diagram": diagram,
+        "current": current,
+        "path": steps,
+    }

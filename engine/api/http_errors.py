@@ -121,7 +121,12 @@ def error_body(error: RailyardError) -> dict[str, Any]:
 def validation_body(exc: ValidationError | Any) -> dict[str, Any]:
     """A request that does not match its schema: where and why, never the rejected values (they may be secrets)."""
     raw = exc.errors() if hasattr(exc, "errors") else []
-    errors = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-              for e in raw[:20]]
-    return {"code": str(Code.PAYLOAD_INVALID), "message": "the request does not match its schema",
-            "details": {"errors": errors}}
+    errors = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in raw[:20]
+    ]
+    return {
+        "code": str(Code.PAYLOAD_INVALID),
+        "message": "the request does not match its schema",
+        "details": {"errors": errors},
+    }

@@ -62,8 +62,9 @@ class RequestLimits:
             try:
                 authenticate(self.tokens, bearer_token(headers.get("authorization")))
             except RailyardError as unknown:
-                await self._refuse(scope, receive, send, 401, unknown, close=pending,
-                                   extra={"WWW-Authenticate": "Bearer"})
+                await self._refuse(
+                    scope, receive, send, 401, unknown, close=pending, extra={"WWW-Authenticate": "Bearer"}
+                )
                 return
         declared = headers.get("content-length")
         if declared is not None:
@@ -101,24 +102,44 @@ class RequestLimits:
         details: dict[str, Any] = {"limit": self.max_body}
         if declared is not None:
             details["content_length"] = declared
-        return Refused(f"the request body is larger than this server reads ({self.max_body} bytes)",
-                       code=Code.PAYLOAD_INVALID, **details)
+        return Refused(
+            f"the request body is larger than this server reads ({self.max_body} bytes)",
+            code=Code.PAYLOAD_INVALID,
+            **details,
+        )
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, refusal: RailyardError, *,
-                      close: bool, extra: dict[str, str] | None = None) -> None:
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        status: int,
+        refusal: RailyardError,
+        *,
+        close: bool,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         headers = dict(extra or {})
         if close:
             headers["Connection"] = "close"
         if is_api(scope.get("path", "")):
             body = json.dumps(error_body(refusal), ensure_ascii=False).encode("utf-8")
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode()),
-                                    *((k.lower().encode(), v.encode()) for k, v in headers.items())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
-        page = render(Request(scope), "error.html", status, session=None, code=str(refusal.code),
-                      message=refusal.message)
+        page = render(
+            Request(scope), "error.html", status, session=None, code=str(refusal.code), message=refusal.message
+        )
         page.headers.update(headers)
         await page(scope, _no_body, send)
 

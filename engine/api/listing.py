@@ -35,7 +35,10 @@ class ListedTask:
 
 
 def list_tasks(store: Store, where: TaskFilter) -> list[ListedTask]:
-    rows = store.recent(workflow=where.workflow, state=where.state, status=where.status,
-                        limit=max(1, min(where.limit, MAX_LIMIT)))
-    return [ListedTask(r.task_id, r.workflow, r.version, r.state, r.status, r.seq, when(r.created_at),
-                       when(r.updated_at)) for r in rows]
+    rows = store.recent(
+        workflow=where.workflow, state=where.state, status=where.status, limit=max(1, min(where.limit, MAX_LIMIT))
+    )
+    return [
+        ListedTask(r.task_id, r.workflow, r.version, r.state, r.status, r.seq, when(r.created_at), when(r.updated_at))
+        for r in rows
+    ]

@@ -36,14 +36,18 @@ Seq = Annotated[int | None, Form(ge=1, le=MAX_SEQ)]
 
 
 def _cookie(response: Response, ctx: Context, name: str, value: str, max_age: int) -> None:
-    response.set_cookie(name, value, max_age=max_age, httponly=True, samesite="strict", secure=ctx.secure_cookies,
-                        path="/")
+    response.set_cookie(
+        name, value, max_age=max_age, httponly=True, samesite="strict", secure=ctx.secure_cookies, path="/"
+    )
 
 
 def _check_csrf(session: Session, presented: str) -> None:
     if not same_token(session.csrf, presented):
-        raise Refused("the form's CSRF token is missing or stale: reload the page and try again",
-                      code=Code.FORBIDDEN, reason="csrf")
+        raise Refused(
+            "the form's CSRF token is missing or stale: reload the page and try again",
+            code=Code.FORBIDDEN,
+            reason="csrf",
+        )
 
 
 @router.get("/")
@@ -66,8 +70,9 @@ def login(request: Request, ctx: Ctx, token: Annotated[str, Form(max_length=500)
     principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
     if principal is None:
         cookie, fresh = ctx.signer.login()
-        again = render(request, "login.html", 401, session=None, csrf=fresh,
-                       error="That token is not one this server knows.")
+        again = render(
+            request, "login.html", 401, session=None, csrf=fresh, error="That token is not one this server knows."
+        )
         _cookie(again, ctx, LOGIN_COOKIE, cookie, LOGIN_SECONDS)
         return again
     session_cookie, _data = ctx.signer.session(principal.token_hash)
@@ -86,8 +91,9 @@ def logout(session: PageSession, csrf: Csrf) -> Response:
 
 
 @router.get("/inbox", response_class=HTMLResponse)
-def inbox_page(request: Request, ctx: Ctx, session: PageSession,
-               role: Annotated[str | None, Query(max_length=200)] = None) -> Response:
+def inbox_page(
+    request: Request, ctx: Ctx, session: PageSession, role: Annotated[str | None, Query(max_length=200)] = None
+) -> Response:
     items = inbox(ctx.engine, session.principal, role or None)
     mine = [i for i in items if i.can_decide]
     others = [i for i in items if not i.can_decide]
@@ -106,33 +112,65 @@ def tasks_page(
     found = list_tasks(ctx.engine.store, TaskFilter(workflow or None, state or None, status or None, 200))
     names = list(dict.fromkeys(wf.name for wf in ctx.engine.registry))
     states = sorted({s.name for wf in ctx.engine.registry for s in wf.all_states})
-    return render(request, "tasks.html", session=session, tasks=found, workflows=names, states=states,
-                  statuses=[str(s) for s in Status], chosen={"workflow": workflow, "state": state, "status": status})
+    return render(
+        request,
+        "tasks.html",
+        session=session,
+        tasks=found,
+        workflows=names,
+        states=states,
+        statuses=[str(s) for s in Status],
+        chosen={"workflow": workflow, "state": state, "status": status},
+    )
 
 
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
-def task_page_view(request: Request, task_id: TaskId, ctx: Ctx, session: PageSession,
-                   done: Annotated[str, Query(pattern="^(|approved|rejected)$")] = "") -> Response:
+def task_page_view(
+    request: Request,
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PageSession,
+    done: Annotated[str, Query(pattern="^(|approved|rejected)$")] = "",
+) -> Response:
     page = task_page(ctx.engine, task_id, session.principal)
     return render(request, "task.html", session=session, page=page, done=done)
 
 
 @router.post("/tasks/{task_id}/approve")
-def approve(request: Request, task_id: TaskId, ctx: Ctx, session: PageSession, csrf: Csrf,
-            digest: Annotated[str, Form(max_length=64)] = "",
-            comment: Annotated[str, Form(max_length=2000)] = "", seq: Seq = None) -> Response:
+def approve(
+    request: Request,
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PageSession,
+    csrf: Csrf,
+    digest: Annotated[str, Form(max_length=64)] = "",
+    comment: Annotated[str, Form(max_length=2000)] = "",
+    seq: Seq = None,
+) -> Response:
     _check_csrf(session, csrf)
     require_writer(session.principal)
     pre = precondition(None, seq)
     with acting_on(ctx.engine, task_id, pre):
-        ctx.engine.approve(task_id, actor=session.principal.actor, prepared_digest=digest or None, comment=comment,
-                           expected_seq=pre.expected_seq)
+        ctx.engine.approve(
+            task_id,
+            actor=session.principal.actor,
+            prepared_digest=digest or None,
+            comment=comment,
+            expected_seq=pre.expected_seq,
+        )
     return RedirectResponse(f"/tasks/{task_id}?done=approved", status_code=303)
 
 
 @router.post("/tasks/{task_id}/reject")
-def reject(request: Request, task_id: TaskId, ctx: Ctx, session: PageSession, csrf: Csrf,
-           reason: Annotated[str, Form(min_length=1, max_length=2000)], seq: Seq = None) -> Response:
+def reject(
+    request: Request,
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PageSession,
+    csrf: Csrf,
+    reason: Annotated[str, Form(min_length=1, max_length=2000)],
+    seq: Seq = None,
+) -> Response:
     _check_csrf(session, csrf)
     require_writer(session.principal)
     pre = precondition(None, seq)

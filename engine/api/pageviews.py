@@ -74,8 +74,9 @@ def why_not(principal: Principal, definition: Workflow, task: TaskState) -> str 
     return None
 
 
-def approval_view(engine: Engine, definition: Workflow, task: TaskState, events: list[Event],
-                  principal: Principal) -> ApprovalView | None:
+def approval_view(
+    engine: Engine, definition: Workflow, task: TaskState, events: list[Event], principal: Principal
+) -> ApprovalView | None:
     state = definition.state(task.state)
     if not isinstance(state, Approval) or task.terminal:
         return None

@@ -28,10 +28,15 @@ from engine.runtime.engine import Engine, TaskView
 #: `*`, or one strong entity tag holding a seq: `"7"`. Weak tags (`W/"7"`) and lists are not accepted.
 IF_MATCH_PATTERN = r'^(\*|"[1-9][0-9]{0,9}")$'
 
-IfMatch = Annotated[str | None, Header(
-    alias="If-Match", pattern=IF_MATCH_PATTERN,
-    description='The task\'s ETag as a read gave it (`"7"`): refuse with 412 if the task has moved since. '
-                "`*` is no precondition.")]
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        pattern=IF_MATCH_PATTERN,
+        description='The task\'s ETag as a read gave it (`"7"`): refuse with 412 if the task has moved since. '
+        "`*` is no precondition.",
+    ),
+]
 
 
 def etag(seq: int) -> str:
@@ -57,8 +62,13 @@ def precondition(if_match: str | None, expected_seq: int | None = None) -> Preco
     """From the If-Match header and the body's `expected_seq`; both may be given only if they agree."""
     named = _seq_of(if_match)
     if named is not None and expected_seq is not None and named != expected_seq:
-        raise Refused(f"If-Match names seq {named} but the body's expected_seq is {expected_seq}: send one",
-                      code=Code.PAYLOAD_INVALID, header="If-Match", if_match=named, expected_seq=expected_seq)
+        raise Refused(
+            f"If-Match names seq {named} but the body's expected_seq is {expected_seq}: send one",
+            code=Code.PAYLOAD_INVALID,
+            header="If-Match",
+            if_match=named,
+            expected_seq=expected_seq,
+        )
     if named is not None:
         return Precondition(named, from_header=True)
     return Precondition(expected_seq)
@@ -69,14 +79,24 @@ def _seq_of(if_match: str | None) -> int | None:
         return None
     text = if_match.strip()
     # The route's Header pattern already refused anything else; this is for callers that bypass it.
-    if len(text) < 3 or text[0] != '"' or text[-1] != '"' or not text[1:-1].isascii() \
-            or not text[1:-1].isdigit() or text[1] == "0":
-        raise Refused('If-Match must be a task\'s ETag, a seq in double quotes such as "7", or *',
-                      code=Code.PAYLOAD_INVALID, header="If-Match")
+    if (
+        len(text) < 3
+        or text[0] != '"'
+        or text[-1] != '"'
+        or not text[1:-1].isascii()
+        or not text[1:-1].isdigit()
+        or text[1] == "0"
+    ):
+        raise Refused(
+            'If-Match must be a task\'s ETag, a seq in double quotes such as "7", or *',
+            code=Code.PAYLOAD_INVALID,
+            header="If-Match",
+        )
     seq = int(text[1:-1])
     if seq > MAX_SEQ:
-        raise Refused(f"If-Match names seq {seq}, larger than any seq ({MAX_SEQ})", code=Code.PAYLOAD_INVALID,
-                      header="If-Match")
+        raise Refused(
+            f"If-Match names seq {seq}, larger than any seq ({MAX_SEQ})", code=Code.PAYLOAD_INVALID, header="If-Match"
+        )
     return seq
 
 
@@ -106,12 +126,16 @@ def moved(engine: Engine, task_id: str, conflict: ConcurrencyConflict, pre: Prec
     details.update(task_id=task_id, state=state, actual=actual, expected=expected)
     where = f"it is now in {state!r} at seq {actual}" if state is not None else "it moved"
     if pre.from_header:
-        message = (f"task {task_id} is no longer at the seq If-Match named ({expected}): {where}. "
-                   "Read it again and decide on what it is now.")
+        message = (
+            f"task {task_id} is no longer at the seq If-Match named ({expected}): {where}. "
+            "Read it again and decide on what it is now."
+        )
         return PreconditionFailed(message, **details)
     if pre.expected_seq is not None:
-        message = (f"task {task_id} is no longer at the expected seq {expected}: {where}. "
-                   "Read it again and decide on what it is now.")
+        message = (
+            f"task {task_id} is no longer at the expected seq {expected}: {where}. "
+            "Read it again and decide on what it is now."
+        )
     else:
         message = f"task {task_id} moved while this command was decided: {where}. Read it again and decide again."
     return RailyardError(message, code=Code.CONCURRENCY_CONFLICT, **details)

@@ -22,9 +22,29 @@ from engine.core.events import Event, event_code
 
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
 _EXPONENT = {
-    "BIF": 0, "CLP": 0, "DJF": 0, "GNF": 0, "ISK": 0, "JPY": 0, "KMF": 0, "KRW": 0, "PYG": 0, "RWF": 0,
-    "UGX": 0, "VND": 0, "VUV": 0, "XAF": 0, "XOF": 0, "XPF": 0,
-    "BHD": 3, "IQD": 3, "JOD": 3, "KWD": 3, "LYD": 3, "OMR": 3, "TND": 3,
+    "BIF": 0,
+    "CLP": 0,
+    "DJF": 0,
+    "GNF": 0,
+    "ISK": 0,
+    "JPY": 0,
+    "KMF": 0,
+    "KRW": 0,
+    "PYG": 0,
+    "RWF": 0,
+    "UGX": 0,
+    "VND": 0,
+    "VUV": 0,
+    "XAF": 0,
+    "XOF": 0,
+    "XPF": 0,
+    "BHD": 3,
+    "IQD": 3,
+    "JOD": 3,
+    "KWD": 3,
+    "LYD": 3,
+    "OMR": 3,
+    "TND": 3,
 }
 #: The description `engine.tools.types.MinorUnits` gives a field: how a schema says "this is money".
 _MINOR_UNITS_HINT = "in minor units"
@@ -67,8 +87,12 @@ def display_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any] | 
     for name, value in arguments.items():
         if name in money and isinstance(value, int) and not isinstance(value, bool) and currency:
             out.append(Shown(name, format_money(value, currency), money=True))
-        elif (isinstance(value, Mapping) and set(value) == {"amount", "currency"}
-              and isinstance(value["amount"], int) and isinstance(value["currency"], str)):
+        elif (
+            isinstance(value, Mapping)
+            and set(value) == {"amount", "currency"}
+            and isinstance(value["amount"], int)
+            and isinstance(value["currency"], str)
+        ):
             out.append(Shown(name, format_money(value["amount"], value["currency"]), money=True))
         else:
             out.append(Shown(name, value if isinstance(value, str) else compact(value)))
@@ -114,8 +138,7 @@ def event_summary(data: Mapping[str, Any], width: int = 160) -> str:
         return compact(data["input"], width)
     if "outcome" in data and isinstance(data["outcome"], Mapping):
         outcome = data["outcome"]
-        return compact({k: outcome.get(k) for k in ("outcome", "result", "code") if outcome.get(k) is not None},
-                       width)
+        return compact({k: outcome.get(k) for k in ("outcome", "result", "code") if outcome.get(k) is not None}, width)
     if "intent" in data and isinstance(data["intent"], Mapping):
         return f"intent: {data['intent'].get('tool')} (action {str(data['intent'].get('action_id'))[:12]})"
     if "turn" in data and isinstance(data["turn"], Mapping):
@@ -124,16 +147,30 @@ def event_summary(data: Mapping[str, Any], width: int = 160) -> str:
 
 
 def timeline(events: Iterable[Event]) -> list[Row]:
-    return [Row(e.seq, when(e.at), e.actor, e.from_state or "", e.trigger, e.to_state, event_code(e.data),
-                event_summary(e.data)) for e in events]
+    return [
+        Row(
+            e.seq,
+            when(e.at),
+            e.actor,
+            e.from_state or "",
+            e.trigger,
+            e.to_state,
+            event_code(e.data),
+            event_summary(e.data),
+        )
+        for e in events
+    ]
 
 
 def path_of(events: Iterable[Event]) -> tuple[list[dict[str, Any]], Counter[tuple[str, str, str]], str | None]:
     """The transitions taken (in order), how often each edge was taken, and the state the task ended in."""
     events = list(events)
     visits, current = path_visits(events)
-    steps = [{"seq": e.seq, "from_state": e.from_state, "trigger": e.trigger, "to_state": e.to_state}
-             for e in events if e.from_state is not None]
+    steps = [
+        {"seq": e.seq, "from_state": e.from_state, "trigger": e.trigger, "to_state": e.to_state}
+        for e in events
+        if e.from_state is not None
+    ]
     return steps, visits, current
 
 
@@ -176,6 +213,9 @@ def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
     args: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     argument = next((str(args[k]) for k in ("reason", "rationale", "justification") if k in args), None)
     messages = (proposing.data.get("turn") or {}).get("messages") or []
-    text = [str(m.get("content")) for m in messages
-            if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content")]
+    text = [
+        str(m.get("content"))
+        for m in messages
+        if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content")
+    ]
     return Reason(argument, text, proposing.actor, proposing.seq)

@@ -51,9 +51,12 @@ MAX_SEQ = 2**31 - 1
 
 
 def _expected_seq() -> Any:
-    return Field(default=None, ge=1, le=MAX_SEQ,
-                 description="Refuse (409) unless the task is at this seq; the If-Match header does the same "
-                             "with 412.")
+    return Field(
+        default=None,
+        ge=1,
+        le=MAX_SEQ,
+        description="Refuse (409) unless the task is at this seq; the If-Match header does the same with 412.",
+    )
 
 
 class SignalRequest(_Request):
@@ -88,9 +91,13 @@ class RejectRequest(_Request):
 
 class SettleRequest(_Request):
     outcome: Literal["executed", "not_executed"] = Field(
-        description="What the operator established happened to the unsettled write call.")
-    evidence: str = Field(min_length=1, max_length=500,
-                          description="What the assertion rests on (the provider's record, a ticket); recorded.")
+        description="What the operator established happened to the unsettled write call."
+    )
+    evidence: str = Field(
+        min_length=1,
+        max_length=500,
+        description="What the assertion rests on (the provider's record, a ticket); recorded.",
+    )
     expected_seq: int | None = _expected_seq()
 
 
@@ -112,7 +119,8 @@ class Unsettled(BaseModel):
     tool: str
     state: str
     status: Literal["pending", "unknown"] = Field(
-        description="pending: the call is in flight; unknown: it ended without a known outcome (settle it).")
+        description="pending: the call is in flight; unknown: it ended without a known outcome (settle it)."
+    )
 
 
 class TaskBody(BaseModel):
@@ -128,10 +136,12 @@ class TaskBody(BaseModel):
     input: dict[str, Any]
     facts: dict[str, Any]
     cancel_requested: CancelRequested | None = Field(
-        default=None, description="A cancel recorded while a write tool call is in flight: it takes effect when "
-                                  "the call settles.")
-    unsettled: Unsettled | None = Field(default=None,
-                                        description="The write tool call whose outcome is not settled, if any.")
+        default=None,
+        description="A cancel recorded while a write tool call is in flight: it takes effect when the call settles.",
+    )
+    unsettled: Unsettled | None = Field(
+        default=None, description="The write tool call whose outcome is not settled, if any."
+    )
 
 
 class TaskSummary(BaseModel):

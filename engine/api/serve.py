@@ -15,6 +15,11 @@ def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
     tokens = load_tokens(settings.tokens_file())
     max_body = settings.max_body()  # every setting is checked before anything is opened
     with Engine(config.database_url(), authoriser=tokens) as engine:
-        app = create_app(engine, tokens, session_secret=settings.session_secret(),
-                         secure_cookies=settings.secure_cookies(), max_body=max_body)
+        app = create_app(
+            engine,
+            tokens,
+            session_secret=settings.session_secret(),
+            secure_cookies=settings.secure_cookies(),
+            max_body=max_body,
+        )
         uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False)

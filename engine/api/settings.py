@@ -35,6 +35,7 @@ def max_body() -> int:
     if not raw:
         return DEFAULT_MAX_BODY
     if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
-        raise RailyardError(f"RAILYARD_API_MAX_BODY must be a positive number of bytes, not {raw!r}",
-                            code=Code.CONFIG_INVALID)
+        raise RailyardError(
+            f"RAILYARD_API_MAX_BODY must be a positive number of bytes, not {raw!r}", code=Code.CONFIG_INVALID
+        )
     return int(raw)

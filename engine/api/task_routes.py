@@ -47,8 +47,9 @@ def whoami(who: Reader) -> dict[str, Any]:
     return {"actor": who.actor, "roles": sorted(who.roles), "read_only": who.read_only}
 
 
-@router.post("/tasks", status_code=201, response_model=TaskBody,
-             responses=errors(401, 403, 404, 409, 413, 422, tagged=201))
+@router.post(
+    "/tasks", status_code=201, response_model=TaskBody, responses=errors(401, 403, 404, 409, 413, 422, tagged=201)
+)
 def start_task(body: StartRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
     """Start a task on a workflow (its newest version unless `version`); the token's actor starts it."""
     task_id = ctx.engine.start(body.workflow, body.input, actor=who.actor, version=body.version)
@@ -86,14 +87,19 @@ COMMAND_ERRORS = errors(401, 403, 404, 409, 412, 413, 422, tagged=200)
 
 
 @router.post("/tasks/{task_id}/signal", response_model=TaskBody, responses=COMMAND_ERRORS)
-def signal(task_id: TaskId, body: SignalRequest, ctx: Ctx, who: Writer, response: Response,
-           if_match: IfMatch = None) -> dict[str, Any]:
+def signal(
+    task_id: TaskId, body: SignalRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
     """Fire a trigger the current state allows (a customer's reply, an operator's resume). System triggers (tool
     outcomes, deadlines, repairs) are refused with FORBIDDEN; approval decisions go through /approve and /reject.
     With If-Match (the task's ETag) a task that moved since is 412; with `expected_seq` in the body, 409."""
     if body.trigger in DECISIONS:  # they go through /approve and /reject, which take the digest shown
-        raise Refused(f"{body.trigger!r} is an approval decision: POST /api/tasks/{{id}}/{body.trigger} instead",
-                      code=Code.TRIGGER_NOT_ALLOWED, task_id=task_id, trigger=body.trigger)
+        raise Refused(
+            f"{body.trigger!r} is an approval decision: POST /api/tasks/{{id}}/{body.trigger} instead",
+            code=Code.TRIGGER_NOT_ALLOWED,
+            task_id=task_id,
+            trigger=body.trigger,
+        )
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):
         task = ctx.engine.fire(task_id, body.trigger, body.payload, actor=who.actor, expected_seq=pre.expected_seq)
@@ -101,8 +107,9 @@ def signal(task_id: TaskId, body: SignalRequest, ctx: Ctx, who: Writer, response
 
 
 @router.post("/tasks/{task_id}/cancel", response_model=TaskBody, responses=COMMAND_ERRORS)
-def cancel(task_id: TaskId, body: CancelRequest, ctx: Ctx, who: Writer, response: Response,
-           if_match: IfMatch = None) -> dict[str, Any]:
+def cancel(
+    task_id: TaskId, body: CancelRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
     """Cancel the task from any non-terminal state; the reason is recorded. While a write tool call is in flight
     the cancel is recorded as requested (`cancel_requested`) and takes effect when the call settles."""
     pre = precondition(if_match, body.expected_seq)
@@ -112,14 +119,16 @@ def cancel(task_id: TaskId, body: CancelRequest, ctx: Ctx, who: Writer, response
 
 
 @router.post("/tasks/{task_id}/settle", response_model=TaskBody, responses=COMMAND_ERRORS)
-def settle(task_id: TaskId, body: SettleRequest, ctx: Ctx, who: Writer, response: Response,
-           if_match: IfMatch = None) -> dict[str, Any]:
+def settle(
+    task_id: TaskId, body: SettleRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
     """Record what happened to the write tool call whose outcome is unknown (`unsettled`): an operator's assertion,
     with the evidence it rests on, that the call was executed or not. The engine checks the operator's role."""
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):
-        task = ctx.engine.settle(task_id, actor=who.actor, outcome=body.outcome, evidence=body.evidence,
-                                 expected_seq=pre.expected_seq)
+        task = ctx.engine.settle(
+            task_id, actor=who.actor, outcome=body.outcome, evidence=body.evidence, expected_seq=pre.expected_seq
+        )
     return task_body(response, ctx.engine.view(task))
 
 
@@ -136,5 +145,3 @@ def diagram(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """The task's workflow version as a Mermaid state diagram, with the path the task took highlighted."""
     task = ctx.engine.load(task_id)
     return task_diagram(ctx.engine.definition_of(task), ctx.engine.events_of(task))
-
-

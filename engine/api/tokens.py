@@ -144,7 +144,7 @@ def toml_entry(actor: str, roles: Iterable[str], token_hash: str) -> str:
     import json
 
     role_list = ", ".join(json.dumps(r) for r in roles)
-    return f"[[token]]\nactor = {json.dumps(actor)}\nroles = [{role_list}]\nsha256 = \"{token_hash}\"\n"
+    return f'[[token]]\nactor = {json.dumps(actor)}\nroles = [{role_list}]\nsha256 = "{token_hash}"\n'
 
 
 def main(argv: list[str] | None = None) -> int:

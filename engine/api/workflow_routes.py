@@ -19,14 +19,23 @@ Name = Annotated[str, Path(pattern=NAME_PATTERN, description="Workflow name.")]
 
 
 def version_body(wf: Workflow) -> dict[str, Any]:
-    return {"version": wf.version, "ref": wf.ref, "digest": wf.digest, "initial": wf.initial_state,
-            "states": [s.name for s in wf.states], "description": wf.description}
+    return {
+        "version": wf.version,
+        "ref": wf.ref,
+        "digest": wf.digest,
+        "initial": wf.initial_state,
+        "states": [s.name for s in wf.states],
+        "description": wf.description,
+    }
 
 
 def workflow_body(registry: Registry, name: str) -> dict[str, Any]:
     newest = registry.get(name)  # WORKFLOW_UNKNOWN if there is none
-    return {"name": name, "newest": newest.version,
-            "versions": [version_body(registry.get(name, v)) for v in registry.versions(name)]}
+    return {
+        "name": name,
+        "newest": newest.version,
+        "versions": [version_body(registry.get(name, v)) for v in registry.versions(name)],
+    }
 
 
 @router.get("/workflows", response_model=list[WorkflowBody], responses=errors(401))

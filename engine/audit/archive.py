@@ -42,8 +42,9 @@ class ArchiveRun:
     events: int = 0
 
 
-def archive_ended(store: Store, lookup: Lookup, before: datetime, directory: Path, *,
-                  batch: int = DEFAULT_BATCH) -> ArchiveRun:
+def archive_ended(
+    store: Store, lookup: Lookup, before: datetime, directory: Path, *, batch: int = DEFAULT_BATCH
+) -> ArchiveRun:
     """Archive every task that ended before `before`, `batch` tasks per file.
 
     A file that does not verify stops the run before anything of it is deleted
@@ -85,13 +86,20 @@ def _verify(path: Path, rows: list[TaskRow], lookup: Lookup) -> None:
         for report in verify_export(lines, lookup):
             if not report.ok:
                 first = report.findings[0]
-                raise IntegrityError(f"{path.name} does not verify ({report.task_id or 'the file'}: "
-                                     f"{first.message}); nothing was deleted", code=first.code, file=path.name)
+                raise IntegrityError(
+                    f"{path.name} does not verify ({report.task_id or 'the file'}: "
+                    f"{first.message}); nothing was deleted",
+                    code=first.code,
+                    file=path.name,
+                )
             if report.task_id:
                 found[report.task_id] = report.events
     if found != expected:
-        raise IntegrityError(f"{path.name} holds other tasks or events than the rows say; nothing was deleted",
-                             code=Code.SEQ_GAP, file=path.name)
+        raise IntegrityError(
+            f"{path.name} holds other tasks or events than the rows say; nothing was deleted",
+            code=Code.SEQ_GAP,
+            file=path.name,
+        )
 
 
 def file_sha256(path: Path) -> str:
@@ -105,11 +113,19 @@ def file_sha256(path: Path) -> str:
 def _open_checked(ref: ArchiveRef, directory: Path) -> Path:
     path = directory / ref.file
     if not path.is_file():
-        raise IntegrityError(f"task {ref.task_id} was archived to {ref.file}, which is not in {directory}",
-                             code=Code.ARCHIVE_MISSING, task_id=ref.task_id, file=ref.file)
+        raise IntegrityError(
+            f"task {ref.task_id} was archived to {ref.file}, which is not in {directory}",
+            code=Code.ARCHIVE_MISSING,
+            task_id=ref.task_id,
+            file=ref.file,
+        )
     if file_sha256(path) != ref.sha256:
-        raise IntegrityError(f"{ref.file} changed since task {ref.task_id} was archived to it (sha256 differs)",
-                             code=Code.HASH_MISMATCH, task_id=ref.task_id, file=ref.file)
+        raise IntegrityError(
+            f"{ref.file} changed since task {ref.task_id} was archived to it (sha256 differs)",
+            code=Code.HASH_MISMATCH,
+            task_id=ref.task_id,
+            file=ref.file,
+        )
     return path
 
 
@@ -125,8 +141,9 @@ def replay_archived(row: TaskRow, ref: ArchiveRef, directory: Path, lookup: Look
     return next(replay_archives([(row, ref)], directory, lookup))
 
 
-def replay_archives(archived: Iterable[tuple[TaskRow, ArchiveRef]], directory: Path,
-                    lookup: Lookup) -> Iterator[ReplayReport]:
+def replay_archives(
+    archived: Iterable[tuple[TaskRow, ArchiveRef]], directory: Path, lookup: Lookup
+) -> Iterator[ReplayReport]:
     """Replay archived tasks, each from its file, reading each file once for the tasks that come together.
 
     `Store.archived` hands them over file by file, so `replay --all` reads each archive
@@ -138,26 +155,28 @@ def replay_archives(archived: Iterable[tuple[TaskRow, ArchiveRef]], directory: P
         checked: dict[str, tuple[ReplayReport, tuple[Any, ...] | None]] = {}
         problem: Finding | None = None
         if not path.is_file():
-            problem = Finding(Code.ARCHIVE_MISSING, 0, f"the task was archived to {name}, which is not in "
-                                                       f"{directory}")
+            problem = Finding(Code.ARCHIVE_MISSING, 0, f"the task was archived to {name}, which is not in {directory}")
         else:
             digest, checked = _check_file(path, lookup)
             if digest != sha256:
-                problem = Finding(Code.HASH_MISMATCH, 0, f"{name} changed since the task was archived to it "
-                                                         "(sha256 differs)")
+                problem = Finding(
+                    Code.HASH_MISMATCH, 0, f"{name} changed since the task was archived to it (sha256 differs)"
+                )
         for row, _ref in group:
             yield _archived_report(row, name, problem, checked)
 
 
-def _archived_report(row: TaskRow, name: str, problem: Finding | None,
-                     checked: dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]) -> ReplayReport:
+def _archived_report(
+    row: TaskRow, name: str, problem: Finding | None, checked: dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]
+) -> ReplayReport:
     ref = f"{row.workflow}@{row.version}"
     if problem is not None:
         return ReplayReport(row.task_id, ref, 0, (problem,))
     report, last = checked.get(row.task_id, (None, None))
     if report is None:
-        return ReplayReport(row.task_id, ref, 0, (Finding(Code.ARCHIVE_MISSING, 0, f"{name} holds no log of "
-                                                                                     "this task"),))
+        return ReplayReport(
+            row.task_id, ref, 0, (Finding(Code.ARCHIVE_MISSING, 0, f"{name} holds no log of this task"),)
+        )
     findings = list(report.findings)
     if last != (row.state, row.seq, row.last_hash):
         findings.append(Finding(Code.STATE_MISMATCH, row.seq, "the tombstone row disagrees with the archived log"))

@@ -41,11 +41,24 @@ def export_lines(items: Iterable[TaskRow | Event | Snapshot]) -> Iterator[str]:
     for item in items:
         if isinstance(item, TaskRow):
             tasks += 1
-            yield canonical_json({
-                "kind": "task", "format": FORMAT, "task_id": item.task_id, "workflow": item.workflow,
-                "version": item.version, "digest": item.digest, "state": item.state, "status": item.status,
-                "seq": item.seq, "last_hash": item.last_hash, "created_at": format_instant(item.created_at),
-            }) + "\n"
+            yield (
+                canonical_json(
+                    {
+                        "kind": "task",
+                        "format": FORMAT,
+                        "task_id": item.task_id,
+                        "workflow": item.workflow,
+                        "version": item.version,
+                        "digest": item.digest,
+                        "state": item.state,
+                        "status": item.status,
+                        "seq": item.seq,
+                        "last_hash": item.last_hash,
+                        "created_at": format_instant(item.created_at),
+                    }
+                )
+                + "\n"
+            )
         elif isinstance(item, Event):
             events += 1
             yield canonical_json({"kind": "event", **item.to_dict()}) + "\n"
@@ -84,9 +97,18 @@ def _row(value: dict[str, Any]) -> TaskRow:
         raise _Unreadable(f"format {value['format']!r}, expected {FORMAT!r}")
     created = _instant(value["created_at"])
     try:
-        return TaskRow(str(value["task_id"]), str(value["workflow"]), _int(value["version"]), str(value["digest"]),
-                       str(value["state"]), str(value["status"]), _int(value["seq"]), str(value["last_hash"]),
-                       created, created)
+        return TaskRow(
+            str(value["task_id"]),
+            str(value["workflow"]),
+            _int(value["version"]),
+            str(value["digest"]),
+            str(value["state"]),
+            str(value["status"]),
+            _int(value["seq"]),
+            str(value["last_hash"]),
+            created,
+            created,
+        )
     except (TypeError, ValueError) as exc:
         raise _Unreadable(f"a task line with unusable values ({exc})") from None
 
@@ -97,9 +119,18 @@ def _event(value: dict[str, Any]) -> Event:
     if not isinstance(data, dict):
         raise _Unreadable("event data is not an object")
     from_state = value["from_state"]
-    return Event(str(value["task_id"]), _int(value["seq"]), _instant(value["at"]), str(value["actor"]),
-                 None if from_state is None else str(from_state), str(value["trigger"]), str(value["to_state"]),
-                 data, str(value["prev_hash"]), str(value["hash"]))
+    return Event(
+        str(value["task_id"]),
+        _int(value["seq"]),
+        _instant(value["at"]),
+        str(value["actor"]),
+        None if from_state is None else str(from_state),
+        str(value["trigger"]),
+        str(value["to_state"]),
+        data,
+        str(value["prev_hash"]),
+        str(value["hash"]),
+    )
 
 
 def _int(value: Any) -> int:
@@ -152,12 +183,16 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
                 events += 1
                 event = _event(value)
                 if check is None:
-                    file_findings.append(Finding(Code.SEQ_GAP, event.seq, f"line {number}: an event before any "
-                                                                          "task line"))
+                    file_findings.append(
+                        Finding(Code.SEQ_GAP, event.seq, f"line {number}: an event before any task line")
+                    )
                     check = LogCheck(None, lookup, event.task_id, legal)
                 elif event.task_id != check.task_id:
-                    check.add(Code.HASH_MISMATCH, event.seq, f"line {number}: an event of task {event.task_id} "
-                                                               f"under the task line of {check.task_id}")
+                    check.add(
+                        Code.HASH_MISMATCH,
+                        event.seq,
+                        f"line {number}: an event of task {event.task_id} under the task line of {check.task_id}",
+                    )
                 check.event(event)
             elif kind == "end":
                 ended = True
@@ -166,9 +201,15 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
                     check = None
                 _fields(value, ("format", "tasks", "events"), "end")
                 if (value["format"], value["tasks"], value["events"]) != (FORMAT, tasks, events):
-                    file_findings.append(Finding(Code.SEQ_GAP, 0, f"line {number}: the end line counts "
-                                                                  f"{value['tasks']} tasks and {value['events']} "
-                                                                  f"events, the file has {tasks} and {events}"))
+                    file_findings.append(
+                        Finding(
+                            Code.SEQ_GAP,
+                            0,
+                            f"line {number}: the end line counts "
+                            f"{value['tasks']} tasks and {value['events']} "
+                            f"events, the file has {tasks} and {events}",
+                        )
+                    )
             else:
                 raise _Unreadable(f"unknown line kind {kind!r}")
         except _Unreadable as why:
@@ -187,8 +228,12 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
 def _finish(check: LogCheck, created: Any) -> ReplayReport:
     first = check.first
     if created is not None and first is not None and first.at != created:
-        check.add(Code.STATE_MISMATCH, 1, f"the task line says it was created at {format_instant(created)}, "
-                                            f"its start event is at {format_instant(first.at)}")
+        check.add(
+            Code.STATE_MISMATCH,
+            1,
+            f"the task line says it was created at {format_instant(created)}, "
+            f"its start event is at {format_instant(first.at)}",
+        )
     return check.finish()
 
 

@@ -122,8 +122,15 @@ def _replay_stretch(stretch: Stretch) -> StretchResult:
     store, lookup = _worker
     # The last stretch reads to the end of what is stored, not to the row's seq: an event or snapshot past the
     # row's head is a finding, as it is for a serial replay.
-    return check_stretch(stretch, store.audit_stream(task_ids=[stretch.row.task_id], from_seq=stretch.after or None,
-                                                     upto_seq=None if stretch.last else stretch.upto), lookup)
+    return check_stretch(
+        stretch,
+        store.audit_stream(
+            task_ids=[stretch.row.task_id],
+            from_seq=stretch.after or None,
+            upto_seq=None if stretch.last else stretch.upto,
+        ),
+        lookup,
+    )
 
 
 def check_stretch(stretch: Stretch, items: Iterator[TaskRow | Event | Snapshot], lookup: Lookup) -> StretchResult:
@@ -170,15 +177,17 @@ def _resume(check: LogCheck, snapshot: Snapshot) -> bool:
 def _pool(store: Store, lookup: Lookup, jobs: int) -> ProcessPoolExecutor | None:
     """Forked jobs, or None where they cannot start (no semaphores in a container, say): then one process."""
     try:
-        return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_start_worker, initargs=(store, lookup))
+        return ProcessPoolExecutor(
+            jobs, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker, initargs=(store, lookup)
+        )
     except (OSError, ImportError, NotImplementedError) as exc:
         log.warning("replay jobs cannot start (%s); replaying in this process", exc)
         return None
 
 
-def replay_pages(store: Store, lookup: Lookup, jobs: int, *, workflow: str | None = None,
-                 since: datetime | None = None) -> Iterator[ReplayReport]:
+def replay_pages(
+    store: Store, lookup: Lookup, jobs: int, *, workflow: str | None = None, since: datetime | None = None
+) -> Iterator[ReplayReport]:
     """`replay_tasks` with `jobs` processes: the same reports in the same order.
 
     A job that dies (killed, out of memory) costs only time: the pages not yet

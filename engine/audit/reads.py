@@ -34,8 +34,14 @@ def replay_task(store: Store, lookup: Lookup, task_id: str) -> ReplayReport:
     return report
 
 
-def replay_tasks(store: Store, lookup: Lookup, *, task_ids: list[str] | None = None, workflow: str | None = None,
-                 since: datetime | None = None) -> Iterator[ReplayReport]:
+def replay_tasks(
+    store: Store,
+    lookup: Lookup,
+    *,
+    task_ids: list[str] | None = None,
+    workflow: str | None = None,
+    since: datetime | None = None,
+) -> Iterator[ReplayReport]:
     """One report per task (of `task_ids`, of `workflow`, changed since `since`), in task id order, as each one
     is read."""
     return replay_stream(store.audit_stream(task_ids=task_ids, workflow=workflow, since=since), lookup)
@@ -45,16 +51,24 @@ def replay_tasks(store: Store, lookup: Lookup, *, task_ids: list[str] | None = N
 Archived = Callable[[str], list[Event]]
 
 
-def task_logs(store: Store, archived: Archived, *, task_ids: list[str] | None = None, workflow: str | None = None,
-              since: datetime | None = None, upto_seq: int | None = None) -> Iterator[TaskRow | Event]:
+def task_logs(
+    store: Store,
+    archived: Archived,
+    *,
+    task_ids: list[str] | None = None,
+    workflow: str | None = None,
+    since: datetime | None = None,
+    upto_seq: int | None = None,
+) -> Iterator[TaskRow | Event]:
     """Task rows, each followed by its events: from the database, or from its archive file once archived.
 
     What export, as-of and the path on the diagram read: an archived task keeps only
     its row in the database (`railyard archive`), and its log is still its log.
     """
     bare: TaskRow | None = None  # a row no event has followed yet
-    for item in store.audit_stream(task_ids=task_ids, workflow=workflow, since=since, with_snapshots=False,
-                                   upto_seq=upto_seq):
+    for item in store.audit_stream(
+        task_ids=task_ids, workflow=workflow, since=since, with_snapshots=False, upto_seq=upto_seq
+    ):
         if isinstance(item, Snapshot):
             continue
         if isinstance(item, TaskRow):
@@ -83,8 +97,15 @@ class AsOf:
     event: Event
 
 
-def state_as_of(store: Store, resolve: Resolve, archived: Archived, row: TaskRow, *, seq: int | None = None,
-                at: datetime | None = None) -> AsOf:
+def state_as_of(
+    store: Store,
+    resolve: Resolve,
+    archived: Archived,
+    row: TaskRow,
+    *,
+    seq: int | None = None,
+    at: datetime | None = None,
+) -> AsOf:
     """Fold the log up to `seq`, or up to the last event written at or before `at` (default: the head).
 
     Each event is folded under the version the task was on when it was written
@@ -133,8 +154,9 @@ def path_visits(events: Iterable[Event]) -> tuple[Counter[tuple[str, str, str]],
     return visits, current
 
 
-def task_path(store: Store, archived: Archived,
-              task_id: str) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
+def task_path(
+    store: Store, archived: Archived, task_id: str
+) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
     """The task's row and `path_visits` of its whole log, read as a stream."""
     items = task_logs(store, archived, task_ids=[task_id])
     row = next(items, None)

@@ -40,9 +40,18 @@ HISTORY_WIDTH = 160
 WORKER_SEEN_SECONDS = 60
 
 #: Codes that report a broken log rather than a refused request: exit 3.
-AUDIT_CODES = frozenset({Code.HASH_MISMATCH, Code.SEQ_GAP, Code.ILLEGAL_TRANSITION, Code.STATE_MISMATCH,
-                         Code.SNAPSHOT_MISMATCH, Code.ARCHIVE_MISSING, Code.INTENT_UNSETTLED,
-                         Code.OUTCOME_WITHOUT_INTENT})
+AUDIT_CODES = frozenset(
+    {
+        Code.HASH_MISMATCH,
+        Code.SEQ_GAP,
+        Code.ILLEGAL_TRANSITION,
+        Code.STATE_MISMATCH,
+        Code.SNAPSHOT_MISMATCH,
+        Code.ARCHIVE_MISSING,
+        Code.INTENT_UNSETTLED,
+        Code.OUTCOME_WITHOUT_INTENT,
+    }
+)
 
 #: Codes that say the process is set up wrong, not that the request was refused: exit 2, like a usage error.
 CONFIG_CODES = frozenset({Code.CONFIG_INVALID, Code.MODEL_NOT_CONFIGURED})
@@ -223,8 +232,9 @@ def workflows(as_json: JsonFlag = False) -> None:
     for column in ("workflow", "version", "states", "initial", "digest", "description"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["workflow"], str(r["version"]), str(r["states"]), r["initial"], r["digest"][:12],
-                      r["description"])
+        table.add_row(
+            r["workflow"], str(r["version"]), str(r["states"]), r["initial"], r["digest"][:12], r["description"]
+        )
     out.print(table)
 
 
@@ -252,8 +262,11 @@ def show(
     task_id: Annotated[str, typer.Argument(help="Task id.")],
     as_of: Annotated[
         str | None,
-        typer.Option("--as-of", help="SEQ, or a TIMESTAMP (ISO 8601, UTC unless it says): the state right after "
-                                     "that event, or after the last event written at or before that time."),
+        typer.Option(
+            "--as-of",
+            help="SEQ, or a TIMESTAMP (ISO 8601, UTC unless it says): the state right after "
+            "that event, or after the last event written at or before that time.",
+        ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -272,8 +285,12 @@ def show(
     if as_json:
         shown = view.to_dict()
         if point is not None:
-            shown["as_of"] = {"seq": point.seq, "at": format_instant(point.at), "actor": point.actor,
-                              "trigger": point.trigger}
+            shown["as_of"] = {
+                "seq": point.seq,
+                "at": format_instant(point.at),
+                "actor": point.actor,
+                "trigger": point.trigger,
+            }
         _print_json(shown)
         return
     title = f"task {view.task_id}" + (f" as of seq {point.seq}" if point is not None else "")
@@ -281,8 +298,10 @@ def show(
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     if point is not None:
-        table.add_row("as of", f"seq {point.seq}: {point.trigger} by {point.actor} at "
-                               f"{point.at.strftime('%Y-%m-%d %H:%M:%S')} UTC")
+        table.add_row(
+            "as of",
+            f"seq {point.seq}: {point.trigger} by {point.actor} at {point.at.strftime('%Y-%m-%d %H:%M:%S')} UTC",
+        )
     table.add_row("workflow", f"{view.workflow}@{view.version}")
     table.add_row("state", f"{view.state} ({view.kind})")
     table.add_row("status", view.status)
@@ -290,12 +309,17 @@ def show(
     table.add_row("allowed", ", ".join(view.allowed) or "(none: terminal)")
     if view.unsettled is not None:
         u = view.unsettled
-        table.add_row("write open", f"{u['tool']} action {u['action_id']}: {u['status']} (recorded in "
-                                    f"{u['state']}; the task cannot end until its outcome is settled)")
+        table.add_row(
+            "write open",
+            f"{u['tool']} action {u['action_id']}: {u['status']} (recorded in "
+            f"{u['state']}; the task cannot end until its outcome is settled)",
+        )
     if view.cancel_requested is not None:
         c = view.cancel_requested
-        table.add_row("cancel requested", f"by {c['actor']} at seq {c['seq']} ({c['reason']}): takes effect when "
-                                          "the write's outcome is recorded")
+        table.add_row(
+            "cancel requested",
+            f"by {c['actor']} at seq {c['seq']} ({c['reason']}): takes effect when the write's outcome is recorded",
+        )
     table.add_row("input", json.dumps(view.input, ensure_ascii=False))
     if point is not None:
         table.add_row("facts", json.dumps(view.facts, ensure_ascii=False))
@@ -316,8 +340,7 @@ def _instant_option(text: str | None, option: str) -> datetime | None:
     try:
         return parse_instant(text.strip())
     except ValueError:
-        raise typer.BadParameter(f"{text!r} is neither a seq nor an ISO 8601 date or time",
-                                 param_hint=option) from None
+        raise typer.BadParameter(f"{text!r} is neither a seq nor an ISO 8601 date or time", param_hint=option) from None
 
 
 @app.command("history")
@@ -333,9 +356,7 @@ def history(task_id: Annotated[str, typer.Argument(help="Task id.")], as_json: J
         wide.print(history_table(events, title=f"history of {task_id}"))
 
 
-def _fire_command(
-    fire: Callable[[Engine], Any], as_json: bool
-) -> None:
+def _fire_command(fire: Callable[[Engine], Any], as_json: bool) -> None:
     with _engine() as engine:
         task = fire(engine)
         view = engine.get(task.task_id)
@@ -386,8 +407,10 @@ def settle(
     task_id: Annotated[str, typer.Argument(help="Task id.")],
     outcome: Annotated[SettledOutcome, typer.Argument(help="What you verified: executed or not_executed.")],
     actor: ActorOpt,
-    evidence: Annotated[str, typer.Option("--evidence", help="Where the verification can be checked (a ticket, "
-                                                               "the provider's reference).")],
+    evidence: Annotated[
+        str,
+        typer.Option("--evidence", help="Where the verification can be checked (a ticket, the provider's reference)."),
+    ],
     expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -396,8 +419,10 @@ def settle(
     `executed`: the effect happened; a retry then records it as succeeded without sending it. `not_executed`:
     it did not; only then may a retry send it again. With a cancel waiting, the task goes where it says.
     """
-    _fire_command(lambda e: e.settle(task_id, actor=actor, outcome=outcome.value, evidence=evidence,
-                                     expected_seq=expected_seq), as_json)
+    _fire_command(
+        lambda e: e.settle(task_id, actor=actor, outcome=outcome.value, evidence=evidence, expected_seq=expected_seq),
+        as_json,
+    )
 
 
 @app.command("migrate")
@@ -438,8 +463,9 @@ def approvals(
     for p in pending:
         prepared = p["prepared"] or {}
         call = f"{prepared.get('tool')} {json.dumps(prepared.get('arguments'), ensure_ascii=False)}" if prepared else ""
-        table.add_row(p["task_id"], p["workflow"], p["state"], p["role"], p["started_by"], call,
-                      (p["digest"] or "")[:16])
+        table.add_row(
+            p["task_id"], p["workflow"], p["state"], p["role"], p["started_by"], call, (p["digest"] or "")[:16]
+        )
     out.print(table)
 
 
@@ -542,8 +568,14 @@ def worker(
         except RailyardError as error:
             _fail(error)
         names = [w.strip() for w in workflows.split(",") if w.strip()] if workflows else None
-        runner = Worker(engine, concurrency=concurrency, lease_seconds=lease_seconds, workflows=names, model=adapter,
-                        report_seconds=report_seconds)
+        runner = Worker(
+            engine,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            workflows=names,
+            model=adapter,
+            report_seconds=report_seconds,
+        )
         try:
             runner.check_configuration()
             if runner.model is None and config.model_spec() is not None:
@@ -551,15 +583,16 @@ def worker(
         except RailyardError as error:
             _fail(error)
         listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"
-        err.print(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})",
-                  highlight=False)
+        err.print(
+            f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})",
+            highlight=False,
+        )
         if once:
             runner.run_once()
         else:
             runner.run(stopping)
     counts = runner.counts.snapshot()
-    err.print(f"{runner.name}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()),
-              highlight=False)
+    err.print(f"{runner.name}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()), highlight=False)
 
 
 @app.command("status")
@@ -573,14 +606,32 @@ def status(as_json: JsonFlag = False) -> None:
         live = engine.store.workers(seen_since=at - timedelta(seconds=WORKER_SEEN_SECONDS))
     rows: dict[str, dict[str, Any]] = {}
     for c in counts:
-        row = rows.setdefault(c["workflow"], {"workflow": c["workflow"], "runnable": 0, "leased": 0, "blocked": 0,
-                                              "terminal": 0, "oldest_runnable_seconds": None})
+        row = rows.setdefault(
+            c["workflow"],
+            {
+                "workflow": c["workflow"],
+                "runnable": 0,
+                "leased": 0,
+                "blocked": 0,
+                "terminal": 0,
+                "oldest_runnable_seconds": None,
+            },
+        )
         row[c["status"]] = c["tasks"]
         row["leased"] += c["leased"]
         if c["status"] == "runnable" and c["oldest_due"] is not None:
             row["oldest_runnable_seconds"] = max(0.0, round((at - c["oldest_due"]).total_seconds(), 3))
-    workers = [{"name": w.name, "host": w.host, "pid": w.pid, "concurrency": w.concurrency,
-                "seen_seconds_ago": round((at - w.seen_at).total_seconds(), 1), **w.counts} for w in live]
+    workers = [
+        {
+            "name": w.name,
+            "host": w.host,
+            "pid": w.pid,
+            "concurrency": w.concurrency,
+            "seen_seconds_ago": round((at - w.seen_at).total_seconds(), 1),
+            **w.counts,
+        }
+        for w in live
+    ]
     if as_json:
         _print_json({"workflows": list(rows.values()), "workers": workers})
         return
@@ -589,19 +640,40 @@ def status(as_json: JsonFlag = False) -> None:
         table.add_column(column)
     for r in rows.values():
         age = r["oldest_runnable_seconds"]
-        table.add_row(r["workflow"], str(r["runnable"]), str(r["leased"]), str(r["blocked"]), str(r["terminal"]),
-                      "" if age is None else f"{age:.0f} s")
+        table.add_row(
+            r["workflow"],
+            str(r["runnable"]),
+            str(r["leased"]),
+            str(r["blocked"]),
+            str(r["terminal"]),
+            "" if age is None else f"{age:.0f} s",
+        )
     out.print(table)
     if workers:
         table = Table(title="Workers")
-        for column in ("worker", "seen", "claimed", "transitions", "conflicts", "lease losses", "failures",
-                       "claim p99"):
+        for column in (
+            "worker",
+            "seen",
+            "claimed",
+            "transitions",
+            "conflicts",
+            "lease losses",
+            "failures",
+            "claim p99",
+        ):
             table.add_column(column)
         for w in workers:
             p99 = w.get("claim_latency_p99_ms")
-            table.add_row(w["name"], f"{w['seen_seconds_ago']:.0f} s ago", str(w["claimed"]), str(w["transitions"]),
-                          str(w["conflicts"]), str(w["lease_losses"]), str(w["failures"]),
-                          "" if p99 is None else f"{p99:.0f} ms")
+            table.add_row(
+                w["name"],
+                f"{w['seen_seconds_ago']:.0f} s ago",
+                str(w["claimed"]),
+                str(w["transitions"]),
+                str(w["conflicts"]),
+                str(w["lease_losses"]),
+                str(w["failures"]),
+                "" if p99 is None else f"{p99:.0f} ms",
+            )
         out.print(table)
 
 
@@ -674,8 +746,9 @@ def _audit_totals(reports: Iterable[ReplayReport], as_json: bool, verb: str) -> 
         else:
             _finding_lines(report)
     if as_json:
-        sys.stdout.write(f'], "tasks": {tasks}, "events": {events}, "findings": {findings}, '
-                         f'"ok": {json.dumps(findings == 0)}}}\n')
+        sys.stdout.write(
+            f'], "tasks": {tasks}, "events": {events}, "findings": {findings}, "ok": {json.dumps(findings == 0)}}}\n'
+        )
     else:
         outcome = "no findings" if not findings else f"{_count(findings, 'finding')} in {_count(failed, 'report')}"
         out.print(f"{verb} {_count(tasks, 'task')}, {_count(events, 'event')}: {outcome}", highlight=False)
@@ -708,16 +781,20 @@ def replay(
             if as_json:
                 _print_json(report.to_dict())
             elif report.ok:
-                out.print(f"task {task_id} ({report.workflow}): {_count(report.events, 'event')}, no findings",
-                          highlight=False)
+                out.print(
+                    f"task {task_id} ({report.workflow}): {_count(report.events, 'event')}, no findings",
+                    highlight=False,
+                )
             else:
                 _finding_lines(report)
-                out.print(f"task {task_id} ({report.workflow}): {_count(report.events, 'event')}, "
-                          f"{_count(len(report.findings), 'finding')}", highlight=False)
+                out.print(
+                    f"task {task_id} ({report.workflow}): {_count(report.events, 'event')}, "
+                    f"{_count(len(report.findings), 'finding')}",
+                    highlight=False,
+                )
             found = not report.ok
         else:
-            found = _audit_totals(engine.replay_all(workflow=workflow, since=since_at, jobs=jobs), as_json,
-                                  "replayed")
+            found = _audit_totals(engine.replay_all(workflow=workflow, since=since_at, jobs=jobs), as_json, "replayed")
     if found:
         raise typer.Exit(EXIT_AUDIT)
 
@@ -746,8 +823,10 @@ def export(
 
 @app.command("verify-export")
 def verify_export_command(
-    path: Annotated[Path, typer.Argument(help="An export file (railyard export ... > FILE).", exists=True,
-                                         dir_okay=False, readable=True)],
+    path: Annotated[
+        Path,
+        typer.Argument(help="An export file (railyard export ... > FILE).", exists=True, dir_okay=False, readable=True),
+    ],
     as_json: JsonFlag = False,
 ) -> None:
     """Check an export offline, with only the file and the workflow definitions (RAILYARD_WORKFLOWS).
@@ -788,9 +867,11 @@ def archive(
     if as_json:
         _print_json({"directory": directory, "files": done.files, "tasks": done.tasks, "events": done.events})
         return
-    out.print(f"archived {_count(done.tasks, 'task')} ({_count(done.events, 'event')}) to "
-              f"{_count(len(done.files), 'file')} in {directory}"
-              + "".join(f"\n  {name}" for name in done.files), highlight=False)
+    out.print(
+        f"archived {_count(done.tasks, 'task')} ({_count(done.events, 'event')}) to "
+        f"{_count(len(done.files), 'file')} in {directory}" + "".join(f"\n  {name}" for name in done.files),
+        highlight=False,
+    )
 
 
 @app.command("run")
@@ -819,8 +900,11 @@ def run(
     for ev in events:
         turn = ev.data.get("turn", {})
         code = turn.get("code") or ""
-        out.print(f"{ev.seq}  {ev.from_state} --{ev.trigger}--> {ev.to_state}  "
-                  f"[{turn.get('strategy', '')}] {code}", highlight=False, markup=False)
+        out.print(
+            f"{ev.seq}  {ev.from_state} --{ev.trigger}--> {ev.to_state}  [{turn.get('strategy', '')}] {code}",
+            highlight=False,
+            markup=False,
+        )
     out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
 
 
@@ -852,12 +936,21 @@ def providers(as_json: JsonFlag = False) -> None:
         _print_json(rows)
         return
     table = Table(title="Capability profiles (rung: several actions / one action)")
-    for column in ("profile", "wire", "native schema", "tool_choice (thinking off)", "tool_choice (thinking on)",
-                   "rung, thinking off", "rung, thinking on"):
+    for column in (
+        "profile",
+        "wire",
+        "native schema",
+        "tool_choice (thinking off)",
+        "tool_choice (thinking on)",
+        "rung, thinking off",
+        "rung, thinking on",
+    ):
         table.add_column(column)
     for r in rows:
         table.add_row(
-            r["name"], r["wire"], r["native_schema"],
+            r["name"],
+            r["wire"],
+            r["native_schema"],
             ", ".join(r["tool_choice_thinking_off"]) or "(not sent)",
             ", ".join(r["tool_choice_thinking_on"]) or "(not sent)",
             f"{r['rung_thinking_off']} / {r['rung_thinking_off_one_action']}",

@@ -45,8 +45,9 @@ def self_approval(definition: Workflow, task: TaskState, actor: str) -> bool:
     """Whether `actor` approving `task` would approve their own request (they started it or proposed the call),
     where the approval state does not allow that."""
     state = definition.state(task.state)
-    return (isinstance(state, Approval) and not state.allow_self_approval
-            and actor in {task.started_by, task.prepared_by})
+    return (
+        isinstance(state, Approval) and not state.allow_self_approval and actor in {task.started_by, task.prepared_by}
+    )
 
 
 def check_decision(
@@ -61,27 +62,53 @@ def check_decision(
 ) -> ApprovalCheck:
     state = definition.state(task.state)
     if not isinstance(state, Approval) or task.terminal:
-        raise Refused(f"task {task.task_id} is in {task.state!r}, not awaiting approval",
-                      code=Code.TASK_NOT_AWAITING_APPROVAL, task_id=task.task_id, state=task.state)
+        raise Refused(
+            f"task {task.task_id} is in {task.state!r}, not awaiting approval",
+            code=Code.TASK_NOT_AWAITING_APPROVAL,
+            task_id=task.task_id,
+            state=task.state,
+        )
     candidates = definition.candidates(task.state, verdict)
     if not candidates:
-        raise Refused(f"state {task.state!r} has no {verdict!r} decision", code=Code.TRIGGER_NOT_ALLOWED,
-                      task_id=task.task_id, allowed=definition.triggers(task.state))
+        raise Refused(
+            f"state {task.state!r} has no {verdict!r} decision",
+            code=Code.TRIGGER_NOT_ALLOWED,
+            task_id=task.task_id,
+            allowed=definition.triggers(task.state),
+        )
     role = decision_role(definition, task.state, verdict)
     if role not in roles:
-        raise Refused(f"{actor!r} does not hold the role {role!r} this decision needs",
-                      code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, role=role, actor=actor)
+        raise Refused(
+            f"{actor!r} does not hold the role {role!r} this decision needs",
+            code=Code.APPROVAL_FORBIDDEN,
+            task_id=task.task_id,
+            role=role,
+            actor=actor,
+        )
     if verdict == "approve" and self_approval(definition, task, actor):
-        raise Refused(f"{actor!r} started this task or proposed the call and may not approve it",
-                      code=Code.APPROVAL_FORBIDDEN, task_id=task.task_id, actor=actor, reason="self_approval")
+        raise Refused(
+            f"{actor!r} started this task or proposed the call and may not approve it",
+            code=Code.APPROVAL_FORBIDDEN,
+            task_id=task.task_id,
+            actor=actor,
+            reason="self_approval",
+        )
     current = task.prepared["digest"] if task.prepared else None
     if current is not None and digest is None:
-        raise Refused("an approval names the digest of the prepared call the approver was shown "
-                      "(railyard approvals lists it)", code=Code.APPROVAL_STALE, task_id=task.task_id,
-                      current=current)
+        raise Refused(
+            "an approval names the digest of the prepared call the approver was shown (railyard approvals lists it)",
+            code=Code.APPROVAL_STALE,
+            task_id=task.task_id,
+            current=current,
+        )
     if current is not None and digest != current:
-        raise Refused("the prepared call changed since it was shown: review it again",
-                      code=Code.APPROVAL_STALE, task_id=task.task_id, named=digest, current=current)
+        raise Refused(
+            "the prepared call changed since it was shown: review it again",
+            code=Code.APPROVAL_STALE,
+            task_id=task.task_id,
+            named=digest,
+            current=current,
+        )
     record = {"actor": actor, "role": role, "decision": verdict, "comment": comment, "digest": current}
     return ApprovalCheck(trigger=verdict, record=record)
 

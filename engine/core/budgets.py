@@ -10,8 +10,9 @@ from engine.core.definition import Workflow
 from engine.core.fold import TaskState, call_key
 
 
-def exceeded(definition: Workflow, task: TaskState, now: datetime, *,
-             next_call: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def exceeded(
+    definition: Workflow, task: TaskState, now: datetime, *, next_call: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The budget the next step would break, as the limit event records it, or None.
 
     Checked before a model turn (`next_call` None) and before a tool call

@@ -23,7 +23,8 @@ GENESIS_HASH = "0" * 64
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _C_ENCODER = (
     c_make_encoder(None, _CANONICAL.default, encode_basestring, None, ":", ",", True, False, False)
-    if c_make_encoder is not None else None
+    if c_make_encoder is not None
+    else None
 )
 
 

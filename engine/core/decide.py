@@ -172,40 +172,61 @@ def validate_payload(
     return instance, instance.model_dump(mode="json")
 
 
-
-
 #: The steps of the open write's own protocol, in the tool state that made it: they record or settle it.
 _PROTOCOL = frozenset({*TOOL_OUTCOMES, "reconcile", "call"})
 #: Records made about the open write wherever the task stands: a cancel waiting for it, an operator's settlement.
 _NOTES = frozenset({SETTLE, CANCEL_REQUESTED})
 
 
-def _refuse_unsettling(definition: Workflow, task: TaskState, trigger: str, to_state: str,
-                       unsettled: Mapping[str, Any], *, prepares: bool) -> None:
+def _refuse_unsettling(
+    definition: Workflow, task: TaskState, trigger: str, to_state: str, unsettled: Mapping[str, Any], *, prepares: bool
+) -> None:
     """No effect outside the log: while a write's outcome is open the task neither ends, nor prepares another call
     (which would take the open one's place), nor sends the open one again blindly."""
     if trigger in _NOTES or (trigger in _PROTOCOL and task.state == unsettled["state"]):
         return
     where = f"write {unsettled['tool']} (action {unsettled['action_id']}) is {unsettled['status']}"
     if prepares:
-        raise Refused(f"{trigger!r} would prepare another call while {where}: settle it first (a retry "
-                      "reconciles it; `railyard settle` records what an operator verified)",
-                      code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, trigger=trigger, unsettled=dict(unsettled))
+        raise Refused(
+            f"{trigger!r} would prepare another call while {where}: settle it first (a retry "
+            "reconciles it; `railyard settle` records what an operator verified)",
+            code=Code.OUTCOME_UNSETTLED,
+            task_id=task.task_id,
+            trigger=trigger,
+            unsettled=dict(unsettled),
+        )
     target = definition.state(to_state)
     if target.kind is StateKind.TERMINAL:
-        raise Refused(f"{trigger!r} would end the task while {where}: settle it first (a retry reconciles it; "
-                      "`railyard settle` records what an operator verified; `cancel` waits for it)",
-                      code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, trigger=trigger, unsettled=dict(unsettled))
-    if isinstance(target, Tool) and target.tool == unsettled["tool"] and definition.tools is not None \
-            and target.tool in definition.tools:
+        raise Refused(
+            f"{trigger!r} would end the task while {where}: settle it first (a retry reconciles it; "
+            "`railyard settle` records what an operator verified; `cancel` waits for it)",
+            code=Code.OUTCOME_UNSETTLED,
+            task_id=task.task_id,
+            trigger=trigger,
+            unsettled=dict(unsettled),
+        )
+    if (
+        isinstance(target, Tool)
+        and target.tool == unsettled["tool"]
+        and definition.tools is not None
+        and target.tool in definition.tools
+    ):
         tool = definition.tools.get(target.tool)
         prepared = task.prepared or {}
-        if (prepared.get("action_id") == unsettled["action_id"] and tool.reconcile is None
-                and not tool.idempotent_remote):
-            raise Refused(f"{trigger!r} would send {tool.name} again while {where}, and the remote can neither "
-                          "deduplicate it nor say what happened: record what you verified first (`railyard settle "
-                          "TASK executed|not_executed --evidence REF`); only `not_executed` sends it again",
-                          code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, trigger=trigger, unsettled=dict(unsettled))
+        if (
+            prepared.get("action_id") == unsettled["action_id"]
+            and tool.reconcile is None
+            and not tool.idempotent_remote
+        ):
+            raise Refused(
+                f"{trigger!r} would send {tool.name} again while {where}, and the remote can neither "
+                "deduplicate it nor say what happened: record what you verified first (`railyard settle "
+                "TASK executed|not_executed --evidence REF`); only `not_executed` sends it again",
+                code=Code.OUTCOME_UNSETTLED,
+                task_id=task.task_id,
+                trigger=trigger,
+                unsettled=dict(unsettled),
+            )
 
 
 def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:
@@ -228,6 +249,7 @@ def _prepare(definition: Workflow, task: TaskState, action: Action, args: dict[s
     assert definition.tools is not None and action.prepares is not None
     target = definition.state(action.target)
     role = target.role if isinstance(target, Approval) else action.role
-    call = prepare(definition.tools, action.prepares, args, task_id=task.task_id, seq=task.seq + 1,
-                   required_role=role or None)
+    call = prepare(
+        definition.tools, action.prepares, args, task_id=task.task_id, seq=task.seq + 1, required_role=role or None
+    )
     return call.to_dict()

@@ -68,8 +68,9 @@ EXPIRED = "expired"
 TOOL_OUTCOMES = ("succeeded", "failed", "unknown")
 CANCELLED_STATE = "cancelled"
 #: Who is acting, for whom: these come from the trusted caller's context, never from arguments.
-IDENTITY_FIELDS = frozenset({"actor", "tenant", "tenant_id", "customer", "customer_id", "role", "roles", "user",
-                             "user_id"})
+IDENTITY_FIELDS = frozenset(
+    {"actor", "tenant", "tenant_id", "customer", "customer_id", "role", "roles", "user", "user_id"}
+)
 # The agent sub-machine's triggers and generated states (see `Agent`).
 REPAIR = "repair"
 DEMOTE = "demote"
@@ -98,8 +99,14 @@ class Budgets:
     deadline: timedelta | None = None
 
     def spec(self) -> dict[str, Any]:
-        return {"model_turns": self.model_turns, "tool_calls": self.tool_calls, "repeats": self.repeats,
-                "deadline_seconds": self.deadline.total_seconds() if self.deadline is not None else None}
+        return {
+            "model_turns": self.model_turns,
+            "tool_calls": self.tool_calls,
+            "repeats": self.repeats,
+            "deadline_seconds": self.deadline.total_seconds() if self.deadline is not None else None,
+        }
+
+
 FORCE_SUFFIX = "~force"
 HANDOFF_SUFFIX = "~handoff"
 PROVIDER_ERROR_SUFFIX = "~provider_error"
@@ -178,7 +185,8 @@ def sensitive_fields(model: type[BaseModel] | None) -> frozenset[str]:
     if model is None:
         return frozenset()
     return frozenset(
-        name for name, f in model.model_fields.items()
+        name
+        for name, f in model.model_fields.items()
         if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("sensitive") is True
     )
 
@@ -270,14 +278,28 @@ class Repairing(Agent):
 def agent_substates(state: Agent) -> list[State]:
     """The states an agent state compiles into besides itself."""
     out: list[State] = [
-        Repairing(f"{state.name}{FORCE_SUFFIX}", state.actions, f"Repairing a proposal in {state.name}.",
-                  state.max_repairs, state.on_exhausted, repairs=state.name),
-        Wait(f"{state.name}{PROVIDER_ERROR_SUFFIX}", [Action(RETRY, state.name)],
-             f"A model call in {state.name} failed for good; an operator retries or cancels."),
+        Repairing(
+            f"{state.name}{FORCE_SUFFIX}",
+            state.actions,
+            f"Repairing a proposal in {state.name}.",
+            state.max_repairs,
+            state.on_exhausted,
+            repairs=state.name,
+        ),
+        Wait(
+            f"{state.name}{PROVIDER_ERROR_SUFFIX}",
+            [Action(RETRY, state.name)],
+            f"A model call in {state.name} failed for good; an operator retries or cancels.",
+        ),
     ]
     if state.on_exhausted is None:
-        out.append(Wait(f"{state.name}{HANDOFF_SUFFIX}", [Action(RETRY, state.name)],
-                        f"The model could not produce a valid proposal in {state.name}; a human takes over."))
+        out.append(
+            Wait(
+                f"{state.name}{HANDOFF_SUFFIX}",
+                [Action(RETRY, state.name)],
+                f"The model could not produce a valid proposal in {state.name}; a human takes over.",
+            )
+        )
     return out
 
 
@@ -296,13 +318,16 @@ class Tool(State):
         outcomes = (Action(o, t, system=True) for o, t in zip(TOOL_OUTCOMES, targets, strict=True) if t)
         # `call` records the intent (the prepared call) before the tool runs; `reconcile` records an answer
         # of the tool's reconcile(action_id) that did not settle the outcome. Both stay in the state.
-        return [*self.actions, *outcomes, Action(CALL, self.name, system=True),
-                Action(RECONCILE, self.name, system=True)]
+        return [
+            *self.actions,
+            *outcomes,
+            Action(CALL, self.name, system=True),
+            Action(RECONCILE, self.name, system=True),
+        ]
 
     def spec(self) -> dict[str, Any]:
         out = super().spec()
-        out.update(tool=self.tool, on_succeeded=self.on_succeeded, on_failed=self.on_failed,
-                   on_unknown=self.on_unknown)
+        out.update(tool=self.tool, on_succeeded=self.on_succeeded, on_failed=self.on_failed, on_unknown=self.on_unknown)
         return out
 
 
@@ -452,8 +477,9 @@ class Workflow:
 
     def triggers(self, state: str, *, system: bool = False) -> list[str]:
         """The triggers a caller may fire in `state`, in declaration order (`system=True`: the engine's too)."""
-        return [t for t in self._machine.triggers(state)
-                if system or not all(a.system for a in self._table[(state, t)])]
+        return [
+            t for t in self._machine.triggers(state) if system or not all(a.system for a in self._table[(state, t)])
+        ]
 
     def transitions(self) -> Iterable[tuple[str, Action]]:
         """Every (source, action) pair, built-ins included."""
@@ -486,16 +512,33 @@ def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
         out.append(Action(CANCEL, CANCELLED_STATE, CancelArgs, role=wf.cancel_role))
         # While a write's outcome is open a cancel is recorded as a request (`engine.effects`), and an operator
         # may record what they verified about the write; with a cancel waiting, that settles where the cancel says.
-        out.append(Action(CANCEL_REQUESTED, state.name, CancelArgs, guards=(write_unsettled,), role=wf.cancel_role,
-                          system=True))
+        out.append(
+            Action(
+                CANCEL_REQUESTED, state.name, CancelArgs, guards=(write_unsettled,), role=wf.cancel_role, system=True
+            )
+        )
         settle_role = wf.settle_role or wf.cancel_role
-        out.extend([
-            Action(SETTLE, wf.effect_after_cancel or CANCELLED_STATE, SettleArgs,
-                   guards=(cancel_requested_and_executed,), role=settle_role, system=True),
-            Action(SETTLE, CANCELLED_STATE, SettleArgs, guards=(cancel_requested_and_not_executed,),
-                   role=settle_role, system=True),
-            Action(SETTLE, state.name, SettleArgs, guards=(write_unsettled,), role=settle_role, system=True),
-        ])
+        out.extend(
+            [
+                Action(
+                    SETTLE,
+                    wf.effect_after_cancel or CANCELLED_STATE,
+                    SettleArgs,
+                    guards=(cancel_requested_and_executed,),
+                    role=settle_role,
+                    system=True,
+                ),
+                Action(
+                    SETTLE,
+                    CANCELLED_STATE,
+                    SettleArgs,
+                    guards=(cancel_requested_and_not_executed,),
+                    role=settle_role,
+                    system=True,
+                ),
+                Action(SETTLE, state.name, SettleArgs, guards=(write_unsettled,), role=settle_role, system=True),
+            ]
+        )
     if state.kind in (StateKind.AGENT, StateKind.TOOL):
         out.append(Action(LIMIT, wf.limit_state or LIMIT_STATE, system=True))
     return out
@@ -507,9 +550,10 @@ def _cancel_routes(wf: Workflow, state: State) -> list[Action]:
         return []
     if str(wf.tools.get(state.tool).kind) != "write":
         return []
-    return [Action("succeeded", wf.effect_after_cancel or CANCELLED_STATE, guards=(cancel_was_requested,),
-                   system=True),
-            Action("failed", CANCELLED_STATE, guards=(cancel_was_requested,), system=True)]
+    return [
+        Action("succeeded", wf.effect_after_cancel or CANCELLED_STATE, guards=(cancel_was_requested,), system=True),
+        Action("failed", CANCELLED_STATE, guards=(cancel_was_requested,), system=True),
+    ]
 
 
 def _transition_table(wf: Workflow) -> dict[tuple[str, str], tuple[Action, ...]]:
@@ -537,7 +581,7 @@ def _validate(wf: Workflow) -> list[str]:
         if state.name in names:
             problems.append(f"duplicate state name {state.name!r}")
         names[state.name] = state
-    for state in wf.all_states[len(wf.states):]:
+    for state in wf.all_states[len(wf.states) :]:
         names.setdefault(state.name, state)
     if not wf.states:
         problems.append("a workflow needs at least one state")
@@ -578,18 +622,27 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
             problems.append(f"{where} is a tool state that names no tool")
         elif wf.tools is not None and state.tool not in wf.tools:
             problems.append(f"{where}: tool {state.tool!r} is not in the catalog {wf.tools.ref}")
-        for outcome, target in (("on_succeeded", state.on_succeeded), ("on_failed", state.on_failed),
-                                ("on_unknown", state.on_unknown)):
+        for outcome, target in (
+            ("on_succeeded", state.on_succeeded),
+            ("on_failed", state.on_failed),
+            ("on_unknown", state.on_unknown),
+        ):
             if not target:
                 problems.append(f"{where} is a tool state with no {outcome} target")
         if state.actions:
             problems.append(f"{where} is a tool state: its exits are on_succeeded/on_failed/on_unknown")
         tool = wf.tools.get(state.tool) if wf.tools is not None and state.tool in wf.tools else None
         unknown = names.get(state.on_unknown)
-        if tool is not None and str(tool.kind) == "write" and unknown is not None and \
-                unknown.kind is StateKind.TERMINAL:
-            problems.append(f"{where}: on_unknown {state.on_unknown!r} is terminal, which would end the task with "
-                            f"the outcome of write {state.tool!r} unknown: send it to a state a person settles from")
+        if (
+            tool is not None
+            and str(tool.kind) == "write"
+            and unknown is not None
+            and unknown.kind is StateKind.TERMINAL
+        ):
+            problems.append(
+                f"{where}: on_unknown {state.on_unknown!r} is terminal, which would end the task with "
+                f"the outcome of write {state.tool!r} unknown: send it to a state a person settles from"
+            )
     if isinstance(state, Approval) and not state.role:
         problems.append(f"{where} is an approval state with no role")
     if isinstance(state, Approval | Wait):
@@ -602,8 +655,23 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
 
     if isinstance(state, Agent) and (not isinstance(state.max_repairs, int) or state.max_repairs < 0):
         problems.append(f"{where}: max_repairs must be an integer >= 0")
-    reserved = {START, CANCEL, EXPIRED, *TOOL_OUTCOMES, REPAIR, DEMOTE, HAND_OFF, PROVIDER_ERROR, RETRY, CALL,
-                RECONCILE, LIMIT, MIGRATE, CANCEL_REQUESTED, SETTLE}
+    reserved = {
+        START,
+        CANCEL,
+        EXPIRED,
+        *TOOL_OUTCOMES,
+        REPAIR,
+        DEMOTE,
+        HAND_OFF,
+        PROVIDER_ERROR,
+        RETRY,
+        CALL,
+        RECONCILE,
+        LIMIT,
+        MIGRATE,
+        CANCEL_REQUESTED,
+        SETTLE,
+    }
     by_trigger: dict[str, list[Action]] = {}
     for action in state.actions:
         if not _NAME.match(action.name or ""):
@@ -623,8 +691,10 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
             if target not in names:
                 problems.append(f"{where}: action {action.name!r} targets unknown state {target!r}")
         if action.prepares is not None and (wf.tools is None or action.prepares not in wf.tools):
-            problems.append(f"{where}: action {action.name!r} prepares {action.prepares!r}, which is not in the "
-                            f"workflow's tool catalog")
+            problems.append(
+                f"{where}: action {action.name!r} prepares {action.prepares!r}, which is not in the "
+                f"workflow's tool catalog"
+            )
         if (action.risk is None) != (action.risk_target is None):
             problems.append(f"{where}: action {action.name!r}: risk and risk_target go together")
     for trigger, actions in by_trigger.items():

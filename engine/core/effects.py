@@ -62,8 +62,13 @@ def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] |
         intent = data["intent"]
         if intent.get("kind") != "write":
             return effect
-        return {"action_id": intent["action_id"], "tool": intent["tool"], "state": event.from_state,
-                "status": "pending", "requested_at": data.get("requested_at")}
+        return {
+            "action_id": intent["action_id"],
+            "tool": intent["tool"],
+            "state": event.from_state,
+            "status": "pending",
+            "requested_at": data.get("requested_at"),
+        }
     if effect is None or data.get("action_id", _action_of(data)) != effect["action_id"]:
         return effect
     if trigger in ("succeeded", "failed", "unknown"):
@@ -89,8 +94,9 @@ def _action_of(data: dict[str, Any]) -> Any:
     return None
 
 
-def next_cancel_request(request: dict[str, Any] | None, event: Event,
-                        effect: dict[str, Any] | None) -> dict[str, Any] | None:
+def next_cancel_request(
+    request: dict[str, Any] | None, event: Event, effect: dict[str, Any] | None
+) -> dict[str, Any] | None:
     """Who asked for the cancel that waits for a write to settle, why, and when (None: no cancel waits).
 
     `effect` is the write's record after `event`. The request is answered by the transition that leaves the
@@ -99,8 +105,12 @@ def next_cancel_request(request: dict[str, Any] | None, event: Event,
     """
     if event.trigger == CANCEL_REQUESTED:
         args = event.data.get("args") or {}
-        return {"actor": event.actor, "reason": args.get("reason", ""), "seq": event.seq,
-                "at": format_instant(event.at)}
+        return {
+            "actor": event.actor,
+            "reason": args.get("reason", ""),
+            "seq": event.seq,
+            "at": format_instant(event.at),
+        }
     answered = event.to_state != event.from_state or event.trigger == SETTLE
     if request is not None and not is_open(effect) and answered:
         return None

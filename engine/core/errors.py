@@ -110,8 +110,7 @@ CODE_REFERENCE: dict[Code, str] = {
     Code.NO_ACTION: "The model answered without proposing an action (no tool call, empty output); a repair follows.",
     Code.OUTPUT_NOT_JSON: "The model's arguments or JSON answer do not parse as a JSON object; a repair follows.",
     Code.OUTPUT_SCHEMA_INVALID: (
-        "The proposal's arguments fail the action's schema (types, extra "
-        "fields); a repair follows."
+        "The proposal's arguments fail the action's schema (types, extra fields); a repair follows."
     ),
     Code.ACTION_UNKNOWN: "The model named an action the workflow does not have; a repair follows.",
     Code.ACTION_NOT_ALLOWED: "The model named an action the current state does not allow it; a repair follows.",
@@ -121,25 +120,20 @@ CODE_REFERENCE: dict[Code, str] = {
         "only from the trusted caller. A model that does this is handed to a human at once."
     ),
     Code.REPAIRS_EXHAUSTED: (
-        "The model used its repair budget in this state; the task moved to the "
-        "state's on_exhausted target."
+        "The model used its repair budget in this state; the task moved to the state's on_exhausted target."
     ),
     Code.STATE_NOT_AGENT: "A model step was asked for a task that is not in an agent state.",
     Code.MODEL_NOT_CONFIGURED: (
-        "A model step needs a model: set RAILYARD_MODEL or pass one "
-        "(scripted:PATH, openai:M, anthropic:M)."
+        "A model step needs a model: set RAILYARD_MODEL or pass one (scripted:PATH, openai:M, anthropic:M)."
     ),
     Code.TOOL_CHOICE_UNSUPPORTED: (
-        "The provider refused the request's tool_choice; the ladder moves one "
-        "rung down (no repair spent)."
+        "The provider refused the request's tool_choice; the ladder moves one rung down (no repair spent)."
     ),
     Code.SCHEMA_UNSUPPORTED: (
-        "The provider refused native structured output; the ladder moves one "
-        "rung down (no repair spent)."
+        "The provider refused native structured output; the ladder moves one rung down (no repair spent)."
     ),
     Code.RATE_LIMITED: (
-        "The provider rate-limited the call; retried with backoff within a "
-        "budget, never spending repairs."
+        "The provider rate-limited the call; retried with backoff within a budget, never spending repairs."
     ),
     Code.CONTEXT_OVERFLOW: "The request exceeds the model's context window; not retried.",
     Code.PROVIDER_TIMEOUT: "The provider did not answer in time; retried with backoff within a budget.",
@@ -260,8 +254,12 @@ class ConcurrencyConflict(RailyardError):
         details: dict[str, Any] = {"task_id": task_id, "expected": expected, "actual": actual}
         if state is not None:
             details["state"] = state
-        super().__init__(f"task {task_id} moved on since seq {expected}{where}" if state is not None
-                         else f"task {task_id}: expected seq {expected}{where}", **details)
+        super().__init__(
+            f"task {task_id} moved on since seq {expected}{where}"
+            if state is not None
+            else f"task {task_id}: expected seq {expected}{where}",
+            **details,
+        )
 
 
 class StoreError(RailyardError):

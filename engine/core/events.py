@@ -55,8 +55,12 @@ class Event:
         """
         text = self.stored_data
         if text is not None and type(self.seq) is int:  # an int prints as the canonical encoder writes it
-            quick = sha256_hex(self.prev_hash + stored_body(self.task_id, self.seq, self.at, self.actor,
-                                                            self.from_state, self.trigger, self.to_state, text))
+            quick = sha256_hex(
+                self.prev_hash
+                + stored_body(
+                    self.task_id, self.seq, self.at, self.actor, self.from_state, self.trigger, self.to_state, text
+                )
+            )
             if quick == self.hash:
                 return quick
         return chain_hash(self.prev_hash, self.body())
@@ -91,17 +95,27 @@ def event_body(
     }
 
 
-def stored_body(task_id: str, seq: int, at: datetime, actor: str, from_state: str | None, trigger: str,
-                to_state: str, data_text: str) -> str:
+def stored_body(
+    task_id: str,
+    seq: int,
+    at: datetime,
+    actor: str,
+    from_state: str | None,
+    trigger: str,
+    to_state: str,
+    data_text: str,
+) -> str:
     """`canonical_json(event_body(...))` with the data already encoded as `data_text`.
 
     The keys in sorted order, strings escaped by the canonical encoder's own function,
     no whitespace: a property test holds it equal to `canonical_json` of the body.
     """
     source = json_string(from_state) if from_state is not None else "null"
-    return (f'{{"actor":{json_string(actor)},"at":"{format_instant(at)}","data":{data_text},'
-            f'"from_state":{source},"seq":{seq},"task_id":{json_string(task_id)},'
-            f'"to_state":{json_string(to_state)},"trigger":{json_string(trigger)}}}')
+    return (
+        f'{{"actor":{json_string(actor)},"at":"{format_instant(at)}","data":{data_text},'
+        f'"from_state":{source},"seq":{seq},"task_id":{json_string(task_id)},'
+        f'"to_state":{json_string(to_state)},"trigger":{json_string(trigger)}}}'
+    )
 
 
 def with_stored_data(event: Event, data_text: str) -> Event:

@@ -253,10 +253,25 @@ class Fold:
         """The record of the state folded so far; folding on afterwards leaves it as it is."""
         task = self.task
         self._own_facts = False  # the record holds `facts` now: the next step copies it before adding
-        return TaskState(task.task_id, task.workflow, self.version, self.digest, self.state, self.status,
-                         self.seq, self.last_hash, task.input,
-                         self.facts, self.visit, task.started_by, self.prepared, self.prepared_by, self.usage,
-                         self.effect, self.cancel_requested)
+        return TaskState(
+            task.task_id,
+            task.workflow,
+            self.version,
+            self.digest,
+            self.state,
+            self.status,
+            self.seq,
+            self.last_hash,
+            task.input,
+            self.facts,
+            self.visit,
+            task.started_by,
+            self.prepared,
+            self.prepared_by,
+            self.usage,
+            self.effect,
+            self.cancel_requested,
+        )
 
 
 def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
@@ -275,8 +290,9 @@ def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
 Resolve = Callable[[str, int, str], Workflow]
 
 
-def fold(definition: Workflow, events: Iterable[Event], start: TaskState | None = None,
-         resolve: Resolve | None = None) -> TaskState:
+def fold(
+    definition: Workflow, events: Iterable[Event], start: TaskState | None = None, resolve: Resolve | None = None
+) -> TaskState:
     """Fold `events` onto `start` (a snapshot), or from the `start` event when there is none.
 
     `definition` is the version the first event is folded with; a `migrate` event switches to the
@@ -303,16 +319,22 @@ def pinned_at_start(workflow: str, events: list[Event]) -> tuple[str, int, str]:
     ref = str(data.get("workflow", ""))
     name, _, version = ref.rpartition("@")
     if name != workflow or not version.isdigit() or not isinstance(data.get("digest"), str):
-        raise IntegrityError(f"the start event names {ref!r}, not a version of {workflow}",
-                             code=Code.STATE_MISMATCH, task_id=events[0].task_id)
+        raise IntegrityError(
+            f"the start event names {ref!r}, not a version of {workflow}",
+            code=Code.STATE_MISMATCH,
+            task_id=events[0].task_id,
+        )
     return name, int(version), data["digest"]
 
 
 def migration_target(task: TaskState, event: Event, resolve: Resolve | None) -> Workflow:
     """The definition a `migrate` event moves the task to (its data names version and digest)."""
     if resolve is None:
-        raise IntegrityError(f"task {task.task_id}: event {event.seq} migrates the task, and no definitions "
-                             "were given to follow it", code=Code.DEFINITION_MISSING, task_id=task.task_id)
+        raise IntegrityError(
+            f"task {task.task_id}: event {event.seq} migrates the task, and no definitions were given to follow it",
+            code=Code.DEFINITION_MISSING,
+            task_id=task.task_id,
+        )
     return resolve(task.workflow, int(event.data["to_version"]), str(event.data["to_digest"]))
 
 

@@ -69,8 +69,9 @@ def ladder(profile: CapabilityProfile, thinking: bool, n_actions: int) -> list[R
     return rungs
 
 
-def choose_rung(profile: CapabilityProfile, model: str, thinking: bool, n_actions: int,
-                demoted: set[str] | list[str]) -> Rung:
+def choose_rung(
+    profile: CapabilityProfile, model: str, thinking: bool, n_actions: int, demoted: set[str] | list[str]
+) -> Rung:
     refused = set(demoted)
     for rung in ladder(profile, thinking, n_actions):
         if demotion_key(profile, model, thinking, rung) not in refused:
@@ -149,19 +150,23 @@ def task_context(task: TaskState) -> str:
         if key.startswith("tool:") and isinstance(value, dict):
             parts.append(wrap_for_model(key.removeprefix("tool:"), value))
         elif key.startswith("tool_error:") and isinstance(value, dict):
-            parts.append(wrap_error_for_model(key.removeprefix("tool_error:"), Code(value["code"]),
-                                              value.get("message")))
+            parts.append(
+                wrap_error_for_model(key.removeprefix("tool_error:"), Code(value["code"]), value.get("message"))
+            )
     return "\n".join(parts)
 
 
 def reminder(mode: str, actions: list[Action]) -> str:
     names = ", ".join(a.name for a in actions)
     if mode == "structured":
-        return ("<system-reminder>Answer now with only one JSON object: "
-                f'{{"action": one of [{names}], "arguments": {{...}}}}. No other text.</system-reminder>')
+        return (
+            "<system-reminder>Answer now with only one JSON object: "
+            f'{{"action": one of [{names}], "arguments": {{...}}}}. No other text.</system-reminder>'
+        )
     if mode == "tools_auto":
-        return (f"<system-reminder>Call exactly one of these tools now: {names}. "
-                "Do not answer in text.</system-reminder>")
+        return (
+            f"<system-reminder>Call exactly one of these tools now: {names}. Do not answer in text.</system-reminder>"
+        )
     return f"<system-reminder>Use the tools again: call exactly one of {names}.</system-reminder>"
 
 
@@ -200,8 +205,7 @@ def build_request(
         mode_name = "strict" if profile.native_schema == "strict" else "loose"
         response_schema = ResponseSchema("action", envelope_schema(actions), mode_name)  # type: ignore[arg-type]
     elif rung is Rung.JSON_INSTRUCTIONS:
-        instructions = ("<output_schema>\n" + json.dumps(envelope_schema(actions), sort_keys=True)
-                        + "\n</output_schema>")
+        instructions = "<output_schema>\n" + json.dumps(envelope_schema(actions), sort_keys=True) + "\n</output_schema>"
         added_instr = Message("user", instructions)
         if not any(m.content == instructions for m in history):
             added.append(added_instr)

@@ -53,8 +53,13 @@ class CompiledMachine:
     def destinations(self, state: str, trigger: str) -> list[str]:
         return [str(t.dest) for t in self.machine.get_transitions(trigger=trigger, source=state)]
 
-    def graph(self, fmt: GraphFormat = "mermaid", *, current: str | None = None,
-              visits: Mapping[tuple[str, str, str], int] | None = None) -> str:
+    def graph(
+        self,
+        fmt: GraphFormat = "mermaid",
+        *,
+        current: str | None = None,
+        visits: Mapping[tuple[str, str, str], int] | None = None,
+    ) -> str:
         """The diagram source, drawn by transitions' diagram support (Mermaid, or Graphviz dot).
 
         `visits` counts how often a task took each (source, trigger, target) edge:
@@ -68,8 +73,9 @@ class CompiledMachine:
 
         taken = visits or {}
         transitions = [
-            {**t, "label": f"{t['trigger']} ({taken[edge]}x)"} if (edge := (t["source"], t["trigger"], t["dest"]))
-            in taken else t
+            {**t, "label": f"{t['trigger']} ({taken[edge]}x)"}
+            if (edge := (t["source"], t["trigger"], t["dest"])) in taken
+            else t
             for t in self._transitions
             # A cancel request and an operator's settlement are notes any state may take while a write is open:
             # drawn on every state they would bury the route; where they lead (cancelled) is drawn already.
@@ -98,8 +104,10 @@ class CompiledMachine:
                     if state != current and state in self._states:
                         styles["node"][state] = "previous"
             base: Any = gm.style_attributes
-            gm.style_attributes = {**base, "edge": {**base["edge"], "previous": {
-                "color": "blue", "fontcolor": "blue", "penwidth": "2"}}}
+            gm.style_attributes = {
+                **base,
+                "edge": {**base["edge"], "previous": {"color": "blue", "fontcolor": "blue", "penwidth": "2"}},
+            }
             graph = gm.get_graph()
         if fmt == "mermaid":
             return str(graph.draw(None))

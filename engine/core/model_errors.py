@@ -15,11 +15,20 @@ from engine.core.errors import Code
 log = logging.getLogger("railyard.model")
 
 #: Codes a provider call can fail with.
-PROVIDER_CODES = frozenset({
-    Code.TOOL_CHOICE_UNSUPPORTED, Code.SCHEMA_UNSUPPORTED, Code.RATE_LIMITED, Code.CONTEXT_OVERFLOW,
-    Code.PROVIDER_TIMEOUT, Code.PROVIDER_AUTH, Code.CONTENT_FILTERED, Code.TRUNCATED, Code.EMPTY_RESPONSE,
-    Code.PROVIDER_ERROR,
-})
+PROVIDER_CODES = frozenset(
+    {
+        Code.TOOL_CHOICE_UNSUPPORTED,
+        Code.SCHEMA_UNSUPPORTED,
+        Code.RATE_LIMITED,
+        Code.CONTEXT_OVERFLOW,
+        Code.PROVIDER_TIMEOUT,
+        Code.PROVIDER_AUTH,
+        Code.CONTENT_FILTERED,
+        Code.TRUNCATED,
+        Code.EMPTY_RESPONSE,
+        Code.PROVIDER_ERROR,
+    }
+)
 #: Retried with backoff inside a bounded budget; they never spend repairs.
 RETRYABLE = frozenset({Code.RATE_LIMITED, Code.PROVIDER_TIMEOUT})
 #: The request's shape was refused: move one rung down the forcing ladder, never re-send it unchanged.
@@ -56,8 +65,18 @@ def classify(status: int | None, message: str) -> Code:
         return Code.TOOL_CHOICE_UNSUPPORTED
     if "context length" in text or "context window" in text or "maximum context" in text or "too long" in text:
         return Code.CONTEXT_OVERFLOW
-    if any(k in text for k in ("response_format", "json_schema", "json schema", "structured output",
-                               "output_config", "output_format", "output format")):
+    if any(
+        k in text
+        for k in (
+            "response_format",
+            "json_schema",
+            "json schema",
+            "structured output",
+            "output_config",
+            "output_format",
+            "output format",
+        )
+    ):
         return Code.SCHEMA_UNSUPPORTED
     if "content filter" in text or "content_filter" in text or "safety" in text:
         return Code.CONTENT_FILTERED

@@ -47,8 +47,7 @@ class ReasoningBlock:
     redacted: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in (("text", self.text), ("signature", self.signature),
-                                  ("redacted", self.redacted)) if v}
+        return {k: v for k, v in (("text", self.text), ("signature", self.signature), ("redacted", self.redacted)) if v}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +83,15 @@ class Message:
         return cls(
             role=doc["role"],
             content=doc.get("content", ""),
-            tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"], c.get("extra"))
-                             for c in doc.get("tool_calls", ())),
+            tool_calls=tuple(
+                ToolCall(c["id"], c["name"], c["arguments"], c.get("extra")) for c in doc.get("tool_calls", ())
+            ),
             tool_call_id=doc.get("tool_call_id"),
             reasoning=doc.get("reasoning"),
-            reasoning_blocks=tuple(ReasoningBlock(b.get("text", ""), b.get("signature"), b.get("redacted"))
-                                   for b in doc.get("reasoning_blocks", ())),
+            reasoning_blocks=tuple(
+                ReasoningBlock(b.get("text", ""), b.get("signature"), b.get("redacted"))
+                for b in doc.get("reasoning_blocks", ())
+            ),
         )
 
 

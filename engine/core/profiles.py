@@ -52,42 +52,94 @@ class CapabilityProfile:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = sorted(value) if isinstance(value, frozenset) else list(value) if isinstance(
-                value, tuple) else value
+            out[f.name] = (
+                sorted(value) if isinstance(value, frozenset) else list(value) if isinstance(value, tuple) else value
+            )
         return out
 
 
 NO_FORCING = frozenset({"auto", "none"})
 
 BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
-    CapabilityProfile("openai", "openai", ("gpt-*", "o1*", "o3*", "o4*", "*"), native_schema="strict",
-                      schema_with_tools=True, strict_tools=True,
-                      description="strict json_schema; tool_choice required/named; no known thinking limit"),
-    CapabilityProfile("anthropic", "anthropic", ("claude-*",), native_schema="none",
-                      tool_choice_thinking_on=NO_FORCING, reasoning_passback=True,
-                      description="extended thinking accepts only auto/none; thinking blocks passed back"),
-    CapabilityProfile("gemini", "openai", ("gemini-*",), native_schema="strict", schema_with_tools=False,
-                      reasoning_passback=True,
-                      description="response_schema; JSON output with function tools refused before Gemini 3"),
-    CapabilityProfile("deepseek", "openai", ("deepseek-*",), native_schema="json_object",
-                      tool_choice_thinking_on=NO_FORCING, reasoning_passback=True,
-                      description="json_object only; 'Thinking mode does not support this tool_choice'"),
-    CapabilityProfile("qwen", "openai", ("qwen*", "qwq-*"), native_schema="none",
-                      tool_choice_thinking_on=NO_FORCING,
-                      description="tool_choice required/object refused in thinking mode"),
-    CapabilityProfile("glm", "openai", ("glm-*",), native_schema="json_object",
-                      tool_choice_thinking_off=frozenset({"auto"}), tool_choice_thinking_on=frozenset({"auto"}),
-                      description="tool_choice supports only auto"),
-    CapabilityProfile("minimax", "openai", ("minimax-*", "MiniMax-*", "abab*"), native_schema="none",
-                      tool_choice_thinking_off=frozenset(), tool_choice_thinking_on=frozenset(),
-                      description="no tool_choice field at all; response_format silently ignored"),
-    CapabilityProfile("mistral", "openai", ("mistral-*", "magistral-*", "codestral-*", "ministral-*"),
-                      native_schema="strict", schema_with_tools=False,
-                      description="json_schema; tool_choice any/required and named"),
-    CapabilityProfile("ollama", "openai", ("llama*", "qwen2*", "phi*", "gemma*", "ollama/*"),
-                      native_schema="loose", tool_choice_thinking_off=frozenset(),
-                      tool_choice_thinking_on=frozenset(),
-                      description="format/response_format without strict mode; tool_choice treated as unsupported"),
+    CapabilityProfile(
+        "openai",
+        "openai",
+        ("gpt-*", "o1*", "o3*", "o4*", "*"),
+        native_schema="strict",
+        schema_with_tools=True,
+        strict_tools=True,
+        description="strict json_schema; tool_choice required/named; no known thinking limit",
+    ),
+    CapabilityProfile(
+        "anthropic",
+        "anthropic",
+        ("claude-*",),
+        native_schema="none",
+        tool_choice_thinking_on=NO_FORCING,
+        reasoning_passback=True,
+        description="extended thinking accepts only auto/none; thinking blocks passed back",
+    ),
+    CapabilityProfile(
+        "gemini",
+        "openai",
+        ("gemini-*",),
+        native_schema="strict",
+        schema_with_tools=False,
+        reasoning_passback=True,
+        description="response_schema; JSON output with function tools refused before Gemini 3",
+    ),
+    CapabilityProfile(
+        "deepseek",
+        "openai",
+        ("deepseek-*",),
+        native_schema="json_object",
+        tool_choice_thinking_on=NO_FORCING,
+        reasoning_passback=True,
+        description="json_object only; 'Thinking mode does not support this tool_choice'",
+    ),
+    CapabilityProfile(
+        "qwen",
+        "openai",
+        ("qwen*", "qwq-*"),
+        native_schema="none",
+        tool_choice_thinking_on=NO_FORCING,
+        description="tool_choice required/object refused in thinking mode",
+    ),
+    CapabilityProfile(
+        "glm",
+        "openai",
+        ("glm-*",),
+        native_schema="json_object",
+        tool_choice_thinking_off=frozenset({"auto"}),
+        tool_choice_thinking_on=frozenset({"auto"}),
+        description="tool_choice supports only auto",
+    ),
+    CapabilityProfile(
+        "minimax",
+        "openai",
+        ("minimax-*", "MiniMax-*", "abab*"),
+        native_schema="none",
+        tool_choice_thinking_off=frozenset(),
+        tool_choice_thinking_on=frozenset(),
+        description="no tool_choice field at all; response_format silently ignored",
+    ),
+    CapabilityProfile(
+        "mistral",
+        "openai",
+        ("mistral-*", "magistral-*", "codestral-*", "ministral-*"),
+        native_schema="strict",
+        schema_with_tools=False,
+        description="json_schema; tool_choice any/required and named",
+    ),
+    CapabilityProfile(
+        "ollama",
+        "openai",
+        ("llama*", "qwen2*", "phi*", "gemma*", "ollama/*"),
+        native_schema="loose",
+        tool_choice_thinking_off=frozenset(),
+        tool_choice_thinking_on=frozenset(),
+        description="format/response_format without strict mode; tool_choice treated as unsupported",
+    ),
 )
 
 

@@ -23,10 +23,17 @@ from engine.core.forcing import MODE_OF_RUNG, Rung, model_actions
 from engine.core.model_interface import Message, ModelResponse, ToolCall
 from engine.core.text import clean
 
-REPAIRABLE = frozenset({
-    Code.NO_ACTION, Code.OUTPUT_NOT_JSON, Code.OUTPUT_SCHEMA_INVALID, Code.ACTION_NOT_ALLOWED, Code.ACTION_UNKNOWN,
-    Code.MULTIPLE_ACTIONS, Code.DOMAIN_INVALID,
-})
+REPAIRABLE = frozenset(
+    {
+        Code.NO_ACTION,
+        Code.OUTPUT_NOT_JSON,
+        Code.OUTPUT_SCHEMA_INVALID,
+        Code.ACTION_NOT_ALLOWED,
+        Code.ACTION_UNKNOWN,
+        Code.MULTIPLE_ACTIONS,
+        Code.DOMAIN_INVALID,
+    }
+)
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 _REFUSAL_CODES = {
     Code.PAYLOAD_INVALID: Code.OUTPUT_SCHEMA_INVALID,
@@ -69,8 +76,10 @@ def _parse_object(text: str) -> dict[str, Any]:
 def extract(response: ModelResponse, rung: Rung) -> tuple[str, dict[str, Any]]:
     """The one (action, arguments) the answer proposes, or `_Invalid` with the first layer's code."""
     if len(response.tool_calls) > 1:
-        raise _Invalid(Code.MULTIPLE_ACTIONS, [{"loc": [], "msg": f"{len(response.tool_calls)} calls; exactly one",
-                                                "type": "count"}])
+        raise _Invalid(
+            Code.MULTIPLE_ACTIONS,
+            [{"loc": [], "msg": f"{len(response.tool_calls)} calls; exactly one", "type": "count"}],
+        )
     if response.tool_calls:
         call = response.tool_calls[0]
         return call.name, _parse_object(call.arguments or "{}")
@@ -78,15 +87,15 @@ def extract(response: ModelResponse, rung: Rung) -> tuple[str, dict[str, Any]]:
         envelope = _parse_object(response.text)
         action, arguments = envelope.get("action"), envelope.get("arguments", {})
         if not isinstance(action, str) or not isinstance(arguments, dict) or set(envelope) - {"action", "arguments"}:
-            raise _Invalid(Code.OUTPUT_SCHEMA_INVALID, [{"loc": [], "msg": 'expected {"action": NAME, "arguments": '
-                                                         '{...}}', "type": "envelope"}])
+            raise _Invalid(
+                Code.OUTPUT_SCHEMA_INVALID,
+                [{"loc": [], "msg": 'expected {"action": NAME, "arguments": {...}}', "type": "envelope"}],
+            )
         return action, arguments
     raise _Invalid(Code.NO_ACTION, [{"loc": [], "msg": "no action proposed", "type": "missing"}])
 
 
-def interpret(
-    definition: Workflow, task: TaskState, response: ModelResponse, rung: Rung, *, actor: str
-) -> TurnOutcome:
+def interpret(definition: Workflow, task: TaskState, response: ModelResponse, rung: Rung, *, actor: str) -> TurnOutcome:
     """Decide what the model's answer becomes, and what is recorded of it."""
     state = definition.state(task.state)
     assert isinstance(state, Agent)
@@ -94,8 +103,10 @@ def interpret(
     assistant = Message(
         "assistant",
         clean(response.text),
-        tuple(ToolCall(c.id, clean(c.name, 200), clean(_redacted_arguments(state, c)), c.extra)
-              for c in response.tool_calls),
+        tuple(
+            ToolCall(c.id, clean(c.name, 200), clean(_redacted_arguments(state, c)), c.extra)
+            for c in response.tool_calls
+        ),
         reasoning=response.reasoning,
         reasoning_blocks=response.reasoning_blocks,
     )
@@ -103,14 +114,18 @@ def interpret(
         name, arguments = extract(response, rung)
         if name not in allowed:
             known = any(a.name == name for _, a in definition.transitions())
-            raise _Invalid(Code.ACTION_NOT_ALLOWED if known else Code.ACTION_UNKNOWN,
-                           [{"loc": ["action"], "msg": "not an allowed action here", "type": "action"}])
+            raise _Invalid(
+                Code.ACTION_NOT_ALLOWED if known else Code.ACTION_UNKNOWN,
+                [{"loc": ["action"], "msg": "not an allowed action here", "type": "action"}],
+            )
         try:
             decision = decide(definition, task, name, arguments, actor=actor)
         except Refused as refusal:
             code = _REFUSAL_CODES.get(refusal.code, refusal.code)
-            errors = refusal.details.get("errors") or [{"loc": [], "msg": m, "type": str(code).lower()}
-                                                       for m in refusal.details.get("reasons", [refusal.message])]
+            errors = refusal.details.get("errors") or [
+                {"loc": [], "msg": m, "type": str(code).lower()}
+                for m in refusal.details.get("reasons", [refusal.message])
+            ]
             raise _Invalid(code, errors) from None
     except _Invalid as invalid:
         return _refusal(state, task, invalid, assistant, response, allowed)
@@ -131,8 +146,9 @@ def _redacted_arguments(state: Agent, call: ToolCall) -> str:
     return json.dumps(redact(action.args, values)) if isinstance(values, dict) else call.arguments
 
 
-def _refusal(state: Agent, task: TaskState, invalid: _Invalid, assistant: Message, response: ModelResponse,
-             allowed: list[str]) -> TurnOutcome:
+def _refusal(
+    state: Agent, task: TaskState, invalid: _Invalid, assistant: Message, response: ModelResponse, allowed: list[str]
+) -> TurnOutcome:
     feedback = {"error": str(invalid.code), "errors": invalid.errors, "allowed_actions": allowed}
     text = json.dumps(feedback, ensure_ascii=False, sort_keys=True)
     if response.tool_calls:
@@ -142,9 +158,11 @@ def _refusal(state: Agent, task: TaskState, invalid: _Invalid, assistant: Messag
     messages = [assistant, *replies]
     repairs = int(task.visit.get("repairs", 0))
     if invalid.code in REPAIRABLE and repairs < state.max_repairs:
-        return TurnOutcome("repair", REPAIR, f"{state.base}~force", invalid.code, errors=invalid.errors,
-                           messages=messages)
+        return TurnOutcome(
+            "repair", REPAIR, f"{state.base}~force", invalid.code, errors=invalid.errors, messages=messages
+        )
     code = invalid.code if invalid.code not in REPAIRABLE else Code.REPAIRS_EXHAUSTED
     data = {"last_code": str(invalid.code)} if code is Code.REPAIRS_EXHAUSTED else {}
-    return TurnOutcome("hand_off", HAND_OFF, state.exhausted_target, code, data, errors=invalid.errors,
-                       messages=messages)
+    return TurnOutcome(
+        "hand_off", HAND_OFF, state.exhausted_target, code, data, errors=invalid.errors, messages=messages
+    )

@@ -67,8 +67,13 @@ class ReplayReport:
         return list(dict.fromkeys(str(f.code) for f in self.findings))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "workflow": self.workflow, "events": self.events, "ok": self.ok,
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "task_id": self.task_id,
+            "workflow": self.workflow,
+            "events": self.events,
+            "ok": self.ok,
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
 
 class Standing(Protocol):
@@ -95,8 +100,10 @@ def illegal(definition: Workflow, task: Standing, event: Event) -> str | None:
         return f"recorded as leaving {event.from_state!r}, but the task was in {task.state!r}"
     candidates = definition.candidates(task.state, event.trigger)
     if not candidates:
-        return (f"trigger {event.trigger!r} is not allowed in state {task.state!r} "
-                f"(allowed: {', '.join(definition.triggers(task.state, system=True))})")
+        return (
+            f"trigger {event.trigger!r} is not allowed in state {task.state!r} "
+            f"(allowed: {', '.join(definition.triggers(task.state, system=True))})"
+        )
     routed = [a for a in candidates if event.to_state in a.targets()]
     if not routed:
         targets = sorted({t for a in candidates for t in a.targets()})
@@ -156,8 +163,9 @@ class LogCheck:
     one that event names: each stretch of the log is judged by its own version.
     """
 
-    def __init__(self, row: TaskRow | None, lookup: Lookup, task_id: str = "",
-                 legal: set[tuple[Any, ...]] | None = None) -> None:
+    def __init__(
+        self, row: TaskRow | None, lookup: Lookup, task_id: str = "", legal: set[tuple[Any, ...]] | None = None
+    ) -> None:
         self.row = row
         self.lookup = lookup
         self.task_id = row.task_id if row is not None else task_id
@@ -184,15 +192,22 @@ class LogCheck:
         """The definition `name@version` as the log pinned it at `seq`, or None after reporting why not."""
         definition = self.lookup(name, version)
         if definition is None:
-            self.add(Code.DEFINITION_MISSING, seq, f"the registry does not define {name}@{version}: transitions, "
-                                                     "state and snapshots from here on cannot be checked, only "
-                                                     "the hash chain")
+            self.add(
+                Code.DEFINITION_MISSING,
+                seq,
+                f"the registry does not define {name}@{version}: transitions, "
+                "state and snapshots from here on cannot be checked, only "
+                "the hash chain",
+            )
             return None
         if definition.digest != digest:
-            self.add(Code.DEFINITION_CHANGED, seq,
-                       f"{name}@{version} as loaded has digest {definition.digest[:12]}, the task recorded "
-                       f"{digest[:12]}: the code changed without a new version; transitions, state and snapshots "
-                       "are not checked against rules the task did not run on")
+            self.add(
+                Code.DEFINITION_CHANGED,
+                seq,
+                f"{name}@{version} as loaded has digest {definition.digest[:12]}, the task recorded "
+                f"{digest[:12]}: the code changed without a new version; transitions, state and snapshots "
+                "are not checked against rules the task did not run on",
+            )
             return None
         return definition
 
@@ -258,15 +273,19 @@ class LogCheck:
         row = self.row
         assert row is not None
         if event.seq != 1 or event.trigger != START or event.from_state is not None:
-            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"the log does not begin with a start event "
-                                                           f"(found {event.trigger!r} at seq {event.seq})")
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"the log does not begin with a start event (found {event.trigger!r} at seq {event.seq})",
+            )
             self._stop()
             return
         ref, digest = event.data.get("workflow"), event.data.get("digest")
         name, _, version = str(ref).rpartition("@")
         if name != row.workflow or not version.isdigit() or not isinstance(digest, str):
-            self.add(Code.STATE_MISMATCH, 1, f"the task row is a task of {row.workflow}, its start event records "
-                                               f"{ref!r}")
+            self.add(
+                Code.STATE_MISMATCH, 1, f"the task row is a task of {row.workflow}, its start event records {ref!r}"
+            )
             self._stop()
             return
         rules = self._resolve(name, int(version), digest, 1)
@@ -274,8 +293,11 @@ class LogCheck:
             self._stop()
             return
         if event.to_state != rules.initial_state:
-            self.add(Code.ILLEGAL_TRANSITION, 1, f"started in {event.to_state!r}, but {rules.ref} starts in "
-                                                   f"{rules.initial_state!r}")
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                1,
+                f"started in {event.to_state!r}, but {rules.ref} starts in {rules.initial_state!r}",
+            )
         if not rules.has_state(event.to_state):
             self._stop()
             return
@@ -290,14 +312,23 @@ class LogCheck:
         if task.terminal:
             self.add(Code.ILLEGAL_TRANSITION, event.seq, f"a terminal task (in {task.state!r}) was migrated")
         elif event.from_state != task.state:
-            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"migrated from {event.from_state!r}, but the task was "
-                                                           f"in {task.state!r}")
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"migrated from {event.from_state!r}, but the task was in {task.state!r}",
+            )
         elif not isinstance(state_map, dict) or state_map.get(task.state) != event.to_state:
-            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"the migration's state map does not send "
-                                                           f"{task.state!r} to {event.to_state!r}")
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"the migration's state map does not send {task.state!r} to {event.to_state!r}",
+            )
         if data.get("from") != rules.ref or data.get("from_digest") != rules.digest:
-            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"the migration says it left {data.get('from')!r}, the "
-                                                           f"task was on {rules.ref}")
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"the migration says it left {data.get('from')!r}, the task was on {rules.ref}",
+            )
         version, digest = data.get("to_version"), data.get("to_digest")
         if not isinstance(version, int) or not isinstance(digest, str):
             self.add(Code.ILLEGAL_TRANSITION, event.seq, "the migration does not name the version it moved to")
@@ -322,16 +353,23 @@ class LogCheck:
                 self._claimed_effect(task, event)
             task.step(event)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"its data does not hold what {event.trigger!r} "
-                                                           f"records ({type(exc).__name__}): the log cannot be "
-                                                           "followed further")
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"its data does not hold what {event.trigger!r} "
+                f"records ({type(exc).__name__}): the log cannot be "
+                "followed further",
+            )
             self._stop()
             return
         if task.terminal and is_open(task.effect):
             effect = task.effect or {}
-            self.add(Code.INTENT_UNSETTLED, event.seq,
-                     f"the task ended in {event.to_state!r} while write {effect.get('tool')} (action "
-                     f"{effect.get('action_id')}) was {effect.get('status')}: its effect is not in the log")
+            self.add(
+                Code.INTENT_UNSETTLED,
+                event.seq,
+                f"the task ended in {event.to_state!r} while write {effect.get('tool')} (action "
+                f"{effect.get('action_id')}) was {effect.get('status')}: its effect is not in the log",
+            )
 
     def _claimed_effect(self, task: Fold, event: Event) -> None:
         """An outcome saying a write happened (or may have) must follow that write's recorded intent."""
@@ -341,20 +379,25 @@ class LogCheck:
             return
         effect = task.effect
         if effect is None or effect.get("action_id") != action_id:
-            self.add(Code.OUTCOME_WITHOUT_INTENT, event.seq,
-                     f"{event.trigger!r} is recorded for write {prepared.get('tool')} (action {action_id}), whose "
-                     "intent the log does not hold")
+            self.add(
+                Code.OUTCOME_WITHOUT_INTENT,
+                event.seq,
+                f"{event.trigger!r} is recorded for write {prepared.get('tool')} (action {action_id}), whose "
+                "intent the log does not hold",
+            )
 
     def snapshot(self, snapshot: Snapshot) -> None:
         """Check a snapshot right after the event at its seq was fed."""
         last = self.last
         if last is None or last.seq != snapshot.seq:
-            self.add(Code.SNAPSHOT_MISMATCH, snapshot.seq, f"a snapshot at seq {snapshot.seq}, where the log "
-                                                             "has no event")
+            self.add(
+                Code.SNAPSHOT_MISMATCH, snapshot.seq, f"a snapshot at seq {snapshot.seq}, where the log has no event"
+            )
             return
         if snapshot.hash != last.hash:
-            self.add(Code.SNAPSHOT_MISMATCH, snapshot.seq, "the snapshot's hash is not the hash of the event at "
-                                                             "its seq")
+            self.add(
+                Code.SNAPSHOT_MISMATCH, snapshot.seq, "the snapshot's hash is not the hash of the event at its seq"
+            )
             return
         folding = self.fold
         if folding is None or folding.seq != snapshot.seq:
@@ -370,8 +413,11 @@ class LogCheck:
         except ValueError:
             same = False
         if not same:
-            self.add(Code.SNAPSHOT_MISMATCH, snapshot.seq, "the snapshot's state differs from the fold of the "
-                                                             "events up to its seq")
+            self.add(
+                Code.SNAPSHOT_MISMATCH,
+                snapshot.seq,
+                "the snapshot's state differs from the fold of the events up to its seq",
+            )
 
     def finish(self) -> ReplayReport:
         """The report, once every event and snapshot was fed: the fold is compared with the task row."""
@@ -390,8 +436,11 @@ class LogCheck:
                 folded = (last.to_state, last.seq, last.hash)
                 stored = (row.state, row.seq, row.last_hash)
             if folded != stored:
-                self.add(Code.STATE_MISMATCH, row.seq,
-                           f"the task row says {_head(stored)}, its events fold to {_head(folded)}")
+                self.add(
+                    Code.STATE_MISMATCH,
+                    row.seq,
+                    f"the task row says {_head(stored)}, its events fold to {_head(folded)}",
+                )
         return ReplayReport(self.task_id, self.ref, self.count, tuple(self.findings))
 
 

@@ -25,7 +25,11 @@ _NOTES = frozenset({CANCEL_REQUESTED, SETTLE})
 
 
 def next_visit(
-    definition: Workflow, visit: dict[str, Any], trigger: str, to_state: str, data: dict[str, Any],
+    definition: Workflow,
+    visit: dict[str, Any],
+    trigger: str,
+    to_state: str,
+    data: dict[str, Any],
     from_state: str | None = None,
 ) -> dict[str, Any]:
     """The visit after an event: continued on `repair`/`demote`, restarted on entering an agent state.
@@ -48,8 +52,12 @@ def next_visit(
             out["mode"] = turn.get("mode", visit.get("mode"))
         return out
     if trigger == CALL:  # a tool's intent: one more attempt, pending until its outcome
-        return {**visit, "calls": int(visit.get("calls", 0)) + 1, "pending": data["intent"]["action_id"],
-                "pending_at": data.get("requested_at")}
+        return {
+            **visit,
+            "calls": int(visit.get("calls", 0)) + 1,
+            "pending": data["intent"]["action_id"],
+            "pending_at": data.get("requested_at"),
+        }
     if trigger == RECONCILE:
         return {**visit, "reconciles": int(visit.get("reconciles", 0)) + 1}
     target = definition.state(to_state)

@@ -25,8 +25,9 @@ def adapter_from_spec(spec: str) -> ModelAdapter:
     """`scripted:PATH`, `openai:MODEL` (OPENAI_BASE_URL serves any compatible provider) or `anthropic:MODEL`."""
     kind, _, rest = spec.partition(":")
     if not rest:
-        raise RailyardError(f"model {spec!r}: expected scripted:PATH, openai:MODEL or anthropic:MODEL",
-                            code=Code.CONFIG_INVALID)
+        raise RailyardError(
+            f"model {spec!r}: expected scripted:PATH, openai:MODEL or anthropic:MODEL", code=Code.CONFIG_INVALID
+        )
     if kind == "scripted":
         return ScriptedModel.from_file(rest)
     if kind == "openai":

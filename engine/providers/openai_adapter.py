@@ -169,8 +169,7 @@ def _message(message: Message) -> dict[str, Any]:
     out["content"] = message.content if message.content or not message.tool_calls else None
     if message.tool_calls:
         out["tool_calls"] = [
-            {**(c.extra or {}), "id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}}
+            {**(c.extra or {}), "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in message.tool_calls
         ]
     if message.reasoning is not None:

@@ -41,13 +41,15 @@ class ScriptedModel:
 
     provider = "scripted"
 
-    def __init__(self, script: dict[str, Any] | list[dict[str, Any]], *, model: str | None = None,
-                 profile: str | None = None) -> None:
+    def __init__(
+        self, script: dict[str, Any] | list[dict[str, Any]], *, model: str | None = None, profile: str | None = None
+    ) -> None:
         if isinstance(script, list):
             script = {"turns": script}
         if not isinstance(script, dict) or not ({"turns", "by_state"} & set(script)):
-            raise RailyardError('a scripted model needs {"turns": [...]} or {"by_state": {...}}',
-                                code=Code.CONFIG_INVALID)
+            raise RailyardError(
+                'a scripted model needs {"turns": [...]} or {"by_state": {...}}', code=Code.CONFIG_INVALID
+            )
         self.model = model or str(script.get("model", "scripted"))
         self.profile = profile or str(script.get("profile", "openai"))
         self._turns = list(script.get("turns", []))
@@ -90,8 +92,11 @@ def _answer(turn: dict[str, Any], n: int) -> ModelResponse:
         raise ModelError(classify(status, message), message, status=status)
     if "tool_calls" in turn:
         calls = tuple(
-            ToolCall(f"call_{n}_{i}", str(c.get("name", "")),
-                     c["arguments"] if isinstance(c.get("arguments"), str) else json.dumps(c.get("arguments", {})))
+            ToolCall(
+                f"call_{n}_{i}",
+                str(c.get("name", "")),
+                c["arguments"] if isinstance(c.get("arguments"), str) else json.dumps(c.get("arguments", {})),
+            )
             for i, c in enumerate(turn["tool_calls"])
         )
         return ModelResponse(tool_calls=calls, text=str(turn.get("text", "")), finish_reason="tool_calls")

@@ -50,8 +50,15 @@ class RetryPolicy:
 class AgentRunner:
     """Runs model turns for tasks in agent states, with one adapter and one thinking setting."""
 
-    def __init__(self, engine: TaskPort, adapter: ModelAdapter, *, thinking: bool = False,
-                 retry: RetryPolicy | None = None, profiles: dict[str, CapabilityProfile] | None = None) -> None:
+    def __init__(
+        self,
+        engine: TaskPort,
+        adapter: ModelAdapter,
+        *,
+        thinking: bool = False,
+        retry: RetryPolicy | None = None,
+        profiles: dict[str, CapabilityProfile] | None = None,
+    ) -> None:
         self.engine = engine
         self.adapter = adapter
         self.thinking = thinking
@@ -72,8 +79,12 @@ class AgentRunner:
         definition = self.engine.definition_of(task)
         state = definition.state(task.state)
         if not isinstance(state, Agent) or task.terminal:
-            raise Refused(f"task {task.task_id} is in {task.state!r}, not an agent state",
-                          code=Code.STATE_NOT_AGENT, task_id=task.task_id, state=task.state)
+            raise Refused(
+                f"task {task.task_id} is in {task.state!r}, not an agent state",
+                code=Code.STATE_NOT_AGENT,
+                task_id=task.task_id,
+                state=task.state,
+            )
         over = exceeded(definition, task, now())
         if over is not None:
             return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
@@ -128,6 +139,11 @@ class AgentRunner:
                 if not error.retryable or attempt >= self.retry.attempts:
                     raise
                 delay = self.retry.delay(attempt)
-                log.info("model call %s; retrying in %.2fs (attempt %s of %s)", error.code, delay, attempt,
-                         self.retry.attempts)
+                log.info(
+                    "model call %s; retrying in %.2fs (attempt %s of %s)",
+                    error.code,
+                    delay,
+                    attempt,
+                    self.retry.attempts,
+                )
                 self.retry.sleep(delay)

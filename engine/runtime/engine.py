@@ -187,8 +187,9 @@ class Engine:
             digest = fields.pop("digest", None)
             comment = next((str(fields[k]) for k in ("comment", "reason", "note") if k in fields), "")
             verdict: Literal["approve", "reject"] = "approve" if trigger == "approve" else "reject"
-            return self._decide_approval(task_id, verdict, actor, digest if isinstance(digest, str) else None,
-                                         comment, loaded=task)
+            return self._decide_approval(
+                task_id, verdict, actor, digest if isinstance(digest, str) else None, comment, loaded=task
+            )
         if trigger == SETTLE:
             fields = dict(payload or {})
             return self._settle(task, actor, fields.get("outcome"), fields.get("evidence"))
@@ -242,9 +243,15 @@ class Engine:
         snapshot = None
         if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
             snapshot = (after.seq, after.last_hash, canonical_json(after.to_doc()))
-        self.store.append(task.task_id, task.seq, [event], status=str(after.status), snapshot=snapshot,
-                          next_run_at=next_run_at(definition, after.state, event.at),
-                          lease_epoch=current_epoch(task.task_id))
+        self.store.append(
+            task.task_id,
+            task.seq,
+            [event],
+            status=str(after.status),
+            snapshot=snapshot,
+            next_run_at=next_run_at(definition, after.state, event.at),
+            lease_epoch=current_epoch(task.task_id),
+        )
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(event, (time.perf_counter() - started) * 1000)
         return after
@@ -261,8 +268,15 @@ class Engine:
         """Run one model turn for a task in an agent state: exactly one event, whatever the model does."""
         return AgentRunner(self, self._model(model), thinking=thinking).step(self.load(task_id))
 
-    def run(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False,
-            max_turns: int = 50, until: Callable[[], bool] | None = None) -> TaskState:
+    def run(
+        self,
+        task_id: str,
+        *,
+        model: ModelAdapter | None = None,
+        thinking: bool = False,
+        max_turns: int = 50,
+        until: Callable[[], bool] | None = None,
+    ) -> TaskState:
         """Advance the task through agent turns and tool calls until it blocks (approval, wait) or ends.
 
         A model is needed only if the task reaches an agent state. `max_turns` bounds the steps.
@@ -271,8 +285,15 @@ class Engine:
         """
         return self.advance(self.load(task_id), model=model, thinking=thinking, max_turns=max_turns, until=until)
 
-    def advance(self, task: TaskState, *, model: ModelAdapter | None = None, thinking: bool = False,
-                max_turns: int = 50, until: Callable[[], bool] | None = None) -> TaskState:
+    def advance(
+        self,
+        task: TaskState,
+        *,
+        model: ModelAdapter | None = None,
+        thinking: bool = False,
+        max_turns: int = 50,
+        until: Callable[[], bool] | None = None,
+    ) -> TaskState:
         """`run` for a task the caller already loaded (a worker that just claimed it): no second read."""
         agent: AgentRunner | None = None
         tools = ToolRunner(self)
@@ -295,18 +316,34 @@ class Engine:
         if self.model is None:
             spec = config.model_spec()
             if spec is None:
-                raise Refused("no model configured: set RAILYARD_MODEL (scripted:PATH, openai:MODEL, "
-                              "anthropic:MODEL)", code=Code.MODEL_NOT_CONFIGURED)
+                raise Refused(
+                    "no model configured: set RAILYARD_MODEL (scripted:PATH, openai:MODEL, anthropic:MODEL)",
+                    code=Code.MODEL_NOT_CONFIGURED,
+                )
             self.model = adapter_from_spec(spec)
         return self.model
 
-    def approve(self, task_id: str, actor: str, prepared_digest: str | None, comment: str = "", *,
-                expected_seq: int | None = None) -> TaskState:
+    def approve(
+        self,
+        task_id: str,
+        actor: str,
+        prepared_digest: str | None,
+        comment: str = "",
+        *,
+        expected_seq: int | None = None,
+    ) -> TaskState:
         """Approve the prepared call awaiting approval; `prepared_digest` is the digest the approver saw."""
         return self._decide_approval(task_id, "approve", actor, prepared_digest, comment, expected_seq=expected_seq)
 
-    def reject(self, task_id: str, actor: str, reason: str, prepared_digest: str | None = None, *,
-               expected_seq: int | None = None) -> TaskState:
+    def reject(
+        self,
+        task_id: str,
+        actor: str,
+        reason: str,
+        prepared_digest: str | None = None,
+        *,
+        expected_seq: int | None = None,
+    ) -> TaskState:
         """Reject it. The digest is optional: refusing a call does not depend on its exact content."""
         return self._decide_approval(task_id, "reject", actor, prepared_digest, reason, expected_seq=expected_seq)
 
@@ -316,9 +353,12 @@ class Engine:
 
     def awaiting_approval(self, *, role: str | None = None) -> Iterator[tuple[Workflow, TaskState]]:
         """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition."""
-        waiting = [(definition.name, definition.version, state.name) for definition in self.registry
-                   for state in definition.states
-                   if isinstance(state, Approval) and (role is None or state.role == role)]
+        waiting = [
+            (definition.name, definition.version, state.name)
+            for definition in self.registry
+            for state in definition.states
+            if isinstance(state, Approval) and (role is None or state.role == role)
+        ]
         for task_id in self.store.blocked_in(waiting):
             try:
                 task = self.load(task_id)
@@ -330,8 +370,15 @@ class Engine:
                 yield definition, task
 
     def _decide_approval(
-        self, task_id: str, verdict: Literal["approve", "reject"], actor: str, digest: str | None, comment: str,
-        *, loaded: TaskState | None = None, expected_seq: int | None = None,
+        self,
+        task_id: str,
+        verdict: Literal["approve", "reject"],
+        actor: str,
+        digest: str | None,
+        comment: str,
+        *,
+        loaded: TaskState | None = None,
+        expected_seq: int | None = None,
     ) -> TaskState:
         """`loaded`: the task as the caller just loaded it (then `expected_seq` was checked already)."""
         _check_actor(actor)
@@ -357,8 +404,9 @@ class Engine:
         """
         return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor, expected_seq=expected_seq)
 
-    def settle(self, task_id: str, actor: str, outcome: str, evidence: str, *,
-               expected_seq: int | None = None) -> TaskState:
+    def settle(
+        self, task_id: str, actor: str, outcome: str, evidence: str, *, expected_seq: int | None = None
+    ) -> TaskState:
         """Record what an operator verified about a write whose outcome is open: `executed` or `not_executed`.
 
         The actor must hold the workflow's `settle_role` (else its `cancel_role`). `executed` is recorded as the
@@ -371,19 +419,39 @@ class Engine:
     def _settle(self, task: TaskState, actor: str, outcome: Any, evidence: Any) -> TaskState:
         unsettled = task.unsettled
         if unsettled is None:
-            raise Refused(f"task {task.task_id} has no write whose outcome is open: nothing to settle",
-                          code=Code.TRIGGER_NOT_ALLOWED, task_id=task.task_id, state=task.state)
+            raise Refused(
+                f"task {task.task_id} has no write whose outcome is open: nothing to settle",
+                code=Code.TRIGGER_NOT_ALLOWED,
+                task_id=task.task_id,
+                state=task.state,
+            )
         definition = self.definition_of(task)
-        decision = decide(definition, task, SETTLE, {"outcome": outcome, "evidence": evidence}, actor=actor,
-                          roles=self.authoriser.roles_of(actor), system=True)
+        decision = decide(
+            definition,
+            task,
+            SETTLE,
+            {"outcome": outcome, "evidence": evidence},
+            actor=actor,
+            roles=self.authoriser.roles_of(actor),
+            system=True,
+        )
         running = self._attempt_running(definition, task)
         if running is not None:
-            raise Refused(f"write {unsettled['tool']} (action {unsettled['action_id']}) may still be running "
-                          f"({running}): what it did cannot be verified yet; settle it once it can no longer land",
-                          code=Code.OUTCOME_UNSETTLED, task_id=task.task_id, unsettled=dict(unsettled))
+            raise Refused(
+                f"write {unsettled['tool']} (action {unsettled['action_id']}) may still be running "
+                f"({running}): what it did cannot be verified yet; settle it once it can no longer land",
+                code=Code.OUTCOME_UNSETTLED,
+                task_id=task.task_id,
+                unsettled=dict(unsettled),
+            )
         args = decision.data.get("args") or {}
-        settled = {"action_id": unsettled["action_id"], "tool": unsettled["tool"], "outcome": args["outcome"],
-                   "evidence": args["evidence"], "was": unsettled["status"]}
+        settled = {
+            "action_id": unsettled["action_id"],
+            "tool": unsettled["tool"],
+            "outcome": args["outcome"],
+            "evidence": args["evidence"],
+            "was": unsettled["status"],
+        }
         decision = replace(decision, data={**decision.data, "settled": settled})
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
@@ -393,14 +461,19 @@ class Engine:
         effect = task.unsettled or {}
         row = self.store.row(task.task_id)
         at = now()
-        if row is not None and row.lease_owner is not None and row.lease_expires_at is not None \
-                and row.lease_expires_at > at:
+        if (
+            row is not None
+            and row.lease_owner is not None
+            and row.lease_expires_at is not None
+            and row.lease_expires_at > at
+        ):
             return f"worker {row.lease_owner} holds the task"
         requested = effect.get("requested_at") if may_still_land(task.unsettled) else None
         tools = definition.tools
         if isinstance(requested, str) and tools is not None and effect.get("tool") in tools:
-            until = parse_instant(requested) + timedelta(seconds=tools.get(str(effect["tool"])).timeout
-                                                         + SETTLE_MARGIN_SECONDS)
+            until = parse_instant(requested) + timedelta(
+                seconds=tools.get(str(effect["tool"])).timeout + SETTLE_MARGIN_SECONDS
+            )
             if at < until:
                 return f"its call may land until {format_instant(until)}"
         return None
@@ -420,11 +493,13 @@ class Engine:
             raise
         except ConcurrencyConflict:
             row = self.store.row(task.task_id)
-            raise ConcurrencyConflict(task.task_id, task.seq, row.seq if row else None,
-                                      row.state if row else None) from None
+            raise ConcurrencyConflict(
+                task.task_id, task.seq, row.seq if row else None, row.state if row else None
+            ) from None
 
-    def migrate(self, task_id: str, to_version: int, state_map: Mapping[str, str], actor: str,
-                reason: str) -> TaskState:
+    def migrate(
+        self, task_id: str, to_version: int, state_map: Mapping[str, str], actor: str, reason: str
+    ) -> TaskState:
         """Move an in-flight task to another version of its workflow: one `migrate` event, actor and reason kept.
 
         Only a task whose current state is a key of `state_map` moves, to the state it maps to
@@ -438,8 +513,12 @@ class Engine:
         target = self.registry.get(task.workflow, to_version)
         problem = migration_problem(source, target, task, state_map, reason)
         if problem is not None:
-            raise Refused(f"cannot migrate {task.ref} to {target.ref}: {problem}", code=Code.MIGRATION_INVALID,
-                          task_id=task_id, state=task.state)
+            raise Refused(
+                f"cannot migrate {task.ref} to {target.ref}: {problem}",
+                code=Code.MIGRATION_INVALID,
+                task_id=task_id,
+                state=task.state,
+            )
         event = seal(
             task_id=task_id,
             seq=task.seq + 1,
@@ -448,13 +527,27 @@ class Engine:
             from_state=task.state,
             trigger=MIGRATE,
             to_state=state_map[task.state],
-            data={"from": source.ref, "to": target.ref, "from_digest": source.digest, "to_version": target.version,
-                  "to_digest": target.digest, "state_map": dict(state_map), "reason": reason},
+            data={
+                "from": source.ref,
+                "to": target.ref,
+                "from_digest": source.digest,
+                "to_version": target.version,
+                "to_digest": target.digest,
+                "state_map": dict(state_map),
+                "reason": reason,
+            },
             prev_hash=task.last_hash,
         )
         after = apply(target, task, event)
-        self.store.repin(task_id, task.seq, event, version=target.version, digest=target.digest,
-                         status=str(after.status), next_run_at=next_run_at(target, after.state, event.at))
+        self.store.repin(
+            task_id,
+            task.seq,
+            event,
+            version=target.version,
+            digest=target.digest,
+            status=str(after.status),
+            next_run_at=next_run_at(target, after.state, event.at),
+        )
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(event, 0.0)
         return after
@@ -490,8 +583,9 @@ class Engine:
             input=task.input,
             facts=task.facts,
             cancel_requested=task.cancel_requested if not task.terminal else None,
-            unsettled=({k: unsettled[k] for k in ("action_id", "tool", "state", "status")}
-                       if unsettled is not None else None),
+            unsettled=(
+                {k: unsettled[k] for k in ("action_id", "tool", "state", "status")} if unsettled is not None else None
+            ),
         )
 
     def history(self, task_id: str) -> list[Event]:
@@ -521,8 +615,9 @@ class Engine:
                     return report
         return self._from_archive(replay_task(self.store, self.registry.find, task_id))
 
-    def replay_all(self, workflow: str | None = None, since: datetime | None = None, *,
-                   jobs: int = 1) -> Iterator[ReplayReport]:
+    def replay_all(
+        self, workflow: str | None = None, since: datetime | None = None, *, jobs: int = 1
+    ) -> Iterator[ReplayReport]:
         """`replay` of every task (of `workflow`, changed since `since`), streamed: memory stays flat.
 
         Reports come in task id order, archived tasks last, file by file.
@@ -530,14 +625,14 @@ class Engine:
         With `jobs` > 1, pages of tasks are checked by that many processes; the reports come in the same order.
         """
         if jobs > 1 and replay_jobs.can_fork(self.store):
-            reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow,
-                                               since=since)
+            reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow, since=since)
             return self._then_archives(reports, workflow, since)
         reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
         return self._then_archives(reports, workflow, since)
 
-    def _then_archives(self, reports: Iterator[ReplayReport], workflow: str | None,
-                       since: datetime | None) -> Iterator[ReplayReport]:
+    def _then_archives(
+        self, reports: Iterator[ReplayReport], workflow: str | None, since: datetime | None
+    ) -> Iterator[ReplayReport]:
         """The database's reports, then the archived tasks' from their files, file by file (each read once).
 
         An archived task has no events left in the database: its report there is left out, and the
@@ -546,8 +641,9 @@ class Engine:
         for report in reports:
             if report.events or not report.task_id or self.store.archive_of(report.task_id) is None:
                 yield report
-        yield from replay_archives(self.store.archived(workflow=workflow, since=since), self.archive_dir,
-                                   self.registry.find)
+        yield from replay_archives(
+            self.store.archived(workflow=workflow, since=since), self.archive_dir, self.registry.find
+        )
 
     def archive(self, before: datetime, *, batch: int = 500) -> ArchiveRun:
         """Move the logs of tasks that ended before `before` to verified files in `archive_dir` (`audit.archive`)."""
@@ -579,8 +675,9 @@ class Engine:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
         return state_as_of(self.store, self._definition, self._archived_events, row, seq=seq, at=at)
 
-    def logs(self, task_ids: list[str] | None = None, *, workflow: str | None = None,
-             since: datetime | None = None) -> Iterator[TaskRow | Event]:
+    def logs(
+        self, task_ids: list[str] | None = None, *, workflow: str | None = None, since: datetime | None = None
+    ) -> Iterator[TaskRow | Event]:
         """Task rows each followed by its events, streamed; archived tasks' events come from their files."""
         return task_logs(self.store, self._archived_events, task_ids=task_ids, workflow=workflow, since=since)
 
@@ -622,18 +719,32 @@ class Engine:
                 if predates_effects(doc):
                     raise ValueError("it predates folded write outcomes")
                 start = TaskState.from_doc(doc)
-                if (start.task_id, start.seq, start.last_hash) != (row.task_id, loaded.snapshot.seq,
-                                                                    loaded.snapshot.hash):
+                if (start.task_id, start.seq, start.last_hash) != (
+                    row.task_id,
+                    loaded.snapshot.seq,
+                    loaded.snapshot.hash,
+                ):
                     raise IntegrityError("snapshot header disagrees with its row", code=Code.SNAPSHOT_MISMATCH)
-                task = fold(self._definition(start.workflow, start.version, start.digest), loaded.events, start,
-                            resolve=self._definition)
+                task = fold(
+                    self._definition(start.workflow, start.version, start.digest),
+                    loaded.events,
+                    start,
+                    resolve=self._definition,
+                )
                 if _matches(task, row):
                     return task
-                log.warning("task %s: snapshot at seq %s does not lead to the task row; folding from zero",
-                            row.task_id, loaded.snapshot.seq)
+                log.warning(
+                    "task %s: snapshot at seq %s does not lead to the task row; folding from zero",
+                    row.task_id,
+                    loaded.snapshot.seq,
+                )
             except (IntegrityError, KeyError, ValueError, TypeError) as exc:
-                log.warning("task %s: snapshot at seq %s unusable (%s); folding from zero",
-                            row.task_id, loaded.snapshot.seq, exc)
+                log.warning(
+                    "task %s: snapshot at seq %s unusable (%s); folding from zero",
+                    row.task_id,
+                    loaded.snapshot.seq,
+                    exc,
+                )
             events: list[Event] = self.store.events(row.task_id, 0, row.seq)
         else:
             events = loaded.events or self._archived_events(row.task_id)
@@ -652,8 +763,15 @@ def _log_transition(event: Event, duration_ms: float) -> None:
     turn = event.data.get("turn") or {}
     code = event.data.get("code") or turn.get("code") or (event.data.get("outcome") or {}).get("code") or "-"
     transitions_log.info(
-        "task=%s seq=%d actor=%s from=%s trigger=%s to=%s code=%s duration_ms=%.1f", event.task_id, event.seq,
-        event.actor, event.from_state or "-", event.trigger, event.to_state, code, duration_ms,
+        "task=%s seq=%d actor=%s from=%s trigger=%s to=%s code=%s duration_ms=%.1f",
+        event.task_id,
+        event.seq,
+        event.actor,
+        event.from_state or "-",
+        event.trigger,
+        event.to_state,
+        code,
+        duration_ms,
     )
 
 
@@ -667,16 +785,19 @@ def _comment_payload(args: type[BaseModel] | None, comment: str) -> dict[str, An
     return {}
 
 
-def migration_problem(source: Workflow, target: Workflow, task: TaskState, state_map: Mapping[str, str],
-                      reason: str) -> str | None:
+def migration_problem(
+    source: Workflow, target: Workflow, task: TaskState, state_map: Mapping[str, str], reason: str
+) -> str | None:
     """Why this migration may not happen, or None: a pure check, so the CLI and API refuse alike."""
     if target.version == source.version:
         return "the task is already on that version"
     if task.terminal:
         return f"the task has ended (in {task.state!r})"
     if task.unsettled is not None:
-        return (f"write {task.unsettled['tool']} (action {task.unsettled['action_id']}) is "
-                f"{task.unsettled['status']}: migrate once its outcome is settled")
+        return (
+            f"write {task.unsettled['tool']} (action {task.unsettled['action_id']}) is "
+            f"{task.unsettled['status']}: migrate once its outcome is settled"
+        )
     if not isinstance(reason, str) or not reason.strip():
         return "a reason is required"
     unknown_from = sorted(name for name in state_map if not source.has_state(name))
@@ -692,7 +813,13 @@ def migration_problem(source: Workflow, target: Workflow, task: TaskState, state
 
 def _matches(task: TaskState, row: TaskRow) -> bool:
     return (task.state, task.seq, task.last_hash, str(task.status), task.version, task.digest) == (
-        row.state, row.seq, row.last_hash, row.status, row.version, row.digest)
+        row.state,
+        row.seq,
+        row.last_hash,
+        row.status,
+        row.version,
+        row.digest,
+    )
 
 
 def _check_actor(actor: str) -> None:

@@ -82,8 +82,11 @@ def _run_with_timeout(fn: Callable[[], T], timeout: float, label: str) -> _Call:
                 call.done.set()
                 late = call.abandoned
             if late:
-                log.warning("%s finished after its timeout (%s); its outcome was not used",
-                            label, "error" if call.error is not None else "returned")
+                log.warning(
+                    "%s finished after its timeout (%s); its outcome was not used",
+                    label,
+                    "error" if call.error is not None else "returned",
+                )
 
     threading.Thread(target=target, name=f"railyard-{label}", daemon=True).start()
     if not call.done.wait(timeout):
@@ -114,8 +117,12 @@ def execute(tool: ToolDef, prepared: PreparedToolCall) -> ToolOutcome:
     `ToolFailed`, and is `unknown` in the other cases.
     """
     if prepared.tool != tool.name or prepared.kind is not tool.kind:
-        raise Refused(f"prepared call for {prepared.tool} ({prepared.kind}) given to tool {tool.name} ({tool.kind})",
-                      code=Code.DEFINITION_CHANGED, tool=tool.name, action_id=prepared.action_id)
+        raise Refused(
+            f"prepared call for {prepared.tool} ({prepared.kind}) given to tool {tool.name} ({tool.kind})",
+            code=Code.DEFINITION_CHANGED,
+            tool=tool.name,
+            action_id=prepared.action_id,
+        )
     label = f"tool {tool.name} action {prepared.action_id}"
     uncertain: Literal["failed", "unknown"] = "unknown" if tool.kind is ToolKind.WRITE else "failed"
     invocation = ToolInvocation(prepared, tool.timeout)
@@ -130,8 +137,9 @@ def execute(tool: ToolDef, prepared: PreparedToolCall) -> ToolOutcome:
         return ToolOutcome("failed", None, Code.TOOL_REMOTE_ERROR, _short(call.error.reason), elapsed)
     if call.error is not None:
         _log_exception(label, call.error)
-        return ToolOutcome(uncertain, None, Code.TOOL_REMOTE_ERROR,
-                           f"remote error ({_short(type(call.error).__name__)})", elapsed)
+        return ToolOutcome(
+            uncertain, None, Code.TOOL_REMOTE_ERROR, f"remote error ({_short(type(call.error).__name__)})", elapsed
+        )
     try:
         result = accept_result(tool, call.value)
     except Refused as refusal:
@@ -172,8 +180,9 @@ def reconcile(tool: ToolDef, action_id: str) -> Reconciled:
         return Reconciled.failed(_short(answer.reason or "the remote recorded a failure"))
     if answer.outcome == "not_found":
         return Reconciled.not_found()
-    return Reconciled.unknown(_short(answer.reason or "the remote cannot tell yet"),
-                              answer.code or Code.TOOL_EXECUTION_UNKNOWN)
+    return Reconciled.unknown(
+        _short(answer.reason or "the remote cannot tell yet"), answer.code or Code.TOOL_EXECUTION_UNKNOWN
+    )
 
 
 def outcome_of(reconciled: Reconciled, duration_ms: int = 0) -> ToolOutcome | None:
@@ -186,5 +195,4 @@ def outcome_of(reconciled: Reconciled, duration_ms: int = 0) -> ToolOutcome | No
         return ToolOutcome("succeeded", data, None, None, duration_ms)
     if reconciled.outcome == "failed":
         return ToolOutcome("failed", None, Code.TOOL_REMOTE_ERROR, reconciled.reason, duration_ms)
-    return ToolOutcome("unknown", None, reconciled.code or Code.TOOL_EXECUTION_UNKNOWN, reconciled.reason,
-                       duration_ms)
+    return ToolOutcome("unknown", None, reconciled.code or Code.TOOL_EXECUTION_UNKNOWN, reconciled.reason, duration_ms)

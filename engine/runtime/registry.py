@@ -27,9 +27,7 @@ class Registry:
         versions = self._by_name.setdefault(workflow.name, {})
         existing = versions.get(workflow.version)
         if existing is not None and existing.digest != workflow.digest:
-            raise DefinitionError(
-                workflow.ref, [f"two different definitions claim {workflow.ref} (digests differ)"]
-            )
+            raise DefinitionError(workflow.ref, [f"two different definitions claim {workflow.ref} (digests differ)"])
         versions[workflow.version] = workflow
         return workflow
 

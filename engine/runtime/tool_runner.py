@@ -58,9 +58,13 @@ class AttemptInFlight(Refused):
     """
 
     def __init__(self, task_id: str, settle_after: datetime) -> None:
-        super().__init__(f"task {task_id}: the last attempt of its write may still be running until "
-                         f"{format_instant(settle_after)}: it is reconciled after that (a worker does so by itself)",
-                         code=Code.OUTCOME_UNSETTLED, task_id=task_id, settle_after=format_instant(settle_after))
+        super().__init__(
+            f"task {task_id}: the last attempt of its write may still be running until "
+            f"{format_instant(settle_after)}: it is reconciled after that (a worker does so by itself)",
+            code=Code.OUTCOME_UNSETTLED,
+            task_id=task_id,
+            settle_after=format_instant(settle_after),
+        )
         self.task_id = task_id
         self.settle_after = settle_after
 
@@ -77,22 +81,31 @@ class ToolRunner:
         definition = self.engine.definition_of(task)
         state = definition.state(task.state)
         if not isinstance(state, Tool) or task.terminal:
-            raise Refused(f"task {task.task_id} is in {task.state!r}, not a tool state",
-                          code=Code.TRIGGER_NOT_ALLOWED, task_id=task.task_id)
+            raise Refused(
+                f"task {task.task_id} is in {task.state!r}, not a tool state",
+                code=Code.TRIGGER_NOT_ALLOWED,
+                task_id=task.task_id,
+            )
         if definition.tools is None or state.tool not in definition.tools:
             # The deployment lacks the tool: a configuration error, not the task's failure (it is left as it is).
-            raise Refused(f"{definition.ref} state {task.state!r} names tool {state.tool!r}, which its catalog "
-                          "does not have", code=Code.TOOL_NOT_FOUND, task_id=task.task_id, tool=state.tool)
+            raise Refused(
+                f"{definition.ref} state {task.state!r} names tool {state.tool!r}, which its catalog does not have",
+                code=Code.TOOL_NOT_FOUND,
+                task_id=task.task_id,
+                tool=state.tool,
+            )
         tool = definition.tools.get(state.tool)
         if not task.prepared or task.prepared.get("tool") != tool.name:
-            return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_NOT_ALLOWED,
-                                                   "no prepared call for this tool", 0))
+            return self._outcome(
+                task, ToolOutcome("failed", None, Code.TOOL_NOT_ALLOWED, "no prepared call for this tool", 0)
+            )
         prepared = PreparedToolCall.from_dict(task.prepared)
         if tool.kind is ToolKind.READ:
             if not task.visit.get("pending") or int(task.visit.get("calls", 0)) < tool.max_attempts:
                 return self._attempt(task, tool, prepared)
-            return self._outcome(task, ToolOutcome("failed", None, Code.TOOL_TIMEOUT,
-                                                   f"no answer after {tool.max_attempts} attempts", 0))
+            return self._outcome(
+                task, ToolOutcome("failed", None, Code.TOOL_TIMEOUT, f"no answer after {tool.max_attempts} attempts", 0)
+            )
         effect = task.effect if task.effect and task.effect.get("action_id") == prepared.action_id else None
         status = effect.get("status") if effect is not None else None
         if status in (None, "failed", "not_executed"):
@@ -107,10 +120,17 @@ class ToolRunner:
         if tool.reconcile is None:
             if tool.idempotent_remote:  # the remote deduplicates by the same idempotency key: sending again is safe
                 return self._attempt(task, tool, prepared)
-            return self._outcome(task, ToolOutcome(
-                "unknown", None, Code.TOOL_EXECUTION_UNKNOWN,
-                "the remote can neither deduplicate nor say what happened: an operator records what they verified "
-                "(railyard settle)", 0))
+            return self._outcome(
+                task,
+                ToolOutcome(
+                    "unknown",
+                    None,
+                    Code.TOOL_EXECUTION_UNKNOWN,
+                    "the remote can neither deduplicate nor say what happened: an operator records what they verified "
+                    "(railyard settle)",
+                    0,
+                ),
+            )
         requested = (effect or {}).get("requested_at") if may_still_land(effect) else None
         if requested is not None:
             # The attempt may still be running (its worker lost the lease but not its life, or it timed out and
@@ -122,15 +142,17 @@ class ToolRunner:
         answer = reconcile(tool, prepared.action_id)
         settled = outcome_of(answer)
         if settled is None:  # not_found: it never happened; a new attempt with the same action id
-            task = self._commit(task, RECONCILE, {"reconciled": {"outcome": "not_found",
-                                                                 "action_id": prepared.action_id}}, late=False)
+            task = self._commit(
+                task, RECONCILE, {"reconciled": {"outcome": "not_found", "action_id": prepared.action_id}}, late=False
+            )
             if task.cancel_requested is not None:
                 return self._complete_cancel(task)
             return self._attempt(task, tool, prepared)
         if settled.outcome == "unknown":
             if int(task.visit.get("reconciles", 0)) + 1 < self.reconcile_attempts:
-                return self._commit(task, RECONCILE, {"reconciled": {"outcome": "unknown",
-                                                                     "action_id": prepared.action_id}})
+                return self._commit(
+                    task, RECONCILE, {"reconciled": {"outcome": "unknown", "action_id": prepared.action_id}}
+                )
             settled = ToolOutcome("unknown", None, Code.TOOL_EXECUTION_UNKNOWN, settled.message, 0)
         return self._outcome(task, settled, reconciled=True)
 
@@ -141,8 +163,14 @@ class ToolRunner:
         request = task.cancel_requested or {}
         requester = str(request.get("actor") or ACTOR)
         definition = self.engine.definition_of(task)
-        decision = decide(definition, task, CANCEL, {"reason": request.get("reason") or "cancel requested"},
-                          actor=requester, roles=self.engine.authoriser.roles_of(requester))
+        decision = decide(
+            definition,
+            task,
+            CANCEL,
+            {"reason": request.get("reason") or "cancel requested"},
+            actor=requester,
+            roles=self.engine.authoriser.roles_of(requester),
+        )
         decision = replace(decision, data={**decision.data, "requested_at_seq": request.get("seq")})
         return self.engine.commit(task, decision, actor=requester)
 
@@ -153,21 +181,28 @@ class ToolRunner:
         attempt = int(task.visit.get("calls", 0)) + 1
         # The intent must be on record under this worker's lease before anything runs: if this append is
         # refused (the lease was taken over, the task moved), the call is not made.
-        task = self._commit(task, CALL, {"intent": prepared.to_dict(), "attempt": attempt,
-                                         "requested_at": format_instant(now())}, late=False)
+        task = self._commit(
+            task,
+            CALL,
+            {"intent": prepared.to_dict(), "attempt": attempt, "requested_at": format_instant(now())},
+            late=False,
+        )
         outcome = execute(tool, prepared)
         return self._outcome(task, outcome)
 
-    def _outcome(self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False,
-                 asserted: dict[str, Any] | None = None) -> TaskState:
+    def _outcome(
+        self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False, asserted: dict[str, Any] | None = None
+    ) -> TaskState:
         data: dict[str, Any] = {"outcome": outcome.to_dict()}
         if task.prepared:
             data["action_id"] = task.prepared.get("action_id")
             if outcome.result is not None:
                 data["tool_result"] = {"tool": task.prepared.get("tool"), "result": outcome.result}
             elif outcome.code is not None:  # what the model may see of a failure: the code and a short message
-                data["tool_result"] = {"tool": task.prepared.get("tool"),
-                                       "error": {"code": str(outcome.code), "message": outcome.message}}
+                data["tool_result"] = {
+                    "tool": task.prepared.get("tool"),
+                    "error": {"code": str(outcome.code), "message": outcome.message},
+                }
         if reconciled:
             data["reconciled"] = True
         if asserted is not None:  # the outcome an operator verified (`settle`): who, and where the evidence is
@@ -183,8 +218,12 @@ class ToolRunner:
                 return self.engine.commit_system(task, trigger, data, actor=ACTOR)
             except LeaseLost:
                 # Another worker holds the task now; it finds the intent without an outcome and reconciles it.
-                log.warning("task %s: %s not recorded, the lease was taken over; the holder reconciles action %s",
-                            task.task_id, trigger, data.get("action_id"))
+                log.warning(
+                    "task %s: %s not recorded, the lease was taken over; the holder reconciles action %s",
+                    task.task_id,
+                    trigger,
+                    data.get("action_id"),
+                )
                 raise
             except ConcurrencyConflict:
                 if not late:
@@ -195,9 +234,16 @@ class ToolRunner:
                     # The attempt's fate was recorded by another writer (a reconciling worker) if its intent is no
                     # longer open; if it is, nothing may have moved the task, and this outcome says what happened.
                     level = logging.ERROR if moved.unsettled is not None else logging.INFO
-                    log.log(level, "task %s: %s for action %s not recorded here: the task is in %s at seq %s "
-                            "(outcome %s)", task.task_id, trigger, data.get("action_id"), moved.state, moved.seq,
-                            (data.get("outcome") or {}).get("outcome"))
+                    log.log(
+                        level,
+                        "task %s: %s for action %s not recorded here: the task is in %s at seq %s (outcome %s)",
+                        task.task_id,
+                        trigger,
+                        data.get("action_id"),
+                        moved.state,
+                        moved.seq,
+                        (data.get("outcome") or {}).get("outcome"),
+                    )
                     return moved
                 task = moved
         raise ConcurrencyConflict(task.task_id, task.seq, None, task.state)

@@ -46,12 +46,18 @@ from engine.store.wakeups import Listener
 
 log = logging.getLogger("railyard.worker")
 
-COUNTS = ("claimed", "transitions", "released", "handed_back", "conflicts", "lease_losses", "failures",
-          "config_errors")
+COUNTS = ("claimed", "transitions", "released", "handed_back", "conflicts", "lease_losses", "failures", "config_errors")
 #: Refusals that say this process cannot run the task (its deployment lacks the version, the model, a tool, a
 #: readable setting), not that the task's step failed: the task is left as it is, and its failures are not counted.
-CONFIGURATION = frozenset({Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED, Code.MODEL_NOT_CONFIGURED,
-                           Code.CONFIG_INVALID, Code.TOOL_NOT_FOUND})
+CONFIGURATION = frozenset(
+    {
+        Code.DEFINITION_MISSING,
+        Code.DEFINITION_CHANGED,
+        Code.MODEL_NOT_CONFIGURED,
+        Code.CONFIG_INVALID,
+        Code.TOOL_NOT_FOUND,
+    }
+)
 
 
 @dataclass
@@ -142,17 +148,25 @@ class Worker:
         Started without a model, a worker would claim agent tasks only to leave them; better that the operator
         hears it before anything is claimed.
         """
-        needing = sorted({w.ref for w in self.engine.registry if w.name in self.workflows
-                          and any(s.kind is StateKind.AGENT for s in w.states)})
+        needing = sorted(
+            {
+                w.ref
+                for w in self.engine.registry
+                if w.name in self.workflows and any(s.kind is StateKind.AGENT for s in w.states)
+            }
+        )
         if needing:
             load_profiles()  # an unreadable profiles file (RAILYARD_PROFILES_FILE) is CONFIG_INVALID now, not later
         if self.model is not None or self.engine.model is not None or config.model_spec() is not None:
             return
         if needing:
-            raise Refused(f"the workflows this worker serves have agent states ({', '.join(needing)}) and no model "
-                          "is configured: set RAILYARD_MODEL or --model (scripted:PATH, openai:MODEL, "
-                          "anthropic:MODEL), or serve only other workflows (--workflows)",
-                          code=Code.MODEL_NOT_CONFIGURED, workflows=needing)
+            raise Refused(
+                f"the workflows this worker serves have agent states ({', '.join(needing)}) and no model "
+                "is configured: set RAILYARD_MODEL or --model (scripted:PATH, openai:MODEL, "
+                "anthropic:MODEL), or serve only other workflows (--workflows)",
+                code=Code.MODEL_NOT_CONFIGURED,
+                workflows=needing,
+            )
 
     # -- the loop -------------------------------------------------------
     def wake(self) -> None:
@@ -166,6 +180,7 @@ class Worker:
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Keep `concurrency` tasks in hand until `stop` (or `self.stop()`); then finish the steps in hand."""
+
         def stopping() -> bool:
             return self._stop.is_set() or (stop is not None and stop.is_set())
 
@@ -195,8 +210,9 @@ class Worker:
 
     def _claim(self, limit: int) -> list[Claim]:
         try:
-            claimed = self.engine.store.claim(self.name, limit=limit, lease_seconds=self.lease_seconds,
-                                              workflows=self.workflows)
+            claimed = self.engine.store.claim(
+                self.name, limit=limit, lease_seconds=self.lease_seconds, workflows=self.workflows
+            )
         except RailyardError as error:  # the database is away: try again at the next poll
             log.error("claim failed: %s", error.code)
             return []
@@ -211,8 +227,9 @@ class Worker:
         done = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(done,), name=f"{self.name}-heartbeat", daemon=True)
         beat.start()
-        listener = (Listener(self.engine.store.url, self.wake, self.workflows).start()
-                    if listen and self.listen else None)
+        listener = (
+            Listener(self.engine.store.url, self.wake, self.workflows).start() if listen and self.listen else None
+        )
         try:
             yield
         finally:
@@ -235,8 +252,9 @@ class Worker:
             with holding(lease):
                 self._advance(task_id, stopping)
         except AttemptInFlight as waiting:
-            log.info("task %s: a stranded attempt may still be running; looking again at %s", task_id,
-                     waiting.settle_after)
+            log.info(
+                "task %s: a stranded attempt may still be running; looking again at %s", task_id, waiting.settle_after
+            )
             self.engine.store.postpone(task_id, claim.epoch, waiting.settle_after)
         except LeaseLost:
             self.counts.add("lease_losses")
@@ -251,15 +269,17 @@ class Worker:
                 # that can run it, and never count it as the task's failure.
                 cleared = False
                 self.counts.add("config_errors")
-                log.error("task %s: %s (%s); left as it is, for a worker that can run it", task_id, exc.code,
-                          exc.message)
+                log.error(
+                    "task %s: %s (%s); left as it is, for a worker that can run it", task_id, exc.code, exc.message
+                )
                 self.engine.store.postpone(task_id, claim.epoch, now() + timedelta(seconds=self.retry_backoff))
                 return
             failed = True
             self.counts.add("failures")
             log.error("task %s: %s while advancing (%.200s)", task_id, type(exc).__name__, exc)
-            tries = self.engine.store.postpone(task_id, claim.epoch,
-                                               now() + timedelta(seconds=self.retry_backoff), failed=True)
+            tries = self.engine.store.postpone(
+                task_id, claim.epoch, now() + timedelta(seconds=self.retry_backoff), failed=True
+            )
             if tries >= self.max_failures:
                 self._give_up(lease, exc, tries)
         finally:
@@ -281,8 +301,9 @@ class Worker:
                 self.engine.transition(task, EXPIRED, actor="system:timer", system=True)
                 self.counts.add("transitions")
             return
-        after = self.engine.advance(task, model=self.model, thinking=self.thinking, max_turns=self.max_turns,
-                                    until=stopping)
+        after = self.engine.advance(
+            task, model=self.model, thinking=self.thinking, max_turns=self.max_turns, until=stopping
+        )
         self.counts.add("transitions", after.seq - task.seq)
         if stopping() and after.status is Status.RUNNABLE:
             self.counts.add("handed_back")
@@ -327,8 +348,17 @@ class Worker:
         counts = self.counts.snapshot()
         log.info("worker %s counts %s", self.name, " ".join(f"{k}={v}" for k, v in counts.items()))
         try:
-            self.engine.store.report_worker(WorkerReport(
-                self.name, socket.gethostname(), os.getpid(), self.concurrency, self.started_at, now(), stopped_at,
-                counts))
+            self.engine.store.report_worker(
+                WorkerReport(
+                    self.name,
+                    socket.gethostname(),
+                    os.getpid(),
+                    self.concurrency,
+                    self.started_at,
+                    now(),
+                    stopped_at,
+                    counts,
+                )
+            )
         except RailyardError as error:  # a report is for operators; losing one never stops the work
             log.warning("worker report failed: %s", error.code)

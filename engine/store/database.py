@@ -26,7 +26,7 @@ def normalize_url(url: str) -> str:
     """Accept `postgresql://` and `postgres://` as psycopg 3 URLs; anything else as given."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 

@@ -121,6 +121,7 @@ WHERE task_id IN (
 RETURNING task_id, lease_epoch, next_run_at
 """
 
+
 #: SQLite: the same selection inside BEGIN IMMEDIATE (the write lock serialises claimers).
 @lru_cache(maxsize=16)
 def due_sqlite(n_workflows: int) -> str:
@@ -186,9 +187,13 @@ def audit_logs(postgres: bool, n_ids: int, snapshots: bool, upto: bool, lower: b
     """
     mark = "%s" if postgres else "?"
     limit = (f" AND seq >= {mark}" if lower else "") + (f" AND seq <= {mark}" if upto else "")
-    columns = ("1, task_id, seq, NULL, NULL, NULL, NULL, NULL, doc, NULL, hash FROM snapshots" if snapshots else
-               "0, task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash FROM events")
+    columns = (
+        "1, task_id, seq, NULL, NULL, NULL, NULL, NULL, doc, NULL, hash FROM snapshots"
+        if snapshots
+        else "0, task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash FROM events"
+    )
     return f"SELECT {columns} WHERE {_ids_in(postgres, n_ids)}{limit} ORDER BY task_id, seq"
+
 
 #: Give a lease back: only while still held at the claimed epoch (a lease taken over is not ours to free);
 #: a step that went through also clears the count of consecutive failures. Parameters: succeeded, task, epoch.

@@ -57,8 +57,12 @@ tasks = Table(
     Index("ix_tasks_status", "status"),
     Index("ix_tasks_workflow_version", "workflow", "version"),
     # What a claim scans: the unfinished tasks by due time, however many finished ones the table holds.
-    Index("ix_tasks_due", "next_run_at", postgresql_where=text("status <> 'terminal'"),
-          sqlite_where=text("status <> 'terminal'")),
+    Index(
+        "ix_tasks_due",
+        "next_run_at",
+        postgresql_where=text("status <> 'terminal'"),
+        sqlite_where=text("status <> 'terminal'"),
+    ),
 )
 
 #: The append-only log. `data` is the canonical JSON text that was hashed, byte for byte.

@@ -54,17 +54,35 @@ class Store:
             conn.execute(insert(tasks).values(**_row_values(row)))
             conn.execute(insert(events).values(**_event_values(first)))
 
-    def repin(self, task_id: str, expected_seq: int, event: Event, *, version: int, digest: str, status: str,
-              next_run_at: datetime | None) -> None:
+    def repin(
+        self,
+        task_id: str,
+        expected_seq: int,
+        event: Event,
+        *,
+        version: int,
+        digest: str,
+        status: str,
+        next_run_at: datetime | None,
+    ) -> None:
         """Append a `migrate` event and pin the task row to another version, in one transaction (or neither).
 
         Rare (an operator's command), so plain SQLAlchemy; conflicts like `append` when the task moved.
         """
         with self._errors(), self._writer() as conn:
             moved = conn.execute(
-                update(tasks).where(tasks.c.task_id == task_id, tasks.c.seq == expected_seq)
-                .values(seq=event.seq, state=event.to_state, status=status, last_hash=event.hash, updated_at=now(),
-                        next_run_at=next_run_at, version=version, digest=digest)
+                update(tasks)
+                .where(tasks.c.task_id == task_id, tasks.c.seq == expected_seq)
+                .values(
+                    seq=event.seq,
+                    state=event.to_state,
+                    status=status,
+                    last_hash=event.hash,
+                    updated_at=now(),
+                    next_run_at=next_run_at,
+                    version=version,
+                    digest=digest,
+                )
             )
             if moved.rowcount != 1:
                 found = conn.execute(select(tasks.c.seq, tasks.c.lease_epoch).where(tasks.c.task_id == task_id))
@@ -120,16 +138,44 @@ class Store:
             cur: Any = raw.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                cur.execute(queries.MOVE_TASK_SQLITE, (last.seq, last.to_state, status, last.hash, at, due, status,
-                                                       status, task_id, expected_seq, lease_epoch, lease_epoch))
+                cur.execute(
+                    queries.MOVE_TASK_SQLITE,
+                    (
+                        last.seq,
+                        last.to_state,
+                        status,
+                        last.hash,
+                        at,
+                        due,
+                        status,
+                        status,
+                        task_id,
+                        expected_seq,
+                        lease_epoch,
+                        lease_epoch,
+                    ),
+                )
                 if cur.rowcount != 1:
                     cur.execute(queries.TASK_SEQ_SQLITE, (task_id,))
                     raise _conflict(task_id, expected_seq, lease_epoch, cur.fetchone())
-                cur.executemany(queries.INSERT_EVENT_SQLITE, [
-                    (e.task_id, e.seq, queries.sqlite_instant(e.at), e.actor, e.from_state, e.trigger, e.to_state,
-                     canonical_json(e.data), e.prev_hash, e.hash)
-                    for e in new_events
-                ])
+                cur.executemany(
+                    queries.INSERT_EVENT_SQLITE,
+                    [
+                        (
+                            e.task_id,
+                            e.seq,
+                            queries.sqlite_instant(e.at),
+                            e.actor,
+                            e.from_state,
+                            e.trigger,
+                            e.to_state,
+                            canonical_json(e.data),
+                            e.prev_hash,
+                            e.hash,
+                        )
+                        for e in new_events
+                    ],
+                )
                 if snapshot is not None:
                     cur.execute(queries.INSERT_SNAPSHOT_SQLITE, (task_id, *snapshot, at))
                 cur.execute("COMMIT")
@@ -151,11 +197,24 @@ class Store:
     ) -> None:
         last = new_events[-1]
         at = now()
-        params: list[Any] = [last.seq, last.to_state, status, last.hash, at, next_run_at, status, status, task_id,
-                             expected_seq, lease_epoch, lease_epoch]
+        params: list[Any] = [
+            last.seq,
+            last.to_state,
+            status,
+            last.hash,
+            at,
+            next_run_at,
+            status,
+            status,
+            task_id,
+            expected_seq,
+            lease_epoch,
+            lease_epoch,
+        ]
         for e in new_events:
-            params.extend((e.seq, e.at, e.actor, e.from_state, e.trigger, e.to_state, canonical_json(e.data),
-                           e.prev_hash, e.hash))
+            params.extend(
+                (e.seq, e.at, e.actor, e.from_state, e.trigger, e.to_state, canonical_json(e.data), e.prev_hash, e.hash)
+            )
         if snapshot is not None:
             params.extend((*snapshot, at))
         raw = self.engine.raw_connection()
@@ -169,8 +228,15 @@ class Store:
             raw.close()
 
     # -- leases ---------------------------------------------------------
-    def claim(self, owner: str, *, limit: int, lease_seconds: float, workflows: Sequence[str] | None = None,
-              at: datetime | None = None) -> list[Claim]:
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        workflows: Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> list[Claim]:
         """Lease up to `limit` due tasks to `owner`, the longest-due first."""
         at = at or now()
         until = at + timedelta(seconds=lease_seconds)
@@ -179,14 +245,24 @@ class Store:
             try:
                 cur: Any = raw.cursor()
                 if self.dialect == "postgresql":
-                    cur.execute(queries.CLAIM_POSTGRES, {"owner": owner, "until": until, "now": at, "limit": limit,
-                                                         "workflows": list(workflows) if workflows else None})
+                    cur.execute(
+                        queries.CLAIM_POSTGRES,
+                        {
+                            "owner": owner,
+                            "until": until,
+                            "now": at,
+                            "limit": limit,
+                            "workflows": list(workflows) if workflows else None,
+                        },
+                    )
                     return [Claim(r[0], r[1], utc(r[2])) for r in cur.fetchall()]
                 cur.execute("BEGIN IMMEDIATE")
                 try:
                     instant = queries.sqlite_instant(at)
-                    cur.execute(queries.due_sqlite(len(workflows) if workflows else 0),
-                                (instant, instant, *(workflows or ()), limit))
+                    cur.execute(
+                        queries.due_sqlite(len(workflows) if workflows else 0),
+                        (instant, instant, *(workflows or ()), limit),
+                    )
                     due = cur.fetchall()
                     claimed = []
                     for task_id, due_at in due:
@@ -210,7 +286,8 @@ class Store:
             return 0
         with self._errors(), self._writer() as conn:
             result = conn.execute(
-                update(tasks).where(tasks.c.task_id.in_(list(task_ids)), tasks.c.lease_owner == owner)
+                update(tasks)
+                .where(tasks.c.task_id.in_(list(task_ids)), tasks.c.lease_owner == owner)
                 .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))
             )
             return int(result.rowcount)
@@ -226,8 +303,9 @@ class Store:
             raw = self.engine.raw_connection()
             try:
                 cur: Any = raw.cursor()
-                cur.execute(queries.RELEASE_POSTGRES if postgres else queries.RELEASE_SQLITE,
-                            (step_succeeded, task_id, epoch))
+                cur.execute(
+                    queries.RELEASE_POSTGRES if postgres else queries.RELEASE_SQLITE, (step_succeeded, task_id, epoch)
+                )
             finally:
                 raw.close()
 
@@ -237,17 +315,19 @@ class Store:
         if failed:
             values["failures"] = tasks.c.failures + 1
         with self._errors(), self._writer() as conn:
-            conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch)
-                         .values(**values))
+            conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch).values(**values))
             count = conn.execute(select(tasks.c.failures).where(tasks.c.task_id == task_id)).scalar()
         return int(count or 0)
 
     # -- archive --------------------------------------------------------
     def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
         """Ended tasks whose last event is older than `before` and whose events are still here, oldest first."""
-        query = (select(tasks).where(tasks.c.status == "terminal", tasks.c.updated_at < before,
-                                     tasks.c.archived_at.is_(None))
-                 .order_by(tasks.c.updated_at, tasks.c.task_id).limit(limit))
+        query = (
+            select(tasks)
+            .where(tasks.c.status == "terminal", tasks.c.updated_at < before, tasks.c.archived_at.is_(None))
+            .order_by(tasks.c.updated_at, tasks.c.task_id)
+            .limit(limit)
+        )
         with self._errors(), self._reader() as conn:
             return [_task_row(r) for r in conn.execute(query)]
 
@@ -262,8 +342,13 @@ class Store:
         with self._errors(), self._writer() as conn:
             for task_id, seq in archived:
                 done = conn.execute(
-                    update(tasks).where(tasks.c.task_id == task_id, tasks.c.seq == seq,
-                                        tasks.c.status == "terminal", tasks.c.archived_at.is_(None))
+                    update(tasks)
+                    .where(
+                        tasks.c.task_id == task_id,
+                        tasks.c.seq == seq,
+                        tasks.c.status == "terminal",
+                        tasks.c.archived_at.is_(None),
+                    )
                     .values(archived_at=at, archive_file=file, archive_sha256=sha256)
                 )
                 if done.rowcount == 1:
@@ -275,13 +360,15 @@ class Store:
     def archive_of(self, task_id: str) -> ArchiveRef | None:
         """The archive holding the task's events, if it was archived."""
         query = select(tasks.c.archive_file, tasks.c.archive_sha256, tasks.c.archived_at).where(
-            tasks.c.task_id == task_id, tasks.c.archived_at.is_not(None))
+            tasks.c.task_id == task_id, tasks.c.archived_at.is_not(None)
+        )
         with self._errors(), self._reader() as conn:
             found = conn.execute(query).first()
         return ArchiveRef(task_id, found.archive_file, found.archive_sha256, utc(found.archived_at)) if found else None
 
-    def archived(self, *, workflow: str | None = None, since: datetime | None = None,
-                 page_size: int = AUDIT_PAGE) -> Iterator[tuple[TaskRow, ArchiveRef]]:
+    def archived(
+        self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
+    ) -> Iterator[tuple[TaskRow, ArchiveRef]]:
         """Archived tasks (of `workflow`, whose row changed at or after `since`) and their archives, file by file.
 
         In keyset pages ordered by (archive file, task id): replay reads each file once for its tasks.
@@ -330,16 +417,38 @@ class Store:
         if not rows or rows[0][0] != 0:
             return None
         _, seq, workflow, digest, state, status, last_hash, tid, _, version, created, updated = rows[0]
-        row = TaskRow(tid, workflow, version, digest, state, status, seq, last_hash,
-                      queries.read_instant(created), queries.read_instant(updated))
+        row = TaskRow(
+            tid,
+            workflow,
+            version,
+            digest,
+            state,
+            status,
+            seq,
+            last_hash,
+            queries.read_instant(created),
+            queries.read_instant(updated),
+        )
         snap = None
         tail: list[Event] = []
         for r in rows[1:]:
             if r[0] == 1:
                 snap = Snapshot(task_id, r[1], r[2], r[3])
             else:
-                tail.append(Event(task_id, r[1], queries.read_instant(r[10]), r[2], r[3], r[4], r[5],
-                                  _stored_data(r[6], task_id, r[1]), r[7], r[8]))
+                tail.append(
+                    Event(
+                        task_id,
+                        r[1],
+                        queries.read_instant(r[10]),
+                        r[2],
+                        r[3],
+                        r[4],
+                        r[5],
+                        _stored_data(r[6], task_id, r[1]),
+                        r[7],
+                        r[8],
+                    )
+                )
         return Loaded(row, snap, tail)
 
     def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
@@ -386,8 +495,21 @@ class Store:
             rows: list[TaskRow] = []
             with self._errors(), self._audit_session() as (fetch_all, stream):
                 page, params = self._audit_page(ids, after, workflow, since, page_size)
-                rows = [TaskRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], queries.read_instant(r[8]),
-                                queries.read_instant(r[9])) for r in fetch_all(page, params)]
+                rows = [
+                    TaskRow(
+                        r[0],
+                        r[1],
+                        r[2],
+                        r[3],
+                        r[4],
+                        r[5],
+                        r[6],
+                        r[7],
+                        queries.read_instant(r[8]),
+                        queries.read_instant(r[9]),
+                    )
+                    for r in fetch_all(page, params)
+                ]
                 if not rows:
                     return
                 page_ids = [r.task_id for r in rows]
@@ -396,8 +518,11 @@ class Store:
                 bounds = (upto_seq is not None, from_seq is not None)
                 logs = stream(queries.audit_logs(postgres, len(page_ids), False, *bounds), params)
                 if with_snapshots:
-                    logs = in_log_order(logs, stream(queries.audit_logs(postgres, len(page_ids), True, *bounds),
-                                                      params), {tid: n for n, tid in enumerate(page_ids)})
+                    logs = in_log_order(
+                        logs,
+                        stream(queries.audit_logs(postgres, len(page_ids), True, *bounds), params),
+                        {tid: n for n, tid in enumerate(page_ids)},
+                    )
                 heads = iter(rows)
                 head: TaskRow | None = None
                 try:
@@ -408,9 +533,21 @@ class Store:
                                 raise StoreError(f"audit read: a log row of task {tid} out of its page's order")
                             yield head
                         if k == 0:
-                            yield with_stored_data(Event(tid, seq, at if type(at) is datetime and at.tzinfo is UTC
-                                                         else _audit_instant(at), actor, source, trigger, target,
-                                                         _audit_data(data), prev, digest), data)
+                            yield with_stored_data(
+                                Event(
+                                    tid,
+                                    seq,
+                                    at if type(at) is datetime and at.tzinfo is UTC else _audit_instant(at),
+                                    actor,
+                                    source,
+                                    trigger,
+                                    target,
+                                    _audit_data(data),
+                                    prev,
+                                    digest,
+                                ),
+                                data,
+                            )
                         else:
                             yield Snapshot(tid, seq, digest, data)
                 finally:
@@ -420,8 +557,9 @@ class Store:
                 return
             after = rows[-1].task_id
 
-    def audit_pages(self, *, workflow: str | None = None, since: datetime | None = None,
-                    page_size: int = AUDIT_PAGE) -> Iterator[list[str]]:
+    def audit_pages(
+        self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
+    ) -> Iterator[list[str]]:
         """The ids `audit_stream` would visit, a keyset page at a time (what parallel replay hands out)."""
         after: str | None = None
         while True:
@@ -434,8 +572,9 @@ class Store:
                 return
             after = ids[-1]
 
-    def _audit_page(self, ids: list[str], after: str | None, workflow: str | None, since: datetime | None,
-                    page_size: int) -> tuple[str, list[Any]]:
+    def _audit_page(
+        self, ids: list[str], after: str | None, workflow: str | None, since: datetime | None, page_size: int
+    ) -> tuple[str, list[Any]]:
         """The keyset page query of task rows that `audit_stream` and `audit_pages` read, with its parameters."""
         postgres = self.dialect == "postgresql"
         params: list[Any] = queries.audit_ids(postgres, ids) if ids else []
@@ -444,8 +583,9 @@ class Store:
         if since is not None:
             params.append(since if postgres else queries.sqlite_instant(since))
         params.append(page_size)
-        return queries.audit_page(postgres, len(ids), after is not None, workflow is not None,
-                                  since is not None), params
+        return queries.audit_page(
+            postgres, len(ids), after is not None, workflow is not None, since is not None
+        ), params
 
     def snapshot_seqs(self, task_id: str) -> list[int]:
         """The seqs the task has snapshots at, ascending: where a long log can be cut for parallel replay."""
@@ -507,8 +647,9 @@ class Store:
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
-    def recent(self, *, workflow: str | None = None, state: str | None = None, status: str | None = None,
-               limit: int = 100) -> list[TaskRow]:
+    def recent(
+        self, *, workflow: str | None = None, state: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[TaskRow]:
         """Task rows, most recently changed first, at most `limit`: one bounded query for back-office lists."""
         query = select(tasks)
         if workflow:
@@ -526,10 +667,13 @@ class Store:
         reads these instead of loading every blocked task to find out where it stands."""
         if not states:
             return []
-        query = (select(tasks.c.task_id)
-                 .where(tasks.c.status == "blocked",
-                        tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states)))
-                 .order_by(tasks.c.created_at, tasks.c.task_id))
+        query = (
+            select(tasks.c.task_id)
+            .where(
+                tasks.c.status == "blocked", tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states))
+            )
+            .order_by(tasks.c.created_at, tasks.c.task_id)
+        )
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
@@ -538,22 +682,42 @@ class Store:
         at = at or now()
         leased = func.sum(case((tasks.c.lease_expires_at > at, 1), else_=0))
         query = (
-            select(tasks.c.workflow, tasks.c.status, func.count().label("tasks"), leased.label("leased"),
-                   func.min(tasks.c.next_run_at).label("oldest_due"))
+            select(
+                tasks.c.workflow,
+                tasks.c.status,
+                func.count().label("tasks"),
+                leased.label("leased"),
+                func.min(tasks.c.next_run_at).label("oldest_due"),
+            )
             .group_by(tasks.c.workflow, tasks.c.status)
             .order_by(tasks.c.workflow, tasks.c.status)
         )
         with self._errors(), self._reader() as conn:
             rows = conn.execute(query).all()
-        return [{"workflow": r.workflow, "status": r.status, "tasks": r.tasks, "leased": int(r.leased or 0),
-                 "oldest_due": utc(r.oldest_due) if r.oldest_due is not None else None} for r in rows]
+        return [
+            {
+                "workflow": r.workflow,
+                "status": r.status,
+                "tasks": r.tasks,
+                "leased": int(r.leased or 0),
+                "oldest_due": utc(r.oldest_due) if r.oldest_due is not None else None,
+            }
+            for r in rows
+        ]
 
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:
         """Insert or refresh a worker's row (it reports on every heartbeat and once when it stops)."""
-        values = {"name": report.name, "host": report.host, "pid": report.pid, "concurrency": report.concurrency,
-                  "started_at": report.started_at, "seen_at": report.seen_at, "stopped_at": report.stopped_at,
-                  "counts": canonical_json(report.counts)}
+        values = {
+            "name": report.name,
+            "host": report.host,
+            "pid": report.pid,
+            "concurrency": report.concurrency,
+            "started_at": report.started_at,
+            "seen_at": report.seen_at,
+            "stopped_at": report.stopped_at,
+            "counts": canonical_json(report.counts),
+        }
         upsert = pg_insert if self.dialect == "postgresql" else sqlite_insert
         statement = upsert(workers).values(**values)
         statement = statement.on_conflict_do_update(
@@ -565,12 +729,19 @@ class Store:
 
     def workers(self, *, seen_since: datetime) -> list[WorkerReport]:
         """Workers that reported since `seen_since` and have not stopped."""
-        query = (select(workers).where(workers.c.seen_at >= seen_since, workers.c.stopped_at.is_(None))
-                 .order_by(workers.c.name))
+        query = (
+            select(workers)
+            .where(workers.c.seen_at >= seen_since, workers.c.stopped_at.is_(None))
+            .order_by(workers.c.name)
+        )
         with self._errors(), self._reader() as conn:
             rows = conn.execute(query).all()
-        return [WorkerReport(r.name, r.host, r.pid, r.concurrency, utc(r.started_at), utc(r.seen_at), None,
-                             json.loads(r.counts)) for r in rows]
+        return [
+            WorkerReport(
+                r.name, r.host, r.pid, r.concurrency, utc(r.started_at), utc(r.seen_at), None, json.loads(r.counts)
+            )
+            for r in rows
+        ]
 
     @staticmethod
     def _events(conn: Connection, task_id: str, after: int, upto: int | None) -> list[Event]:
@@ -776,8 +947,12 @@ def _stored_data(text: str, task_id: str, seq: int) -> dict[str, Any]:
     like any other broken link of the chain, rather than a decoder's traceback)."""
     data = _audit_data(text)
     if UNREADABLE in data and len(data) == 1:
-        raise IntegrityError(f"task {task_id}: the data of event {seq} is not the JSON object that was hashed",
-                             code=Code.HASH_MISMATCH, task_id=task_id, seq=seq)
+        raise IntegrityError(
+            f"task {task_id}: the data of event {seq} is not the JSON object that was hashed",
+            code=Code.HASH_MISMATCH,
+            task_id=task_id,
+            seq=seq,
+        )
     return data
 
 

@@ -29,8 +29,14 @@ def libpq_dsn(url: str) -> str:
 class Listener:
     """A daemon thread that LISTENs and calls `wake` on every notification about a workflow of interest."""
 
-    def __init__(self, url: str, wake: Callable[[], None], workflows: Sequence[str] | None = None,
-                 *, reconnect_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        wake: Callable[[], None],
+        workflows: Sequence[str] | None = None,
+        *,
+        reconnect_seconds: float = 1.0,
+    ) -> None:
         self.dsn = libpq_dsn(url)
         self.wake = wake
         self.workflows = set(workflows) if workflows else None

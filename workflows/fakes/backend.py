@@ -31,8 +31,9 @@ class Backend:
     def __init__(self, url: str) -> None:
         self.url = normalize_url(url)
         self.dialect = dialect_of(self.url)
-        self.engine: Engine = make_engine(self.url, pool_size=4) if self.dialect == "postgresql" \
-            else make_engine(self.url)
+        self.engine: Engine = (
+            make_engine(self.url, pool_size=4) if self.dialect == "postgresql" else make_engine(self.url)
+        )
         self._ensure()
 
     def write(self) -> AbstractContextManager[Connection]:

@@ -29,10 +29,19 @@ from workflows.fakes.backend import Backend
 from workflows.fakes.errors import Declined
 from workflows.fakes.schema import faults
 
-Fault = Literal["timeout", "unavailable", "remote_error", "lost_reply", "crash_before", "crash_after",
-                "hold_before", "hold_after"]
-FAULTS: tuple[Fault, ...] = ("timeout", "unavailable", "remote_error", "lost_reply", "crash_before", "crash_after",
-                             "hold_before", "hold_after")
+Fault = Literal[
+    "timeout", "unavailable", "remote_error", "lost_reply", "crash_before", "crash_after", "hold_before", "hold_after"
+]
+FAULTS: tuple[Fault, ...] = (
+    "timeout",
+    "unavailable",
+    "remote_error",
+    "lost_reply",
+    "crash_before",
+    "crash_after",
+    "hold_before",
+    "hold_after",
+)
 #: A held call lets go by itself after this share of the caller's timeout, so it still answers in time.
 HOLD_SHARE = 0.9
 #: Marker rows (never taken as faults: nothing remains of them): a call is held; a test released it.
@@ -61,7 +70,9 @@ def take(backend: Backend, operation: str) -> Fault | None:
         row = conn.execute(
             select(faults.c.id, faults.c.fault)
             .where(faults.c.operation == operation, faults.c.remaining > 0)
-            .order_by(faults.c.id).limit(1).with_for_update()
+            .order_by(faults.c.id)
+            .limit(1)
+            .with_for_update()
         ).first()
         if row is None:
             return None
@@ -90,7 +101,6 @@ def strike_after(fault: Fault | None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-
 def hold(backend: Backend, operation: str, timeout: float) -> None:
     """Wait, saying so, until a test releases `operation` or most of `timeout` is gone."""
     with backend.write() as conn:
@@ -98,8 +108,9 @@ def hold(backend: Backend, operation: str, timeout: float) -> None:
     until = time.monotonic() + timeout * HOLD_SHARE
     while time.monotonic() < until:
         with backend.read() as conn:
-            found = conn.execute(select(faults.c.id).where(faults.c.operation == operation,
-                                                           faults.c.fault == _RELEASED)).first()
+            found = conn.execute(
+                select(faults.c.id).where(faults.c.operation == operation, faults.c.fault == _RELEASED)
+            ).first()
         if found is not None:
             return
         time.sleep(0.01)
@@ -108,8 +119,10 @@ def hold(backend: Backend, operation: str, timeout: float) -> None:
 def held(backend: Backend, operation: str) -> bool:
     """Whether a call of `operation` is being held now (or was, and has not been released)."""
     with backend.read() as conn:
-        return conn.execute(select(faults.c.id).where(faults.c.operation == operation,
-                                                      faults.c.fault == _HELD)).first() is not None
+        return (
+            conn.execute(select(faults.c.id).where(faults.c.operation == operation, faults.c.fault == _HELD)).first()
+            is not None
+        )
 
 
 def release(backend: Backend, operation: str) -> None:

@@ -41,13 +41,28 @@ class Orders:
         strike_before(fault, timeout)
         with self.backend.read() as conn:
             row = conn.execute(select(orders).where(orders.c.order_id == order_id)).first()
-            proofs = conn.execute(select(evidence.c.evidence_id).where(evidence.c.order_id == order_id)
-                                  .order_by(evidence.c.evidence_id)).scalars().all()
+            proofs = (
+                conn.execute(
+                    select(evidence.c.evidence_id)
+                    .where(evidence.c.order_id == order_id)
+                    .order_by(evidence.c.evidence_id)
+                )
+                .scalars()
+                .all()
+            )
         if row is None:
             raise NotFound(f"order {order_id}")
         strike_after(fault)
-        return Order(row.order_id, row.customer_id, row.currency, row.total, row.refunded, row.status,
-                     utc(row.placed_at), tuple(proofs))
+        return Order(
+            row.order_id,
+            row.customer_id,
+            row.currency,
+            row.total,
+            row.refunded,
+            row.status,
+            utc(row.placed_at),
+            tuple(proofs),
+        )
 
     def add_evidence(self, evidence_id: str, order_id: str, kind: str, note: str) -> None:
         """What a customer portal does when the customer uploads a photo or a document."""

@@ -41,8 +41,17 @@ class Payments:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    def refund(self, idempotency_key: str, *, order_id: str, amount: int, currency: str, reason: str,
-               category: str | None = None, timeout: float = 10.0) -> Refund:
+    def refund(
+        self,
+        idempotency_key: str,
+        *,
+        order_id: str,
+        amount: int,
+        currency: str,
+        reason: str,
+        category: str | None = None,
+        timeout: float = 10.0,
+    ) -> Refund:
         """Pay `amount` back on `order_id` once per `idempotency_key`; `Declined` if the provider refuses."""
         fault = take(self.backend, "payments.refund")
         if fault == "remote_error":
@@ -97,7 +106,8 @@ class Payments:
         with self.backend.read() as conn:
             rows = conn.execute(
                 select(payment_requests.c.idempotency_key, func.count())
-                .where(payment_requests.c.result == "executed").group_by(payment_requests.c.idempotency_key)
+                .where(payment_requests.c.result == "executed")
+                .group_by(payment_requests.c.idempotency_key)
             ).all()
         return {key: int(n) for key, n in rows}
 
@@ -118,23 +128,59 @@ class Payments:
             _record(conn, key, order_id, amount, None, result, detail)
 
 
-def _pay(conn: Connection, key: str, order_id: str, amount: int, currency: str, reason: str, category: str | None,
-         balance: int | None) -> Refund:
+def _pay(
+    conn: Connection,
+    key: str,
+    order_id: str,
+    amount: int,
+    currency: str,
+    reason: str,
+    category: str | None,
+    balance: int | None,
+) -> Refund:
     at = now()
     refund_id = f"re_{key[:12]}"
     conn.execute(update(orders).where(orders.c.order_id == order_id).values(refunded=orders.c.refunded + amount))
-    conn.execute(insert(refunds).values(idempotency_key=key, refund_id=refund_id, order_id=order_id, amount=amount,
-                                        currency=currency, reason=reason[:300], category=category, created_at=at))
+    conn.execute(
+        insert(refunds).values(
+            idempotency_key=key,
+            refund_id=refund_id,
+            order_id=order_id,
+            amount=amount,
+            currency=currency,
+            reason=reason[:300],
+            category=category,
+            created_at=at,
+        )
+    )
     _record(conn, key, order_id, amount, balance, "executed", "paid")
     return Refund(refund_id, key, order_id, amount, currency, category, at)
 
 
-def _record(conn: Connection, key: str, order_id: str, amount: int, balance: int | None, result: str,
-            detail: str) -> None:
-    conn.execute(insert(payment_requests).values(idempotency_key=key, order_id=order_id, amount=amount,
-                                                 balance_before=balance, result=result, detail=detail, at=now()))
+def _record(
+    conn: Connection, key: str, order_id: str, amount: int, balance: int | None, result: str, detail: str
+) -> None:
+    conn.execute(
+        insert(payment_requests).values(
+            idempotency_key=key,
+            order_id=order_id,
+            amount=amount,
+            balance_before=balance,
+            result=result,
+            detail=detail,
+            at=now(),
+        )
+    )
 
 
 def _refund(row: Any, *, replayed: bool = False) -> Refund:
-    return Refund(row.refund_id, row.idempotency_key, row.order_id, row.amount, row.currency, row.category,
-                  utc(row.created_at), replayed)
+    return Refund(
+        row.refund_id,
+        row.idempotency_key,
+        row.order_id,
+        row.amount,
+        row.currency,
+        row.category,
+        utc(row.created_at),
+        replayed,
+    )

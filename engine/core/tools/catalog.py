@@ -84,8 +84,9 @@ class Reconciled:
         return cls("not_found")
 
     @classmethod
-    def unknown(cls, reason: str = "the remote cannot tell yet",
-                code: Code = Code.TOOL_EXECUTION_UNKNOWN) -> Reconciled:
+    def unknown(
+        cls, reason: str = "the remote cannot tell yet", code: Code = Code.TOOL_EXECUTION_UNKNOWN
+    ) -> Reconciled:
         return cls("unknown", reason=reason, code=code)
 
 
@@ -146,23 +147,35 @@ class ToolDef:
                 out.append(f"{where}: argument model {self.args.__name__} must set extra='forbid'")
             identity = sorted(IDENTITY_FIELDS & set(self.args.model_fields))
             if identity:
-                out.append(f"{where}: argument model declares identity fields {identity}: "
-                           "identity comes from the trusted caller")
+                out.append(
+                    f"{where}: argument model declares identity fields {identity}: "
+                    "identity comes from the trusted caller"
+                )
         if not _is_model(self.result):
             out.append(f"{where}: result must be a pydantic model class")
         if not callable(self.run):
             out.append(f"{where}: run must be callable")
         if self.reconcile is not None and not callable(self.reconcile):
             out.append(f"{where}: reconcile must be callable")
-        if (isinstance(self.timeout, bool) or not isinstance(self.timeout, int | float)
-                or not math.isfinite(self.timeout) or self.timeout <= 0):
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not math.isfinite(self.timeout)
+            or self.timeout <= 0
+        ):
             out.append(f"{where}: timeout must be a positive number of seconds")
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             out.append(f"{where}: max_attempts must be an integer >= 1")
-        if (self.kind is ToolKind.WRITE and not self.idempotent_remote and self.reconcile is None
-                and not self.operator_settles):
-            out.append(f"{where}: a write tool needs idempotent_remote=True, a reconcile function or "
-                       "operator_settles=True, so a lost outcome is never settled by calling again")
+        if (
+            self.kind is ToolKind.WRITE
+            and not self.idempotent_remote
+            and self.reconcile is None
+            and not self.operator_settles
+        ):
+            out.append(
+                f"{where}: a write tool needs idempotent_remote=True, a reconcile function or "
+                "operator_settles=True, so a lost outcome is never settled by calling again"
+            )
         if not out:
             try:
                 canonical_json(self.spec())
@@ -215,8 +228,9 @@ class ToolCatalog:
         tool = self._by_name.get(name) if isinstance(name, str) else None
         if tool is None:
             shown = repr(name)[:80]
-            raise Refused(f"catalog {self.ref} has no tool {shown}", code=Code.TOOL_NOT_FOUND,
-                          tool=shown, catalog=self.ref)
+            raise Refused(
+                f"catalog {self.ref} has no tool {shown}", code=Code.TOOL_NOT_FOUND, tool=shown, catalog=self.ref
+            )
         return tool
 
     def __contains__(self, name: object) -> bool:

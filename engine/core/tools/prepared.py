@@ -32,8 +32,17 @@ M = TypeVar("M", bound=BaseModel)
 MAX_ERRORS = 20
 _LOC_PART = 64
 _ACTION_ID = re.compile(r"^[0-9a-f]{32}$")
-_DIGESTED = ("task_id", "action_id", "tool", "kind", "arguments", "catalog", "catalog_digest", "policy_version",
-             "required_role")
+_DIGESTED = (
+    "task_id",
+    "action_id",
+    "tool",
+    "kind",
+    "arguments",
+    "catalog",
+    "catalog_digest",
+    "policy_version",
+    "required_role",
+)
 
 
 def action_id_for(task_id: str, seq: int) -> str:
@@ -52,8 +61,7 @@ def action_id_for(task_id: str, seq: int) -> str:
 def compact_errors(exc: ValidationError) -> list[dict[str, Any]]:
     """Where and why validation failed, never the rejected values (they may be sensitive, or an injection)."""
     return [
-        {"loc": [p if isinstance(p, int) else str(p)[:_LOC_PART] for p in e["loc"]], "msg": e["msg"],
-         "type": e["type"]}
+        {"loc": [p if isinstance(p, int) else str(p)[:_LOC_PART] for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
         for e in exc.errors(include_url=False, include_context=False, include_input=False)[:MAX_ERRORS]
     ]
 
@@ -148,17 +156,24 @@ class PreparedToolCall:
         if isinstance(data.get("action_id"), str) and not _ACTION_ID.match(data["action_id"]):
             problems.append("action_id must be 32 lowercase hex characters")
         if problems:
-            raise Refused(f"not a prepared call: {'; '.join(problems)}", code=Code.PAYLOAD_INVALID,
-                          problems=problems)
+            raise Refused(f"not a prepared call: {'; '.join(problems)}", code=Code.PAYLOAD_INVALID, problems=problems)
         call = cls(
-            task_id=data["task_id"], action_id=data["action_id"], tool=data["tool"], kind=ToolKind(data["kind"]),
-            arguments=data["arguments"], catalog=data["catalog"], catalog_digest=data["catalog_digest"],
-            policy_version=data["policy_version"], required_role=data["required_role"],
+            task_id=data["task_id"],
+            action_id=data["action_id"],
+            tool=data["tool"],
+            kind=ToolKind(data["kind"]),
+            arguments=data["arguments"],
+            catalog=data["catalog"],
+            catalog_digest=data["catalog_digest"],
+            policy_version=data["policy_version"],
+            required_role=data["required_role"],
         )
         if call.digest != data["digest"]:
             raise IntegrityError(
                 f"prepared call {call.action_id} of task {call.task_id}: digest does not match its content",
-                code=Code.HASH_MISMATCH, task_id=call.task_id, action_id=call.action_id,
+                code=Code.HASH_MISMATCH,
+                task_id=call.task_id,
+                action_id=call.action_id,
             )
         return call
 
@@ -185,28 +200,44 @@ def prepare(
     """
     if allowed is not None and tool_name not in allowed:
         shown = repr(tool_name)[:80]
-        raise Refused(f"tool {shown} is not allowed here", code=Code.TOOL_NOT_ALLOWED, tool=shown,
-                      allowed=sorted(allowed))
+        raise Refused(
+            f"tool {shown} is not allowed here", code=Code.TOOL_NOT_ALLOWED, tool=shown, allowed=sorted(allowed)
+        )
     tool = catalog.get(tool_name)
     if not isinstance(raw_args, Mapping):
-        raise Refused(f"{tool.name}: arguments must be a JSON object", code=Code.TOOL_ARGUMENT_INVALID, tool=tool.name,
-                      errors=[{"loc": [], "msg": "expected an object", "type": "dict_type"}])
+        raise Refused(
+            f"{tool.name}: arguments must be a JSON object",
+            code=Code.TOOL_ARGUMENT_INVALID,
+            tool=tool.name,
+            errors=[{"loc": [], "msg": "expected an object", "type": "dict_type"}],
+        )
     identity = sorted(IDENTITY_FIELDS & {k for k in raw_args if isinstance(k, str)})
     if identity:
-        raise Refused(f"{tool.name}: identity fields {identity} come from the trusted caller",
-                      code=Code.IDENTITY_OVERRIDE, tool=tool.name, fields=identity)
+        raise Refused(
+            f"{tool.name}: identity fields {identity} come from the trusted caller",
+            code=Code.IDENTITY_OVERRIDE,
+            tool=tool.name,
+            fields=identity,
+        )
     try:
         model = tool.args.model_validate(dict(raw_args))
         arguments = model.model_dump(mode="json")
         canonical_json(arguments)
     except ValidationError as exc:
         errors = compact_errors(exc)
-        raise Refused(f"{tool.name}: invalid arguments: {summarise(errors)}", code=Code.TOOL_ARGUMENT_INVALID,
-                      tool=tool.name, errors=errors) from None
+        raise Refused(
+            f"{tool.name}: invalid arguments: {summarise(errors)}",
+            code=Code.TOOL_ARGUMENT_INVALID,
+            tool=tool.name,
+            errors=errors,
+        ) from None
     except (ValueError, TypeError):  # NaN, infinity, or a value with no JSON form
-        raise Refused(f"{tool.name}: arguments have no canonical JSON form", code=Code.TOOL_ARGUMENT_INVALID,
-                      tool=tool.name, errors=[{"loc": [], "msg": "not representable as JSON", "type": "json"}],
-                      ) from None
+        raise Refused(
+            f"{tool.name}: arguments have no canonical JSON form",
+            code=Code.TOOL_ARGUMENT_INVALID,
+            tool=tool.name,
+            errors=[{"loc": [], "msg": "not representable as JSON", "type": "json"}],
+        ) from None
     return PreparedToolCall(
         task_id=task_id,
         action_id=action_id_for(task_id, seq),
@@ -226,12 +257,18 @@ def resolve(catalog: ToolCatalog, prepared: PreparedToolCall) -> ToolDef:
         raise Refused(
             f"prepared call {prepared.action_id} was made on catalog {prepared.catalog} "
             f"({prepared.catalog_digest[:12]}), not {catalog.ref} ({catalog.digest[:12]})",
-            code=Code.DEFINITION_CHANGED, catalog=prepared.catalog, action_id=prepared.action_id,
+            code=Code.DEFINITION_CHANGED,
+            catalog=prepared.catalog,
+            action_id=prepared.action_id,
         )
     tool = catalog.get(prepared.tool)
     if tool.kind is not prepared.kind:
-        raise Refused(f"tool {tool.name} is {tool.kind}, the prepared call says {prepared.kind}",
-                      code=Code.DEFINITION_CHANGED, tool=tool.name, action_id=prepared.action_id)
+        raise Refused(
+            f"tool {tool.name} is {tool.kind}, the prepared call says {prepared.kind}",
+            code=Code.DEFINITION_CHANGED,
+            tool=tool.name,
+            action_id=prepared.action_id,
+        )
     return tool
 
 

@@ -77,8 +77,11 @@ def accept_result(tool: ToolDef, raw: object) -> dict[str, Any]:
             raise _invalid(tool.name, f"expected a {tool.result.__name__}, got a {type(raw).__name__}")
         raw = raw.model_dump(mode="json")  # validated again below: an instance may have skipped validation
     if not isinstance(raw, Mapping):
-        raise _invalid(tool.name, "the result must be a JSON object",
-                       errors=[{"loc": [], "msg": "expected an object", "type": "dict_type"}])
+        raise _invalid(
+            tool.name,
+            "the result must be a JSON object",
+            errors=[{"loc": [], "msg": "expected an object", "type": "dict_type"}],
+        )
     try:
         data = tool.result.model_validate(dict(raw)).model_dump(mode="json")
         data = _clean(data)
@@ -86,13 +89,18 @@ def accept_result(tool: ToolDef, raw: object) -> dict[str, Any]:
         size = len(canonical_json(data).encode("utf-8"))
     except ValidationError as exc:
         errors = compact_errors(exc)
-        raise _invalid(tool.name, f"result does not match {tool.result.__name__}: {summarise(errors)}",
-                       errors=errors) from None
+        raise _invalid(
+            tool.name, f"result does not match {tool.result.__name__}: {summarise(errors)}", errors=errors
+        ) from None
     except (ValueError, TypeError):
         raise _invalid(tool.name, "the result has no canonical JSON form") from None
     if size > MAX_RESULT_BYTES:
-        raise _invalid(tool.name, f"the result is {size} bytes, over the {MAX_RESULT_BYTES}-byte cap",
-                       size=size, limit=MAX_RESULT_BYTES)
+        raise _invalid(
+            tool.name,
+            f"the result is {size} bytes, over the {MAX_RESULT_BYTES}-byte cap",
+            size=size,
+            limit=MAX_RESULT_BYTES,
+        )
     return dict(data)
 
 

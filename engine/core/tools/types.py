@@ -33,13 +33,18 @@ MAX_SAFE_INTEGER = 2**53 - 1
 MinorUnits = Annotated[
     int,
     Strict(),
-    Field(ge=0, le=MAX_SAFE_INTEGER,
-          description="An amount of money in minor units of its currency (cents): a non-negative integer."),
+    Field(
+        ge=0,
+        le=MAX_SAFE_INTEGER,
+        description="An amount of money in minor units of its currency (cents): a non-negative integer.",
+    ),
 ]
 
 #: An ISO 4217 code as three uppercase letters ("EUR"); "eur" and "Euro" are refused rather than guessed.
 CurrencyCode = Annotated[
-    str, Strict(), StringConstraints(pattern=r"^[A-Z]{3}$"),
+    str,
+    Strict(),
+    StringConstraints(pattern=r"^[A-Z]{3}$"),
     Field(description="An ISO 4217 currency code: three uppercase letters, e.g. EUR."),
 ]
 
