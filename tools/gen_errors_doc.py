@@ -20,25 +20,13 @@ from pathlib import Path
 
 from engine.api.http_errors import STATUS_BY_CODE
 from engine.cli import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_REFUSED, EXIT_USAGE
-from engine.core.errors import CODE_REFERENCE, Code
+from engine.core.errors import CODE_REFERENCE, REPLAY_FINDINGS, Code
 
 START = "<!-- codes:start -->"
 END = "<!-- codes:end -->"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "errors.md"
 
 #: What `replay`, `verify-export` and `ReplayReport.findings` report (engine.replay, engine.export, engine.archive).
-REPLAY_FINDINGS = (
-    Code.HASH_MISMATCH,
-    Code.SEQ_GAP,
-    Code.ILLEGAL_TRANSITION,
-    Code.INTENT_UNSETTLED,
-    Code.OUTCOME_WITHOUT_INTENT,
-    Code.STATE_MISMATCH,
-    Code.SNAPSHOT_MISMATCH,
-    Code.DEFINITION_MISSING,
-    Code.DEFINITION_CHANGED,
-    Code.ARCHIVE_MISSING,
-)
 
 #: The exception classes and the codes each carries (the codes are passed where they are raised).
 CLASSES = (

@@ -104,8 +104,10 @@ class PreconditionFailed(RailyardError):
     409 for CONCURRENCY_CONFLICT, because the client's own precondition failed (RFC 9110, 13.1.1). The code is
     the same, so a client that branches on the code needs no new case."""
 
-    code = Code.CONCURRENCY_CONFLICT
     status = 412
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message, code=Code.CONCURRENCY_CONFLICT, **details)
 
 
 def status_for(error: RailyardError) -> int:

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.core.canonical import format_instant, parse_instant
-from engine.core.errors import Code, RailyardError, Refused
+from engine.core.errors import Category, Code, RailyardError, Refused
 from engine.core.events import Event, event_code
 from engine.core.replay import ReplayReport
 from engine.runtime import config
@@ -40,21 +40,10 @@ HISTORY_WIDTH = 160
 WORKER_SEEN_SECONDS = 60
 
 #: Codes that report a broken log rather than a refused request: exit 3.
-AUDIT_CODES = frozenset(
-    {
-        Code.HASH_MISMATCH,
-        Code.SEQ_GAP,
-        Code.ILLEGAL_TRANSITION,
-        Code.STATE_MISMATCH,
-        Code.SNAPSHOT_MISMATCH,
-        Code.ARCHIVE_MISSING,
-        Code.INTENT_UNSETTLED,
-        Code.OUTCOME_WITHOUT_INTENT,
-    }
-)
+AUDIT_CODES = frozenset(code for code in Code if code.category is Category.INTEGRITY)
 
 #: Codes that say the process is set up wrong, not that the request was refused: exit 2, like a usage error.
-CONFIG_CODES = frozenset({Code.CONFIG_INVALID, Code.MODEL_NOT_CONFIGURED})
+CONFIG_CODES = frozenset(code for code in Code if code.category is Category.CONFIG)
 
 app = typer.Typer(
     name="railyard",

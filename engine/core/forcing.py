@@ -151,7 +151,7 @@ def task_context(task: TaskState) -> str:
             parts.append(wrap_for_model(key.removeprefix("tool:"), value))
         elif key.startswith("tool_error:") and isinstance(value, dict):
             parts.append(
-                wrap_error_for_model(key.removeprefix("tool_error:"), Code(value["code"]), value.get("message"))
+                wrap_error_for_model(key.removeprefix("tool_error:"), Code[value["code"]], value.get("message"))
             )
     return "\n".join(parts)
 

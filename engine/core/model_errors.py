@@ -10,25 +10,12 @@ from __future__ import annotations
 
 import logging
 
-from engine.core.errors import Code
+from engine.core.errors import Category, Code
 
 log = logging.getLogger("railyard.model")
 
 #: Codes a provider call can fail with.
-PROVIDER_CODES = frozenset(
-    {
-        Code.TOOL_CHOICE_UNSUPPORTED,
-        Code.SCHEMA_UNSUPPORTED,
-        Code.RATE_LIMITED,
-        Code.CONTEXT_OVERFLOW,
-        Code.PROVIDER_TIMEOUT,
-        Code.PROVIDER_AUTH,
-        Code.CONTENT_FILTERED,
-        Code.TRUNCATED,
-        Code.EMPTY_RESPONSE,
-        Code.PROVIDER_ERROR,
-    }
-)
+PROVIDER_CODES = frozenset(code for code in Code if code.category is Category.PROVIDER)
 #: Retried with backoff inside a bounded budget; they never spend repairs.
 RETRYABLE = frozenset({Code.RATE_LIMITED, Code.PROVIDER_TIMEOUT})
 #: The request's shape was refused: move one rung down the forcing ladder, never re-send it unchanged.

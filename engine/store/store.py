@@ -530,7 +530,10 @@ class Store:
                         while head is None or head.task_id != tid:  # the rows of tasks before this one first
                             head = next(heads, None)
                             if head is None:
-                                raise StoreError(f"audit read: a log row of task {tid} out of its page's order")
+                                raise StoreError(
+                                    f"audit read: a log row of task {tid} out of its page's order",
+                                    code=Code.DATABASE_ERROR,
+                                )
                             yield head
                         if k == 0:
                             yield with_stored_data(
@@ -785,12 +788,12 @@ def _store_error(orig: BaseException | None, dbapi: Any) -> StoreError:
     """The one mapping from a driver error to a code, cut to 200 characters in the log (it may hold data)."""
     if isinstance(orig, dbapi.IntegrityError):
         log.warning("integrity error: %.200s", orig)
-        return StoreError("the database refused the write (constraint violated)")
+        return StoreError("the database refused the write (constraint violated)", code=Code.DATABASE_ERROR)
     text = str(orig).lower()
     log.error("database error: %.200s", orig)
     if "no such table" in text or ("relation" in text and "does not exist" in text):
         return StoreError("the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING)
-    return StoreError(f"database error ({type(orig).__name__})")
+    return StoreError(f"database error ({type(orig).__name__})", code=Code.DATABASE_ERROR)
 
 
 def _row_values(row: TaskRow) -> dict[str, Any]:
@@ -861,7 +864,9 @@ def in_log_order(events: Generator[Any], snapshots: Generator[Any], place: dict[
             if tid != current:
                 found = place.get(tid)
                 if found is None:
-                    raise StoreError(f"audit read: an event of task {tid}, which is not in its page")
+                    raise StoreError(
+                        f"audit read: an event of task {tid}, which is not in its page", code=Code.DATABASE_ERROR
+                    )
                 current, here = tid, found
             if type(seq) is not int:
                 seq = _sqlite_seq(seq)
@@ -885,7 +890,9 @@ def _log_position(snap: Any, place: dict[str, int]) -> tuple[int, Any]:
         return -1, 0
     found = place.get(snap[1])
     if found is None:
-        raise StoreError(f"audit read: a snapshot of task {snap[1]}, which is not in its page")
+        raise StoreError(
+            f"audit read: a snapshot of task {snap[1]}, which is not in its page", code=Code.DATABASE_ERROR
+        )
     seq = snap[2]
     return found, seq if type(seq) is int else _sqlite_seq(seq)
 
