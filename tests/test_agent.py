@@ -15,7 +15,7 @@ from engine.core.forcing import Rung, ladder
 from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
 from engine.runtime.agent import AgentRunner, RetryPolicy
-from tests.sample_workflows import ROLES, all_workflows
+from tests.support.sample_workflows import ROLES, all_workflows
 
 ORDER = {"customer": "c1", "balance": 500}
 TICKET = {"ticket_id": "T-1"}

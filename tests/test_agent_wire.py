@@ -18,7 +18,7 @@ from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.anthropic_adapter import AnthropicAdapter
 from engine.providers.openai_adapter import OpenAIAdapter
 from engine.runtime.agent import AgentRunner, RetryPolicy
-from tests.provider_server import (
+from tests.support.provider_server import (
     ProviderServer,
     anthropic_error,
     anthropic_event,
@@ -31,7 +31,7 @@ from tests.provider_server import (
     text_block,
     tool_use_block,
 )
-from tests.sample_workflows import ROLES, all_workflows
+from tests.support.sample_workflows import ROLES, all_workflows
 
 #: A model name each profile is chosen by.
 MODEL_OF = {
@@ -188,7 +188,7 @@ def test_a_429_is_retried_by_the_engine_not_the_sdk(eng: Engine, server: Provide
 
 
 def test_signed_thinking_is_passed_back_in_the_repair_turn(eng: Engine, server: ProviderServer) -> None:
-    from tests.provider_server import thinking_block
+    from tests.support.provider_server import thinking_block
 
     bad = tool_use_block("tu_1", "decide", {"ticket_id": "T-9", "decision": "RESOLVE", "reason": "x"})
     good = tool_use_block("tu_2", "decide", {"ticket_id": "T-1", "decision": "RESOLVE", "reason": "x"})

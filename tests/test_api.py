@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from engine import Code, Engine, Registry, Workflow
 from engine.api import create_app
 from engine.api.http_errors import STATUS_BY_CODE
-from tests.api_support import (
+from tests.support.api import (
     REFUND,
     SETTLED_BY_OPERATORS,
     bearer,
@@ -22,7 +22,7 @@ from tests.api_support import (
     to_open_write,
     token_table,
 )
-from tests.sample_workflows import OrderInput, refund_states
+from tests.support.sample_workflows import OrderInput, refund_states
 
 ORDER = {"customer": "c1", "balance": 500}
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from engine import Engine, Worker
-from tests.api_support import live_server, make_api_engine, make_app, to_approval
+from tests.support.api import live_server, make_api_engine, make_app, to_approval
 
 CHROMIUM = os.environ.get("RAILYARD_TEST_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"

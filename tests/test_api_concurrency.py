@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from engine import Code
-from tests.api_support import bearer, live_server, make_api_engine, make_app, to_approval
+from tests.support.api import bearer, live_server, make_api_engine, make_app, to_approval
 
 ROUNDS = 5
 IF_MATCH_ROUNDS = 30

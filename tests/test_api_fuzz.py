@@ -22,7 +22,7 @@ from schemathesis.checks import (
 )
 
 from engine import Engine, Registry
-from tests.api_support import bearer, live_server, make_api_engine, make_app, to_approval, token_table
+from tests.support.api import bearer, live_server, make_api_engine, make_app, to_approval, token_table
 
 MAX_EXAMPLES = 30
 

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from engine import Code, Engine, RailyardError, Registry
 from engine.api import create_app, settings
 from engine.api.settings import DEFAULT_MAX_BODY
-from tests.api_support import bearer, live_server, make_api_engine, token_table
+from tests.support.api import bearer, live_server, make_api_engine, token_table
 
 CHUNK = 64 * 1024
 HUNDRED_MB = 100 * 1024 * 1024

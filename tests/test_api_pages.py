@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine import Engine
-from tests.api_support import make_api_engine, make_app, to_approval, to_open_write
+from tests.support.api import make_api_engine, make_app, to_approval, to_open_write
 
 SCRIPT = "<script>alert('reason')</script>"
 

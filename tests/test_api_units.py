@@ -16,7 +16,7 @@ import pytest
 from engine import Code, Event, RailyardError, migrations
 from engine.api.present import display_arguments, event_summary, format_money, model_reason
 from engine.api.tokens import TokenTable, hash_token, load_tokens, main, parse_tokens, toml_entry
-from tests.api_support import free_port
+from tests.support.api import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RAILYARD = Path(sys.executable).with_name("railyard")
@@ -134,7 +134,7 @@ def test_railyard_serve_starts_the_api_on_the_port_given(tmp_path: Path) -> None
         **os.environ,
         "RAILYARD_DATABASE_URL": url,
         "RAILYARD_TOKENS_FILE": str(tokens),
-        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+        "RAILYARD_WORKFLOWS": "tests.support.sample_workflows",
         "PYTHONPATH": str(REPO),
     }
     server = subprocess.Popen(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles
-from tests.sample_workflows import ROLES, all_workflows
+from tests.support.races import together
+from tests.support.sample_workflows import ROLES, all_workflows
 
 ORDER = {"customer": "c1", "balance": 500}
 ROLES_WITH_SECOND_APPROVER = {**ROLES, "erin": {"approver"}}
@@ -81,26 +81,6 @@ def test_a_task_not_at_an_approval_gate_is_refused(eng: Engine) -> None:
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
     assert refused(lambda: eng.approve(task_id, actor="dana", prepared_digest=None)) is Code.TASK_NOT_AWAITING_APPROVAL
     assert refused(lambda: eng.approve("no-such-task", actor="dana", prepared_digest=None)) is Code.TASK_NOT_FOUND
-
-
-def together(*calls: Callable[[], object]) -> list[object]:
-    """Run the calls at the same instant in threads; each result is its return value or its error code."""
-    barrier = threading.Barrier(len(calls))
-    results: list[object] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = calls[i]()
-        except RailyardError as error:
-            results[i] = error.code
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    return results
 
 
 def test_two_approvers_at_once_record_exactly_one_decision(eng: Engine) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles, migrations
 from engine.core.canonical import now
-from tests.sample_workflows import COUNTER, ROLES
+from tests.support.sample_workflows import COUNTER, ROLES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ def test_railyard_archive_then_replay(tmp_path: Path) -> None:
         **os.environ,
         "PYTHONPATH": str(REPO),
         "RAILYARD_DATABASE_URL": url,
-        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+        "RAILYARD_WORKFLOWS": "tests.support.sample_workflows",
         "RAILYARD_ARCHIVE_DIR": str(tmp_path / "kept"),
     }
     with Engine(url, Registry([COUNTER])) as eng:

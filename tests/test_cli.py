@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.cli import app
-from tests.insider import tamper
+from tests.support.insider import tamper
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -25,7 +25,7 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     roles = tmp_path / "roles.toml"
     roles.write_text('[users]\ndana = ["approver"]\nolga = ["operator"]\n', encoding="utf-8")
     monkeypatch.setenv("RAILYARD_DATABASE_URL", url)
-    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.sample_workflows,workflows.expense")
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows,workflows.expense")
     monkeypatch.setenv("RAILYARD_ROLES_FILE", str(roles))
     assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
     yield url

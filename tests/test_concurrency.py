@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from engine import ConcurrencyConflict, Engine, Registry, StaticRoles, verify_chain
-from tests.sample_workflows import ROLES, all_workflows
+from tests.support.sample_workflows import ROLES, all_workflows
 
 ROUNDS = 25
 
@@ -73,7 +73,7 @@ def _process_writer(url: str, task_id: str, writer: int, rounds: int, loaded: An
 
 
 def test_four_processes_one_winner_per_seq_on_postgres(pg_database: str) -> None:
-    from tests.conftest import _truncate
+    from tests.support.postgres import truncate as _truncate
 
     _truncate(pg_database)
     writers = 4

@@ -9,7 +9,7 @@ import pytest
 from engine import Code, Refused, TaskState, decide, fold
 from engine.core.canonical import GENESIS_HASH
 from engine.core.events import seal
-from tests.sample_workflows import REFUND_V1
+from tests.support.sample_workflows import REFUND_V1
 
 AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -18,7 +18,7 @@ from engine import (
     Wait,
     Workflow,
 )
-from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, OrderInput, refund_states
+from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, OrderInput, refund_states
 
 
 class Loose(BaseModel):
@@ -169,7 +169,7 @@ def test_registry_refuses_two_contents_under_one_version() -> None:
 
 
 def test_registry_loads_modules_named_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.sample_workflows, workflows.expense")
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows, workflows.expense")
     registry = Registry.from_env()
     assert {wf.ref for wf in registry} >= {"refund@1", "refund@2", "counter@1", "expense@1"}
 

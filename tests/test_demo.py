@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from engine import Engine, Registry
-from tests.reference import steps
+from tests.support.reference import steps
 from workflows import fakes
 from workflows.demo import run_demo
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -38,11 +37,12 @@ from engine import (
 )
 from engine.core.canonical import canonical_json
 from engine.core.definition import Action as Act
-from tests import reference
-from tests.insider import forge
-from tests.reference import expire_leases
-from tests.shop import ROLES as SHOP_ROLES
-from tests.shop import Ledger, make_workflow
+from tests.support import reference
+from tests.support.insider import forge
+from tests.support.races import together
+from tests.support.reference import expire_leases
+from tests.support.shop import ROLES as SHOP_ROLES
+from tests.support.shop import Ledger, make_workflow
 from workflows import fakes
 from workflows.refund_tools import SETTLE_SECONDS
 from workflows.scripts import REFUND_DAMAGED_ORDER_INPUT, refund_damaged_order
@@ -178,29 +178,6 @@ def test_a_worker_killed_while_a_cancel_waits_is_reconciled_and_the_cancel_compl
 
 
 # -- human commands act on the state their human saw ---------------------------------------------------------
-
-
-def together(*calls: Callable[[], object], jitter: float = 0.0) -> list[object]:
-    """Run the calls at the same instant (the later ones up to `jitter` s later); each result is its return value
-    or its error code."""
-    barrier = threading.Barrier(len(calls))
-    results: list[object] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        if i and jitter:
-            time.sleep(random.uniform(0, jitter))
-        try:
-            results[i] = calls[i]()
-        except RailyardError as error:
-            results[i] = error.code
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
 
 
 @pytest.fixture
@@ -553,7 +530,7 @@ def test_no_other_call_is_prepared_while_a_write_is_open(db_url: str) -> None:
 
 
 def test_a_snapshot_from_before_effects_is_not_trusted_with_an_open_intent(db_url: str) -> None:
-    from tests.insider import tamper
+    from tests.support.insider import tamper
 
     bank = Bank()
     with Engine(
@@ -631,7 +608,7 @@ def test_a_worker_with_an_unreadable_profiles_file_refuses_to_start(db_url: str,
 
 
 def test_a_tool_the_deployment_lacks_leaves_the_task_untouched_and_uncounted(db_url: str) -> None:
-    from tests.sample_workflows import REFUND_V1 as NO_CATALOG  # its tool states name a tool no catalog holds
+    from tests.support.sample_workflows import REFUND_V1 as NO_CATALOG  # its tool states name a tool no catalog holds
 
     with Engine(db_url, Registry([NO_CATALOG])) as engine:
         task_id = engine.start("refund", {"customer": "c1", "balance": 100}, actor="ann")

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import text
 
 from engine import Code, ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, Workflow, verify_chain
-from tests.conftest import _libpq
-from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
+from tests.support.postgres import libpq as _libpq
+from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
 
 MakeEngine = Callable[..., Engine]
 ORDER = {"customer": "c1", "balance": 500}

@@ -12,7 +12,7 @@ import pytest
 
 from engine import Engine, Registry, ReplayReport
 from engine.audit.export import FORMAT, export_lines, verify_export
-from tests.sample_workflows import all_workflows
+from tests.support.sample_workflows import all_workflows
 
 MakeEngine = Callable[..., Engine]
 ORDER = {"customer": "c1", "balance": 500}
@@ -99,7 +99,7 @@ def test_garbage_is_reported_not_raised(bad: bytes) -> None:
 def test_an_archived_task_is_exported_shown_as_of_and_drawn_from_its_file(db_url: str, tmp_path: Path) -> None:
     from engine import StaticRoles
     from engine.core.canonical import now
-    from tests.sample_workflows import ROLES
+    from tests.support.sample_workflows import ROLES
 
     with Engine(
         db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES), archive_dir=tmp_path / "archive"

@@ -14,7 +14,7 @@ from engine.core.canonical import GENESIS_HASH, now
 from engine.core.definition import START
 from engine.core.events import Event, seal
 from engine.core.fold import Fold, TaskState, apply, fold, initial
-from tests.sample_workflows import COUNTER
+from tests.support.sample_workflows import COUNTER
 
 #: What a counter's events can carry: a tick's arguments, a tool's result or error, a prepared call, a model turn.
 DATA = st.one_of(

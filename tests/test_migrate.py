@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles, migrations
-from tests.sample_workflows import REFUND_V1, REFUND_V2, ROLES
+from tests.support.sample_workflows import REFUND_V1, REFUND_V2, ROLES
 
 REPO = Path(__file__).resolve().parent.parent
 ORDER = {"customer": "c1", "balance": 500}
@@ -122,7 +122,7 @@ def test_railyard_migrate(tmp_path: Path) -> None:
         **os.environ,
         "PYTHONPATH": str(REPO),
         "RAILYARD_DATABASE_URL": url,
-        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+        "RAILYARD_WORKFLOWS": "tests.support.sample_workflows",
     }
     exe = str(Path(sys.executable).with_name("railyard"))
 
@@ -156,7 +156,7 @@ def test_railyard_migrate(tmp_path: Path) -> None:
 def test_refund_v1_migrated_to_v2_mid_flight_replays_and_exports_clean(db_url: str) -> None:
     from engine import ScriptedModel
     from engine.audit.export import export_lines, verify_export
-    from tests.reference import fake_systems, reference_engine
+    from tests.support.reference import fake_systems, reference_engine
     from workflows import REFUND_V1, REFUND_V2
     from workflows.scripts import REFUND_DAMAGED_ORDER_INPUT, refund_damaged_order
 

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, inspect, pool
 
 from engine import migrations
 from engine.store.database import normalize_url
-from tests.conftest import create_pg_database, drop_pg_database
+from tests.support.postgres import create_pg_database, drop_pg_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

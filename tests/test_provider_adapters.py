@@ -19,7 +19,7 @@ from engine.core.model_errors import ModelError
 from engine.core.model_interface import Message, ModelRequest, ReasoningBlock, ResponseSchema, ToolCall, ToolSpec
 from engine.providers.anthropic_adapter import AnthropicAdapter
 from engine.providers.openai_adapter import OpenAIAdapter
-from tests.provider_server import (
+from tests.support.provider_server import (
     ProviderServer,
     Reply,
     anthropic_error,

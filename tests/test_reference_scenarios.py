@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, ScriptedModel, Worker
-from tests import reference
-from tests.reference import expire_leases, steps
+from tests.support import reference
+from tests.support.reference import expire_leases, steps
 from workflows import fakes
 from workflows.refund_tools import SETTLE_SECONDS
 from workflows.scripts import (

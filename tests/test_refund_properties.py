@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from engine import Engine, RailyardError, ScriptedModel, verify_chain
 from engine.providers.scripted import call
-from tests.reference import ROLES, fake_systems, reference_engine
+from tests.support.reference import ROLES, fake_systems, reference_engine
 from workflows import fakes
 from workflows.fakes.seed import EVIDENCE, ORDERS
 

@@ -21,8 +21,8 @@ from engine import Code, Engine, RailyardError, ScriptedModel, Worker, decide
 from engine.core.canonical import utc
 from engine.providers.scripted import call
 from engine.runtime.tool_runner import AttemptInFlight
-from tests import reference
-from tests.reference import DAMAGED, expire_leases, make_due, refund, steps
+from tests.support import reference
+from tests.support.reference import DAMAGED, expire_leases, make_due, refund, steps
 from workflows import REFUND_V1, REFUND_V2, fakes
 from workflows.refund_tools import SETTLE_SECONDS
 
@@ -411,7 +411,7 @@ KILLED_WORKER = """
 import sys
 from engine import Engine, Registry, StaticRoles
 from engine import Worker
-from tests.reference import ROLES
+from tests.support.reference import ROLES
 url = sys.argv[1]
 with Engine(url, Registry.from_modules(["workflows"]), authoriser=StaticRoles(ROLES)) as engine:
     Worker(engine, name="doomed", lease_seconds=30).run_once()

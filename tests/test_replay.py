@@ -23,8 +23,8 @@ from engine.core.events import seal, stored_body, with_stored_data
 from engine.core.replay import ReplayReport, illegal
 from engine.store import TaskRow
 from engine.store.store import in_log_order
-from tests.insider import forge, sql
-from tests.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
+from tests.support.insider import forge, sql
+from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
 
 MakeEngine = Callable[..., Engine]
 ORDER = {"customer": "c1", "balance": 500}
@@ -99,7 +99,10 @@ def test_edited_event_data_is_a_hash_mismatch_at_that_event(eng: Engine, db_url:
                 "d": canonical_json(
                     {
                         "args": {"amount": 30, "reason": "damaged"},
-                        "guards": ["tests.sample_workflows.within_balance", "tests.sample_workflows.large_amount"],
+                        "guards": [
+                            "tests.support.sample_workflows.within_balance",
+                            "tests.support.sample_workflows.large_amount",
+                        ],
                     }
                 ),
                 "t": task_id,
@@ -327,7 +330,7 @@ def test_illegal_is_a_pure_check_of_the_definition() -> None:
     task = TaskState(
         "t", "refund", 1, REFUND_V1.digest, "assessing", REFUND_V1.status_of("assessing"), 1, GENESIS_HASH, ORDER
     )
-    guards = ["tests.sample_workflows.within_balance", "tests.sample_workflows.small_amount"]
+    guards = ["tests.support.sample_workflows.within_balance", "tests.support.sample_workflows.small_amount"]
     ok = seal(
         task_id="t",
         seq=2,
@@ -495,7 +498,7 @@ def sql_rows(eng: Engine, task_id: str) -> Iterator[Callable[..., None]]:
 
 
 def test_odd_data_in_a_forged_event_is_a_finding_not_a_crash(eng: Engine) -> None:
-    guards = ["tests.sample_workflows.same_ticket"]
+    guards = ["tests.support.sample_workflows.same_ticket"]
     for data in (
         {"guards": [{"not": "a name"}]},
         {"guards": "x"},
@@ -517,11 +520,11 @@ def test_odd_data_in_a_forged_event_is_a_finding_not_a_crash(eng: Engine) -> Non
 
 
 def test_a_legal_verdict_remembered_for_one_task_does_not_excuse_another(eng: Engine) -> None:
-    guards = ["tests.sample_workflows.same_ticket"]
+    guards = ["tests.support.sample_workflows.same_ticket"]
     fair = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
     eng.fire(fair, "decide", {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"}, actor="model")
     risky = eng.history(fair)[-1].data["risk"]
-    assert risky["check"] == "tests.sample_workflows.escalation_needs_review"
+    assert risky["check"] == "tests.support.sample_workflows.escalation_needs_review"
     forged = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
     forge(
         eng,
@@ -532,7 +535,7 @@ def test_a_legal_verdict_remembered_for_one_task_does_not_excuse_another(eng: En
         data={
             "args": {"ticket_id": "T-1", "decision": "ESCALATE", "reason": "r"},
             "guards": guards,
-            "risk": {"check": "tests.sample_workflows.other", "reason": "x"},
+            "risk": {"check": "tests.support.sample_workflows.other", "reason": "x"},
         },
     )
     reports = {r.task_id: r for r in eng.replay_all(workflow="triage")}

@@ -14,7 +14,7 @@ from engine import Engine
 from engine.audit import parallel as replay_jobs
 from engine.audit.parallel import STRETCHES_PER_JOB, Stretch, stretches
 from engine.store import TaskRow
-from tests.insider import tamper
+from tests.support.insider import tamper
 
 MakeEngine = Callable[..., Engine]
 

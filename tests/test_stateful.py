@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from engine import ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, TaskState, fold, verify_chain
-from tests.sample_workflows import ROLES, all_workflows
+from tests.support.sample_workflows import ROLES, all_workflows
 
 TRIGGERS = [
     "propose",

@@ -9,8 +9,8 @@ import pytest
 
 from engine import Code, Engine, RailyardError, ScriptedModel
 from engine.providers.scripted import call
-from tests import reference
-from tests.reference import steps
+from tests.support import reference
+from tests.support.reference import steps
 from workflows import fakes
 from workflows.fakes.seed import TICKETS
 

@@ -16,7 +16,7 @@ import pytest
 
 from engine import Code, Engine, RailyardError, Registry, ScriptedModel, StaticRoles
 from engine.providers.scripted import call
-from tests.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
+from tests.support.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -147,7 +147,7 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_for_its_outcome(
 WORKER = """
 import os, sys
 from engine import Engine, Registry, StaticRoles
-from tests.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
+from tests.support.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
 url, ledger_path, task_id, kill_at = sys.argv[1:5]
 engine = Engine(url, Registry([make_workflow(Ledger(ledger_path))]), authoriser=StaticRoles(ROLES))
 if kill_at == "before_intent":

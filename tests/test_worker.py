@@ -19,10 +19,10 @@ from sqlalchemy import text
 from engine import Action, Approval, Code, Engine, LeaseLost, Registry, StaticRoles, Terminal, Worker, Workflow
 from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
 from engine.runtime.leases import Lease, holding
-from tests.reference import expire_leases, make_due
-from tests.sample_workflows import COUNTER, ROLES
-from tests.shop import ROLES as SHOP_ROLES
-from tests.shop import SETTLE_SECONDS, Ledger, make_workflow
+from tests.support.reference import expire_leases, make_due
+from tests.support.sample_workflows import COUNTER, ROLES
+from tests.support.shop import ROLES as SHOP_ROLES
+from tests.support.shop import SETTLE_SECONDS, Ledger, make_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -177,7 +177,7 @@ KILLED_WORKER = """
 import os, sys
 from engine import Engine, Registry, StaticRoles
 from engine import Worker
-from tests.shop import ROLES, Ledger, make_workflow
+from tests.support.shop import ROLES, Ledger, make_workflow
 url, ledger_path = sys.argv[1:3]
 os.environ["SHOP_KILL_AT"] = "after_call"
 engine = Engine(url, Registry([make_workflow(Ledger(ledger_path))]), authoriser=StaticRoles(ROLES))
@@ -256,7 +256,7 @@ def test_railyard_worker_advances_tasks_and_stops_on_sigterm(tmp_path: Path) -> 
         **os.environ,
         "PYTHONPATH": str(REPO),
         "RAILYARD_DATABASE_URL": url,
-        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+        "RAILYARD_WORKFLOWS": "tests.support.sample_workflows",
     }
     with Engine(url, Registry([COUNTER])) as eng:
         task_ids = [eng.start("counter", {}, actor="ann") for _ in range(3)]

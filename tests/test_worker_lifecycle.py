@@ -20,8 +20,8 @@ from sqlalchemy import text
 from engine import Engine, Registry, StaticRoles, Worker, migrations
 from engine.core.canonical import now
 from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
-from tests.reference import expire_leases
-from tests.sample_workflows import COUNTER, REFUND_V1, ROLES
+from tests.support.reference import expire_leases
+from tests.support.sample_workflows import COUNTER, REFUND_V1, ROLES
 from tests.test_worker import Finisher
 
 REPO = Path(__file__).resolve().parent.parent
@@ -198,7 +198,7 @@ def _worker_env(tmp_path: Path, url: str) -> dict[str, str]:
         **os.environ,
         "PYTHONPATH": str(REPO),
         "RAILYARD_DATABASE_URL": url,
-        "RAILYARD_WORKFLOWS": "tests.sample_workflows",
+        "RAILYARD_WORKFLOWS": "tests.support.sample_workflows",
     }
 
 

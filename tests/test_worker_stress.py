@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from engine import Engine, Registry, verify_chain
-from tests.shop import ROLES, Ledger, make_auto_workflow
+from tests.support.shop import ROLES, Ledger, make_auto_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = 200
@@ -23,7 +23,7 @@ WORKER = """
 import sys, threading, signal
 from engine import Engine, Registry, StaticRoles
 from engine import Worker
-from tests.shop import ROLES, ClerkModel, Ledger, make_auto_workflow
+from tests.support.shop import ROLES, ClerkModel, Ledger, make_auto_workflow
 url, ledger_path, name = sys.argv[1:4]
 engine = Engine(url, Registry([make_auto_workflow(Ledger(ledger_path))]), authoriser=StaticRoles(ROLES))
 stop = threading.Event()
@@ -34,7 +34,7 @@ Worker(engine, name=name, concurrency=4, lease_seconds=2, poll_seconds=0.05, mod
 
 def test_workers_killed_at_random_lose_nothing_and_pay_once(pg_database: str, tmp_path: Path) -> None:
     from engine import StaticRoles
-    from tests.conftest import _truncate
+    from tests.support.postgres import truncate as _truncate
 
     _truncate(pg_database)
     ledger = Ledger(tmp_path / "ledger.db")

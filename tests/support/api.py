@@ -17,8 +17,8 @@ from fastapi import FastAPI
 from engine import Engine, Registry, ScriptedModel
 from engine.api import TokenTable, create_app
 from engine.providers.scripted import call
-from tests.sample_workflows import all_workflows
-from tests.shop import Ledger, make_workflow
+from tests.support.sample_workflows import all_workflows
+from tests.support.shop import Ledger, make_workflow
 
 #: Clear tokens exist only in tests; the server keeps their hashes.
 TOKENS: dict[str, tuple[str, set[str]]] = {
