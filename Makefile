@@ -40,7 +40,7 @@ bench-quick: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check engine workflows migrations tests bench tools
 	$(BIN)/ruff check engine workflows migrations tests bench tools
-	$(BIN)/mypy engine
+	$(BIN)/mypy engine workflows
 	$(BIN)/lint-imports
 
 db-upgrade: $(STAMP)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
-from engine import Code, Engine, RailyardError, Registry, StaticRoles
+from engine import Code, Engine, RailyardError, Registry, StaticRoles, TaskState
 from tests.support.races import together
 from tests.support.sample_workflows import ROLES, all_workflows
 
@@ -87,8 +88,8 @@ def test_two_approvers_at_once_record_exactly_one_decision(eng: Engine) -> None:
     for _ in range(5):
         task_id = awaiting(eng)
         results = together(
-            lambda t=task_id: eng.approve(t, actor="dana", prepared_digest=None),
-            lambda t=task_id: eng.reject(t, actor="erin", reason="no"),
+            partial(eng.approve, task_id, actor="dana", prepared_digest=None),
+            partial(eng.reject, task_id, actor="erin", reason="no"),
         )
         # The loser read the task before the winner wrote (refused, CONCURRENCY_CONFLICT) or after it (no
         # longer awaiting approval): never retried into a decision on a state its decider did not see.
@@ -101,8 +102,8 @@ def test_an_approval_racing_a_cancel_leaves_one_consistent_story(eng: Engine) ->
     for _ in range(5):
         task_id = awaiting(eng)
         approved, cancelled = together(
-            lambda t=task_id: eng.approve(t, actor="dana", prepared_digest=None),
-            lambda t=task_id: eng.cancel(t, actor="ann", reason="stop"),
+            partial(eng.approve, task_id, actor="dana", prepared_digest=None),
+            partial(eng.cancel, task_id, actor="ann", reason="stop"),
         )
         triggers = [e.trigger for e in eng.history(task_id)][2:]
         # Each command succeeded on the state it read, or was refused: what it told its caller is what the log
@@ -125,7 +126,12 @@ def test_the_inbox_lists_tasks_at_approval_gates_oldest_first_and_loads_no_other
 
     loaded: list[str] = []
     load = eng.load
-    monkeypatch.setattr(eng, "load", lambda task_id: loaded.append(task_id) or load(task_id))
+
+    def counted(task_id: str) -> TaskState:
+        loaded.append(task_id)
+        return load(task_id)
+
+    monkeypatch.setattr(eng, "load", counted)
     assert [p["task_id"] for p in eng.approvals()] == [first, second, escalated]
     assert [p["state"] for p in eng.approvals(role="approver")] == ["awaiting_approval"] * 2 + ["escalation_review"]
     assert eng.approvals(role="operator") == []

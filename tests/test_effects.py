@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,10 @@ def worker_env(db_url: str, tmp_path: Path) -> dict[str, str]:
     }
     env.pop("RAILYARD_WORKFLOWS", None)
     return env
+
+
+def settled(eng: Engine, task_id: str) -> bool:
+    return eng.load(task_id).status != "runnable"
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 60.0, what: str = "") -> None:
@@ -217,8 +222,8 @@ def test_approve_and_cancel_decided_on_the_same_seq_exactly_one_wins_every_round
         task = shop.load(task_id)
         digest = task.prepared["digest"]  # type: ignore[index]
         approved, cancelled = together(
-            lambda t=task_id, d=digest, s=task.seq: shop.approve(t, actor="dana", prepared_digest=d, expected_seq=s),
-            lambda t=task_id, s=task.seq: shop.cancel(t, actor="ann", reason="stop", expected_seq=s),
+            partial(shop.approve, task_id, actor="dana", prepared_digest=digest, expected_seq=task.seq),
+            partial(shop.cancel, task_id, actor="ann", reason="stop", expected_seq=task.seq),
         )
         outcomes = {"approve": approved, "cancel": cancelled}
         winners = [name for name, r in outcomes.items() if not isinstance(r, Code)]
@@ -259,13 +264,13 @@ def test_approve_and_cancel_racing_a_live_worker_never_pay_outside_the_log(shop:
             digest = shop.load(task_id).prepared["digest"]  # type: ignore[index]
             # No seq named: each command is decided on the state it reads; the cancel comes 0-40 ms later.
             approved, cancelled = together(
-                lambda t=task_id, d=digest: shop.approve(t, actor="dana", prepared_digest=d),
-                lambda t=task_id: shop.cancel(t, actor="ann", reason="stop"),
+                partial(shop.approve, task_id, actor="dana", prepared_digest=digest),
+                partial(shop.cancel, task_id, actor="ann", reason="stop"),
                 jitter=0.04,
             )
             told.append((task_id, approved, cancelled))
         for task_id, _, _ in told:
-            wait_for(lambda t=task_id: shop.load(t).status != "runnable", what=f"task {task_id} to settle")
+            wait_for(partial(settled, shop, task_id), what=f"task {task_id} to settle")
     finally:
         stop.set()
         running.join(timeout=30)
