@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,3 +72,28 @@ def test_tables_that_are_not_railyards_are_not_drift(empty_db: str) -> None:
         migrations.check(empty_db)
     finally:
         fakes.close()
+
+
+def test_a_migrations_folder_of_the_users_own_is_never_what_db_upgrade_runs(tmp_path: Path) -> None:
+    """The CLI puts the working directory first on the import path; Railyard's migrations are found by location."""
+    import subprocess
+    import sys
+
+    own = tmp_path / "migrations"
+    (own / "versions").mkdir(parents=True)
+    (own / "__init__.py").write_text("")
+    (own / "env.py").write_text("raise SystemExit('the user migrations ran')\n")
+    url = f"sqlite:///{tmp_path / 'railyard.db'}"
+    railyard = str(Path(sys.executable).with_name("railyard"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [railyard, "db", "upgrade"],
+        cwd=tmp_path,
+        env={**env, "RAILYARD_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "the user migrations ran" not in done.stdout + done.stderr
+    assert migrations.current(url) is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from pathlib import Path
 
@@ -11,12 +10,16 @@ from alembic.config import Config
 
 from engine.store.database import normalize_url
 
+#: Railyard's Alembic environment, found by where it lies beside the `engine` package (in the repository, and in
+#: site-packages for an installed distribution), never by an import name: a user's own `migrations/` folder in the
+#: working directory (which the CLI puts first on the import path) must not be what `railyard db upgrade` runs.
+SCRIPT_LOCATION = Path(__file__).resolve().parents[2] / "migrations"
+
 
 def script_location() -> str:
-    spec = importlib.util.find_spec("migrations")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("the `migrations` package is not installed beside `engine`")
-    return str(Path(spec.origin).parent)
+    if not (SCRIPT_LOCATION / "env.py").is_file():
+        raise RuntimeError(f"Railyard's migrations are not at {SCRIPT_LOCATION}: the installation is incomplete")
+    return str(SCRIPT_LOCATION)
 
 
 def alembic_config(url: str) -> Config:
