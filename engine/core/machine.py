@@ -96,13 +96,14 @@ class CompiledMachine:
             gm.set_state(current)
         graph: Any = gm.get_graph(force_new=True)
         if taken:
+            # The diagram's own styling calls (transitions' BaseGraph), as a model moving along the edges would
+            # make them: each taken edge and the states it touches in the "previous" style.
             drawing: Any = gm.model_graphs[id(gm.model)]
-            styles = drawing.custom_styles
             for source, _trigger, dest in taken:
-                styles["edge"][source][dest] = "previous"
+                drawing.set_previous_transition(source, dest)
                 for state in (source, dest):
                     if state != current and state in self._states:
-                        styles["node"][state] = "previous"
+                        drawing.set_node_style(state, "previous")
             base: Any = gm.style_attributes
             gm.style_attributes = {
                 **base,
