@@ -3,7 +3,7 @@ server is found). Helpers live in `tests/support/`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -42,7 +42,7 @@ def registry() -> Registry:
 
 
 @pytest.fixture
-def make_engine(db_url: str, registry: Registry) -> Iterator[object]:
+def make_engine(db_url: str, registry: Registry) -> Iterator[Callable[..., Engine]]:
     engines: list[Engine] = []
 
     def factory(snapshot_every: int = 10) -> Engine:
@@ -56,5 +56,5 @@ def make_engine(db_url: str, registry: Registry) -> Iterator[object]:
 
 
 @pytest.fixture
-def eng(make_engine: object) -> Engine:
-    return make_engine()  # type: ignore[operator]
+def eng(make_engine: Callable[..., Engine]) -> Engine:
+    return make_engine()

@@ -141,8 +141,8 @@ def test_an_error_inside_a_200_stream_is_a_provider_error_not_an_answer_nor_a_re
     eng: Engine, server: ProviderServer, wire: str
 ) -> None:
     if wire == "openai":
-        error = json.dumps({"error": {"message": "Internal error while generating", "type": "server_error"}})
-        server.reply(openai_stream(openai_chunk({"content": "Escalating the"}), error))
+        failure = json.dumps({"error": {"message": "Internal error while generating", "type": "server_error"}})
+        server.reply(openai_stream(openai_chunk({"content": "Escalating the"}), failure))
         profile = "deepseek"
     else:
         error = anthropic_event("error", error={"type": "api_error", "message": "Internal server error"})

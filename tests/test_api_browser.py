@@ -71,7 +71,12 @@ def page(browser: Any, server: str) -> Iterator[Any]:
     context = browser.new_context(base_url=server, viewport={"width": 1280, "height": 900})
     tab = context.new_page()
     dialogs: list[str] = []
-    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def dismissed(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    tab.on("dialog", dismissed)
     tab.dialogs = dialogs
     yield tab
     context.close()

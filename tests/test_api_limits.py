@@ -11,7 +11,7 @@ import asyncio
 import json
 import socket
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +76,8 @@ def call(app: FastAPI, path: str, body: Body, headers: dict[str, str], method: s
     }
     sent: list[dict[str, Any]] = []
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
 
     asyncio.run(asyncio.wait_for(app(scope, body.receive, send), timeout=60))
     start = next(m for m in sent if m["type"] == "http.response.start")

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -79,7 +80,12 @@ def test_replay_all_reads_each_archive_file_once(eng: Engine, monkeypatch: pytes
     assert len(files) == 6 // min(batch, 6)
     opened: list[str] = []
     check = archive._check_file
-    monkeypatch.setattr(archive, "_check_file", lambda path, lookup: opened.append(path.name) or check(path, lookup))
+
+    def counted(path: Any, lookup: Any) -> Any:
+        opened.append(path.name)
+        return check(path, lookup)
+
+    monkeypatch.setattr(archive, "_check_file", counted)
     reports = [r for r in eng.replay_all() if r.task_id in ended]
     assert sorted(r.task_id for r in reports) == sorted(ended) and all(r.ok for r in reports)
     assert sorted(opened) == sorted(files)  # one read per file, not one per task

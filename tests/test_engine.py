@@ -79,14 +79,15 @@ def test_engine_owned_triggers_are_refused_to_callers(eng: Engine, trigger: str)
 
 
 def test_unknown_workflow_version_and_task_are_refused(eng: Engine) -> None:
-    for call, code in [
+    refusals: list[tuple[Callable[[], object], Code]] = [
         (lambda: eng.start("nope", {}, actor="ann"), Code.WORKFLOW_UNKNOWN),
         (lambda: eng.start("refund", ORDER, actor="ann", version=7), Code.VERSION_UNKNOWN),
         (lambda: eng.start("refund", {"customer": "c1"}, actor="ann"), Code.PAYLOAD_INVALID),
         (lambda: eng.get("no-such-task"), Code.TASK_NOT_FOUND),
         (lambda: eng.history("no-such-task"), Code.TASK_NOT_FOUND),
         (lambda: eng.fire("no-such-task", "cancel", {"reason": "x"}, actor="ann"), Code.TASK_NOT_FOUND),
-    ]:
+    ]
+    for call, code in refusals:
         with pytest.raises(RailyardError) as caught:
             call()
         assert caught.value.code is code
@@ -98,7 +99,11 @@ def test_a_trigger_on_a_terminal_task_is_refused(eng: Engine) -> None:
     eng.cancel(task_id, actor="ann", reason="customer withdrew")
     assert eng.get(task_id).state == "cancelled"
     before = snapshot_of_log(eng, task_id)
-    for trigger, payload in [("cancel", {"reason": "again"}), ("propose", {"amount": 5, "reason": "x"})]:
+    attempts: list[tuple[str, dict[str, object]]] = [
+        ("cancel", {"reason": "again"}),
+        ("propose", {"amount": 5, "reason": "x"}),
+    ]
+    for trigger, payload in attempts:
         with pytest.raises(RailyardError) as caught:
             eng.fire(task_id, trigger, payload, actor="ann")
         assert caught.value.code is Code.TASK_TERMINAL

@@ -409,7 +409,8 @@ NOT_RANDOM = {CALL, RECONCILE, CANCEL_REQUESTED, SETTLE}
 def random_run(draw: Draw, eng: Engine) -> tuple[str, list[TaskState]]:
     workflow = draw(st.sampled_from(["refund@1", "refund@2", "counter@1", "triage@1"]))
     name, version = workflow.split("@")
-    payload = {"refund": ORDER, "counter": {}, "triage": {"ticket_id": "T-7"}}[name]
+    payloads: dict[str, dict[str, Any]] = {"refund": ORDER, "counter": {}, "triage": {"ticket_id": "T-7"}}
+    payload = payloads[name]
     task_id = eng.start(name, payload, actor="ann", version=int(version))
     live = [eng.load(task_id)]
     for _ in range(draw(st.integers(0, 12))):

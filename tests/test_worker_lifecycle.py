@@ -208,8 +208,8 @@ def _script(tmp_path: Path, name: str, turns: list[dict[str, object]]) -> str:
     return f"scripted:{path}"
 
 
-TICK = {"tool_calls": [{"name": "tick", "arguments": {"n": 1}}]}
-FINISH = {"tool_calls": [{"name": "finish", "arguments": {}}]}
+TICK: dict[str, object] = {"tool_calls": [{"name": "tick", "arguments": {"n": 1}}]}
+FINISH: dict[str, object] = {"tool_calls": [{"name": "finish", "arguments": {}}]}
 
 
 def test_sigterm_during_a_step_hands_the_task_back_after_that_step(tmp_path: Path) -> None:
