@@ -182,6 +182,32 @@ def test_a_worker_killed_while_a_cancel_waits_is_reconciled_and_the_cancel_compl
     assert eng.replay(task_id).ok
 
 
+def test_the_cli_says_a_cancel_waits_for_the_payment_in_flight(
+    db_url: str, eng: Engine, books: fakes.Systems, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from engine.cli import app
+
+    task_id = to_approval(eng)
+    task = approve(eng, task_id)
+    eng.commit_system(
+        task,
+        "call",
+        {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
+        actor="system:tools",
+    )  # a worker has the payment in flight
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
+    monkeypatch.delenv("RAILYARD_WORKFLOWS", raising=False)
+    runner = CliRunner()
+    done = runner.invoke(app, ["cancel", task_id, "--as", "ann", "--reason", "Customer called."])
+    assert done.exit_code == 0, done.output
+    assert "executing" in done.stdout and "cancel requested by ann" in done.stdout
+    assert "payments_refund" in done.stdout
+    shown = runner.invoke(app, ["show", task_id])
+    assert "cancel requested" in shown.stdout and "write open" in shown.stdout
+
+
 # -- human commands act on the state their human saw ---------------------------------------------------------
 
 

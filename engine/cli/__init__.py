@@ -351,8 +351,16 @@ def _fire_command(fire: Callable[[Engine], Any], as_json: bool) -> None:
         view = engine.get(task.task_id)
     if as_json:
         _print_json(view.to_dict())
-    else:
-        out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
+        return
+    out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
+    if view.cancel_requested is not None and view.unsettled is not None:
+        # Not applied yet, and not lost: say so, or a person who just cancelled sees the task still running.
+        write = view.unsettled
+        out.print(
+            f"cancel requested by {view.cancel_requested['actor']}: it takes effect once the outcome of "
+            f"{write['tool']} (action {write['action_id']}, {write['status']}) is on record",
+            highlight=False,
+        )
 
 
 @app.command("fire")
