@@ -213,3 +213,13 @@ def test_registry_reports_a_module_that_fails_while_importing(
         Registry.from_modules(["broken_flows"])
     assert getattr(caught.value, "code", None) is Code.CONFIG_INVALID
     assert "SyntaxError" in str(caught.value)
+
+
+def test_a_version_compiles_its_machine_when_first_needed_and_once() -> None:
+    lazy = Workflow(
+        name="lazy", version=1, states=[Wait("waiting", actions=[Action("done", "finished")]), Terminal("finished")]
+    )
+    assert lazy._machine is None  # built, validated and digested without a machine
+    machine = lazy.machine
+    assert lazy.machine is machine
+    assert lazy.triggers("waiting") == ["done", "cancel"]

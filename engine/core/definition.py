@@ -414,7 +414,7 @@ class Workflow:
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
-    _machine: CompiledMachine = field(init=False, repr=False)
+    _machine: CompiledMachine | None = field(init=False, repr=False, default=None)
     _digest: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -432,9 +432,6 @@ class Workflow:
             raise DefinitionError(self.ref, problems)
         object.__setattr__(self, "_by_name", {s.name: s for s in self._all})
         object.__setattr__(self, "_table", _transition_table(self))
-        from engine.core.machine import compile_machine
-
-        object.__setattr__(self, "_machine", compile_machine(self))
         object.__setattr__(self, "_digest", sha256_hex(canonical_json(self.spec())))
 
     # -- identity -------------------------------------------------------
@@ -458,8 +455,18 @@ class Workflow:
 
     @property
     def machine(self) -> CompiledMachine:
-        """The `transitions` machine compiled once for this version and shared by all its tasks."""
-        return self._machine
+        """The `transitions` machine of this version: compiled when first needed, then shared by all its tasks.
+
+        Validation and the transition table need no machine, so a registry of many versions pays for the ones
+        it uses. Two threads asking at once may both compile it; either result is the same machine.
+        """
+        compiled = self._machine
+        if compiled is None:
+            from engine.core.machine import compile_machine
+
+            compiled = compile_machine(self)
+            object.__setattr__(self, "_machine", compiled)
+        return compiled
 
     # -- queries the runtime uses -----------------------------------------
     def state(self, name: str) -> State:
@@ -477,9 +484,7 @@ class Workflow:
 
     def triggers(self, state: str, *, system: bool = False) -> list[str]:
         """The triggers a caller may fire in `state`, in declaration order (`system=True`: the engine's too)."""
-        return [
-            t for t in self._machine.triggers(state) if system or not all(a.system for a in self._table[(state, t)])
-        ]
+        return [t for t in self.machine.triggers(state) if system or not all(a.system for a in self._table[(state, t)])]
 
     def transitions(self) -> Iterable[tuple[str, Action]]:
         """Every (source, action) pair, built-ins included."""
