@@ -26,6 +26,7 @@ from engine import (
     Registry,
     ScriptedModel,
     StaticRoles,
+    TaskState,
     Terminal,
     Tool,
     ToolCatalog,
@@ -91,6 +92,14 @@ def worker_env(db_url: str, tmp_path: Path) -> dict[str, str]:
 
 def settled(eng: Engine, task_id: str) -> bool:
     return eng.load(task_id).status != "runnable"
+
+
+def record_intent(eng: Engine, task: TaskState, requested_at: str = "2000-01-01T00:00:00Z") -> TaskState:
+    """The intent of the task's prepared call, as a worker records it before calling (then dies, or is slow)."""
+    assert task.prepared is not None
+    return eng.commit_system(
+        task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": requested_at}, actor="system:tools"
+    )
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 60.0, what: str = "") -> None:
@@ -191,12 +200,7 @@ def test_the_cli_says_a_cancel_waits_for_the_payment_in_flight(
 
     task_id = to_approval(eng)
     task = approve(eng, task_id)
-    eng.commit_system(
-        task,
-        "call",
-        {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
-        actor="system:tools",
-    )  # a worker has the payment in flight
+    record_intent(eng, task)  # a worker has the payment in flight
     monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
     monkeypatch.delenv("RAILYARD_WORKFLOWS", raising=False)
     runner = CliRunner()
@@ -474,15 +478,8 @@ def test_a_stranded_write_nobody_can_ask_about_is_recorded_unknown_not_sent_agai
     with transfer_engine(db_url, bank, askable=False) as eng:
         task_id = eng.start("transfer", actor="olga")
         task = eng.fire(task_id, "send", {"amount": 100}, actor="olga")
-        prepared = task.prepared
-        assert prepared is not None
         # A worker recorded the intent and died before the outcome (the call may or may not have happened).
-        eng.commit_system(
-            task,
-            "call",
-            {"intent": prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
-            actor="system:tools",
-        )
+        record_intent(eng, task)
         assert eng.run(task_id).state == "review"
         outcome = eng.history(task_id)[-1].data["outcome"]
         assert (outcome["outcome"], outcome["code"]) == ("unknown", "TOOL_EXECUTION_UNKNOWN")
@@ -527,9 +524,7 @@ def stranded(eng: Engine, *, requested_at: str) -> str:
     task_id = eng.start("transfer", actor="olga")
     task = eng.fire(task_id, "send", {"amount": 100}, actor="olga")
     assert task.prepared is not None
-    eng.commit_system(
-        task, "call", {"intent": task.prepared, "attempt": 1, "requested_at": requested_at}, actor="system:tools"
-    )
+    record_intent(eng, task, requested_at)
     return task_id
 
 
@@ -591,12 +586,7 @@ def test_replay_reports_a_garbled_settlement_instead_of_crashing(eng: Engine, bo
     approve(eng, task_id)
     task = eng.load(task_id)
     assert task.prepared is not None
-    eng.commit_system(
-        task,
-        "call",
-        {"intent": task.prepared, "attempt": 1, "requested_at": "2000-01-01T00:00:00Z"},
-        actor="system:tools",
-    )
+    record_intent(eng, task)
     forge(
         eng,
         task_id,
@@ -675,12 +665,7 @@ def test_replay_finds_a_task_that_ended_with_its_payment_unsettled(eng: Engine, 
     approve(eng, task_id)
     task = eng.load(task_id)
     assert task.prepared is not None
-    eng.commit_system(
-        task,
-        "call",
-        {"intent": task.prepared, "attempt": 1, "requested_at": "2026-01-01T00:00:00Z"},
-        actor="system:tools",
-    )
+    record_intent(eng, task, requested_at="2026-01-01T00:00:00Z")
     assert eng.replay(task_id).ok
     # An insider "cancels" it with a well-chained event the engine would have refused: the intent has no outcome.
     forge(eng, task_id, trigger="cancel", to_state="cancelled", data={"args": {"reason": "x"}}, status="terminal")
