@@ -61,6 +61,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")]
 #: A human command names the seq it was decided on; without it, it is decided on the task as read when it runs.
 ExpectedSeq = Annotated[
     int | None, typer.Option("--expected-seq", help="Refuse (CONCURRENCY_CONFLICT) if the task moved past this seq.")
@@ -381,7 +382,7 @@ def fire(
 def cancel(
     task_id: Annotated[str, typer.Argument(help="Task id.")],
     actor: ActorOpt,
-    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    reason: ReasonOpt,
     expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -430,7 +431,7 @@ def migrate(
         list[str], typer.Option("--map", help="OLD=NEW: where a task in state OLD goes (repeat; only these move).")
     ],
     actor: ActorOpt,
-    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    reason: ReasonOpt,
     as_json: JsonFlag = False,
 ) -> None:
     """Move an in-flight task to another version of its workflow; one `migrate` event records who and why."""
@@ -499,7 +500,7 @@ def approve(
 def reject(
     task_id: Annotated[str, typer.Argument(help="Task id.")],
     actor: ActorOpt,
-    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")],
+    reason: ReasonOpt,
     expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:

@@ -17,11 +17,12 @@ the module they live in.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.core.canonical import format_instant
+from engine.core.canonical import format_instant, parse_instant
 from engine.core.events import Event
 
 #: The built-in triggers of this module: a cancel recorded while a write is unsettled, and an operator's assertion.
@@ -55,6 +56,15 @@ def may_still_land(effect: dict[str, Any] | None) -> bool:
     return effect.get("status") == "pending" or effect.get("code") == "TOOL_TIMEOUT"
 
 
+def lands_until(effect: dict[str, Any] | None, timeout: float, margin: float) -> datetime | None:
+    """Until when the write's last attempt may still reach the remote (`may_still_land`), or None if it cannot:
+    its intent's time plus the tool's `timeout` plus the engine's `margin`."""
+    requested = effect.get("requested_at") if effect is not None and may_still_land(effect) else None
+    if not isinstance(requested, str):
+        return None
+    return parse_instant(requested) + timedelta(seconds=timeout + margin)
+
+
 def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] | None:
     """The newest write's record after `event`: its action id, tool, the tool state that made it, and its status."""
     data, trigger = event.data, event.trigger
@@ -69,7 +79,10 @@ def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] |
             "status": "pending",
             "requested_at": data.get("requested_at"),
         }
-    if effect is None or data.get("action_id", _action_of(data)) != effect["action_id"]:
+    if effect is None:
+        return effect
+    action = data.get("action_id")
+    if (action if action is not None else _action_of(data)) != effect["action_id"]:  # most events: one lookup
         return effect
     if trigger in ("succeeded", "failed", "unknown"):
         code = (data.get("outcome") or {}).get("code")

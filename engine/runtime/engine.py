@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,10 +24,10 @@ from engine.audit import parallel as replay_jobs
 from engine.audit.archive import ArchiveRun, archive_ended, archived_events, replay_archived, replay_archives
 from engine.audit.reads import AsOf, replay_task, replay_tasks, state_as_of, task_logs, task_path
 from engine.core.approvals import DECISIONS, check_decision, pending_view
-from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
+from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now
 from engine.core.decide import Decision, decide, validate_payload
 from engine.core.definition import CANCEL, MIGRATE, START, Agent, Approval, StateKind, Tool, Workflow
-from engine.core.effects import SETTLE, may_still_land
+from engine.core.effects import SETTLE, lands_until
 from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
 from engine.core.events import Event, seal
 from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
@@ -468,13 +468,10 @@ class Engine:
             and row.lease_expires_at > at
         ):
             return f"worker {row.lease_owner} holds the task"
-        requested = effect.get("requested_at") if may_still_land(task.unsettled) else None
         tools = definition.tools
-        if isinstance(requested, str) and tools is not None and effect.get("tool") in tools:
-            until = parse_instant(requested) + timedelta(
-                seconds=tools.get(str(effect["tool"])).timeout + SETTLE_MARGIN_SECONDS
-            )
-            if at < until:
+        if tools is not None and effect.get("tool") in tools:
+            until = lands_until(task.unsettled, tools.get(str(effect["tool"])).timeout, SETTLE_MARGIN_SECONDS)
+            if until is not None and at < until:
                 return f"its call may land until {format_instant(until)}"
         return None
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from engine.core.budgets import exceeded
-from engine.core.canonical import format_instant, now, parse_instant
+from engine.core.canonical import format_instant, now
 from engine.core.decide import decide
 from engine.core.definition import CALL, CANCEL, LIMIT, RECONCILE, Tool
-from engine.core.effects import may_still_land
+from engine.core.effects import lands_until
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, Refused
 from engine.core.fold import TaskState
 from engine.core.tools.catalog import ToolDef, ToolKind
@@ -131,14 +131,12 @@ class ToolRunner:
                     0,
                 ),
             )
-        requested = (effect or {}).get("requested_at") if may_still_land(effect) else None
-        if requested is not None:
-            # The attempt may still be running (its worker lost the lease but not its life, or it timed out and
-            # its thread goes on): a `not_found` now could be followed by the original call landing. Ask only
-            # once it can no longer be waited on.
-            settle_after = parse_instant(requested) + timedelta(seconds=tool.timeout + SETTLE_MARGIN_SECONDS)
-            if now() < settle_after:
-                raise AttemptInFlight(task.task_id, settle_after)
+        # The attempt may still be running (its worker lost the lease but not its life, or it timed out and its
+        # thread goes on): a `not_found` now could be followed by the original call landing. Ask only once it can
+        # no longer be waited on.
+        settle_after = lands_until(effect, tool.timeout, SETTLE_MARGIN_SECONDS)
+        if settle_after is not None and now() < settle_after:
+            raise AttemptInFlight(task.task_id, settle_after)
         answer = reconcile(tool, prepared.action_id)
         settled = outcome_of(answer)
         if settled is None:  # not_found: it never happened; a new attempt with the same action id
