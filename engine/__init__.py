@@ -48,7 +48,9 @@ from engine.core.errors import (
 from engine.core.events import Event
 from engine.core.fold import TaskState, fold
 from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
+from engine.core.payloads import EventData, event_code
 from engine.core.replay import ReplayReport
+from engine.core.summary import summarise
 from engine.core.tools import (
     CurrencyCode,
     MinorUnits,
@@ -87,6 +89,7 @@ __all__ = [
     "DefinitionError",
     "Engine",
     "Event",
+    "EventData",
     "Finding",
     "Guard",
     "GuardContext",
@@ -127,9 +130,11 @@ __all__ = [
     "canonical_json",
     "config",
     "decide",
+    "event_code",
     "fold",
     "migrations",
     "roles_from_file",
     "sha256_hex",
+    "summarise",
     "verify_chain",
 ]

@@ -15,6 +15,7 @@ from engine.core.forcing import Rung, ladder
 from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
 from engine.runtime.agent import AgentRunner, RetryPolicy
+from tests.support.payloads import undeclared
 from tests.support.sample_workflows import ROLES, all_workflows
 
 ORDER = {"customer": "c1", "balance": 500}
@@ -70,6 +71,7 @@ def test_a_model_that_never_complies_is_handed_off_after_exactly_the_budget(eng:
     assert [t[0] for t in trail(eng, task_id)] == ["repair", "repair", "repair", "hand_off"]
     assert eng.history(task_id)[-1].data["turn"]["code"] == "REPAIRS_EXHAUSTED"
     assert eng.history(task_id)[-1].data["last_code"] == "NO_ACTION"
+    assert undeclared(eng.history(task_id)) == []
     assert len(model.requests) == 4
     # An operator sends it back to the agent, with a fresh repair budget.
     eng.fire(task_id, "retry", actor="olga")
@@ -159,6 +161,7 @@ def test_error_inside_the_provider_is_a_provider_error_state_not_a_repair(eng: E
     event = eng.history(task_id)[-1]
     assert (event.trigger, event.data["turn"]["code"]) == ("provider_error", "PROVIDER_ERROR")
     assert "upstream exploded" not in json.dumps(event.data)
+    assert undeclared([event]) == []
     assert task.visit.get("repairs", 0) == 0
 
 
@@ -171,6 +174,7 @@ def test_retryable_errors_back_off_inside_their_own_budget(eng: Engine) -> None:
     task = runner.step(eng.load(task_id))
     assert task.state == "decided" and len(slept) == 2
     assert eng.history(task_id)[-1].data["turn"]["attempts"] == 3
+    assert undeclared(eng.history(task_id)) == []
     # Past the budget it is a provider error with the retryable code, still no repair spent.
     task_id = eng.start("triage", TICKET, actor="ann")
     task = AgentRunner(eng, ScriptedModel([rate] * 5), retry=NO_SLEEP).step(eng.load(task_id))

@@ -9,13 +9,16 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from engine import Code, Event, RailyardError, migrations
-from engine.api.present import display_arguments, event_summary, format_money, model_reason
+from engine.api.present import display_arguments, format_money, model_reason
 from engine.api.tokens import TokenTable, hash_token, load_tokens, main, parse_tokens, toml_entry
+from engine.core.payloads import as_event_data
+from engine.core.summary import summarise
 from tests.support.api import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,8 +100,10 @@ def test_money_is_shown_in_major_units_with_its_currency() -> None:
     assert display_arguments({"amount_cents": 250})[0].text == "250"  # no currency: not guessed
 
 
-def _event(seq: int, trigger: str, data: dict[str, object], actor: str = "model") -> Event:
-    return Event("t", seq, datetime(2026, 1, 1, tzinfo=UTC), actor, "a", trigger, "b", data, "0" * 64, "0" * 64)
+def _event(seq: int, trigger: str, data: dict[str, Any], actor: str = "model") -> Event:
+    return Event(
+        "t", seq, datetime(2026, 1, 1, tzinfo=UTC), actor, "a", trigger, "b", as_event_data(data), "0" * 64, "0" * 64
+    )
 
 
 def test_the_models_reason_comes_from_the_event_that_prepared_the_call() -> None:
@@ -121,7 +126,7 @@ def test_the_models_reason_comes_from_the_event_that_prepared_the_call() -> None
     assert (reason.argument, reason.text, reason.seq) == ("damaged", ["Photos attached."], 3)
     assert model_reason([old], "d9").argument is None
     approval = {"approval": {"decision": "approve", "actor": "dana", "role": "r", "comment": "ok"}}
-    assert event_summary(approval) == "approve by dana as r: ok"
+    assert summarise(_event(4, "approve", approval, actor="dana")) == "approve by dana as r: ok"
 
 
 def test_railyard_serve_starts_the_api_on_the_port_given(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from engine import Engine, Registry
+from tests.support.payloads import undeclared
 from tests.support.reference import steps
 from workflows import fakes
 from workflows.demo import run_demo
@@ -55,3 +56,5 @@ def test_the_demo_scenarios(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Non
             action_id = eng.load(task_id).prepared["action_id"]  # type: ignore[index]
             assert books.payments.executions()[action_id] == 1
         assert all(eng.replay(t).ok for t in (tasks.refund, tasks.ticket, tasks.crashed_refund))
+        for task_id in (tasks.refund, tasks.ticket, tasks.crashed_refund):
+            assert undeclared(eng.history(task_id)) == []

@@ -194,12 +194,16 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
             into.write_text(result.stdout, encoding="utf-8")
 
 
-def _gen_errors_doc() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_errors_doc", REPO / "tools" / "gen_errors_doc.py")
+def _tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _gen_errors_doc() -> ModuleType:
+    return _tool("gen_errors_doc")
 
 
 def test_error_reference_is_generated_from_the_enum() -> None:
@@ -207,6 +211,15 @@ def test_error_reference_is_generated_from_the_enum() -> None:
     text = doc.read_text(encoding="utf-8")
     assert _gen_errors_doc().regenerate(text) == text, (
         "docs/errors.md is out of date with engine.core.errors: run `python tools/gen_errors_doc.py`"
+    )
+
+
+def test_event_reference_is_generated_from_the_payload_types() -> None:
+    doc = REPO / "docs" / "concepts.md"
+    text = doc.read_text(encoding="utf-8")
+    assert _tool("gen_events_doc").regenerate(text) == text, (
+        "docs/concepts.md's event reference is out of date with engine.core.payloads: "
+        "run `python tools/gen_events_doc.py`"
     )
 
 

@@ -41,6 +41,7 @@ from engine.core.canonical import canonical_json
 from engine.core.definition import Action as Act
 from tests.support import reference
 from tests.support.insider import forge
+from tests.support.payloads import undeclared
 from tests.support.races import together
 from tests.support.reference import expire_leases
 from tests.support.shop import ROLES as SHOP_ROLES
@@ -144,7 +145,8 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_and_a_paid_refund_goes_to
     events = eng.history(task_id)
     assert [e.trigger for e in events][-3:] == ["call", "cancel_requested", "succeeded"]
     action_id = events[-1].data["action_id"]
-    assert events[-1].data["outcome"]["result"]["amount"] == 12_999  # the amount that went out, in the log
+    paid = events[-1].data["outcome"]["result"]
+    assert paid is not None and paid["amount"] == 12_999  # the amount that went out, in the log
     assert books.payments.executions() == {action_id: 1}
     assert eng.replay(task_id).ok
     # A refund approver closes the review; the payment stays in the log and the books.
@@ -267,8 +269,9 @@ def test_approve_and_cancel_decided_on_the_same_seq_exactly_one_wins_every_round
 def test_a_stale_command_is_refused_naming_the_state_now_and_writes_nothing(shop: Engine) -> None:
     task_id = shop_approval(shop)
     seen = shop.load(task_id).seq
-    approve_args = {"prepared_digest": shop.load(task_id).prepared["digest"]}  # type: ignore[index]
-    shop.approve(task_id, actor="dana", **approve_args)
+    call_ = shop.load(task_id).prepared
+    assert call_ is not None
+    shop.approve(task_id, actor="dana", prepared_digest=call_["digest"])
     before = triggers(shop, task_id)
     for command in (
         lambda: shop.cancel(task_id, actor="ann", reason="stop", expected_seq=seen),
@@ -498,6 +501,7 @@ def test_a_cancel_of_a_task_whose_outcome_is_unknown_waits_for_the_operators_set
         task = eng.load(task_id)
         assert task.state == "cancelled"
         assert eng.history(task_id)[-1].data["settled"]["outcome"] == "executed"
+        assert undeclared(eng.history(task_id)) == []
         assert eng.replay(task_id).ok
 
 
@@ -516,6 +520,7 @@ def test_the_refund_cannot_be_closed_while_its_payment_is_unknown_and_a_settled_
     )
     eng.cancel(task_id, actor="ann", reason="Withdrawn.")
     assert eng.settle(task_id, "dana", "executed", "provider dashboard").state == "paid_after_cancel"
+    assert undeclared(eng.history(task_id)) == []
     assert eng.replay(task_id).ok
 
 

@@ -14,6 +14,7 @@ from engine.core.canonical import GENESIS_HASH, now
 from engine.core.definition import START
 from engine.core.events import Event, seal
 from engine.core.fold import Fold, TaskState, apply, fold, initial
+from engine.core.payloads import as_event_data
 from tests.support.sample_workflows import COUNTER
 
 #: What a counter's events can carry: a tick's arguments, a tool's result or error, a prepared call, a model turn.
@@ -53,7 +54,7 @@ def counter_log(datas: list[dict[str, Any]], *, finish: bool) -> list[Event]:
                 from_state=events[-1].to_state,
                 trigger=trigger,
                 to_state=target,
-                data=data,
+                data=as_event_data(data),
                 prev_hash=events[-1].hash,
             )
         )

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles, migrations
+from tests.support.payloads import undeclared
 from tests.support.sample_workflows import REFUND_V1, REFUND_V2, ROLES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ def test_a_task_migrated_mid_flight_runs_on_under_the_new_version(eng: Engine) -
         "awaiting_approval",
     )
     assert event.data["reason"] == "v2 rolls out to open refunds"
+    assert undeclared([event]) == []
     assert (event.data["from"], event.data["to"], event.data["to_digest"]) == ("refund@1", "refund@2", REFUND_V2.digest)
     row = eng.store.row(task_id)
     assert row is not None and (row.version, row.digest) == (2, REFUND_V2.digest)

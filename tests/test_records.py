@@ -11,6 +11,7 @@ import pytest
 from engine import Status, TaskState
 from engine.core.canonical import GENESIS_HASH, now
 from engine.core.events import Event, seal
+from engine.core.payloads import as_event_data
 from engine.core.records import quick_init
 
 
@@ -78,7 +79,7 @@ def test_events_and_task_states_build_as_before() -> None:
         from_state=None,
         trigger="start",
         to_state="s",
-        data={"x": 1},
+        data=as_event_data({"x": 1}),
         prev_hash=GENESIS_HASH,
     )
     assert event.stored_data is None and event.computed_hash() == event.hash

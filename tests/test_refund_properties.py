@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from engine import Engine, RailyardError, ScriptedModel, verify_chain
 from engine.providers.scripted import call
+from tests.support.payloads import undeclared
 from tests.support.reference import ROLES, fake_systems, reference_engine
 from workflows import fakes
 from workflows.fakes.seed import EVIDENCE, ORDERS
@@ -188,6 +189,7 @@ def apply(eng: Engine, books: fakes.Systems, task_id: str, move: tuple[Any, ...]
 def check(eng: Engine, books: fakes.Systems, task_id: str, seen: Counter[str]) -> None:
     events = eng.history(task_id)
     assert verify_chain(events) == []
+    assert undeclared(events) == []  # every key of every step is one the event reference declares
     started_by = events[0].actor
     requests = books.payments.requests()
     for request in requests:
@@ -197,7 +199,7 @@ def check(eng: Engine, books: fakes.Systems, task_id: str, seen: Counter[str]) -
         seen["paid"] += 1
         key = request["idempotency_key"]
         # The refund paid is a prepared call this task recorded, by a proposal, for exactly this amount and order.
-        proposal = next(e for e in events if (e.data.get("prepared") or {}).get("action_id") == key)
+        proposal = next(e for e in events if (call := e.data.get("prepared")) and call["action_id"] == key)
         arguments = proposal.data["prepared"]["arguments"]
         assert (arguments["order_id"], arguments["amount"]) == (request["order_id"], request["amount"])
         # Never above the refundable balance: the one the provider had, and the one the order started with.
@@ -224,7 +226,8 @@ def check(eng: Engine, books: fakes.Systems, task_id: str, seen: Counter[str]) -
         for earlier, later in pairwise(e for e in calls if e.data["intent"]["action_id"] == key):
             between = [e for e in events if earlier.seq < e.seq < later.seq]
             assert any(e.trigger == "retry_refund" for e in between) or any(
-                e.trigger == "reconcile" and e.data["reconciled"]["outcome"] == "not_found" for e in between
+                e.trigger == "reconcile" and e.data["reconciled"] == {"outcome": "not_found", "action_id": key}
+                for e in between
             )
             seen["resent"] += 1
     for event in events:

@@ -19,6 +19,7 @@ import pytest
 
 from engine import Code, Engine, RailyardError, ScriptedModel, Worker, decide
 from engine.core.canonical import utc
+from engine.core.payloads import PreparedCallData
 from engine.providers.scripted import call
 from engine.runtime.tool_runner import AttemptInFlight
 from tests.support import reference
@@ -53,7 +54,7 @@ def to_approval(eng: Engine, *, starter: str = "ann", amount: int = 12_999, vers
     return task_id
 
 
-def prepared(eng: Engine, task_id: str) -> dict[str, Any]:
+def prepared(eng: Engine, task_id: str) -> PreparedCallData:
     call_ = eng.load(task_id).prepared
     assert call_ is not None
     return call_
@@ -402,7 +403,8 @@ def test_a_worker_that_dies_after_the_provider_paid_is_reconciled_by_action_id(
     assert eng.run(task_id).state == "completed"
     last = eng.history(task_id)[-1]
     assert (last.trigger, last.data["reconciled"]) == ("succeeded", True)
-    assert last.data["outcome"]["result"]["refund_id"] == f"re_{action_id[:12]}"
+    result = last.data["outcome"]["result"]
+    assert result is not None and result["refund_id"] == f"re_{action_id[:12]}"
     assert [r["result"] for r in books.payments.requests(action_id)] == ["executed"]  # asked, never re-sent
     assert books.payments.executions() == {action_id: 1}
 

@@ -20,6 +20,7 @@ from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, 
 from engine.core.definition import CALL, RECONCILE
 from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.events import seal, stored_body, with_stored_data
+from engine.core.payloads import as_event_data
 from engine.core.replay import ReplayReport, illegal
 from engine.store import TaskRow
 from engine.store.store import in_log_order
@@ -174,7 +175,7 @@ def test_the_hash_over_stored_data_text_is_the_canonical_hash(
         from_state=source,
         trigger=trigger,
         to_state=target,
-        data=data,
+        data=as_event_data(data),
         prev_hash=GENESIS_HASH,
     )
     assert stored_body(task_id, seq, at, actor, source, trigger, target, canonical_json(data)) == canonical_json(
@@ -182,7 +183,7 @@ def test_the_hash_over_stored_data_text_is_the_canonical_hash(
     )
     assert with_stored_data(replace(event), canonical_json(data)).computed_hash() == event.hash
     # Text that is not the sealed one never decides: the hash comes from the content, as without any text.
-    edited = replace(event, data={**data, "edited": True})
+    edited = replace(event, data=as_event_data({**data, "edited": True}))
     assert with_stored_data(edited, canonical_json(edited.data)).computed_hash() != event.hash
     assert with_stored_data(replace(event), json.dumps(data, indent=1)).computed_hash() == event.hash
 

@@ -16,6 +16,7 @@ import pytest
 
 from engine import Code, Engine, RailyardError, Registry, ScriptedModel, StaticRoles
 from engine.providers.scripted import call
+from tests.support.payloads import undeclared
 from tests.support.shop import ROLES, SETTLE_SECONDS, Ledger, make_workflow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,6 +225,7 @@ def limit_event(eng: Engine, task_id: str) -> Any:
         "limit_exceeded",
         "AGENT_STEP_LIMIT_EXCEEDED",
     )
+    assert undeclared([event]) == []
     return event
 
 

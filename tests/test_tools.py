@@ -338,8 +338,7 @@ def test_a_malformed_or_redacted_prepared_call_is_refused() -> None:
     assert shown["arguments"]["card_token"] == "[redacted]"
     with pytest.raises(IntegrityError):
         PreparedToolCall.from_dict(shown)
-    data = call.to_dict()
-    del data["digest"]
+    data = {k: v for k, v in call.to_dict().items() if k != "digest"}
     assert refused(PreparedToolCall.from_dict, {**data, "kind": "delete"}).code is Code.PAYLOAD_INVALID
 
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from engine import (
     TaskState,
     Worker,
     adapter_from_spec,
+    summarise,
 )
 from workflows import fakes
 from workflows.refund_tools import SETTLE_SECONDS
@@ -71,7 +72,7 @@ class Demo:
     # -- printing -------------------------------------------------------
     def show_events(self, task_id: str, after_seq: int) -> None:
         for event in self.engine.store.events(task_id, after_seq=after_seq):
-            self.console.print(f"   {event.seq:>2} {_arrow(event)}  {_note(event)}", highlight=False)
+            self.console.print(f"   {event.seq:>2} {_arrow(event)}  {summarise(event, 100)}", highlight=False)
 
     def advance(self, task_id: str, label: str, action: Callable[[], Any]) -> Any:
         """Run `action`, then print the events it appended (or the refusal and the untouched log)."""
@@ -113,7 +114,7 @@ class Demo:
         if task is None or task.state != "awaiting_approval":
             self.console.print(f"   the model left the task in {engine.get(task_id).state}; no approval to give")
             return task_id
-        prepared = engine.load(task_id).prepared or {}
+        prepared: Mapping[str, Any] = engine.load(task_id).prepared or {}
         self.console.print(
             f"   awaiting approval: {prepared.get('tool')} {_money(prepared.get('arguments', {}))} "
             f"(action {str(prepared.get('action_id'))[:8]}, digest {str(prepared.get('digest'))[:12]})",
@@ -160,7 +161,7 @@ class Demo:
         task_id = engine.start("refund", REFUND_WRONG_ITEM_INPUT, actor="portal")
         version = engine.get(task_id).version
         engine.run(task_id, model=ScriptedModel(refund_wrong_item(version)))
-        prepared = engine.load(task_id).prepared or {}
+        prepared: Mapping[str, Any] = engine.load(task_id).prepared or {}
         engine.approve(task_id, actor="dana", prepared_digest=prepared.get("digest"), comment="Wrong colour.")
         action_id = str(prepared.get("action_id"))
         self.console.print(
@@ -319,24 +320,6 @@ def route_only(mermaid: str) -> str:
 
 def _arrow(event: Event) -> str:
     return f"{event.from_state or ''} --{event.trigger}--> {event.to_state}"
-
-
-def _note(event: Event) -> str:
-    """What a reader wants from each event: the model's code, the tool's answer, who decided."""
-    data = event.data
-    turn = data.get("turn")
-    if isinstance(turn, dict):
-        code = turn.get("code")
-        return f"model turn ({turn.get('strategy')}): " + (f"{code}" if code else "accepted")
-    result = data.get("tool_result")
-    if isinstance(result, dict):
-        extra = " (reconciled)" if data.get("reconciled") else ""
-        return f"tool {result.get('tool')}: " + ("ok" if "result" in result else "failed") + extra
-    if "intent" in data:
-        return f"intent recorded: {data['intent'].get('tool')} (attempt {data.get('attempt')})"
-    if event.trigger in ("approve", "reject"):
-        return f"by {event.actor}"
-    return f"by {event.actor}" if event.trigger == "start" else ""
 
 
 def _money(arguments: dict[str, Any]) -> str:

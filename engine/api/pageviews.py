@@ -8,6 +8,7 @@ is the one that counts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +81,7 @@ def approval_view(
     state = definition.state(task.state)
     if not isinstance(state, Approval) or task.terminal:
         return None
-    prepared = task.prepared or {}
+    prepared: Mapping[str, Any] = task.prepared or {}
     tool_args = None
     if prepared and definition.tools is not None and prepared.get("tool") in definition.tools:
         tool_args = definition.tools.get(str(prepared["tool"])).args

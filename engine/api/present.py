@@ -8,7 +8,6 @@ text, and stays text: the templates escape it.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine.audit.reads import path_visits
-from engine.core.events import Event, event_code
+from engine.core.events import Event
+from engine.core.payloads import event_code
+from engine.core.summary import compact, summarise
 
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
 _EXPONENT = {
@@ -103,11 +104,6 @@ def schema_of(model: type[BaseModel] | None) -> dict[str, Any] | None:
     return model.model_json_schema() if model is not None else None
 
 
-def compact(value: Any, width: int | None = None) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), sort_keys=False, default=str)
-    return text if width is None or len(text) <= width else text[: width - 1] + "…"
-
-
 def when(at: datetime) -> str:
     return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -126,24 +122,8 @@ class Row:
     summary: str
 
 
-def event_summary(data: Mapping[str, Any], width: int = 160) -> str:
-    """The part of an event's data a person scans first: the decision, the arguments, the outcome."""
-    if "approval" in data:
-        record = data["approval"]
-        comment = f": {record.get('comment')}" if record.get("comment") else ""
-        return f"{record.get('decision')} by {record.get('actor')} as {record.get('role')}{comment}"
-    if "args" in data:
-        return compact(data["args"], width)
-    if "input" in data:
-        return compact(data["input"], width)
-    if "outcome" in data and isinstance(data["outcome"], Mapping):
-        outcome = data["outcome"]
-        return compact({k: outcome.get(k) for k in ("outcome", "result", "code") if outcome.get(k) is not None}, width)
-    if "intent" in data and isinstance(data["intent"], Mapping):
-        return f"intent: {data['intent'].get('tool')} (action {str(data['intent'].get('action_id'))[:12]})"
-    if "turn" in data and isinstance(data["turn"], Mapping):
-        return f"model turn ({data['turn'].get('strategy')})"
-    return compact(dict(data), width) if data else ""
+#: How much of an event's summary the timeline and the inbox show.
+TIMELINE_WIDTH = 160
 
 
 def timeline(events: Iterable[Event]) -> list[Row]:
@@ -156,7 +136,7 @@ def timeline(events: Iterable[Event]) -> list[Row]:
             e.trigger,
             e.to_state,
             event_code(e.data),
-            event_summary(e.data),
+            summarise(e, TIMELINE_WIDTH),
         )
         for e in events
     ]
@@ -212,7 +192,8 @@ def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
     raw = proposing.data.get("args")
     args: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     argument = next((str(args[k]) for k in ("reason", "rationale", "justification") if k in args), None)
-    messages = (proposing.data.get("turn") or {}).get("messages") or []
+    turn = proposing.data.get("turn")
+    messages = (turn.get("messages") if turn is not None else None) or []
     text = [
         str(m.get("content"))
         for m in messages

@@ -27,6 +27,7 @@ from engine.core.canonical import canonical_json, format_instant, parse_instant
 from engine.core.chain import Finding
 from engine.core.errors import Code
 from engine.core.events import Event
+from engine.core.payloads import as_event_data
 from engine.core.replay import LogCheck, Lookup, ReplayReport
 from engine.store import Snapshot, TaskRow
 
@@ -127,7 +128,7 @@ def _event(value: dict[str, Any]) -> Event:
         None if from_state is None else str(from_state),
         str(value["trigger"]),
         str(value["to_state"]),
-        data,
+        as_event_data(data),
         str(value["prev_hash"]),
         str(value["hash"]),
     )

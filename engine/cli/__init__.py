@@ -23,8 +23,10 @@ from rich.table import Table
 
 from engine.core.canonical import format_instant, parse_instant
 from engine.core.errors import Category, Code, RailyardError, Refused
-from engine.core.events import Event, event_code
+from engine.core.events import Event
+from engine.core.payloads import event_code
 from engine.core.replay import ReplayReport
+from engine.core.summary import summarise
 from engine.runtime import config
 from engine.runtime.engine import Engine
 from engine.runtime.registry import Registry
@@ -121,30 +123,6 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def _summary(data: dict[str, Any], width: int = 60) -> str:
-    """The part of an event's data that says what the step was about, cut to `width` (the code has its column)."""
-    if not data:
-        return ""
-    if "args" in data:
-        shown = data["args"]
-    elif "input" in data:
-        shown = data["input"]
-    elif "approval" in data:
-        shown = {k: data["approval"].get(k) for k in ("decision", "comment")}
-    elif "intent" in data:  # a tool call about to run: which tool, with what
-        shown = {k: data["intent"].get(k) for k in ("tool", "arguments")}
-    elif "tool_result" in data:
-        shown = data["tool_result"]
-    elif "turn" in data:  # a model turn that did not become an action: its strategy
-        shown = {"strategy": data["turn"].get("strategy")}
-    elif "reason" in data:  # a migration, among others
-        shown = {k: data[k] for k in ("from", "to", "reason") if k in data}
-    else:
-        shown = {k: v for k, v in data.items() if k != "guards"}
-    text = json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def history_table(events: Iterable[Event], title: str | None = None) -> Table:
     """The timeline as a Rich table (seq, time, actor, from, trigger, to, code, a summary of the data)."""
     table = Table(title=title, show_lines=False)
@@ -159,7 +137,7 @@ def history_table(events: Iterable[Event], title: str | None = None) -> Table:
             ev.trigger,
             ev.to_state,
             event_code(ev.data) or "",
-            _summary(ev.data),
+            summarise(ev, 60),
         )
     return table
 
@@ -896,10 +874,10 @@ def run(
         _print_json({"task": view.to_dict(), "events": [e.to_dict() for e in events]})
         return
     for ev in events:
-        turn = ev.data.get("turn", {})
-        code = turn.get("code") or ""
+        code = event_code(ev.data)
         out.print(
-            f"{ev.seq}  {ev.from_state} --{ev.trigger}--> {ev.to_state}  [{turn.get('strategy', '')}] {code}",
+            f"{ev.seq}  {ev.from_state} --{ev.trigger}--> {ev.to_state}  {summarise(ev, 80)}"
+            + (f"  {code}" if code else ""),
             highlight=False,
             markup=False,
         )

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from engine.core.definition import Approval, Workflow
 from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
+from engine.core.payloads import ApprovalRecord
 
 Verdict = Literal["approve", "reject"]
 
@@ -25,8 +26,8 @@ Verdict = Literal["approve", "reject"]
 class ApprovalCheck:
     """A decision the checks let through: the trigger to fire and what the event records of it."""
 
-    trigger: str
-    record: dict[str, Any]
+    trigger: Verdict
+    record: ApprovalRecord
 
 
 #: The triggers that decide an approval; `Engine.fire` routes them through the same checks as approve/reject.
@@ -109,7 +110,7 @@ def check_decision(
             named=digest,
             current=current,
         )
-    record = {"actor": actor, "role": role, "decision": verdict, "comment": comment, "digest": current}
+    record: ApprovalRecord = {"actor": actor, "role": role, "decision": verdict, "comment": comment, "digest": current}
     return ApprovalCheck(trigger=verdict, record=record)
 
 

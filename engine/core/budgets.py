@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from engine.core.canonical import parse_instant
 from engine.core.definition import Workflow
 from engine.core.fold import TaskState, call_key
+from engine.core.payloads import EventData, PreparedCallData
 
 
 def exceeded(
-    definition: Workflow, task: TaskState, now: datetime, *, next_call: dict[str, Any] | None = None
-) -> dict[str, Any] | None:
+    definition: Workflow, task: TaskState, now: datetime, *, next_call: PreparedCallData | None = None
+) -> EventData | None:
     """The budget the next step would break, as the limit event records it, or None.
 
     Checked before a model turn (`next_call` None) and before a tool call

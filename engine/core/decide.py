@@ -33,6 +33,7 @@ from engine.core.definition import (
 from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
+from engine.core.payloads import EventData, PreparedCallData
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ class Decision:
     trigger: str
     from_state: str
     to_state: str
-    data: dict[str, Any]
+    data: EventData
 
 
 def decide(
@@ -122,7 +123,7 @@ def decide(
                 actor=actor,
                 reason="self_approval",
             )
-        data: dict[str, Any] = {}
+        data: EventData = {}
         if args_json is not None:
             data["args"] = redact(action.args, args_json)
         if action.guards:
@@ -212,9 +213,10 @@ def _refuse_unsettling(
         and target.tool in definition.tools
     ):
         tool = definition.tools.get(target.tool)
-        prepared = task.prepared or {}
+        prepared = task.prepared
         if (
-            prepared.get("action_id") == unsettled["action_id"]
+            prepared is not None
+            and prepared.get("action_id") == unsettled["action_id"]
             and tool.reconcile is None
             and not tool.idempotent_remote
         ):
@@ -238,7 +240,7 @@ def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:
     return reasons
 
 
-def _prepare(definition: Workflow, task: TaskState, action: Action, args: dict[str, Any]) -> dict[str, Any]:
+def _prepare(definition: Workflow, task: TaskState, action: Action, args: dict[str, Any]) -> PreparedCallData:
     """Compile the action's validated arguments into the prepared call this event records.
 
     The action id comes from this event's seq, so it is the same for every

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.core.canonical import format_instant, parse_instant
 from engine.core.events import Event
+from engine.core.payloads import EventData
 
 #: The built-in triggers of this module: a cancel recorded while a write is unsettled, and an operator's assertion.
 CANCEL_REQUESTED = "cancel_requested"
@@ -85,26 +86,28 @@ def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] |
     if (action if action is not None else _action_of(data)) != effect["action_id"]:  # most events: one lookup
         return effect
     if trigger in ("succeeded", "failed", "unknown"):
-        code = (data.get("outcome") or {}).get("code")
+        outcome = data.get("outcome")
+        code = outcome.get("code") if outcome is not None else None
         return {**effect, "status": trigger, "code": code} if code else {**effect, "status": trigger}
-    if trigger == "reconcile" and (data.get("reconciled") or {}).get("outcome") == "not_found":
+    reconciled = data.get("reconciled")
+    if trigger == "reconcile" and isinstance(reconciled, dict) and reconciled.get("outcome") == "not_found":
         return {**effect, "status": "not_executed"}
     settled = data.get("settled")
     if trigger == SETTLE and isinstance(settled, dict):
-        outcome = settled["outcome"]
-        if outcome not in ("executed", "not_executed"):
-            raise ValueError(f"a settlement says {outcome!r}, not executed or not_executed")
-        return {**effect, "status": outcome, "evidence": settled.get("evidence"), "by": event.actor}
+        verified = settled["outcome"]
+        if verified not in ("executed", "not_executed"):
+            raise ValueError(f"a settlement says {verified!r}, not executed or not_executed")
+        return {**effect, "status": verified, "evidence": settled.get("evidence"), "by": event.actor}
     return effect
 
 
-def _action_of(data: dict[str, Any]) -> Any:
+def _action_of(data: EventData) -> str | None:
     """The action id a `reconcile` or `settle` event names (they carry it inside their own record)."""
-    for key in ("reconciled", "settled"):
-        inner = data.get(key)
-        if isinstance(inner, dict) and "action_id" in inner:
-            return inner["action_id"]
-    return None
+    reconciled = data.get("reconciled")
+    if isinstance(reconciled, dict):
+        return reconciled.get("action_id")
+    settled = data.get("settled")
+    return settled.get("action_id") if isinstance(settled, dict) else None
 
 
 def next_cancel_request(

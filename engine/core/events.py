@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from engine.core.canonical import canonical_json, format_instant, json_string, sha256_hex
+from engine.core.payloads import EventData
 from engine.core.records import quick_init
 
 #: The key under which a reader keeps stored data that is no longer a JSON object (an edited row): the
@@ -31,7 +32,7 @@ class Event:
     from_state: str | None
     trigger: str
     to_state: str
-    data: dict[str, Any]
+    data: EventData
     prev_hash: str
     hash: str
     #: The data column exactly as the store read it (see `with_stored_data`), kept only to check the hash
@@ -81,7 +82,7 @@ def event_body(
     from_state: str | None,
     trigger: str,
     to_state: str,
-    data: dict[str, Any],
+    data: EventData,
 ) -> dict[str, Any]:
     return {
         "task_id": task_id,
@@ -141,18 +142,9 @@ def seal(
     from_state: str | None,
     trigger: str,
     to_state: str,
-    data: dict[str, Any],
+    data: EventData,
     prev_hash: str,
 ) -> Event:
     """Build the next event of a chain, computing its hash."""
     body = event_body(task_id, seq, at, actor, from_state, trigger, to_state, data)
     return Event(task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, chain_hash(prev_hash, body))
-
-
-def event_code(data: dict[str, Any]) -> str | None:
-    """The code an event carries, wherever its kind of step records it (a limit, a model turn, a tool outcome)."""
-    turn = data.get("turn") or {}
-    outcome = data.get("outcome") or {}
-    error = (data.get("tool_result") or {}).get("error") or {}
-    found = data.get("code") or turn.get("code") or outcome.get("code") or error.get("code")
-    return str(found) if found else None

@@ -16,6 +16,7 @@ from engine.core.definition import CALL, MIGRATE, START, Status, Workflow
 from engine.core.effects import is_open, next_cancel_request, next_effect
 from engine.core.errors import Code, IntegrityError
 from engine.core.events import Event
+from engine.core.payloads import PreparedCallData
 from engine.core.records import quick_init
 from engine.core.visit import next_visit
 
@@ -42,7 +43,7 @@ class TaskState:
     visit: dict[str, Any] = field(default_factory=dict)
     started_by: str = ""
     #: The newest prepared tool call (what an approval approves, what a tool state runs) and who proposed it.
-    prepared: dict[str, Any] | None = None
+    prepared: PreparedCallData | None = None
     prepared_by: str | None = None
     #: What the budgets count: model turns, tool calls, calls per (tool, arguments), and when the task began.
     usage: dict[str, Any] = field(default_factory=dict)
@@ -338,6 +339,6 @@ def migration_target(task: TaskState, event: Event, resolve: Resolve | None) -> 
     return resolve(task.workflow, int(event.data["to_version"]), str(event.data["to_digest"]))
 
 
-def call_key(prepared: dict[str, Any]) -> str:
+def call_key(prepared: PreparedCallData) -> str:
     """Which calls count as repeats of each other: the same tool with the same normalised arguments."""
     return f"{prepared['tool']}:{sha256_hex(canonical_json(prepared['arguments']))[:16]}"

@@ -21,6 +21,7 @@ from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
 from engine.core.forcing import MODE_OF_RUNG, Rung, model_actions
 from engine.core.model_interface import Message, ModelResponse, ToolCall
+from engine.core.payloads import EventData
 from engine.core.text import clean
 
 REPAIRABLE = frozenset(
@@ -50,7 +51,7 @@ class TurnOutcome:
     trigger: str
     to_state: str
     code: Code | None
-    data: dict[str, Any] = field(default_factory=dict)
+    data: EventData = field(default_factory=lambda: EventData())
     errors: list[dict[str, Any]] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
 
@@ -129,7 +130,7 @@ def interpret(definition: Workflow, task: TaskState, response: ModelResponse, ru
             raise _Invalid(code, errors) from None
     except _Invalid as invalid:
         return _refusal(state, task, invalid, assistant, response, allowed)
-    data = dict(decision.data)
+    data = decision.data.copy()
     data["proposal"] = {"action": name}
     return TurnOutcome("accept", decision.trigger, decision.to_state, None, data, messages=[assistant])
 
@@ -162,7 +163,7 @@ def _refusal(
             "repair", REPAIR, f"{state.base}~force", invalid.code, errors=invalid.errors, messages=messages
         )
     code = invalid.code if invalid.code not in REPAIRABLE else Code.REPAIRS_EXHAUSTED
-    data = {"last_code": str(invalid.code)} if code is Code.REPAIRS_EXHAUSTED else {}
+    data: EventData = {"last_code": str(invalid.code)} if code is Code.REPAIRS_EXHAUSTED else {}
     return TurnOutcome(
         "hand_off", HAND_OFF, state.exhausted_target, code, data, errors=invalid.errors, messages=messages
     )

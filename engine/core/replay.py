@@ -374,8 +374,13 @@ class LogCheck:
     def _claimed_effect(self, task: Fold, event: Event) -> None:
         """An outcome saying a write happened (or may have) must follow that write's recorded intent."""
         action_id = event.data.get("action_id")
-        prepared = task.prepared or {}
-        if prepared.get("kind") != "write" or action_id is None or prepared.get("action_id") != action_id:
+        prepared = task.prepared
+        if (
+            prepared is None
+            or prepared.get("kind") != "write"
+            or action_id is None
+            or prepared["action_id"] != action_id
+        ):
             return
         effect = task.effect
         if effect is None or effect.get("action_id") != action_id:

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.core.definition import CALL, DEMOTE, RECONCILE, REPAIR, Agent, Tool, Workflow
 from engine.core.effects import CANCEL_REQUESTED, SETTLE
+from engine.core.payloads import EventData
 
 #: Records made about a task where it stands (a cancel request, an operator's assertion): they do not start a visit.
 _NOTES = frozenset({CANCEL_REQUESTED, SETTLE})
@@ -29,7 +30,7 @@ def next_visit(
     visit: dict[str, Any],
     trigger: str,
     to_state: str,
-    data: dict[str, Any],
+    data: EventData,
     from_state: str | None = None,
 ) -> dict[str, Any]:
     """The visit after an event: continued on `repair`/`demote`, restarted on entering an agent state.

@@ -15,7 +15,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.core.budgets import exceeded
 from engine.core.canonical import now
@@ -26,6 +25,7 @@ from engine.core.fold import TaskState
 from engine.core.forcing import MODE_OF_RUNG, build_request, choose_rung, demotion_key, model_actions
 from engine.core.model_errors import REQUEST_SHAPE, ModelError
 from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
+from engine.core.payloads import EventData, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
 from engine.runtime.port import TaskPort
@@ -91,7 +91,7 @@ class AgentRunner:
         refused = set(task.visit.get("demoted", [])) | self.engine.refused_shapes
         rung = choose_rung(self.profile, self.adapter.model, self.thinking, len(model_actions(state)), refused)
         request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung)
-        turn: dict[str, Any] = {
+        turn: Turn = {
             "strategy": str(rung),
             "model": f"{self.adapter.provider}:{self.adapter.model}",
             "profile": self.profile.name,
@@ -101,7 +101,7 @@ class AgentRunner:
         try:
             response, attempts = self._call(request)
         except ModelError as error:
-            turn.update(code=str(error.code), messages=[m.to_dict() for m in added])
+            turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
             if error.code in REQUEST_SHAPE:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung down.
                 turn["demoted"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
@@ -109,23 +109,21 @@ class AgentRunner:
                 return self._commit(task, DEMOTE, {"turn": turn})
             return self._commit(task, PROVIDER_ERROR, {"turn": turn})
         outcome = interpret(definition, task, response, rung, actor=self.actor)
-        turn.update(
-            code=str(outcome.code) if outcome.code else None,
-            messages=[m.to_dict() for m in [*added, *outcome.messages]],
-            usage={"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens},
-        )
+        turn["code"] = str(outcome.code) if outcome.code else None
+        turn["messages"] = [m.to_dict() for m in [*added, *outcome.messages]]
+        turn["usage"] = {"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
         if attempts > 1:
             turn["attempts"] = attempts
         if outcome.errors:
             turn["errors"] = outcome.errors
-        data = {**outcome.data, "turn": turn}
+        data: EventData = {**outcome.data, "turn": turn}
         if outcome.kind == "accept":
             # `interpret` already decided it (on the real arguments; the data holds them redacted).
             accepted = Decision(outcome.trigger, task.state, outcome.to_state, data)
             return self.engine.commit(task, accepted, actor=self.actor)
         return self._commit(task, outcome.trigger, data)
 
-    def _commit(self, task: TaskState, trigger: str, data: dict[str, Any]) -> TaskState:
+    def _commit(self, task: TaskState, trigger: str, data: EventData) -> TaskState:
         """A sub-machine transition (repair, demote, hand_off, provider_error, limit)."""
         return self.engine.commit_system(task, trigger, data, actor=self.actor)
 

@@ -32,7 +32,9 @@ from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseL
 from engine.core.events import Event, seal
 from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
 from engine.core.model_interface import ModelAdapter
+from engine.core.payloads import EventData, Settled, event_code
 from engine.core.replay import ReplayReport
+from engine.core.summary import summarise
 from engine.core.timers import next_run_at
 from engine.providers import adapter_from_spec
 from engine.runtime import config
@@ -256,7 +258,7 @@ class Engine:
             _log_transition(event, (time.perf_counter() - started) * 1000)
         return after
 
-    def commit_system(self, task: TaskState, trigger: str, data: Mapping[str, Any], *, actor: str) -> TaskState:
+    def commit_system(self, task: TaskState, trigger: str, data: EventData, *, actor: str) -> TaskState:
         """Fire one of the engine's own triggers (repair, call, an outcome, limit, ...) with the data it records.
 
         `decide` still checks it is a legal transition from where the task stands.
@@ -445,7 +447,7 @@ class Engine:
                 unsettled=dict(unsettled),
             )
         args = decision.data.get("args") or {}
-        settled = {
+        settled: Settled = {
             "action_id": unsettled["action_id"],
             "tool": unsettled["tool"],
             "outcome": args["outcome"],
@@ -756,11 +758,10 @@ class Engine:
 
 
 def _log_transition(event: Event, duration_ms: float) -> None:
-    """One line per transition, key=value, for operators' log pipelines (codes only: no payloads)."""
-    turn = event.data.get("turn") or {}
-    code = event.data.get("code") or turn.get("code") or (event.data.get("outcome") or {}).get("code") or "-"
+    """One line per transition, key=value, for operators' log pipelines: codes and names, no payload values."""
+    code = event_code(event.data) or "-"
     transitions_log.info(
-        "task=%s seq=%d actor=%s from=%s trigger=%s to=%s code=%s duration_ms=%.1f",
+        "task=%s seq=%d actor=%s from=%s trigger=%s to=%s code=%s duration_ms=%.1f summary=%s",
         event.task_id,
         event.seq,
         event.actor,
@@ -769,6 +770,7 @@ def _log_transition(event: Event, duration_ms: float) -> None:
         event.to_state,
         code,
         duration_ms,
+        json.dumps(summarise(event, values=False), ensure_ascii=False),
     )
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from engine.core.errors import Code, Refused
+from engine.core.payloads import Outcome
 from engine.core.tools.catalog import Reconciled, ToolDef, ToolFailed, ToolKind
 from engine.core.tools.prepared import PreparedToolCall, ToolInvocation
 from engine.core.tools.results import accept_result, clean_text
@@ -48,7 +49,7 @@ class ToolOutcome:
     message: str | None
     duration_ms: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Outcome:
         return {
             "outcome": self.outcome,
             "result": self.result,

@@ -7,12 +7,12 @@ as it now stands. `Engine` is the one implementation; a test may pass another.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from engine.core.decide import Decision
 from engine.core.definition import Workflow
 from engine.core.fold import TaskState
+from engine.core.payloads import EventData
 from engine.runtime.roles import Authoriser
 
 
@@ -30,4 +30,4 @@ class TaskPort(Protocol):
 
     def commit(self, task: TaskState, decision: Decision, *, actor: str) -> TaskState: ...
 
-    def commit_system(self, task: TaskState, trigger: str, data: Mapping[str, Any], *, actor: str) -> TaskState: ...
+    def commit_system(self, task: TaskState, trigger: str, data: EventData, *, actor: str) -> TaskState: ...

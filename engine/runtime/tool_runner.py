@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 from engine.core.budgets import exceeded
 from engine.core.canonical import format_instant, now
@@ -37,6 +36,7 @@ from engine.core.definition import CALL, CANCEL, LIMIT, RECONCILE, Tool
 from engine.core.effects import lands_until
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, Refused
 from engine.core.fold import TaskState
+from engine.core.payloads import Asserted, EventData
 from engine.core.tools.catalog import ToolDef, ToolKind
 from engine.core.tools.prepared import PreparedToolCall
 from engine.runtime.execute import ToolOutcome, execute, outcome_of, reconcile
@@ -113,8 +113,9 @@ class ToolRunner:
             if task.cancel_requested is not None:
                 return self._complete_cancel(task)
             return self._attempt(task, tool, prepared)
-        if status == "executed":  # an operator verified the effect happened: record it, never send it again
-            return self._outcome(task, ToolOutcome("succeeded", None, None, None, 0), asserted=dict(effect or {}))
+        if status == "executed" and effect is not None:  # an operator verified it happened: record, never resend
+            asserted: Asserted = {"by": str(effect.get("by")), "evidence": str(effect.get("evidence"))}
+            return self._outcome(task, ToolOutcome("succeeded", None, None, None, 0), asserted=asserted)
         # An intent without an outcome (its worker died, or this is a retry after `unknown`), or a retry of a
         # write that succeeded: what the remote did must be established before anything is sent.
         if tool.reconcile is None:
@@ -189,9 +190,9 @@ class ToolRunner:
         return self._outcome(task, outcome)
 
     def _outcome(
-        self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False, asserted: dict[str, Any] | None = None
+        self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False, asserted: Asserted | None = None
     ) -> TaskState:
-        data: dict[str, Any] = {"outcome": outcome.to_dict()}
+        data: EventData = {"outcome": outcome.to_dict()}
         if task.prepared:
             data["action_id"] = task.prepared.get("action_id")
             if outcome.result is not None:
@@ -204,10 +205,10 @@ class ToolRunner:
         if reconciled:
             data["reconciled"] = True
         if asserted is not None:  # the outcome an operator verified (`settle`): who, and where the evidence is
-            data["asserted"] = {"by": asserted.get("by"), "evidence": asserted.get("evidence")}
+            data["asserted"] = asserted
         return self._commit(task, outcome.outcome, data)
 
-    def _commit(self, task: TaskState, trigger: str, data: dict[str, Any], *, late: bool = True) -> TaskState:
+    def _commit(self, task: TaskState, trigger: str, data: EventData, *, late: bool = True) -> TaskState:
         """Append a protocol step. An intent or a not_found (`late=False`) that conflicts propagates: nothing runs
         on a task that moved. An outcome (`late=True`) is never dropped: if a person wrote meanwhile (a cancel
         request, say), it is decided again on the task as it is now and recorded there."""
@@ -240,7 +241,7 @@ class ToolRunner:
                         data.get("action_id"),
                         moved.state,
                         moved.seq,
-                        (data.get("outcome") or {}).get("outcome"),
+                        outcome.get("outcome") if (outcome := data.get("outcome")) is not None else None,
                     )
                     return moved
                 task = moved

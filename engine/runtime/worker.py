@@ -36,6 +36,7 @@ from engine.core.canonical import now
 from engine.core.definition import EXPIRED, LIMIT, StateKind, Status
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
 from engine.core.model_interface import ModelAdapter
+from engine.core.payloads import EventData
 from engine.core.profiles import load_profiles
 from engine.core.rows import Claim, WorkerReport
 from engine.runtime import config
@@ -317,7 +318,7 @@ class Worker:
                 definition = self.engine.definition_of(task)
                 if task.terminal or not definition.candidates(task.state, LIMIT):
                     return
-                data = {"code": str(Code.INTERNAL_ERROR), "error": type(exc).__name__, "failures": tries}
+                data: EventData = {"code": str(Code.INTERNAL_ERROR), "error": type(exc).__name__, "failures": tries}
                 self.engine.commit_system(task, LIMIT, data, actor=self.name)
                 self.counts.add("transitions")
                 log.error("task %s: gave up after %s failed steps (%s)", lease.task_id, tries, type(exc).__name__)

@@ -24,6 +24,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from engine.core.canonical import canonical_json, now, utc
 from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, StoreError
 from engine.core.events import UNREADABLE, Event, with_stored_data
+from engine.core.payloads import EventData, as_event_data
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.store import queries
 from engine.store.database import make_engine, reading, writing
@@ -931,7 +932,7 @@ def _audit_instant(value: datetime | str) -> datetime:
         return datetime.fromtimestamp(0, UTC)
 
 
-def _audit_data(text: str) -> dict[str, Any]:
+def _audit_data(text: str) -> EventData:
     """An event's data for replay: text that is no longer a JSON object is kept as found, so its hash fails.
 
     Stored data is canonical JSON with nothing around it, so `raw_decode` (what `json.loads` runs after two
@@ -942,14 +943,14 @@ def _audit_data(text: str) -> dict[str, Any]:
         if end != len(text):
             data = json.loads(text)
     except ValueError:
-        return {UNREADABLE: text}
-    return data if type(data) is dict else {UNREADABLE: text}
+        data = None
+    return as_event_data(data if type(data) is dict else {UNREADABLE: text})
 
 
 _DECODE = json.JSONDecoder().raw_decode
 
 
-def _stored_data(text: str, task_id: str, seq: int) -> dict[str, Any]:
+def _stored_data(text: str, task_id: str, seq: int) -> EventData:
     """An event's data for the runtime: a stored text that is no longer a JSON object was edited (a coded refusal,
     like any other broken link of the chain, rather than a decoder's traceback)."""
     data = _audit_data(text)

@@ -82,6 +82,7 @@ def to_open_write(engine: Engine, workflow: str = SETTLED_BY_OPERATORS) -> str:
     """
     task_id = to_approval(engine, workflow=workflow)
     task = engine.approve(task_id, actor="dana", prepared_digest=engine.load(task_id).prepared["digest"])  # type: ignore[index]
+    assert task.prepared is not None
     engine.commit_system(
         task,
         "call",

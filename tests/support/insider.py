@@ -11,6 +11,7 @@ from sqlalchemy import Connection, create_engine, text
 
 from engine import Engine
 from engine.core.events import seal
+from engine.core.payloads import as_event_data
 
 
 @contextmanager
@@ -51,7 +52,7 @@ def forge(
         from_state=row.state,
         trigger=trigger,
         to_state=to_state,
-        data=data or {},
+        data=as_event_data(data or {}),
         prev_hash=row.last_hash,
     )
     eng.store.append(task_id, row.seq, [event], status=status)

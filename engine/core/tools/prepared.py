@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from engine.core.canonical import canonical_json, sha256_hex
 from engine.core.definition import IDENTITY_FIELDS, redact
 from engine.core.errors import Code, IntegrityError, Refused
+from engine.core.payloads import PreparedCallData
 from engine.core.tools.catalog import ToolCatalog, ToolDef, ToolKind
 
 M = TypeVar("M", bound=BaseModel)
@@ -127,14 +128,22 @@ class PreparedToolCall:
             "required_role": self.required_role,
         }
 
-    def to_dict(self, *, redact_for: type[BaseModel] | None = None) -> dict[str, Any]:
-        """Plain JSON with the digest. With `redact_for` (the tool's argument model), sensitive arguments are
-        hidden for display; such a dict is for people, and `from_dict` refuses it."""
-        out = self._content()
-        if redact_for is not None:
-            out["arguments"] = redact(redact_for, out["arguments"])
-        out["digest"] = self.digest
-        return out
+    def to_dict(self, *, redact_for: type[BaseModel] | None = None) -> PreparedCallData:
+        """Plain JSON with the digest, as events record it. With `redact_for` (the tool's argument model),
+        sensitive arguments are hidden for display; such a dict is for people, and `from_dict` refuses it."""
+        arguments = _thaw(self.arguments)
+        return {
+            "task_id": self.task_id,
+            "action_id": self.action_id,
+            "tool": self.tool,
+            "kind": "write" if self.kind is ToolKind.WRITE else "read",
+            "arguments": redact(redact_for, arguments) if redact_for is not None else arguments,
+            "catalog": self.catalog,
+            "catalog_digest": self.catalog_digest,
+            "policy_version": self.policy_version,
+            "required_role": self.required_role,
+            "digest": self.digest,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreparedToolCall:

@@ -1,0 +1,242 @@
+"""What an event's `data` holds: one declared type per record, over the JSON the log stores.
+
+The types are `TypedDict`s, so they describe the stored objects as they are: the
+bytes, the hashes and existing databases are untouched, and a reader that goes
+through `EventData` is checked by mypy against what the engine writes. Each
+field says which events carry it and what it means (the `Doc` in its
+annotation); `docs/concepts.md` "What an event records" is generated from them
+by `tools/gen_events_doc.py`, and a test holds the page to the code.
+
+A stored event may carry keys this module does not declare (an edited row, a
+future version's field): readers look keys up with `.get` and ignore the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast
+
+
+@dataclass(frozen=True, slots=True)
+class Doc:
+    """What a field means (`text`) and which events carry it (`carried_by`), for the generated reference."""
+
+    text: str
+    carried_by: str = ""
+
+
+class TokenUsage(TypedDict):
+    input_tokens: Annotated[int, Doc("tokens the provider counted in the request")]
+    output_tokens: Annotated[int, Doc("tokens the provider counted in the answer")]
+
+
+class Turn(TypedDict):
+    """One model turn: how the engine asked, and what it made of the answer."""
+
+    strategy: Annotated[str, Doc("the forcing rung the request used (`tool_choice_named`, `json_schema`, ...)")]
+    model: Annotated[str, Doc("`provider:model` of the adapter that answered")]
+    profile: Annotated[str, Doc("the capability profile the rung was chosen from")]
+    thinking: Annotated[bool, Doc("whether the request asked for extended thinking")]
+    mode: Annotated[str, Doc("the structured-output mode of the rung")]
+    code: NotRequired[
+        Annotated[str | None, Doc("what the turn ended in (`NO_ACTION`, `RATE_LIMITED`, ...); null: accepted")]
+    ]
+    messages: NotRequired[Annotated[list[dict[str, Any]], Doc("the messages this turn added to the conversation")]]
+    usage: NotRequired[Annotated[TokenUsage, Doc("token counts, when the provider answered")]]
+    attempts: NotRequired[Annotated[int, Doc("provider calls it took, when a retryable error was retried")]]
+    errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
+    demoted: NotRequired[Annotated[str, Doc("the request shape the provider refused, never sent again for this model")]]
+
+
+class PreparedCallData(TypedDict):
+    """A prepared tool call (`PreparedToolCall.to_dict()`): exactly what will run, sealed by its digest."""
+
+    task_id: Annotated[str, Doc("the task that makes the call")]
+    action_id: Annotated[str, Doc("the idempotency key: the same for every attempt of this call")]
+    tool: Annotated[str, Doc("the catalog tool")]
+    kind: Annotated[Literal["read", "write"], Doc("whether the call changes anything outside")]
+    arguments: Annotated[dict[str, Any], Doc("the normalised arguments")]
+    catalog: Annotated[str, Doc("the catalog the tool was taken from")]
+    catalog_digest: Annotated[str, Doc("the digest of that catalog")]
+    policy_version: Annotated[str, Doc("the tool policy the call was checked against")]
+    required_role: Annotated[str | None, Doc("the role an approver of this call needs")]
+    digest: Annotated[str, Doc("sha256 of the fields above: what an approver approves")]
+
+
+class Outcome(TypedDict):
+    """What one run of a tool came to."""
+
+    outcome: Annotated[Literal["succeeded", "failed", "unknown"], Doc("the outcome, also the event's trigger")]
+    result: Annotated[dict[str, Any] | None, Doc("the tool's answer, when it succeeded")]
+    code: Annotated[str | None, Doc("why it failed or is unknown (`TOOL_TIMEOUT`, `TOOL_REMOTE_ERROR`, ...)")]
+    message: Annotated[str | None, Doc("a short message with the code")]
+    duration_ms: Annotated[int, Doc("how long the call took")]
+
+
+class ToolError(TypedDict):
+    code: Annotated[str, Doc("the outcome's code")]
+    message: Annotated[str | None, Doc("its message")]
+
+
+class ToolResult(TypedDict):
+    """What the model may see of a tool's outcome (kept apart from arguments, shown only inside tags)."""
+
+    tool: Annotated[str, Doc("the tool")]
+    result: NotRequired[Annotated[dict[str, Any] | None, Doc("its answer, when it succeeded")]]
+    error: NotRequired[Annotated[ToolError, Doc("its code and message, when it did not")]]
+
+
+class Reconciled(TypedDict):
+    """What asking the remote about an action id (`reconcile`) found, when it settles nothing yet."""
+
+    outcome: Annotated[Literal["not_found", "unknown"], Doc("`not_found`: it never happened; `unknown`: no answer")]
+    action_id: Annotated[str, Doc("the action id asked about")]
+
+
+class Asserted(TypedDict):
+    by: Annotated[str, Doc("the operator who verified the outcome")]
+    evidence: Annotated[str, Doc("where the verification can be checked")]
+
+
+class Settled(TypedDict):
+    """An operator's recorded assertion about a write whose outcome was open."""
+
+    action_id: Annotated[str, Doc("the write's action id")]
+    tool: Annotated[str, Doc("its tool")]
+    outcome: Annotated[Literal["executed", "not_executed"], Doc("what the operator verified")]
+    evidence: Annotated[str, Doc("where the verification can be checked")]
+    was: Annotated[str, Doc("the write's status before: `pending` or `unknown`")]
+
+
+class Risk(TypedDict):
+    check: Annotated[str, Doc("the risk check's recorded name")]
+    reason: Annotated[str, Doc("why it sent the task to the action's risk target")]
+
+
+class Proposal(TypedDict):
+    action: Annotated[str, Doc("the action the model proposed")]
+
+
+class ApprovalRecord(TypedDict):
+    """Who decided on a prepared call, as what, and on which digest."""
+
+    actor: Annotated[str, Doc("the approver")]
+    role: Annotated[str, Doc("the role they decided as")]
+    decision: Annotated[Literal["approve", "reject"], Doc("the verdict")]
+    comment: Annotated[str, Doc("their comment")]
+    digest: Annotated[str | None, Doc("the prepared call's digest they decided on")]
+
+
+class _StepKeys(TypedDict, total=False):
+    # start
+    workflow: Annotated[str, Doc("the `name@version` the task is pinned to", "`start`")]
+    digest: Annotated[str, Doc("that version's digest", "`start`")]
+    input: Annotated[dict[str, Any], Doc("the task's input, validated by the workflow's input model", "`start`")]
+    # an action of the workflow (fired by a person, a caller or the model)
+    args: Annotated[
+        dict[str, Any],
+        Doc("the action's arguments, sensitive fields redacted", "an action with an argument model; `cancel`"),
+    ]
+    guards: Annotated[list[str], Doc("the recorded names of the guards that let it through", "an action with guards")]
+    risk: Annotated[Risk, Doc("the risk check that routed it to the action's risk target", "a risky action")]
+    prepared: Annotated[PreparedCallData, Doc("the tool call it prepared", "an action that prepares a call")]
+    proposal: Annotated[Proposal, Doc("the action a model turn proposed and the engine accepted", "a model's action")]
+    approval: Annotated[ApprovalRecord, Doc("the approver's decision", "`approve`, `reject`")]
+    settled: Annotated[Settled, Doc("the operator's assertion about an open write", "`settle`")]
+    requested_at_seq: Annotated[
+        int | None, Doc("the seq of the `cancel_requested` this cancel answers", "`cancel` after a write settled")
+    ]
+    # agent states
+    turn: Annotated[
+        Turn, Doc("the model turn", "every model turn: `repair`, `demote`, `hand_off`, `provider_error`, an action")
+    ]
+    last_code: Annotated[str, Doc("the code of the last refused proposal", "`hand_off` after the repairs ran out")]
+    # tool states
+    intent: Annotated[PreparedCallData, Doc("the call about to run, recorded before it runs", "`call`")]
+    attempt: Annotated[int, Doc("which attempt of this call", "`call`")]
+    requested_at: Annotated[str, Doc("when the attempt was made (UTC)", "`call`")]
+    outcome: Annotated[Outcome, Doc("what the run came to", "`succeeded`, `failed`, `unknown`")]
+    action_id: Annotated[str, Doc("the call's action id", "`succeeded`, `failed`, `unknown`")]
+    tool_result: Annotated[ToolResult, Doc("what the model may see of it", "`succeeded`, `failed`, `unknown`")]
+    reconciled: Annotated[
+        Reconciled | bool,
+        Doc(
+            "`true` on an outcome found by asking the remote; on `reconcile`, what asking found",
+            "an outcome after `reconcile`; `reconcile`",
+        ),
+    ]
+    asserted: Annotated[Asserted, Doc("who verified the outcome and where the proof is", "an outcome from `settle`")]
+    # limits and failures
+    code: Annotated[str, Doc("why the task was handed off", "`limit`")]
+    budget: Annotated[
+        Literal["deadline", "model_turns", "tool_calls", "repeats"], Doc("the budget that ran out", "`limit`")
+    ]
+    used: Annotated[int, Doc("how much of it was used", "`limit`")]
+    limit: Annotated[int, Doc("the workflow's limit", "`limit`")]
+    tool: Annotated[str, Doc("the tool whose calls with the same arguments ran out", "`limit` on repeats")]
+    limit_seconds: Annotated[float, Doc("the deadline, in seconds from the start", "`limit` on the deadline")]
+    error: Annotated[str, Doc("the exception class a failing step raised", "`limit` after repeated failures")]
+    failures: Annotated[int, Doc("how many times the step failed", "`limit` after repeated failures")]
+
+
+#: A migration's keys, in the functional syntax because one of them is a Python keyword.
+_MigrationKeys = TypedDict(
+    "_MigrationKeys",
+    {
+        "from": Annotated[str, Doc("the `name@version` the task left", "`migrate`")],
+        "to": Annotated[str, Doc("the `name@version` the task moved to", "`migrate`")],
+        "from_digest": Annotated[str, Doc("the digest of the version it left", "`migrate`")],
+        "to_version": Annotated[int, Doc("the version it moved to", "`migrate`")],
+        "to_digest": Annotated[str, Doc("that version's digest", "`migrate`")],
+        "state_map": Annotated[dict[str, str], Doc("old state to new state, as the operator gave it", "`migrate`")],
+        "reason": Annotated[str, Doc("why, in the operator's words", "`migrate`")],
+    },
+    total=False,
+)
+
+
+class EventData(_StepKeys, _MigrationKeys, total=False):
+    """Every key an event's `data` may hold. Which keys an event has depends on its trigger (`carried_by`)."""
+
+
+#: The nested records, in the order the reference lists them.
+RECORDS: tuple[type, ...] = (
+    Turn,
+    TokenUsage,
+    PreparedCallData,
+    Outcome,
+    ToolResult,
+    ToolError,
+    Reconciled,
+    Asserted,
+    Settled,
+    Risk,
+    Proposal,
+    ApprovalRecord,
+)
+
+
+def as_event_data(value: dict[str, Any]) -> EventData:
+    """The decoded JSON of a stored data column, as the event data it is meant to be.
+
+    The one place a stored object becomes `EventData`: a JSON object read back is taken as written, and
+    replay's hash check is what says whether it was.
+    """
+    return cast(EventData, value)
+
+
+def event_code(data: EventData) -> str | None:
+    """The code an event carries, wherever its kind of step records it: a limit's, a model turn's, a tool outcome's
+    (or the tool error the model saw). The CLI's code column, the API's, the demo and the transition log use it."""
+    found = data.get("code")
+    if not found:
+        turn = data.get("turn")
+        found = turn.get("code") if isinstance(turn, dict) else None
+    if not found:
+        outcome = data.get("outcome")
+        found = outcome.get("code") if isinstance(outcome, dict) else None
+    if not found:
+        result = data.get("tool_result")
+        error = result.get("error") if isinstance(result, dict) else None
+        found = error.get("code") if isinstance(error, dict) else None
+    return str(found) if found else None
