@@ -65,10 +65,12 @@ from engine.core.tools import (
     UtcTimestamp,
 )
 from engine.providers import ScriptedModel, adapter_from_spec
+from engine.providers.scripted import call as scripted_call
 from engine.runtime import config
 from engine.runtime.engine import Engine, TaskView
 from engine.runtime.registry import Registry
 from engine.runtime.roles import StaticRoles, roles_from_file
+from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
 from engine.runtime.worker import Worker
 from engine.store import Store, migrations
 
@@ -78,6 +80,7 @@ logging.getLogger("railyard").addHandler(logging.NullHandler())
 
 __all__ = [
     "GENESIS_HASH",
+    "SETTLE_MARGIN_SECONDS",
     "Action",
     "Agent",
     "Approval",
@@ -134,6 +137,7 @@ __all__ = [
     "fold",
     "migrations",
     "roles_from_file",
+    "scripted_call",
     "sha256_hex",
     "summarise",
     "verify_chain",

@@ -15,8 +15,17 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from engine import CurrencyCode, MinorUnits, Reconciled, ToolCatalog, ToolDef, ToolFailed, ToolInvocation, ToolKind
-from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
+from engine import (
+    SETTLE_MARGIN_SECONDS,
+    CurrencyCode,
+    MinorUnits,
+    Reconciled,
+    ToolCatalog,
+    ToolDef,
+    ToolFailed,
+    ToolInvocation,
+    ToolKind,
+)
 from workflows import fakes
 
 ORDER_ID = r"^O-\d{4}$"

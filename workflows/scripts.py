@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.providers.scripted import call
+from engine import scripted_call as call
 
 #: Start `refund` with `REFUND_DAMAGED_ORDER_INPUT` and answer with `refund_damaged_order(version)`. The model
 #: looks O-1001 up, finds it eligible, proposes 150.00 EUR (the guard refuses: only 129.99 is refundable), then

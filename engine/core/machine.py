@@ -9,7 +9,7 @@ that version. The runtime asks it which triggers a state allows.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from transitions import Machine
 
@@ -94,20 +94,22 @@ class CompiledMachine:
         )
         if current is not None and current != self._workflow.initial_state:
             gm.set_state(current)
-        graph: Any = gm.get_graph(force_new=True)
+        graph = gm.get_graph(force_new=True)
         if taken:
-            # The diagram's own styling calls (transitions' BaseGraph), as a model moving along the edges would
-            # make them: each taken edge and the states it touches in the "previous" style.
-            drawing: Any = gm.model_graphs[id(gm.model)]
+            # transitions' typed diagram API (GraphMachine.model_graphs, BaseGraph.set_previous_transition and
+            # set_node_style, GraphMachine.style_attributes): the calls its own transitions make as a model moves
+            # along an edge, made for every taken edge, since a moving model keeps only its last one styled.
+            drawing = gm.model_graphs[id(gm.model)]
             for source, _trigger, dest in taken:
                 drawing.set_previous_transition(source, dest)
                 for state in (source, dest):
                     if state != current and state in self._states:
                         drawing.set_node_style(state, "previous")
-            base: Any = gm.style_attributes
+            edges = gm.style_attributes["edge"]
+            assert isinstance(edges, dict)
             gm.style_attributes = {
-                **base,
-                "edge": {**base["edge"], "previous": {"color": "blue", "fontcolor": "blue", "penwidth": "2"}},
+                **gm.style_attributes,
+                "edge": {**edges, "previous": {"color": "blue", "fontcolor": "blue", "penwidth": "2"}},
             }
             graph = gm.get_graph()
         if fmt == "mermaid":
