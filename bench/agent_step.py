@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from append import (
+from harness import (
     ACTOR,
     BUSY_WARNING,
     Config,
@@ -74,6 +74,7 @@ from append import (
     machine,
     pg_server_url,
     print_targets,
+    wait_quiet,
 )
 from sqlalchemy.engine import make_url
 
@@ -519,16 +520,6 @@ def summary(samples: list[tuple[float, float, float | None]]) -> dict[str, Any]:
         "machine_cpu_busy": round(statistics.median(busy), 3) if busy else None,
         "disturbed_rounds": sum(b > DISTURBED for b in busy),
     }
-
-
-def wait_quiet(limit_s: float) -> float:
-    """Wait (at most `limit_s`) until other work leaves the CPUs alone; the seconds waited."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < limit_s:
-        busy = background_busy(0.5)
-        if busy is None or busy < BUSY_WARNING:
-            break
-    return round(time.perf_counter() - t0, 1)
 
 
 def run_rounds(bench: Bench) -> dict[str, dict[str, Any]]:

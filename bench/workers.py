@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from agent_step import wait_quiet
-from append import (
+from harness import (
     BUSY_WARNING,
     Config,
     Pool,
@@ -55,6 +54,7 @@ from append import (
     print_targets,
     summary,
     target,
+    wait_quiet,
 )
 from pydantic import BaseModel, ConfigDict, Field
 
