@@ -38,7 +38,6 @@ from typing import Any
 from harness import (
     ACTOR,
     BENCH_WORKFLOW,
-    BUSY_WARNING,
     Config,
     Pool,
     background_busy,
@@ -46,11 +45,12 @@ from harness import (
     bench_parser,
     check_raw_matches_engine,
     machine,
-    make_engine,
     pg_server_url,
+    print_background,
     print_targets,
     summary,
     target,
+    tick_engine,
 )
 
 from engine import (
@@ -103,7 +103,7 @@ def run_rounds(pool: Pool, plan: Plan, series: list[tuple[str, int]]) -> dict[tu
 def measure_load(url: str, plan: Plan) -> dict[str, Any]:
     """`Engine.load` of a task with 10,000 events (written by the engine, so its snapshots are the
     engine's own); then again with the most events past the newest snapshot that the engine leaves."""
-    eng = make_engine(url)
+    eng = tick_engine(url)
     try:
         task_id = eng.start(BENCH_WORKFLOW.name, {}, actor=ACTOR)
         task = eng.load(task_id)
@@ -301,16 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, SQLite {host['sqlite']}, "
         f"railyard {host['commit']}"
     )
-    if idle_busy is not None:
-        print(
-            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
-            + (
-                ""
-                if idle_busy < BUSY_WARNING
-                else " -- WARNING: something else is running; the figures below are disturbed by it"
-            ),
-            flush=True,
-        )
+    print_background(idle_busy)
     with (
         bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg),
         tempfile.TemporaryDirectory(prefix="railyard_bench_") as tmp,

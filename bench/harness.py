@@ -67,7 +67,8 @@ def tick_workflow(name: str) -> Workflow:
 BENCH_WORKFLOW = tick_workflow("bench_tick")
 
 
-def make_engine(url: str) -> Engine:
+def tick_engine(url: str) -> Engine:
+    """An engine that knows only `BENCH_WORKFLOW`, the self-loop the raw baselines write."""
     return Engine(url, registry=Registry([BENCH_WORKFLOW]), authoriser=StaticRoles({}))
 
 
@@ -309,7 +310,7 @@ class Runners:
         if backend not in self.engines:
             url = self.cfg.pg_url if backend == "pg" else self.cfg.sqlite_url
             assert url is not None
-            self.engines[backend] = make_engine(url)
+            self.engines[backend] = tick_engine(url)
         return self.engines[backend]
 
     def step(self, kind: str) -> Callable[[], None]:
@@ -374,7 +375,7 @@ def _worker(cfg: Config, inbox: Any, outbox: Any, wid: int) -> None:
         runners.close()
 
 
-def _cpu_ticks() -> tuple[int, int] | None:
+def cpu_ticks() -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs from /proc/stat (Linux); None elsewhere."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
@@ -391,9 +392,9 @@ BUSY_WARNING = 0.15
 
 def background_busy(seconds: float) -> float | None:
     """How busy the CPUs are (0..1) while this benchmark does nothing: other work disturbs the figures."""
-    before = _cpu_ticks()
+    before = cpu_ticks()
     time.sleep(seconds)
-    after = _cpu_ticks()
+    after = cpu_ticks()
     if before is None or after is None or after[1] <= before[1]:
         return None
     return (after[0] - before[0]) / (after[1] - before[1])
@@ -427,11 +428,11 @@ class Pool:
             self.inboxes[w].put((kind, warm_s, run_s))
         for _ in range(writers):
             self._receive("ready")
-        before = _cpu_ticks()
+        before = cpu_ticks()
         for w in range(writers):
             self.inboxes[w].put("go")
         results = [self._receive("done") for _ in range(writers)]
-        after = _cpu_ticks()
+        after = cpu_ticks()
         total = sum(r[2] for r in results)
         wall = max(r[4] for r in results) - min(r[3] for r in results)
         busy = None
@@ -521,6 +522,20 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
         "RAILYARD_TEST_POSTGRES_URL, or the local `test` database",
     )
     return parser
+
+
+def print_background(idle_busy: float | None) -> None:
+    """How busy other work kept the CPUs before the run (`background_busy`), with a warning past BUSY_WARNING."""
+    if idle_busy is not None:
+        print(
+            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
+            + (
+                ""
+                if idle_busy < BUSY_WARNING
+                else " -- WARNING: something else is running; the figures below are disturbed by it"
+            ),
+            flush=True,
+        )
 
 
 def print_targets(targets: list[dict[str, Any]]) -> None:
