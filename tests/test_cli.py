@@ -173,7 +173,8 @@ def test_the_installed_console_script_runs(tmp_path: Path) -> None:
     listed = [str(exe), "workflows", "--json"]
     done = subprocess.run(listed, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert [w["workflow"] for w in json.loads(done.stdout)] == ["own"]  # the user's own `workflows` package, by the RAILYARD_WORKFLOWS convention
+    # the user's own `workflows` package, by the RAILYARD_WORKFLOWS convention
+    assert [w["workflow"] for w in json.loads(done.stdout)] == ["own"]
 
 
 def test_demo_runs_on_a_fresh_database(tmp_path: Path) -> None:

@@ -37,9 +37,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(REPO / name, source / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
-        + ["--wheel-dir", str(build / "dist"), str(source)],
+        [*pip, "--wheel-dir", str(build / "dist"), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -53,9 +53,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def site(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel installed into a folder of its own (its dependencies are the test environment's)."""
     target = tmp_path_factory.mktemp("site")
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
-        + [str(wheel)],
+        [*pip, "--target", str(target), str(wheel)],
         capture_output=True,
         text=True,
         timeout=300,
