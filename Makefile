@@ -40,7 +40,7 @@ bench-quick: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check engine workflows migrations tests bench tools
 	$(BIN)/ruff check engine workflows migrations tests bench tools
-	$(BIN)/mypy engine workflows tests
+	$(BIN)/mypy engine workflows tests bench
 	$(BIN)/lint-imports
 
 db-upgrade: $(STAMP)

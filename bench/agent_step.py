@@ -3,7 +3,7 @@
 One agent step is `AgentRunner(engine, model).step(task)` on a task the caller holds (the
 `TaskState` the previous step returned): check the budgets, choose the rung and build the request,
 call the model, read and validate its answer, decide, seal the event and append it. The workflow is
-bench/append.py's self-loop (`Agent("working", actions=[tick -> working, finish -> done])`) with the
+bench/harness.py's self-loop (`Agent("working", actions=[tick -> working, finish -> done])`) with the
 model-turn budget raised so one task can take 1,100 turns. The model is a deterministic stand-in
 (`RepeatModel` below) that answers every request like `ScriptedModel` answers the turn
 `{"tool_calls": [{"name": "tick", "arguments": {"n": 1}}]}`, without consuming a list (about 4 us
@@ -12,7 +12,7 @@ step with a real `ScriptedModel` writes. It speaks for the `anthropic` profile, 
 the `required` rung (the allowed actions as tools, tool_choice required).
 
 The baseline, measured in the same run on the same database, is the raw append of
-bench/append.py: on PostgreSQL its best form, one data-modifying CTE in autocommit; on SQLite
+bench/harness.py (append.py's baseline): on PostgreSQL its best form, one data-modifying CTE in autocommit; on SQLite
 `BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT` with sqlite3. Overhead = step time - raw append time,
 per step, at 10 and at 1,000 prior events. A task takes at most 10 timed steps at 10 prior events
 (10 to 19) and at most 100 at 1,000 (1,000 to 1,099), then the next prebuilt task takes over, so
@@ -58,22 +58,24 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from append import (
+from harness import (
     ACTOR,
     BUSY_WARNING,
     Config,
     PgRaw,
     SqliteRaw,
     TickArgs,
-    _cpu_ticks,
     background_busy,
     bench_database,
     bench_parser,
     check_raw_matches_engine,
+    cpu_ticks,
     libpq,
     machine,
     pg_server_url,
+    print_background,
     print_targets,
+    wait_quiet,
 )
 from sqlalchemy.engine import make_url
 
@@ -105,7 +107,7 @@ GROWTH_REL, GROWTH_ABS_MS = 0.20, 0.05
 #: a timed run with the CPUs busier than that, by more than BUSY_WARNING, shared the machine with other work.
 DISTURBED = min(1.0, 1 / (os.cpu_count() or 1) + BUSY_WARNING)
 
-#: bench/append.py's self-loop, with the model-turn budget (50 by default) raised so that one task can
+#: bench/harness.py's self-loop, with the model-turn budget (50 by default) raised so that one task can
 #: take the 1,100 turns the longest history needs.
 AGENT_WORKFLOW = Workflow(
     name="bench_agent_step",
@@ -225,7 +227,7 @@ class EngineTask:
 
 
 class RawTask:
-    """A task advanced by the raw append of bench/append.py, on one connection shared by every task."""
+    """A task advanced by the raw append of bench/harness.py, on one connection shared by every task."""
 
     def __init__(self, raw: PgRaw | SqliteRaw, task_id: str, seq: int, last_hash: str) -> None:
         self.raw, self.task_id, self.seq, self.last_hash = raw, task_id, seq, last_hash
@@ -303,7 +305,7 @@ class Bench:
         self.builders = {
             b: Engine(
                 store=BatchingStore(e.store),
-                registry=e.registry,  # type: ignore[arg-type]
+                registry=e.registry,
                 authoriser=e.authoriser,
             )
             for b, e in self.engines.items()
@@ -395,7 +397,7 @@ class Bench:
         # The step with the append stubbed out: no database, so no history to speak of.
         null = Engine(
             store=NullStore(),
-            registry=self.engines["sqlite"].registry,  # type: ignore[arg-type]
+            registry=self.engines["sqlite"].registry,
             authoriser=self.engines["sqlite"].authoriser,
         )
         start = next(s for s in self.series if s.name == "sqlite:step@10").warm_task
@@ -496,14 +498,14 @@ def measure(series: Series, steps: int, warm: int) -> tuple[float, float, int, i
     """One timed run: wall seconds, this process's CPU seconds, and the machine's busy and total CPU ticks."""
     series.warm_task.run(warm)
     chunks = series.take(steps)
-    before = _cpu_ticks() or (0, 0)
+    before = cpu_ticks() or (0, 0)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     for held, count in chunks:
         held.run(count)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    after = _cpu_ticks() or (0, 0)
+    after = cpu_ticks() or (0, 0)
     return wall, cpu, after[0] - before[0], after[1] - before[1]
 
 
@@ -519,16 +521,6 @@ def summary(samples: list[tuple[float, float, float | None]]) -> dict[str, Any]:
         "machine_cpu_busy": round(statistics.median(busy), 3) if busy else None,
         "disturbed_rounds": sum(b > DISTURBED for b in busy),
     }
-
-
-def wait_quiet(limit_s: float) -> float:
-    """Wait (at most `limit_s`) until other work leaves the CPUs alone; the seconds waited."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < limit_s:
-        busy = background_busy(0.5)
-        if busy is None or busy < BUSY_WARNING:
-            break
-    return round(time.perf_counter() - t0, 1)
 
 
 def run_rounds(bench: Bench) -> dict[str, dict[str, Any]]:
@@ -752,16 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, SQLite {host['sqlite']}, "
         f"railyard {host['commit']}"
     )
-    if idle_busy is not None:
-        print(
-            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
-            + (
-                ""
-                if idle_busy < BUSY_WARNING
-                else " -- WARNING: something else is running; the figures below are disturbed by it"
-            ),
-            flush=True,
-        )
+    print_background(idle_busy)
     profile_text = None
     with (
         bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg),

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from append import (
+from harness import (
     BUSY_WARNING,
     background_busy,
     bench_database,

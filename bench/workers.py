@@ -10,8 +10,8 @@ transitions are counted in the events table, and afterwards every task must be t
 gap-free log whose hash chain verifies (`verify_chain`) and that `Engine.load` folds to the task row.
 
 Next to each worker figure, the same number of processes doing raw one-statement appends by hand
-(bench/append.py's `PgRaw.best`: one data-modifying CTE, autocommit, one task per process) and
-`Engine.transition` on a held task: the machine's ceiling for appends, measured in the same run.
+(bench/harness.py's `PgRaw.best`, append.py's baseline: one data-modifying CTE, autocommit, one task per
+process) and `Engine.transition` on a held task: the machine's ceiling for appends, measured in the same run.
 
 Claim latency (runnable to claimed): 2 idle worker processes whose poll interval is 5 s, so that only
 a notification explains a fast claim, while tasks are started one at a time at a modest rate; p50/p99
@@ -36,25 +36,26 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from agent_step import wait_quiet
-from append import (
-    BUSY_WARNING,
+from harness import (
     Config,
     Pool,
-    _cpu_ticks,
     background_busy,
     bench_database,
     bench_parser,
+    cpu_ticks,
     libpq,
     machine,
     pg_server_url,
+    print_background,
     print_targets,
     summary,
     target,
+    wait_quiet,
 )
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -357,7 +358,7 @@ class CpuWindow:
 
     def __init__(self, worker_pids: list[int]) -> None:
         self.worker_pids = worker_pids
-        self.ticks = _cpu_ticks()
+        self.ticks = cpu_ticks()
         self.workers = self._workers()
         self.server = _postgres_cpu()
         self.own = time.process_time()
@@ -366,7 +367,7 @@ class CpuWindow:
         return sum(found[1] for found in (_proc_cpu(pid) for pid in self.worker_pids) if found is not None)
 
     def close(self) -> dict[str, float | None]:
-        ticks, workers, server, own = _cpu_ticks(), self._workers(), _postgres_cpu(), time.process_time()
+        ticks, workers, server, own = cpu_ticks(), self._workers(), _postgres_cpu(), time.process_time()
         if self.ticks is None or ticks is None or ticks[1] <= self.ticks[1] or not server:
             return {"busy": None, "worker_s": None, "server_s": None, "other_share": None}
         capacity = (ticks[1] - self.ticks[1]) / CLOCK_TICKS  # CPU-seconds the machine had in the window
@@ -560,7 +561,8 @@ class Quiet:
 
 
 def raw_sample(pool: Pool, kind: str, n: int, plan: Plan) -> tuple[tuple[float, float, float | None], float | None]:
-    """bench/append.py's measurement with `n` of its writer processes, and the share other work took meanwhile."""
+    """append.py's measurement (the harness's `Pool`) with `n` of its writer processes, and the share other work
+    took meanwhile."""
     window = CpuWindow([proc.pid for proc in pool.procs[:n] if proc.pid is not None])
     sample = pool.measure(f"pg:{kind}", n, plan.warm_s, plan.run_s)
     return sample, window.close()["other_share"]
@@ -592,9 +594,7 @@ def measure_all(plan: Plan, url: str) -> dict[str, Any]:
                         flush=True,
                     )
                     for kind in RAW_KINDS:
-                        raw[kind][n].append(
-                            quiet.run(f"raw {kind} x{n}", lambda k=kind, n=n: raw_sample(pool, k, n, plan))
-                        )
+                        raw[kind][n].append(quiet.run(f"raw {kind} x{n}", partial(raw_sample, pool, kind, n, plan)))
         finally:
             pool.close()
     print("  claim latency ...", file=sys.stderr, flush=True)
@@ -823,16 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     host = machine(None)
     print(f"Machine: {host['nproc']} CPUs ({host['cpu']}), Python {host['python']}, railyard {host['commit']}")
-    if idle_busy is not None:
-        print(
-            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
-            + (
-                ""
-                if idle_busy < BUSY_WARNING
-                else " -- WARNING: something else is running; the figures below are disturbed by it"
-            ),
-            flush=True,
-        )
+    print_background(idle_busy)
     with bench_database(pg_server_url(args.postgres_url)) as (pg_url, pg):
         if pg_url is None:
             print("This benchmark needs PostgreSQL; nothing measured.")

@@ -17,6 +17,8 @@ from tests.support.insider import tamper
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
+#: A workflow of the user's own: the reference `expense@1`, renamed.
+OWN_WORKFLOW = (REPO / "workflows" / "expense.py").read_text(encoding="utf-8").replace('name="expense"', 'name="own"')
 
 
 @pytest.fixture
@@ -153,14 +155,26 @@ def test_graph_prints_mermaid_and_dot(cli_env: str) -> None:
 
 
 def test_the_installed_console_script_runs(tmp_path: Path) -> None:
-    """`railyard db upgrade && railyard workflows` on the SQLite default, as a user types them."""
+    """`railyard db upgrade && railyard workflows` on the SQLite default, as a user types them.
+
+    In a folder with no `workflows` package of the user's own, the registry is empty and says so: Railyard's
+    reference workflows are not installed, so they are not served by default (this used to list `expense`).
+    """
     exe = Path(sys.executable).with_name("railyard")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
     for command in (["db", "upgrade"], ["workflows"]):
         done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "railyard.db").exists()
-    assert "expense" in done.stdout
+    assert "expense" not in done.stdout and "no workflows registered" in done.stderr
+    own = tmp_path / "workflows"
+    own.mkdir()
+    (own / "__init__.py").write_text(OWN_WORKFLOW, encoding="utf-8")
+    listed = [str(exe), "workflows", "--json"]
+    done = subprocess.run(listed, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # the user's own `workflows` package, by the RAILYARD_WORKFLOWS convention
+    assert [w["workflow"] for w in json.loads(done.stdout)] == ["own"]
 
 
 def test_demo_runs_on_a_fresh_database(tmp_path: Path) -> None:

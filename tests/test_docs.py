@@ -231,6 +231,9 @@ def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RAILYARD_DATABASE_URL", url)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # The pages' commands run as in the repository's root: its reference workflows are the working directory's
+    # `workflows` package (the RAILYARD_WORKFLOWS default), since installing Railyard does not add them.
+    (tmp_path / "workflows").symlink_to(REPO / "workflows", target_is_directory=True)
     migrations.upgrade(url)
 
     assert RAILYARD.exists(), f"no railyard console script next to {sys.executable}"

@@ -83,6 +83,8 @@ def test_a_migrations_folder_of_the_users_own_is_never_what_db_upgrade_runs(tmp_
     (own / "versions").mkdir(parents=True)
     (own / "__init__.py").write_text("")
     (own / "env.py").write_text("raise SystemExit('the user migrations ran')\n")
+    (tmp_path / "workflows").mkdir()  # and the user's own workflows package beside it
+    (tmp_path / "workflows" / "__init__.py").write_text("")
     url = f"sqlite:///{tmp_path / 'railyard.db'}"
     railyard = str(Path(sys.executable).with_name("railyard"))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -1,4 +1,7 @@
-"""Reference workflows shipped with Railyard; `RAILYARD_WORKFLOWS` defaults to this package.
+"""Railyard's reference workflows: the repository's, for `make demo`, the tests and the docs; not installed.
+
+In the repository's root they are the working directory's `workflows` package, which an unset
+`RAILYARD_WORKFLOWS` loads; `railyard demo` loads them explicitly.
 
 `workflows.fakes` holds fakes of the systems they call (orders, payments, tickets).
 """

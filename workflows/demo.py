@@ -28,6 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from sqlalchemy.engine import make_url
 
 from engine import (
     Engine,
@@ -55,6 +56,8 @@ from workflows.scripts import (
 
 #: The demo's trusted context: who holds which role (a deployment reads RAILYARD_ROLES_FILE instead).
 DEMO_ROLES = {"dana": {"refund_approver"}, "sam": {"support_agent"}}
+#: The repository the reference workflows are in (the folder holding this package): they are not installed.
+REPOSITORY = Path(__file__).resolve().parents[1]
 #: The killed worker's lease: short, so the demo need not wait long for it to run out.
 CRASH_LEASE_SECONDS = 2
 
@@ -205,7 +208,9 @@ class Demo:
     def _run_doomed_worker(self) -> int:
         exe = Path(sys.executable).with_name("railyard")
         command = [str(exe)] if exe.exists() else [sys.executable, "-m", "engine.cli"]
-        env = {**os.environ, "RAILYARD_DATABASE_URL": self.database_url}
+        # The worker loads the reference workflows from the repository they are in (they are not installed), run
+        # there so that no `workflows` package of the directory the demo was started in is what it imports.
+        env = {**os.environ, "RAILYARD_DATABASE_URL": absolute(self.database_url), "RAILYARD_WORKFLOWS": "workflows"}
         # The task is at its payment: the worker needs no model turn, but a worker serving agent states refuses
         # to start without a model, so it gets one with nothing to say.
         with tempfile.TemporaryDirectory() as folder:
@@ -224,6 +229,7 @@ class Demo:
                     f"scripted:{silent}",
                 ],
                 env=env,
+                cwd=REPOSITORY,
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -254,6 +260,15 @@ class Demo:
         )
 
 
+def absolute(url: str) -> str:
+    """`url` with a relative SQLite path made absolute, so that it names the same file from another directory."""
+    parsed = make_url(url)
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:" or os.path.isabs(path):
+        return url
+    return parsed.set(database=os.path.abspath(path)).render_as_string(hide_password=False)
+
+
 @dataclass(frozen=True)
 class DemoTasks:
     """The tasks one run created, so a test can check their logs instead of the printed text."""
@@ -266,7 +281,7 @@ class DemoTasks:
 def run_demo(database_url: str, console: Console, model: str | None = None) -> DemoTasks:
     fakes.bind(database_url)
     fakes.systems(database_url).reset()
-    registry = Registry.from_env()
+    registry = Registry.from_modules(["workflows"])  # the reference workflows, whatever RAILYARD_WORKFLOWS says
     adapter = adapter_from_spec(model) if model else None
     console.print(
         Panel.fit(

@@ -204,6 +204,8 @@ def workflows(as_json: JsonFlag = False) -> None:
             r["workflow"], str(r["version"]), str(r["states"]), r["initial"], r["digest"][:12], r["description"]
         )
     out.print(table)
+    if not rows:
+        err.print("no workflows registered: set RAILYARD_WORKFLOWS to the modules that define them", highlight=False)
 
 
 @app.command("start")
@@ -942,9 +944,35 @@ def demo(
     ] = None,
 ) -> None:
     """Run the reference workflows' three scenarios on RAILYARD_DATABASE_URL, step by step, then replay them."""
-    from workflows.demo import run_demo
-
     try:
+        _reference_workflows()
+        from workflows.demo import run_demo
+
         run_demo(config.database_url(), out, model=model)
     except RailyardError as error:
         _fail(error)
+
+
+def _reference_workflows() -> None:
+    """Load the repository's reference `workflows` package: it is not installed, and a user's own is not it.
+
+    It is looked for in the checkout this `engine` runs from (an editable install), then in the working directory
+    (a clone, with Railyard installed from a wheel), and put first on the import path.
+    """
+    checkout = Path(__file__).resolve().parents[2]
+    roots = [root for root in (checkout, Path.cwd()) if (root / "pyproject.toml").is_file()]  # checkouts only
+    demo = next((root / "workflows" / "demo.py" for root in roots if (root / "workflows" / "demo.py").is_file()), None)
+    if demo is None:
+        raise RailyardError(
+            "railyard demo runs Railyard's reference workflows, which live in the repository's workflows/ folder "
+            "and are not installed with Railyard: run it in a clone of the repository (`make demo`)",
+            code=Code.CONFIG_INVALID,
+        )
+    sys.path.insert(0, str(demo.parents[1]))
+    loaded = sys.modules.get("workflows")
+    if loaded is not None and Path(loaded.__file__ or "").resolve().parent != demo.parent:
+        raise RailyardError(
+            f"railyard demo needs the reference workflows at {demo.parent}, but another `workflows` package is "
+            f"already imported ({loaded.__file__})",
+            code=Code.CONFIG_INVALID,
+        )

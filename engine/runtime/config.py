@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 
 DEFAULT_DATABASE_URL = "sqlite:///railyard.db"
-DEFAULT_WORKFLOW_MODULES = ("workflows",)
+#: With RAILYARD_WORKFLOWS unset, the user's own `workflows` package, if the process can import one (the CLI
+#: looks in its working directory first). Railyard installs none: a process that finds none has an empty registry.
+DEFAULT_WORKFLOWS_PACKAGE = "workflows"
 DEFAULT_SNAPSHOT_EVERY = 10
 DEFAULT_ARCHIVE_DIR = "archive"
 
@@ -15,9 +17,9 @@ def database_url() -> str:
 
 
 def workflow_modules() -> list[str]:
+    """The modules RAILYARD_WORKFLOWS names; empty when it is unset (see `DEFAULT_WORKFLOWS_PACKAGE`)."""
     raw = os.environ.get("RAILYARD_WORKFLOWS", "")
-    names = [m.strip() for m in raw.split(",") if m.strip()]
-    return names or list(DEFAULT_WORKFLOW_MODULES)
+    return [m.strip() for m in raw.split(",") if m.strip()]
 
 
 def roles_file() -> str | None:

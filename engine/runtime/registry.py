@@ -7,6 +7,7 @@ resolved to exactly the version it is pinned to, and its digest must match.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Iterable, Iterator, Sequence
 
 from engine.core.definition import Workflow
@@ -34,6 +35,14 @@ class Registry:
     def get(self, name: str, version: int | None = None) -> Workflow:
         """The named version, or the newest; refuses with WORKFLOW_UNKNOWN / VERSION_UNKNOWN."""
         versions = self._by_name.get(name)
+        if not versions and not self._by_name:
+            raise Refused(
+                f"no workflow named {name!r}: the registry is empty; set RAILYARD_WORKFLOWS to the modules that "
+                f"define your workflows (unset, only a `{config.DEFAULT_WORKFLOWS_PACKAGE}` package the process "
+                "can import is loaded)",
+                code=Code.WORKFLOW_UNKNOWN,
+                workflow=name,
+            )
         if not versions:
             raise Refused(
                 f"no workflow named {name!r}; known: {sorted(self._by_name)}",
@@ -92,5 +101,14 @@ class Registry:
 
     @classmethod
     def from_env(cls) -> Registry:
-        """The registry of the modules RAILYARD_WORKFLOWS names (default: the project's `workflows`)."""
-        return cls.from_modules(config.workflow_modules())
+        """The registry of the modules RAILYARD_WORKFLOWS names.
+
+        Unset, it is the user's own `workflows` package if the process can import one (the CLI looks in its
+        working directory first), and empty if there is none: Railyard installs no workflows of its own.
+        """
+        named = config.workflow_modules()
+        if named:
+            return cls.from_modules(named)
+        if importlib.util.find_spec(config.DEFAULT_WORKFLOWS_PACKAGE) is None:
+            return cls()
+        return cls.from_modules([config.DEFAULT_WORKFLOWS_PACKAGE])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 from pathlib import Path
 
@@ -10,16 +11,24 @@ from alembic.config import Config
 
 from engine.store.database import normalize_url
 
-#: Railyard's Alembic environment, found by where it lies beside the `engine` package (in the repository, and in
-#: site-packages for an installed distribution), never by an import name: a user's own `migrations/` folder in the
-#: working directory (which the CLI puts first on the import path) must not be what `railyard db upgrade` runs.
-SCRIPT_LOCATION = Path(__file__).resolve().parents[2] / "migrations"
+#: The package Railyard's Alembic environment installs as: the repository's `migrations/` folder, shipped inside
+#: the `engine` package (pyproject.toml maps it), so installing Railyard adds no top-level `migrations`. It is found
+#: where the distribution put it (site-packages/engine/_migrations for a wheel, the repository's migrations/ for an
+#: editable install), never by a top-level name: a user's own `migrations/` folder in the working directory
+#: (which the CLI puts first on the import path) is never what `railyard db upgrade` runs.
+SCRIPTS_PACKAGE = "engine._migrations"
 
 
 def script_location() -> str:
-    if not (SCRIPT_LOCATION / "env.py").is_file():
-        raise RuntimeError(f"Railyard's migrations are not at {SCRIPT_LOCATION}: the installation is incomplete")
-    return str(SCRIPT_LOCATION)
+    spec = importlib.util.find_spec(SCRIPTS_PACKAGE)
+    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for folder in map(Path, folders):
+        if (folder / "env.py").is_file():
+            return str(folder)
+    raise RuntimeError(
+        f"Railyard's migrations ({SCRIPTS_PACKAGE}) are not installed with the engine package: "
+        "the installation is incomplete (reinstall Railyard)"
+    )
 
 
 def alembic_config(url: str) -> Config:

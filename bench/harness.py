@@ -1,0 +1,639 @@
+"""What the benchmarks share: the workflow they drive, the raw-SQL baselines written by hand, writer processes,
+the machine's facts and how busy its CPUs are, the bench database, statistics and the targets they print.
+
+Each benchmark (`append.py`, `agent_step.py`, `replay.py`, `workers.py`) imports from here and from no other
+benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import platform
+import secrets
+import sqlite3
+import statistics
+import subprocess
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy.engine import make_url
+
+from engine import (
+    Action,
+    Agent,
+    Engine,
+    Registry,
+    StaticRoles,
+    Terminal,
+    Workflow,
+    verify_chain,
+)
+
+DEFAULT_PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+ACTOR = "bench"
+
+
+# -- the workflow under test ---------------------------------------------------------------------
+class TickArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n: int
+
+
+def tick_workflow(name: str) -> Workflow:
+    """A self-loop, so one task can take any number of transitions (the append and replay benchmarks')."""
+    return Workflow(
+        name=name,
+        version=1,
+        description="A self-loop so one task can take thousands of transitions.",
+        states=[
+            Agent("working", actions=[Action("tick", "working", TickArgs), Action("finish", "done")]),
+            Terminal("done"),
+        ],
+    )
+
+
+BENCH_WORKFLOW = tick_workflow("bench_tick")
+
+
+def tick_engine(url: str) -> Engine:
+    """An engine that knows only `BENCH_WORKFLOW`, the self-loop the raw baselines write."""
+    return Engine(url, registry=Registry([BENCH_WORKFLOW]), authoriser=StaticRoles({}))
+
+
+# -- the hand-written transition: same rows, same hash, no engine code -------------------------------
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _hand_event(task_id: str, seq: int, prev_hash: str, n: int) -> tuple[datetime, str, str]:
+    """(at, data JSON, hash) of the `tick` event `seq`: sha256(prev_hash || canonical JSON of the body)."""
+    at = datetime.now(UTC)
+    data = {"args": {"n": n}}
+    body = {
+        "task_id": task_id,
+        "seq": seq,
+        "at": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "actor": ACTOR,
+        "from_state": "working",
+        "trigger": "tick",
+        "to_state": "working",
+        "data": data,
+    }
+    digest = hashlib.sha256((prev_hash + _canonical(body)).encode("utf-8")).hexdigest()
+    return at, _canonical(data), digest
+
+
+class Conflict(Exception):
+    pass
+
+
+PG_UPDATE = (
+    "UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s"
+    " WHERE task_id = %s AND seq = %s"
+)
+PG_INSERT = (
+    "INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+PG_CTE = (
+    "WITH upd AS (UPDATE tasks SET seq = %s::int, state = %s::text, status = %s::text, last_hash = %s::text,"
+    " updated_at = %s::timestamptz WHERE task_id = %s::text AND seq = %s::int RETURNING task_id)"
+    " INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
+    " SELECT upd.task_id, %s::int, %s::timestamptz, %s::text, %s::text, %s::text, %s::text, %s::text,"
+    " %s::text, %s::text FROM upd"
+)
+PG_SELECT = "SELECT seq, state, last_hash FROM tasks WHERE task_id = %s"
+
+SQLITE_UPDATE = (
+    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ? WHERE task_id = ? AND seq = ?"
+)
+SQLITE_INSERT = (
+    "INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQLITE_SELECT = "SELECT seq, state, last_hash FROM tasks WHERE task_id = ?"
+
+
+def _sqlite_time(at: datetime) -> str:
+    """How SQLAlchemy stores a DateTime on SQLite (naive UTC text), so the rows match the engine's."""
+    return at.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+class PgRaw:
+    """One psycopg connection (autocommit) advancing one task by hand."""
+
+    def __init__(self, dsn: str, task_id: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.cur = self.conn.cursor()
+        self.task_id = task_id
+        self.cur.execute(PG_SELECT, (task_id,))
+        row = self.cur.fetchone()
+        assert row is not None
+        self.seq, _, self.last_hash = row
+        self.n = 0
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def naive(self) -> None:
+        """(a) BEGIN; UPDATE ... WHERE seq = expected; INSERT; COMMIT: four round trips."""
+        self.n += 1
+        seq = self.seq + 1
+        at, data, digest = _hand_event(self.task_id, seq, self.last_hash, self.n)
+        with self.conn.transaction():
+            self.cur.execute(PG_UPDATE, (seq, "working", "runnable", digest, at, self.task_id, self.seq))
+            if self.cur.rowcount != 1:
+                raise Conflict(self.task_id)
+            self.cur.execute(
+                PG_INSERT, (self.task_id, seq, at, ACTOR, "working", "tick", "working", data, self.last_hash, digest)
+            )
+        self.seq, self.last_hash = seq, digest
+
+    def best(self) -> None:
+        """(b) the same work as one data-modifying CTE in autocommit: one round trip."""
+        self.n += 1
+        seq = self.seq + 1
+        at, data, digest = _hand_event(self.task_id, seq, self.last_hash, self.n)
+        self.cur.execute(
+            PG_CTE,
+            (
+                seq,
+                "working",
+                "runnable",
+                digest,
+                at,
+                self.task_id,
+                self.seq,
+                seq,
+                at,
+                ACTOR,
+                "working",
+                "tick",
+                "working",
+                data,
+                self.last_hash,
+                digest,
+            ),
+        )
+        if self.cur.rowcount != 1:
+            raise Conflict(self.task_id)
+        self.seq, self.last_hash = seq, digest
+
+    def read_write(self) -> None:
+        """Stateless by hand: BEGIN; SELECT the row; UPDATE ... WHERE seq = read; INSERT; COMMIT."""
+        self.n += 1
+        with self.conn.transaction():
+            self.cur.execute(PG_SELECT, (self.task_id,))
+            row = self.cur.fetchone()
+            assert row is not None
+            expected, state, prev_hash = row
+            seq = expected + 1
+            at, data, digest = _hand_event(self.task_id, seq, prev_hash, self.n)
+            self.cur.execute(PG_UPDATE, (seq, "working", "runnable", digest, at, self.task_id, expected))
+            if self.cur.rowcount != 1:
+                raise Conflict(self.task_id)
+            self.cur.execute(
+                PG_INSERT, (self.task_id, seq, at, ACTOR, state, "tick", "working", data, prev_hash, digest)
+            )
+        self.seq, self.last_hash = seq, digest  # bookkeeping only: the next read_write reads again
+
+
+class SqliteRaw:
+    """sqlite3 by hand, configured as the engine configures SQLite (WAL, synchronous=NORMAL)."""
+
+    def __init__(self, path: str, task_id: str) -> None:
+        self.conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=30000"):
+            self.conn.execute(f"PRAGMA {pragma}")
+        self.task_id = task_id
+        row = self.conn.execute(SQLITE_SELECT, (task_id,)).fetchone()
+        self.seq, _, self.last_hash = row
+        self.n = 0
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def _immediate(self) -> Iterator[None]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def naive(self) -> None:
+        """BEGIN IMMEDIATE; UPDATE ... WHERE seq = expected; INSERT; COMMIT."""
+        self.n += 1
+        seq = self.seq + 1
+        at, data, digest = _hand_event(self.task_id, seq, self.last_hash, self.n)
+        when = _sqlite_time(at)
+        with self._immediate():
+            cur = self.conn.execute(SQLITE_UPDATE, (seq, "working", "runnable", digest, when, self.task_id, self.seq))
+            if cur.rowcount != 1:
+                raise Conflict(self.task_id)
+            self.conn.execute(
+                SQLITE_INSERT,
+                (self.task_id, seq, when, ACTOR, "working", "tick", "working", data, self.last_hash, digest),
+            )
+        self.seq, self.last_hash = seq, digest
+
+    def read_write(self) -> None:
+        """BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT."""
+        self.n += 1
+        with self._immediate():
+            expected, state, prev_hash = self.conn.execute(SQLITE_SELECT, (self.task_id,)).fetchone()
+            seq = expected + 1
+            at, data, digest = _hand_event(self.task_id, seq, prev_hash, self.n)
+            when = _sqlite_time(at)
+            cur = self.conn.execute(SQLITE_UPDATE, (seq, "working", "runnable", digest, when, self.task_id, expected))
+            if cur.rowcount != 1:
+                raise Conflict(self.task_id)
+            self.conn.execute(
+                SQLITE_INSERT, (self.task_id, seq, when, ACTOR, state, "tick", "working", data, prev_hash, digest)
+            )
+        self.seq, self.last_hash = seq, digest  # bookkeeping only: the next read_write reads again
+
+
+class EngineWriter:
+    """The engine advancing one task: `transition` (task held) or `fire` (load, then append)."""
+
+    def __init__(self, eng: Engine, task_id: str) -> None:
+        self.eng = eng
+        self.task_id = task_id
+        self.task = eng.load(task_id)
+        self.n = 0
+
+    def transition(self) -> None:
+        self.n += 1
+        self.task = self.eng.transition(self.task, "tick", {"n": self.n}, actor=ACTOR)
+
+    def fire(self) -> None:
+        self.n += 1
+        self.eng.fire(self.task_id, "tick", {"n": self.n}, actor=ACTOR)
+
+
+# -- what each kind of measurement runs -------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    pg_url: str | None  # SQLAlchemy URL of the bench database
+    sqlite_url: str
+
+
+def libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Runners:
+    """Per process: engines, connections and one task per kind, created on first use (after spawn)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.engines: dict[str, Engine] = {}
+        self.closers: list[Callable[[], None]] = []
+        self.steps: dict[str, Callable[[], None]] = {}
+
+    def engine(self, backend: str) -> Engine:
+        if backend not in self.engines:
+            url = self.cfg.pg_url if backend == "pg" else self.cfg.sqlite_url
+            assert url is not None
+            self.engines[backend] = tick_engine(url)
+        return self.engines[backend]
+
+    def step(self, kind: str) -> Callable[[], None]:
+        if kind not in self.steps:
+            self.steps[kind] = self._make(kind)
+        return self.steps[kind]
+
+    def _make(self, kind: str) -> Callable[[], None]:
+        backend, what = kind.split(":")
+        eng = self.engine(backend)
+        task_id = eng.start(BENCH_WORKFLOW.name, {}, actor=ACTOR)
+        if what in ("transition", "fire"):
+            writer = EngineWriter(eng, task_id)
+            return writer.transition if what == "transition" else writer.fire
+        raw: PgRaw | SqliteRaw
+        if backend == "pg":
+            assert self.cfg.pg_url is not None
+            raw = PgRaw(libpq(self.cfg.pg_url), task_id)
+        else:
+            raw = SqliteRaw(make_url(self.cfg.sqlite_url).database or "", task_id)
+        self.closers.append(raw.close)
+        if what == "best" and isinstance(raw, PgRaw):
+            return raw.best
+        return raw.naive if what == "naive" else raw.read_write
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
+        for eng in self.engines.values():
+            eng.close()
+
+
+def _worker(cfg: Config, inbox: Any, outbox: Any, wid: int) -> None:
+    runners = Runners(cfg)
+    try:
+        while True:
+            command = inbox.get()
+            if command is None:
+                break
+            kind, warm_s, run_s = command
+            step = runners.step(kind)
+            until = time.perf_counter() + warm_s
+            while time.perf_counter() < until:
+                step()
+            outbox.put(("ready", wid))
+            if inbox.get() is None:  # "go", or None when the run is being torn down
+                break
+            done = 0
+            cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            deadline = t0 + run_s
+            while True:
+                step()
+                done += 1
+                t1 = time.perf_counter()
+                if t1 >= deadline:
+                    break
+            outbox.put(("done", wid, done, t0, t1, time.process_time() - cpu0))
+    except BaseException:
+        outbox.put(("error", wid, traceback.format_exc()))
+    finally:
+        runners.close()
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat (Linux); None elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+BUSY_WARNING = 0.15
+
+
+def background_busy(seconds: float) -> float | None:
+    """How busy the CPUs are (0..1) while this benchmark does nothing: other work disturbs the figures."""
+    before = cpu_ticks()
+    time.sleep(seconds)
+    after = cpu_ticks()
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+class Pool:
+    """Writer processes (spawned: each makes its own connections); measurement `n` uses the first n."""
+
+    def __init__(self, cfg: Config, size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(size)]
+        self.procs = [
+            ctx.Process(target=_worker, args=(cfg, self.inboxes[w], self.outbox, w), daemon=True) for w in range(size)
+        ]
+        for proc in self.procs:
+            proc.start()
+
+    def _receive(self, tag: str) -> tuple[Any, ...]:
+        message = self.outbox.get(timeout=300)
+        if message[0] == "error":
+            raise RuntimeError(f"writer {message[1]} failed:\n{message[2]}")
+        assert message[0] == tag, message
+        return tuple(message)
+
+    def measure(self, kind: str, writers: int, warm_s: float, run_s: float) -> tuple[float, float, float | None]:
+        """Transitions per second of `writers` processes together (each on its own task); the writers'
+        own CPU time per transition in microseconds (the client's share, not the server's); and how busy
+        the machine's CPUs were meanwhile (0..1, every process, the database server included)."""
+        for w in range(writers):
+            self.inboxes[w].put((kind, warm_s, run_s))
+        for _ in range(writers):
+            self._receive("ready")
+        before = cpu_ticks()
+        for w in range(writers):
+            self.inboxes[w].put("go")
+        results = [self._receive("done") for _ in range(writers)]
+        after = cpu_ticks()
+        total = sum(r[2] for r in results)
+        wall = max(r[4] for r in results) - min(r[3] for r in results)
+        busy = None
+        if before is not None and after is not None and after[1] > before[1]:
+            busy = (after[0] - before[0]) / (after[1] - before[1])
+        return total / wall, sum(r[5] for r in results) / total * 1e6, busy
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+
+
+def summary(samples: list[tuple[float, float, float | None]]) -> dict[str, Any]:
+    rates = [rate for rate, _, _ in samples]
+    busy = [b for _, _, b in samples if b is not None]
+    return {
+        "median": round(statistics.median(rates)),
+        "min": round(min(rates)),
+        "max": round(max(rates)),
+        "rounds": [round(r) for r in rates],
+        "client_cpu_us": round(statistics.median(cpu for _, cpu, _ in samples), 1),
+        "machine_cpu_busy": round(statistics.median(busy), 3) if busy else None,
+    }
+
+
+def check_raw_matches_engine(cfg: Config, backend: str) -> None:
+    """The raw code's rows must be rows the engine accepts: same columns, same chain, same fold."""
+    runners = Runners(cfg)
+    try:
+        eng = runners.engine(backend)
+        task_id = eng.start(BENCH_WORKFLOW.name, {}, actor=ACTOR)
+        url = cfg.pg_url if backend == "pg" else cfg.sqlite_url
+        assert url is not None
+        raw: PgRaw | SqliteRaw = (
+            PgRaw(libpq(url), task_id) if backend == "pg" else SqliteRaw(make_url(url).database or "", task_id)
+        )
+        steps = [raw.naive, raw.read_write] + ([raw.best] if isinstance(raw, PgRaw) else [])
+        for step in steps:
+            for _ in range(10):
+                step()
+        raw.close()
+        events = eng.store.events(task_id)
+        findings = verify_chain(events)
+        if findings:
+            raise SystemExit(f"{backend}: raw rows break the engine's hash chain: {findings[:3]}")
+        task = eng.load(task_id)  # folds and checks the fold against the row the raw code wrote
+        assert task.seq == 1 + 10 * len(steps), task.seq
+        writer = EngineWriter(eng, task_id)  # and the engine can continue the raw chain
+        writer.transition()
+        writer.fire()
+    finally:
+        runners.close()
+
+
+def target(
+    name: str, value: float | None, op: str, threshold: float, note: str, rounds: list[float] | None = None
+) -> dict[str, Any]:
+    """A target judged on `value` (the ratio of medians); `rounds_met` says how many rounds alone met it."""
+
+    def ok(v: float) -> bool:
+        return v >= threshold if op == ">=" else v < threshold
+
+    out = {
+        "name": name,
+        "value": None if value is None else round(value, 3),
+        "op": op,
+        "threshold": threshold,
+        "met": None if value is None else ok(value),
+        "note": note,
+    }
+    if rounds:
+        out["rounds_met"] = f"{sum(ok(v) for v in rounds)}/{len(rounds)}"
+    return out
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every benchmark takes, `--quick` and `--postgres-url`; described by the doc's first paragraph."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
+    parser.add_argument(
+        "--postgres-url",
+        help="server on which to create (and drop) the bench database; default RAILYARD_BENCH_POSTGRES_URL, "
+        "RAILYARD_TEST_POSTGRES_URL, or the local `test` database",
+    )
+    return parser
+
+
+def print_background(idle_busy: float | None) -> None:
+    """How busy other work kept the CPUs before the run (`background_busy`), with a warning past BUSY_WARNING."""
+    if idle_busy is not None:
+        print(
+            f"Before the run the machine's CPUs were {idle_busy * 100:.0f} % busy with other work"
+            + (
+                ""
+                if idle_busy < BUSY_WARNING
+                else " -- WARNING: something else is running; the figures below are disturbed by it"
+            ),
+            flush=True,
+        )
+
+
+def print_targets(targets: list[dict[str, Any]]) -> None:
+    """The targets block every benchmark prints before its JSON line: verdict, name, value, threshold, note."""
+    width = max((len(t["name"]) for t in targets), default=0)
+    print("Targets:")
+    for t in targets:
+        verdict = {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[t["met"]]
+        value = t["value"]
+        shown = "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+        rounds = f", met in {t['rounds_met']} rounds" if "rounds_met" in t else ""
+        print(f"    {verdict:<13} {t['name']:<{width}} {shown} {t['op']} {t['threshold']}  ({t['note']}{rounds})")
+
+
+def machine(pg_version: str | None) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "postgresql": pg_version,
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+        "commit": _commit(),
+    }
+
+
+def _commit() -> str | None:
+    """The checkout measured: HEAD, plus `-dirty` if engine/ has uncommitted changes."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "engine"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
+def pg_server_url(arg: str | None) -> str:
+    return (
+        arg
+        or os.environ.get("RAILYARD_BENCH_POSTGRES_URL")
+        or os.environ.get("RAILYARD_TEST_POSTGRES_URL")
+        or DEFAULT_PG_SERVER
+    )
+
+
+def pg_unreachable(server: str) -> str | None:
+    try:
+        with psycopg.connect(libpq(server), connect_timeout=3):
+            return None
+    except psycopg.Error as exc:
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def bench_database(server: str) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """A fresh PostgreSQL database for this run (dropped at the end), or None if the server is unreachable."""
+    info: dict[str, Any] = {"available": False, "reason": pg_unreachable(server)}
+    if info["reason"] is not None:
+        print(f"PostgreSQL not reachable at {make_url(server).render_as_string()}: {info['reason']}")
+        print("Measuring SQLite only; the PostgreSQL targets are reported as not measured.")
+        yield None, info
+        return
+    name = f"railyard_bench_{secrets.token_hex(6)}"
+    with psycopg.connect(libpq(server), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+        for setting in ("server_version", "fsync", "synchronous_commit", "shared_buffers"):
+            row = conn.execute(f"SHOW {setting}").fetchone()
+            info[setting] = str(row[0]) if row else None
+    info["available"] = True
+    try:
+        yield make_url(server).set(database=name).render_as_string(hide_password=False), info
+    finally:
+        with psycopg.connect(libpq(server), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def wait_quiet(limit_s: float) -> float:
+    """Wait (at most `limit_s`) until other work leaves the CPUs alone; the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit_s:
+        busy = background_busy(0.5)
+        if busy is None or busy < BUSY_WARNING:
+            break
+    return round(time.perf_counter() - t0, 1)
