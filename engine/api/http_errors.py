@@ -89,6 +89,11 @@ _STATUS: dict[Code, int] = {
     Code.STATE_MISMATCH: 500,
     Code.SNAPSHOT_MISMATCH: 500,
     Code.ARCHIVE_MISSING: 500,
+    Code.TASK_MISSING: 500,
+    Code.TASK_TRUNCATED: 500,
+    Code.HEAD_REWRITTEN: 500,
+    Code.CHECKPOINT_INVALID: 500,
+    Code.CHECKPOINT_NOT_EXTENDING: 500,
 }
 
 #: Code -> HTTP status, for every code (read-only).

@@ -319,6 +319,35 @@ class Code(StrEnum):
         "An archived task's file is not in the archive directory (RAILYARD_ARCHIVE_DIR), or does not hold"
         " its log: the task's history cannot be proven until the file is put back.",
     )
+    # Against a signed checkpoint (railyard replay --checkpoint, verify-export --checkpoint, checkpoint verify)
+    TASK_MISSING = (
+        "TASK_MISSING",
+        Category.INTEGRITY,
+        "A task the signed checkpoint lists is gone from the database and from the archives: it was deleted.",
+    )
+    TASK_TRUNCATED = (
+        "TASK_TRUNCATED",
+        Category.INTEGRITY,
+        "A task's log ends before the seq the signed checkpoint recorded: events were removed from its end.",
+    )
+    HEAD_REWRITTEN = (
+        "HEAD_REWRITTEN",
+        Category.INTEGRITY,
+        "At the seq the signed checkpoint recorded, the task's log holds another event: its history was"
+        " rewritten, even if every hash was recomputed.",
+    )
+    CHECKPOINT_INVALID = (
+        "CHECKPOINT_INVALID",
+        Category.INTEGRITY,
+        "The checkpoint does not verify: its signature fails with the public key given, or its task list"
+        " does not hash to the root it signs. Nothing can be proven with it.",
+    )
+    CHECKPOINT_NOT_EXTENDING = (
+        "CHECKPOINT_NOT_EXTENDING",
+        Category.INTEGRITY,
+        "A newer checkpoint does not extend an older one: a task of the older one is missing from it, or its"
+        " head there does not descend from the older head, or it names another predecessor.",
+    )
 
 
 #: One line per code: what it means and what the caller should do (docs/errors.md is generated from it).

@@ -1,0 +1,173 @@
+"""Signed checkpoints of every task's head: what one commits to, and how a database is judged against it. Pure.
+
+A checkpoint lists each task's head (task id, seq, head hash) in task id order
+and commits to the list with an RFC 6962 Merkle root (`engine.core.merkle`). The
+header (format, tree size, root, time, the previous checkpoint's root, the key
+id) is what is signed, as canonical JSON; the leaves travel with it, so a
+verifier knows every task that existed and where its log stood.
+
+A log can only grow, so against a checkpoint a task must still exist, reach at
+least the checkpointed seq, and hold the checkpointed hash at that seq: anything
+else is a finding (`TASK_MISSING`, `TASK_TRUNCATED`, `HEAD_REWRITTEN`). Replay
+then proves the rest of each log links to that head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from engine.core.canonical import canonical_json
+from engine.core.chain import Finding
+from engine.core.errors import Code
+from engine.core.merkle import Levels, leaf_hash, verify_inclusion
+
+FORMAT = "railyard-checkpoint/1"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Head:
+    """Where one task's log stood: its last seq and that event's hash."""
+
+    task_id: str
+    seq: int
+    hash: str
+
+    def leaf(self) -> bytes:
+        """The Merkle leaf's data: the canonical JSON array `[task_id, seq, hash]`, UTF-8."""
+        return canonical_json([self.task_id, self.seq, self.hash]).encode()
+
+
+def key_id(public_key: bytes) -> str:
+    """Which key signed a checkpoint: the first 16 hex digits of sha256 of the raw 32-byte Ed25519 public key."""
+    return hashlib.sha256(public_key).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """The signed part of a checkpoint."""
+
+    tree_size: int
+    root: str
+    at: str
+    previous_root: str | None
+    key_id: str
+
+    def signed_bytes(self) -> bytes:
+        """What the signature covers: the header as canonical JSON, with the format name."""
+        return canonical_json(
+            {
+                "format": FORMAT,
+                "tree_size": self.tree_size,
+                "root": self.root,
+                "at": self.at,
+                "previous_root": self.previous_root,
+                "key_id": self.key_id,
+            }
+        ).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    header: Header
+    signature: str
+    heads: tuple[Head, ...]
+
+    def tree(self) -> Levels:
+        return tree_of(self.heads)
+
+    def head_of(self) -> dict[str, Head]:
+        return {h.task_id: h for h in self.heads}
+
+
+def in_order(heads: Iterable[Head]) -> tuple[Head, ...]:
+    """The canonical order of the leaves: by task id (code point order, which is UTF-8 byte order)."""
+    return tuple(sorted(heads, key=lambda h: h.task_id))
+
+
+def tree_of(heads: Sequence[Head]) -> Levels:
+    return Levels([leaf_hash(h.leaf()) for h in heads])
+
+
+def header_for(heads: Sequence[Head], *, at: str, previous_root: str | None, signer: str) -> Header:
+    return Header(len(heads), tree_of(heads).root().hex(), at, previous_root, signer)
+
+
+def consistency_findings(checkpoint: Checkpoint, verify_signature: Callable[[bytes, bytes], bool]) -> list[Finding]:
+    """What is wrong with a checkpoint on its own: a signature that does not verify, leaves out of order or
+    duplicated, or leaves that do not hash to the signed root and size."""
+    found = []
+    try:
+        signature_ok = verify_signature(bytes.fromhex(checkpoint.signature), checkpoint.header.signed_bytes())
+    except ValueError:
+        signature_ok = False
+    if not signature_ok:
+        found.append(Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's signature does not verify with this key"))
+    ids = [h.task_id for h in checkpoint.heads]
+    if ids != sorted(set(ids)):
+        found.append(Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks are not in task id order, once each"))
+    header = checkpoint.header
+    if header.tree_size != len(checkpoint.heads) or checkpoint.tree().root().hex() != header.root:
+        found.append(
+            Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks do not hash to the root and size it signs")
+        )
+    return found
+
+
+def head_findings(expected: Head, found: Head | None, hash_at: Callable[[str, int], str | None]) -> list[Finding]:
+    """What a task's log as it is now (`found`: its current head, None if the task is gone) says against the head
+    a checkpoint recorded. `hash_at(task_id, seq)` reads the hash of event `seq` of a log that moved on."""
+    if found is None:
+        return [Finding(Code.TASK_MISSING, 0, f"the checkpoint lists it at seq {expected.seq}; it is not there")]
+    if found.seq < expected.seq:
+        return [
+            Finding(
+                Code.TASK_TRUNCATED,
+                found.seq,
+                f"its log ends at seq {found.seq}; the checkpoint recorded seq {expected.seq}",
+            )
+        ]
+    actual = found.hash if found.seq == expected.seq else hash_at(expected.task_id, expected.seq)
+    if actual != expected.hash:
+        return [
+            Finding(
+                Code.HEAD_REWRITTEN,
+                expected.seq,
+                f"event {expected.seq} is not the one the checkpoint recorded (hash {str(actual)[:12]}…, "
+                f"checkpointed {expected.hash[:12]}…)",
+            )
+        ]
+    return []
+
+
+def extends(old: Checkpoint, new: Checkpoint, descends: Callable[[Head, Head], bool]) -> list[Finding]:
+    """Whether `new` extends `old`: every task of `old` is in `new`, at a head that descends from its old one
+    (`descends(old_head, new_head)` answers from the logs). A `new` that names `old` as its predecessor must
+    name its root."""
+    found = []
+    current = new.head_of()
+    for head in old.heads:
+        later = current.get(head.task_id)
+        if later is None:
+            found.append(Finding(Code.CHECKPOINT_NOT_EXTENDING, 0, f"task {head.task_id} is not in the newer one"))
+        elif later.seq < head.seq or not descends(head, later):
+            found.append(
+                Finding(
+                    Code.CHECKPOINT_NOT_EXTENDING,
+                    head.seq,
+                    f"task {head.task_id}: the newer checkpoint's head (seq {later.seq}) does not descend from "
+                    f"seq {head.seq}",
+                )
+            )
+    return found
+
+
+def inclusion_holds(head: Head, index: int, header: Header, proof: Sequence[str]) -> bool:
+    """Whether `proof` (hex hashes) shows `head` as leaf `index` of the checkpoint with `header`."""
+    try:
+        path = [bytes.fromhex(p) for p in proof]
+        root = bytes.fromhex(header.root)
+    except ValueError:
+        return False
+    return verify_inclusion(index, header.tree_size, leaf_hash(head.leaf()), path, root)

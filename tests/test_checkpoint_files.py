@@ -1,0 +1,119 @@
+"""A signed checkpoint file on its own: it verifies with its key, and any edit to it, or another key, is found.
+
+These are the checks `railyard replay --checkpoint` and `railyard checkpoint verify` start from; the checks
+of a database against a checkpoint are in tests/test_checkpoints.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Code, RailyardError
+from engine.audit.checkpoint import keygen, load_public_key, load_signing_key, read, sign, verifier, write
+from engine.core.checkpoints import Head, consistency_findings, head_findings, inclusion_holds
+
+HEADS = [Head(f"t-{i:03d}", i + 1, f"{i:064x}") for i in (5, 1, 3, 2, 4)]
+
+
+def signed(tmp_path: Path) -> tuple[Path, str]:
+    public = keygen(tmp_path / "signing.key")
+    checkpoint = sign(HEADS, load_signing_key(tmp_path / "signing.key"), previous_root=None)
+    return write(checkpoint, tmp_path / "checkpoints"), public
+
+
+def codes(path: Path, public: str) -> list[Code]:
+    return [f.code for f in consistency_findings(read(path), verifier(load_public_key(public)))]
+
+
+def test_a_checkpoint_verifies_with_its_key_and_lists_every_head_in_task_order(tmp_path: Path) -> None:
+    path, public = signed(tmp_path)
+    assert codes(path, public) == []
+    checkpoint = read(path)
+    assert [h.task_id for h in checkpoint.heads] == sorted(h.task_id for h in HEADS)
+    assert checkpoint.header.tree_size == 5 and len(checkpoint.header.root) == 64
+    assert (tmp_path / "signing.key").stat().st_mode & 0o077 == 0  # the private key is its owner's only
+
+
+def test_a_key_is_never_overwritten(tmp_path: Path) -> None:
+    keygen(tmp_path / "k")
+    with pytest.raises(RailyardError) as caught:
+        keygen(tmp_path / "k")
+    assert caught.value.code is Code.CONFIG_INVALID
+
+
+def edit(path: Path, line: int, change: Callable[[Any], Any]) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    value = change(json.loads(lines[line]))
+    lines[line] = json.dumps(value)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda p: edit(p, 0, lambda h: {**h, "root": "0" * 64}), id="root"),
+        pytest.param(lambda p: edit(p, 0, lambda h: {**h, "tree_size": 4}), id="size"),
+        pytest.param(
+            lambda p: edit(
+                p, 0, lambda h: {**h, "signature": ("f" if h["signature"][0] != "f" else "e") + h["signature"][1:]}
+            ),
+            id="signature-byte",
+        ),
+        pytest.param(lambda p: edit(p, 0, lambda h: {**h, "previous_root": "1" * 64}), id="predecessor"),
+        pytest.param(lambda p: edit(p, 2, lambda h: [h[0], h[1] - 1, h[2]]), id="a-head-moved-back"),
+        pytest.param(lambda p: p.write_text("\n".join(p.read_text().splitlines()[:-1]) + "\n"), id="a-task-dropped"),
+    ],
+)
+def test_an_edited_checkpoint_is_found(tmp_path: Path, tamper: Callable[[Path], None]) -> None:
+    path, public = signed(tmp_path)
+    tamper(path)
+    assert Code.CHECKPOINT_INVALID in codes(path, public)
+
+
+def test_another_key_does_not_verify_it(tmp_path: Path) -> None:
+    path, _ = signed(tmp_path)
+    other = keygen(tmp_path / "other.key")
+    assert codes(path, other) == [Code.CHECKPOINT_INVALID]
+
+
+def test_a_garbled_file_is_an_integrity_finding_not_a_traceback(tmp_path: Path) -> None:
+    path, _ = signed(tmp_path)
+    path.write_text("{not json\n", encoding="utf-8")
+    with pytest.raises(RailyardError) as caught:
+        read(path)
+    assert caught.value.code is Code.CHECKPOINT_INVALID
+
+
+def test_a_public_key_that_is_not_one_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(RailyardError) as caught:
+        load_public_key("not-a-key")
+    assert caught.value.code is Code.CONFIG_INVALID
+
+
+def test_a_head_is_judged_against_the_log_as_it_is_now() -> None:
+    head = Head("t", 5, "a" * 64)
+    logs = {("t", 5): "a" * 64}
+    assert head_findings(head, Head("t", 5, "a" * 64), lambda t, s: logs.get((t, s))) == []
+    assert head_findings(head, Head("t", 9, "c" * 64), lambda t, s: logs.get((t, s))) == []  # it moved on from there
+    assert [f.code for f in head_findings(head, None, lambda t, s: None)] == [Code.TASK_MISSING]
+    assert [f.code for f in head_findings(head, Head("t", 4, "b" * 64), lambda t, s: None)] == [Code.TASK_TRUNCATED]
+    assert [f.code for f in head_findings(head, Head("t", 5, "b" * 64), lambda t, s: None)] == [Code.HEAD_REWRITTEN]
+    rewritten = {("t", 5): "d" * 64}
+    assert [f.code for f in head_findings(head, Head("t", 7, "e" * 64), lambda t, s: rewritten.get((t, s)))] == [
+        Code.HEAD_REWRITTEN
+    ]
+
+
+def test_each_head_has_an_inclusion_proof_in_the_signed_root(tmp_path: Path) -> None:
+    path, _ = signed(tmp_path)
+    checkpoint = read(path)
+    tree = checkpoint.tree()
+    for index, head in enumerate(checkpoint.heads):
+        proof = [p.hex() for p in tree.inclusion_proof(index)]
+        assert inclusion_holds(head, index, checkpoint.header, proof)
+        assert not inclusion_holds(Head(head.task_id, head.seq - 1, head.hash), index, checkpoint.header, proof)
