@@ -16,6 +16,7 @@ from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
 from engine.runtime.agent import AgentRunner, RetryPolicy
 from tests.support.sample_workflows import ROLES, all_workflows
+from tests.support.stores import sql_store
 
 ORDER = {"customer": "c1", "balance": 500}
 TICKET = {"ticket_id": "T-1"}
@@ -202,7 +203,7 @@ def test_a_resumed_task_rebuilds_the_same_conversation_without_calling_the_model
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
     first = ScriptedModel([{"text": "no"}, {"text": "no"}], profile="anthropic")
     run(eng, task_id, first, turns=2)
-    with Engine(eng.store.url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
+    with Engine(sql_store(eng).url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
         resumed = ScriptedModel([call("give_up")], profile="anthropic")
         task = AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
     assert task.state == "rejected"
