@@ -68,7 +68,7 @@ from engine.runtime.engine import Engine, TaskView
 from engine.runtime.registry import Registry
 from engine.runtime.roles import StaticRoles, roles_from_file
 from engine.runtime.worker import Worker
-from engine.store import SqlStore, Store, migrations
+from engine.store import MemoryStore, SqlStore, Store, migrations
 
 # A library logs; the application decides where logs go. Without this, Python's last-resort
 # handler would print raw database messages to a user's terminal.
@@ -92,6 +92,7 @@ __all__ = [
     "GuardContext",
     "IntegrityError",
     "LeaseLost",
+    "MemoryStore",
     "MinorUnits",
     "ModelAdapter",
     "ModelRequest",
