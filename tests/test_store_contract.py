@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from contextlib import ExitStack
-from datetime import timedelta
+from datetime import timedelta, timezone
 from functools import partial
 from pathlib import Path
 
@@ -311,6 +311,7 @@ def test_seq_at_is_the_last_event_written_at_or_before_a_time(store: Store) -> N
     assert store.seq_at("t-1", T0) == 1
     assert store.seq_at("t-1", T0 + timedelta(seconds=2, milliseconds=500)) == 3
     assert store.seq_at("t-1", LATER) == 4
+    assert store.seq_at("t-1", (T0 + timedelta(seconds=1)).astimezone(timezone(timedelta(hours=2)))) == 2  # any zone
     assert store.seq_at("nobody", LATER) is None
 
 

@@ -285,6 +285,7 @@ class MemoryStore:
 
     # -- archive --------------------------------------------------------
     def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
+        before = utc(before)
         with self._lock:
             found = [
                 t
@@ -316,6 +317,7 @@ class MemoryStore:
     def archived(
         self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
     ) -> Iterator[tuple[TaskRow, ArchiveRef]]:
+        since = _utc_or_none(since)
         with self._lock:
             found = [
                 t
@@ -373,6 +375,7 @@ class MemoryStore:
         if task_ids is not None and not task_ids:
             return
         ids = set(task_ids) if task_ids is not None else None
+        since = _utc_or_none(since)
         after: str | None = None
         while True:
             items: list[TaskRow | Event | Snapshot] = []
@@ -389,6 +392,7 @@ class MemoryStore:
     def audit_pages(
         self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
     ) -> Iterator[list[str]]:
+        since = _utc_or_none(since)
         after: str | None = None
         while True:
             with self._lock:
@@ -420,6 +424,7 @@ class MemoryStore:
             return sorted(task.snapshots) if task is not None else []
 
     def seq_at(self, task_id: str, at: datetime) -> int | None:
+        at = utc(at)
         with self._lock:
             task = self._tasks.get(task_id)
             seqs = [e.seq for e in task.events if e.at <= at] if task is not None else []
@@ -460,7 +465,7 @@ class MemoryStore:
         return [t.task_id for t in found]
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:
-        at = at or now()
+        at = utc(at or now())
         groups: dict[tuple[str, str], list[_Task]] = {}
         with self._lock:
             for task in self._tasks.values():
@@ -501,6 +506,7 @@ class MemoryStore:
             )
 
     def workers(self, *, seen_since: datetime) -> list[WorkerReport]:
+        seen_since = utc(seen_since)
         with self._lock:
             found = [(w, c) for w, c in self._workers.values() if w.seen_at >= seen_since and w.stopped_at is None]
         found.sort(key=lambda found: found[0].name)
