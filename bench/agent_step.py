@@ -51,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,8 +84,11 @@ from engine import (
     Agent,
     Budgets,
     Engine,
+    Event,
+    MemoryStore,
     Registry,
     ScriptedModel,
+    SqlStore,
     StaticRoles,
     TaskState,
     Terminal,
@@ -162,36 +165,35 @@ class RepeatModel:
 RUNGS = {"step": (TOOL_TURN, "anthropic"), "step_native": (JSON_TURN, "openai")}
 
 
-class NullStore:
+class NullStore(MemoryStore):
     """A store whose append does nothing: the step's own CPU, without a database."""
 
     def append(self, *_args: Any, **_kwargs: Any) -> None:
         return None
 
-    def close(self) -> None:
-        return None
 
-
-class BatchingStore:
+class BatchingStore(SqlStore):
     """For building histories only: collects a task's appends and writes them when one carries a snapshot
     (every `snapshot_every` events) or on `flush`, as one append of those events with that snapshot. The
     rows are those one append per step writes, in a tenth of the round trips."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.pending: tuple[str, int, list[Any], str, dict[str, Any]] | None = None
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.pending: tuple[str, int, list[Event], str, dict[str, Any]] | None = None
 
     def append(
         self,
         task_id: str,
         expected_seq: int,
-        new_events: Any,
+        new_events: Sequence[Event],
         *,
         status: str,
         snapshot: tuple[int, str, str] | None = None,
-        **row: Any,
+        next_run_at: datetime | None = None,
+        lease_epoch: int | None = None,
     ) -> None:
-        # `row`: the other task-row fields an append sets (next_run_at, lease_epoch); the last ones win.
+        # The other task-row fields an append sets (next_run_at, lease_epoch): the last ones win.
+        row = {"next_run_at": next_run_at, "lease_epoch": lease_epoch}
         if self.pending is not None and self.pending[0] != task_id:
             self.flush()
         if self.pending is None:
@@ -205,10 +207,11 @@ class BatchingStore:
         if self.pending is not None:
             task_id, expected_seq, events, status, row = self.pending
             self.pending = None
-            self.store.append(task_id, expected_seq, events, status=status, snapshot=snapshot, **row)
+            super().append(task_id, expected_seq, events, status=status, snapshot=snapshot, **row)
 
     def close(self) -> None:
         self.flush()
+        super().close()
 
 
 # -- tasks held between steps -----------------------------------------------------------------------
@@ -304,7 +307,7 @@ class Bench:
         # What builds the histories: the same engine code, its appends batched (see BatchingStore).
         self.builders = {
             b: Engine(
-                store=BatchingStore(e.store),
+                store=BatchingStore(self.urls[b]),
                 registry=e.registry,
                 authoriser=e.authoriser,
             )

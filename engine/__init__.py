@@ -72,7 +72,7 @@ from engine.runtime.registry import Registry
 from engine.runtime.roles import StaticRoles, roles_from_file
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
 from engine.runtime.worker import Worker
-from engine.store import Store, migrations
+from engine.store import MemoryStore, SqlStore, Store, migrations
 
 # A library logs; the application decides where logs go. Without this, Python's last-resort
 # handler would print raw database messages to a user's terminal.
@@ -98,6 +98,7 @@ __all__ = [
     "GuardContext",
     "IntegrityError",
     "LeaseLost",
+    "MemoryStore",
     "MinorUnits",
     "ModelAdapter",
     "ModelRequest",
@@ -110,6 +111,7 @@ __all__ = [
     "Registry",
     "ReplayReport",
     "ScriptedModel",
+    "SqlStore",
     "State",
     "StateKind",
     "StaticRoles",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine import Code, Engine, ModelRequest, RailyardError, Registry, ScriptedModel, StaticRoles
+from engine import Code, Engine, MemoryStore, ModelRequest, RailyardError, Registry, ScriptedModel, StaticRoles
 from engine.core.forcing import Rung, ladder
 from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
@@ -24,12 +24,8 @@ NO_SLEEP = RetryPolicy(attempts=3, base_delay=0.0, sleep=lambda _s: None)
 
 
 @pytest.fixture
-def eng(tmp_path: Any) -> Iterator[Engine]:
-    from engine import migrations
-
-    url = f"sqlite:///{tmp_path}/agent.db"
-    migrations.upgrade(url)
-    with Engine(url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as engine:
+def eng() -> Iterator[Engine]:
+    with Engine(store=MemoryStore(), registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as engine:
         yield engine
 
 
@@ -206,7 +202,8 @@ def test_a_resumed_task_rebuilds_the_same_conversation_without_calling_the_model
     task_id = eng.start("refund", ORDER, actor="ann", version=1)
     first = ScriptedModel([{"text": "no"}, {"text": "no"}], profile="anthropic")
     run(eng, task_id, first, turns=2)
-    with Engine(eng.store.url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
+    # Another engine (a restarted process) over the same log: nothing but the log carries the conversation.
+    with Engine(store=eng.store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
         resumed = ScriptedModel([call("give_up")], profile="anthropic")
         task = AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
     assert task.state == "rejected"
@@ -406,10 +403,10 @@ def test_a_risky_proposal_is_routed_to_review_not_refused(eng: Engine) -> None:
     assert eng.get(task_id).state == "decided"
 
 
-def test_sensitive_fields_never_reach_the_log(tmp_path: Any) -> None:
+def test_sensitive_fields_never_reach_the_log() -> None:
     from pydantic import BaseModel, ConfigDict, Field
 
-    from engine import Action, Agent, Terminal, Workflow, migrations
+    from engine import Action, Agent, Terminal, Workflow
 
     class Card(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -421,10 +418,8 @@ def test_sensitive_fields_never_reach_the_log(tmp_path: Any) -> None:
         version=1,
         states=[Agent("collecting", actions=[Action("store_card", "done", Card)]), Terminal("done")],
     )
-    url = f"sqlite:///{tmp_path}/cards.db"
-    migrations.upgrade(url)
     secret = "4111111111111111"
-    with Engine(url, Registry([flow])) as eng:
+    with Engine(store=MemoryStore(), registry=Registry([flow])) as eng:
         task_id = eng.start("cards", actor="ann")
         model = ScriptedModel(
             [

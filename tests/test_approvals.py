@@ -1,23 +1,38 @@
-"""Approval gates on SQLite and PostgreSQL: role, separation of duties, one decision, races."""
+"""Approval gates: role, separation of duties, one decision (on the in-memory store), and races between
+deciders (on every store: which write wins is the store's concurrency)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 
 import pytest
 
-from engine import Code, Engine, RailyardError, Registry, StaticRoles, TaskState
+from engine import Code, Engine, MemoryStore, RailyardError, Registry, StaticRoles, Store, TaskState
 from tests.support.races import together
 from tests.support.sample_workflows import ROLES, all_workflows
+from tests.support.stores import BACKENDS, store_for
 
 ORDER = {"customer": "c1", "balance": 500}
 ROLES_WITH_SECOND_APPROVER = {**ROLES, "erin": {"approver"}}
 
 
+def engine_on(store: Store) -> Engine:
+    return Engine(store=store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES_WITH_SECOND_APPROVER))
+
+
 @pytest.fixture
-def eng(db_url: str) -> Engine:
-    return Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES_WITH_SECOND_APPROVER))
+def eng() -> Iterator[Engine]:
+    with engine_on(MemoryStore()) as engine:
+        yield engine
+
+
+@pytest.fixture(params=BACKENDS)
+def raced(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """An engine on each store, for commands fired at the same instant."""
+    with store_for(request, tmp_path) as store, engine_on(store) as engine:
+        yield engine
 
 
 def awaiting(eng: Engine, starter: str = "ann") -> str:
@@ -84,28 +99,28 @@ def test_a_task_not_at_an_approval_gate_is_refused(eng: Engine) -> None:
     assert refused(lambda: eng.approve("no-such-task", actor="dana", prepared_digest=None)) is Code.TASK_NOT_FOUND
 
 
-def test_two_approvers_at_once_record_exactly_one_decision(eng: Engine) -> None:
+def test_two_approvers_at_once_record_exactly_one_decision(raced: Engine) -> None:
     for _ in range(5):
-        task_id = awaiting(eng)
+        task_id = awaiting(raced)
         results = together(
-            partial(eng.approve, task_id, actor="dana", prepared_digest=None),
-            partial(eng.reject, task_id, actor="erin", reason="no"),
+            partial(raced.approve, task_id, actor="dana", prepared_digest=None),
+            partial(raced.reject, task_id, actor="erin", reason="no"),
         )
         # The loser read the task before the winner wrote (refused, CONCURRENCY_CONFLICT) or after it (no
         # longer awaiting approval): never retried into a decision on a state its decider did not see.
         losers = [r for r in results if r in (Code.CONCURRENCY_CONFLICT, Code.TASK_NOT_AWAITING_APPROVAL)]
         assert len(losers) == 1
-        assert len(decisions(eng, task_id)) == 1
+        assert len(decisions(raced, task_id)) == 1
 
 
-def test_an_approval_racing_a_cancel_leaves_one_consistent_story(eng: Engine) -> None:
+def test_an_approval_racing_a_cancel_leaves_one_consistent_story(raced: Engine) -> None:
     for _ in range(5):
-        task_id = awaiting(eng)
+        task_id = awaiting(raced)
         approved, cancelled = together(
-            partial(eng.approve, task_id, actor="dana", prepared_digest=None),
-            partial(eng.cancel, task_id, actor="ann", reason="stop"),
+            partial(raced.approve, task_id, actor="dana", prepared_digest=None),
+            partial(raced.cancel, task_id, actor="ann", reason="stop"),
         )
-        triggers = [e.trigger for e in eng.history(task_id)][2:]
+        triggers = [e.trigger for e in raced.history(task_id)][2:]
         # Each command succeeded on the state it read, or was refused: what it told its caller is what the log
         # holds. Both succeed only when the cancel read the task after the approval (a later command).
         assert (approved not in (Code.CONCURRENCY_CONFLICT, Code.TASK_NOT_AWAITING_APPROVAL)) == ("approve" in triggers)

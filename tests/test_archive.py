@@ -17,6 +17,7 @@ from sqlalchemy import text
 from engine import Code, Engine, RailyardError, Registry, StaticRoles, migrations
 from engine.core.canonical import now
 from tests.support.sample_workflows import COUNTER, ROLES
+from tests.support.stores import sql_store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,7 +47,7 @@ def ended_and_running(eng: Engine) -> tuple[list[str], str]:
 
 
 def stored_events(eng: Engine, task_id: str) -> int:
-    with eng.store.engine.connect() as conn:
+    with sql_store(eng).engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM events WHERE task_id = :t"), {"t": task_id}).scalar_one())
 
 
@@ -120,7 +121,7 @@ def test_an_edited_or_lost_archive_file_is_an_audit_finding(eng: Engine) -> None
 
 def test_a_log_that_does_not_verify_is_never_archived(eng: Engine) -> None:
     ended, _ = ended_and_running(eng)
-    with eng.store.engine.begin() as conn:  # someone edited an event of the first task
+    with sql_store(eng).engine.begin() as conn:  # someone edited an event of the first task
         conn.execute(
             text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 2"),
             {"d": json.dumps({"args": {"n": 99}}), "t": ended[0]},

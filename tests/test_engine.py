@@ -11,6 +11,7 @@ from sqlalchemy import text
 from engine import Code, ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, Workflow, verify_chain
 from tests.support.postgres import libpq as _libpq
 from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
+from tests.support.stores import sql_store
 
 MakeEngine = Callable[..., Engine]
 ORDER = {"customer": "c1", "balance": 500}
@@ -168,7 +169,7 @@ def test_a_corrupted_snapshot_is_not_trusted(make_engine: MakeEngine, db_url: st
     task = eng.load(task_id)
     for n in range(7):
         task = eng.transition(task, "tick", {"n": n}, actor="model")
-    with eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("UPDATE snapshots SET doc = :d WHERE task_id = :t"), {"d": '{"task_id": "x"}', "t": task_id})
     assert eng.load(task_id) == task
 
@@ -176,7 +177,7 @@ def test_a_corrupted_snapshot_is_not_trusted(make_engine: MakeEngine, db_url: st
 def test_a_task_row_out_of_step_with_its_log_is_refused(eng: Engine) -> None:
     task_id = eng.start("refund", ORDER, actor="ann")
     eng.fire(task_id, "note", {"note": "x"}, actor="model")
-    with eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("UPDATE tasks SET state = 'completed' WHERE task_id = :t"), {"t": task_id})
     with pytest.raises(RailyardError) as caught:
         eng.load(task_id)
@@ -215,11 +216,11 @@ def test_append_writes_nothing_when_one_event_of_a_batch_is_bad(eng: Engine, db_
     history = eng.history(task_id)
     # Re-append seq 2 as part of a batch from seq 1 with a forged row seq: the PK on (task_id, seq) refuses.
     forged = replace(history[1], seq=3)
-    with eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("UPDATE tasks SET seq = 1 WHERE task_id = :t"), {"t": task_id})
     with pytest.raises(RailyardError):
         eng.store.append(task_id, 1, [history[1], forged], status="runnable")
-    with eng.store.engine.connect() as conn:
+    with sql_store(eng).engine.connect() as conn:
         seq = conn.execute(text("SELECT seq FROM tasks WHERE task_id = :t"), {"t": task_id}).scalar()
         count = conn.execute(text("SELECT count(*) FROM events WHERE task_id = :t"), {"t": task_id}).scalar()
     assert (seq, count) == (1, 2)
@@ -262,7 +263,7 @@ def test_each_transition_logs_one_structured_line(eng: Engine, caplog: pytest.Lo
 def test_an_event_whose_data_is_no_longer_json_is_a_coded_refusal(eng: Engine, garbage: str) -> None:
     task_id = eng.start("counter", {}, actor="ann")
     eng.fire(task_id, "tick", {"n": 1}, actor="model")
-    with eng.store.engine.begin() as conn:
+    with sql_store(eng).engine.begin() as conn:
         conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 2"), {"d": garbage, "t": task_id})
     for read in (eng.load, eng.history):
         with pytest.raises(RailyardError) as caught:

@@ -23,9 +23,10 @@ from engine.core.events import seal, stored_body, with_stored_data
 from engine.core.payloads import as_event_data
 from engine.core.replay import ReplayReport, illegal
 from engine.store import TaskRow
-from engine.store.store import in_log_order
+from engine.store.sql import in_log_order
 from tests.support.insider import forge, sql
 from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
+from tests.support.stores import sql_store
 
 MakeEngine = Callable[..., Engine]
 ORDER = {"customer": "c1", "balance": 500}
@@ -490,7 +491,7 @@ def test_replay_and_as_of_cross_a_migration_and_judge_it(eng: Engine) -> None:
 @contextmanager
 def sql_rows(eng: Engine, task_id: str) -> Iterator[Callable[..., None]]:
     """Set columns of a task row directly (the forger also re-pins the row)."""
-    with sql(eng.store.url) as conn:
+    with sql(sql_store(eng).url) as conn:
 
         def set_row(**values: Any) -> None:
             assignments = ", ".join(f"{k} = :{k}" for k in values)

@@ -23,6 +23,7 @@ from tests.support.reference import expire_leases, make_due
 from tests.support.sample_workflows import COUNTER, ROLES
 from tests.support.shop import ROLES as SHOP_ROLES
 from tests.support.shop import SETTLE_SECONDS, Ledger, make_workflow
+from tests.support.stores import sql_store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,7 +84,7 @@ def test_a_released_lease_stays_released_on_connections_once_used_in_autocommit(
     # Every pooled connection has run under AUTOCOMMIT (as operators' scripts and these tests do); the pool
     # resets such a connection, and a release on it used to be rolled back: the task stayed leased for 30 s.
     task_id = eng.start("counter", {}, actor="ann")
-    held = [eng.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") for _ in range(5)]
+    held = [sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") for _ in range(5)]
     for conn in held:
         conn.execute(text("SELECT 1"))
         conn.close()

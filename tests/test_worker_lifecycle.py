@@ -22,6 +22,7 @@ from engine.core.canonical import now
 from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
 from tests.support.reference import expire_leases
 from tests.support.sample_workflows import COUNTER, REFUND_V1, ROLES
+from tests.support.stores import sql_store
 from tests.test_worker import Finisher
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ def test_heartbeats_keep_the_lease_of_a_long_step_and_only_that_one(eng: Engine)
         assert model.entered.wait(20)
         held = eng.store.row(task_id)
         assert held is not None and held.lease_owner == "slow"
-        with eng.store.engine.begin() as conn:  # a lease under the same name the worker does not hold
+        with sql_store(eng).engine.begin() as conn:  # a lease under the same name the worker does not hold
             conn.execute(
                 text("UPDATE tasks SET lease_owner = 'slow', lease_expires_at = :past WHERE task_id = :t"),
                 {"past": "2000-01-01 00:00:00", "t": bystander},
@@ -301,7 +302,7 @@ def test_a_worker_without_the_tasks_version_leaves_it_alone_without_counting_a_f
     task_id = eng.start("counter", {}, actor="ann")
     other = eng.start("refund", {"customer": "c1", "balance": 500}, actor="ann")
     newer_only = Registry([with_changes(COUNTER, version=2)])
-    with Engine(eng.store.url, newer_only) as deployed_elsewhere:
+    with Engine(sql_store(eng).url, newer_only) as deployed_elsewhere:
         worker = Worker(deployed_elsewhere, name="v2-only", model=Finisher(), retry_backoff=3600)
         assert worker.workflows == ["counter"]  # by default, only the workflows this process defines
         assert worker.run_once() == 1  # the counter task; never the refund task it has no definition of

@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from engine import Engine, Registry, verify_chain
 from tests.support.shop import ROLES, Ledger, make_auto_workflow
+from tests.support.stores import sql_store
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = 200
@@ -57,7 +58,7 @@ def test_workers_killed_at_random_lose_nothing_and_pay_once(pg_database: str, tm
         spawned, kills = 4, 0
         started = time.monotonic()
         while time.monotonic() - started < 150:
-            with eng.store.engine.connect() as conn:
+            with sql_store(eng).engine.connect() as conn:
                 open_tasks = conn.execute(text("SELECT count(*) FROM tasks WHERE status <> 'terminal'")).scalar()
             if open_tasks == 0:
                 break
@@ -85,6 +86,6 @@ def test_workers_killed_at_random_lose_nothing_and_pay_once(pg_database: str, tm
             refund = next(e for e in events if e.trigger == "propose_refund")
             assert executions.get(refund.data["prepared"]["action_id"]) == 1, [(e.seq, e.trigger) for e in events]
         assert len(executions) == TASKS and set(executions.values()) == {1}
-        with eng.store.engine.connect() as conn:
+        with sql_store(eng).engine.connect() as conn:
             held = conn.execute(text("SELECT count(*) FROM tasks WHERE lease_owner IS NOT NULL")).scalar()
         assert held == 0

@@ -33,7 +33,6 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain, pairwise
-from typing import Any
 
 from engine.audit.reads import replay_tasks
 from engine.core.chain import Finding
@@ -42,7 +41,7 @@ from engine.core.events import Event
 from engine.core.fold import TaskState, predates_effects
 from engine.core.replay import LogCheck, Lookup, ReplayReport
 from engine.store import Snapshot, Store, TaskRow
-from engine.store.store import AUDIT_PAGE
+from engine.store.protocol import AUDIT_PAGE
 
 log = logging.getLogger("railyard.replay")
 
@@ -63,25 +62,18 @@ def available_jobs() -> int:
 
 
 def can_fork(store: Store) -> bool:
-    """Whether jobs can run: forking is available and the database is one other processes can open."""
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return False
-    url = store.url
-    return not (url.startswith("sqlite") and (":memory:" in url or url.rstrip("/") in ("sqlite:", "sqlite:/")))
+    """Whether jobs can run: forking is available and the store is one other processes can read."""
+    return "fork" in multiprocessing.get_all_start_methods() and store.supports_fork
 
 
 # -- in each worker process -------------------------------------------------------------------------------
 #: The store and definitions a worker replays with, set once when it starts.
 _worker: tuple[Store, Lookup] | None = None
-#: The parent's connection pool, kept referenced so that it is never garbage-collected here: closing a driver
-#: connection in a child would end the parent's session on the socket they share.
-_inherited: list[Any] = []
 
 
 def _start_worker(store: Store, lookup: Lookup) -> None:
     global _worker
-    _inherited.append(store.engine.pool)
-    store.engine.dispose(close=False)  # this process opens its own connections from here on
+    store.after_fork()  # this process opens its own connections from here on
     _worker = (store, lookup)
 
 

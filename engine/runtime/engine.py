@@ -43,7 +43,7 @@ from engine.runtime.leases import current_epoch
 from engine.runtime.registry import Registry
 from engine.runtime.roles import Authoriser, default_authoriser
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
-from engine.store import Loaded, Store, TaskRow
+from engine.store import Loaded, Store, TaskRow, open_store
 
 log = logging.getLogger("railyard.engine")
 #: One line per transition (see `_log_transition`); `railyard worker` prints it at INFO.
@@ -105,7 +105,7 @@ class Engine:
     ) -> None:
         if snapshot_every < 1:
             raise ValueError("snapshot_every must be >= 1")
-        self.store = store if store is not None else Store(database_url or config.database_url())
+        self.store: Store = store if store is not None else open_store(database_url or config.database_url())
         self.registry = registry if registry is not None else Registry.from_env()
         self.authoriser = authoriser if authoriser is not None else default_authoriser()
         self.snapshot_every = snapshot_every

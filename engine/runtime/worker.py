@@ -11,8 +11,9 @@ model or tool call. A task whose lease expired (its worker died) is claimed
 again by another worker and resumed from its log; a write tool's stranded
 intent is reconciled, never re-sent.
 
-Idle workers wake on PostgreSQL notifications (`engine.store.wakeups`) and
-poll as a fallback. A stopping worker claims nothing more and hands each task
+Idle workers wake on the store's notifications where it sends them
+(`Store.supports_notify`: PostgreSQL's, `engine.store.wakeups`) and poll as a
+fallback. A stopping worker claims nothing more and hands each task
 back between two steps.
 """
 
@@ -43,7 +44,6 @@ from engine.runtime import config
 from engine.runtime.engine import Engine
 from engine.runtime.leases import Lease, holding
 from engine.runtime.tool_runner import AttemptInFlight
-from engine.store.wakeups import Listener
 
 log = logging.getLogger("railyard.worker")
 
@@ -134,7 +134,7 @@ class Worker:
         self.retry_backoff = retry_backoff
         self.max_failures = max_failures
         self.report_seconds = report_seconds
-        self.listen = listen and engine.store.dialect == "postgresql"
+        self.listen = listen and engine.store.supports_notify
         self.counts = WorkerCounts()
         self.started_at = now()
         self._wake = threading.Event()
@@ -224,13 +224,12 @@ class Worker:
 
     @contextmanager
     def _serving(self, *, listen: bool = True) -> Iterator[None]:
-        """While the loop runs: the heartbeat (leases and the worker's report) and, on PostgreSQL, the listener."""
+        """While the loop runs: the heartbeat (leases and the worker's report) and, where the store
+        can notify (PostgreSQL), the listener."""
         done = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(done,), name=f"{self.name}-heartbeat", daemon=True)
         beat.start()
-        listener = (
-            Listener(self.engine.store.url, self.wake, self.workflows).start() if listen and self.listen else None
-        )
+        listener = self.engine.store.wakeups(self.wake, self.workflows).start() if listen and self.listen else None
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from engine import Engine, Registry, StaticRoles
 from engine.providers.scripted import call
+from tests.support.stores import sql_store
 from workflows import REFUND_V1, REFUND_V2, TICKET_TRIAGE, fakes
 
 #: dana and erin approve refunds; bob holds no role; the portal relays customers' answers; sam works tickets.
@@ -81,7 +82,7 @@ def steps(engine: Engine, task_id: str) -> list[tuple[str, str, str]]:
 
 def make_due(engine: Engine) -> None:
     """Every timer fires now: as if the deadlines had passed while no worker ran."""
-    with engine.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with sql_store(engine).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(
             text("UPDATE tasks SET next_run_at = :past WHERE next_run_at IS NOT NULL"), {"past": "2000-01-01 00:00:00"}
         )
@@ -89,7 +90,7 @@ def make_due(engine: Engine) -> None:
 
 def expire_leases(engine: Engine) -> None:
     """Every lease ends now: as if its worker had stopped heartbeating long ago."""
-    with engine.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with sql_store(engine).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(
             text("UPDATE tasks SET lease_expires_at = :past WHERE lease_expires_at IS NOT NULL"),
             {"past": "2000-01-01 00:00:00"},

@@ -1,49 +1,110 @@
-"""The event store: the only code that knows the database.
+"""The SQL store: the only code that knows the database, over SQLite or PostgreSQL.
 
-It speaks in verbs (`create`, `append`, `load`, `events`, `snapshots`) and
-holds every SQL statement Railyard runs. A database error becomes one of our
-codes here, at the boundary; the raw driver text goes to the log only.
+It speaks the verbs of `engine.store.protocol.Store` (`create`, `append`,
+`load`, `events`, `snapshots`, ...). What is the same on both databases is
+SQLAlchemy Core here; what differs (the hot statements written out by hand,
+how a write or an audit read begins) is in one module per dialect,
+`engine.store.sqlite` and `engine.store.postgres`, under the same names
+(`Dialect`), chosen once when the store is built. A database error becomes one
+of our codes here, at the boundary; the raw driver text goes to the log only.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row, case, delete, func, insert, select, tuple_, update
+from sqlalchemy import Connection, Row, Table, case, delete, func, insert, select, tuple_, update
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.sql import Executable
 
 from engine.core.canonical import canonical_json, now, utc
-from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, StoreError
-from engine.core.events import UNREADABLE, Event, with_stored_data
-from engine.core.payloads import EventData, as_event_data
+from engine.core.errors import Code, RailyardError, StoreError
+from engine.core.events import Event, with_stored_data
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
-from engine.store import queries
+from engine.store import postgres, sqlite
 from engine.store.database import make_engine, reading, writing
+from engine.store.decode import audit_data, audit_instant, read_instant, stored_data
+from engine.store.protocol import AUDIT_PAGE, conflict
 from engine.store.schema import events, snapshots, tasks, workers
+from engine.store.wakeups import Listener
 
 log = logging.getLogger("railyard.store")
 
-#: Audit reads: task rows per keyset page, and log rows per round trip of a server-side cursor.
-AUDIT_PAGE = 500
-AUDIT_FETCH = 5000
+#: An audit read's two ways to run a statement: all its rows at once, or streamed.
+FetchAll = Callable[[str, list[Any]], list[Any]]
+Stream = Callable[[str, list[Any]], Generator[Any]]
 
 
-class Store:
+class Dialect(Protocol):
+    """What `engine.store.sqlite` and `engine.store.postgres` each define, under these names.
+
+    `raw` is a DBAPI connection from the pool (`Engine.raw_connection`), `cur` its cursor.
+    """
+
+    #: Whether the database tells listeners when a task becomes claimable (`engine.store.wakeups`).
+    SUPPORTS_NOTIFY: bool
+    #: The statement that gives a lease back. Parameters: step succeeded, task id, epoch.
+    RELEASE: str
+
+    def shared(self, url: str) -> bool:
+        """Whether another process can open the database at `url` (forked replay jobs open it anew)."""
+        ...
+
+    def load(self, cur: Any, task_id: str) -> list[Any]: ...
+
+    def append(
+        self,
+        raw: Any,
+        task_id: str,
+        expected_seq: int,
+        new_events: Sequence[Event],
+        status: str,
+        snapshot: tuple[int, str, str] | None,
+        next_run_at: datetime | None,
+        lease_epoch: int | None,
+    ) -> None: ...
+
+    def claim(
+        self, raw: Any, owner: str, until: datetime, at: datetime, limit: int, workflows: Sequence[str] | None
+    ) -> list[Claim]: ...
+
+    def upsert(self, table: Table, values: dict[str, Any], key: str, refresh: Sequence[str]) -> Executable: ...
+
+    def instant(self, at: datetime) -> Any: ...
+
+    def audit_ids(self, ids: list[str]) -> list[Any]: ...
+
+    def audit_page(self, n_ids: int, after: bool, workflow: bool, since: bool) -> str: ...
+
+    def audit_logs(self, n_ids: int, snapshots: bool, upto: bool, lower: bool = False) -> str: ...
+
+    def audit_session(self, raw: Any) -> AbstractContextManager[tuple[FetchAll, Stream]]: ...
+
+
+#: The dialect modules by SQLAlchemy's backend name.
+DIALECTS: dict[str, Dialect] = {"sqlite": sqlite, "postgresql": postgres}
+
+
+class SqlStore:
     """Durable, append-only task logs with optimistic concurrency, on SQLite or PostgreSQL."""
 
     def __init__(self, url: str, **engine_kwargs: Any) -> None:
         self.url = url
         self.engine = make_engine(url, **engine_kwargs)
-        self.dialect = self.engine.dialect.name
+        found = DIALECTS.get(self.engine.dialect.name)
+        if found is None:
+            raise ValueError(f"Railyard stores tasks in SQLite or PostgreSQL, not {self.engine.dialect.name}")
+        self.sql: Dialect = found
+        self.supports_notify = found.SUPPORTS_NOTIFY
+        self.supports_fork = found.shared(url)
+        #: Pools a forked process inherited (`after_fork`).
+        self._inherited: list[Any] = []
 
     def close(self) -> None:
         self.engine.dispose()
@@ -87,7 +148,7 @@ class Store:
             )
             if moved.rowcount != 1:
                 found = conn.execute(select(tasks.c.seq, tasks.c.lease_epoch).where(tasks.c.task_id == task_id))
-                raise _conflict(task_id, expected_seq, None, found.first())
+                raise conflict(task_id, expected_seq, None, found.first())
             conn.execute(insert(events).values(**_event_values(event)))
 
     def append(
@@ -116,117 +177,11 @@ class Store:
             if ev.task_id != task_id or ev.seq != expected_seq + offset:
                 raise ValueError(f"event {ev.seq} of {ev.task_id} does not follow seq {expected_seq} of {task_id}")
         with self._errors():
-            if self.dialect == "postgresql":
-                self._append_postgres(task_id, expected_seq, new_events, status, snapshot, next_run_at, lease_epoch)
-            else:
-                self._append_sqlite(task_id, expected_seq, new_events, status, snapshot, next_run_at, lease_epoch)
-
-    def _append_sqlite(
-        self,
-        task_id: str,
-        expected_seq: int,
-        new_events: Sequence[Event],
-        status: str,
-        snapshot: tuple[int, str, str] | None,
-        next_run_at: datetime | None,
-        lease_epoch: int | None,
-    ) -> None:
-        last = new_events[-1]
-        at = queries.sqlite_instant(now())
-        due = queries.sqlite_instant(next_run_at) if next_run_at is not None else None
-        raw = self.engine.raw_connection()
-        try:
-            cur: Any = raw.cursor()
-            cur.execute("BEGIN IMMEDIATE")
+            raw = self.engine.raw_connection()
             try:
-                cur.execute(
-                    queries.MOVE_TASK_SQLITE,
-                    (
-                        last.seq,
-                        last.to_state,
-                        status,
-                        last.hash,
-                        at,
-                        due,
-                        status,
-                        status,
-                        task_id,
-                        expected_seq,
-                        lease_epoch,
-                        lease_epoch,
-                    ),
-                )
-                if cur.rowcount != 1:
-                    cur.execute(queries.TASK_SEQ_SQLITE, (task_id,))
-                    raise _conflict(task_id, expected_seq, lease_epoch, cur.fetchone())
-                cur.executemany(
-                    queries.INSERT_EVENT_SQLITE,
-                    [
-                        (
-                            e.task_id,
-                            e.seq,
-                            queries.sqlite_instant(e.at),
-                            e.actor,
-                            e.from_state,
-                            e.trigger,
-                            e.to_state,
-                            canonical_json(e.data),
-                            e.prev_hash,
-                            e.hash,
-                        )
-                        for e in new_events
-                    ],
-                )
-                if snapshot is not None:
-                    cur.execute(queries.INSERT_SNAPSHOT_SQLITE, (task_id, *snapshot, at))
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-        finally:
-            raw.close()
-
-    def _append_postgres(
-        self,
-        task_id: str,
-        expected_seq: int,
-        new_events: Sequence[Event],
-        status: str,
-        snapshot: tuple[int, str, str] | None,
-        next_run_at: datetime | None,
-        lease_epoch: int | None,
-    ) -> None:
-        last = new_events[-1]
-        at = now()
-        params: list[Any] = [
-            last.seq,
-            last.to_state,
-            status,
-            last.hash,
-            at,
-            next_run_at,
-            status,
-            status,
-            task_id,
-            expected_seq,
-            lease_epoch,
-            lease_epoch,
-        ]
-        for e in new_events:
-            params.extend(
-                (e.seq, e.at, e.actor, e.from_state, e.trigger, e.to_state, canonical_json(e.data), e.prev_hash, e.hash)
-            )
-        if snapshot is not None:
-            params.extend((*snapshot, at))
-        raw = self.engine.raw_connection()
-        try:
-            cur: Any = raw.cursor()  # the driver's own cursor (psycopg accepts prepare=)
-            cur.execute(queries.append_postgres(len(new_events), snapshot is not None), params, prepare=True)
-            if not cur.fetchone()[0]:
-                cur.execute(queries.TASK_SEQ_POSTGRES, (task_id,))
-                raise _conflict(task_id, expected_seq, lease_epoch, cur.fetchone())
-        finally:
-            raw.close()
+                self.sql.append(raw, task_id, expected_seq, new_events, status, snapshot, next_run_at, lease_epoch)
+            finally:
+                raw.close()
 
     # -- leases ---------------------------------------------------------
     def claim(
@@ -244,36 +199,7 @@ class Store:
         with self._errors():
             raw = self.engine.raw_connection()
             try:
-                cur: Any = raw.cursor()
-                if self.dialect == "postgresql":
-                    cur.execute(
-                        queries.CLAIM_POSTGRES,
-                        {
-                            "owner": owner,
-                            "until": until,
-                            "now": at,
-                            "limit": limit,
-                            "workflows": list(workflows) if workflows else None,
-                        },
-                    )
-                    return [Claim(r[0], r[1], utc(r[2])) for r in cur.fetchall()]
-                cur.execute("BEGIN IMMEDIATE")
-                try:
-                    instant = queries.sqlite_instant(at)
-                    cur.execute(
-                        queries.due_sqlite(len(workflows) if workflows else 0),
-                        (instant, instant, *(workflows or ()), limit),
-                    )
-                    due = cur.fetchall()
-                    claimed = []
-                    for task_id, due_at in due:
-                        cur.execute(queries.CLAIM_ONE_SQLITE, (owner, queries.sqlite_instant(until), task_id))
-                        claimed.append(Claim(task_id, cur.fetchone()[0], queries.read_instant(due_at)))
-                    cur.execute("COMMIT")
-                    return claimed
-                except BaseException:
-                    cur.execute("ROLLBACK")
-                    raise
+                return self.sql.claim(raw, owner, until, at, limit, workflows)
             finally:
                 raw.close()
 
@@ -299,14 +225,11 @@ class Store:
         A step that went through clears the task's count of consecutive failures.
         """
         # Once per claim: one statement on the driver connection (autocommit), not a three-round-trip transaction.
-        postgres = self.dialect == "postgresql"
         with self._errors():
             raw = self.engine.raw_connection()
             try:
                 cur: Any = raw.cursor()
-                cur.execute(
-                    queries.RELEASE_POSTGRES if postgres else queries.RELEASE_SQLITE, (step_succeeded, task_id, epoch)
-                )
+                cur.execute(self.sql.RELEASE, (step_succeeded, task_id, epoch))
             finally:
                 raw.close()
 
@@ -403,16 +326,10 @@ class Store:
 
         One statement (one round trip, one consistent view) on the driver connection.
         """
-        postgres = self.dialect == "postgresql"
         with self._errors():
             raw = self.engine.raw_connection()
             try:
-                cur: Any = raw.cursor()  # the driver's own cursor (psycopg accepts prepare=)
-                if postgres:
-                    cur.execute(queries.LOAD_POSTGRES, {"task_id": task_id}, prepare=True)
-                else:
-                    cur.execute(queries.LOAD_SQLITE, {"task_id": task_id})
-                rows = cur.fetchall()
+                rows = self.sql.load(raw.cursor(), task_id)  # the driver's own cursor (psycopg accepts prepare=)
             finally:
                 raw.close()
         if not rows or rows[0][0] != 0:
@@ -427,8 +344,8 @@ class Store:
             status,
             seq,
             last_hash,
-            queries.read_instant(created),
-            queries.read_instant(updated),
+            read_instant(created),
+            read_instant(updated),
         )
         snap = None
         tail: list[Event] = []
@@ -440,12 +357,12 @@ class Store:
                     Event(
                         task_id,
                         r[1],
-                        queries.read_instant(r[10]),
+                        read_instant(r[10]),
                         r[2],
                         r[3],
                         r[4],
                         r[5],
-                        _stored_data(r[6], task_id, r[1]),
+                        stored_data(r[6], task_id, r[1]),
                         r[7],
                         r[8],
                     )
@@ -506,22 +423,21 @@ class Store:
                         r[5],
                         r[6],
                         r[7],
-                        queries.read_instant(r[8]),
-                        queries.read_instant(r[9]),
+                        read_instant(r[8]),
+                        read_instant(r[9]),
                     )
                     for r in fetch_all(page, params)
                 ]
                 if not rows:
                     return
                 page_ids = [r.task_id for r in rows]
-                postgres = self.dialect == "postgresql"
-                params = [*queries.audit_ids(postgres, page_ids), *(b for b in (from_seq, upto_seq) if b is not None)]
+                params = [*self.sql.audit_ids(page_ids), *(b for b in (from_seq, upto_seq) if b is not None)]
                 bounds = (upto_seq is not None, from_seq is not None)
-                logs = stream(queries.audit_logs(postgres, len(page_ids), False, *bounds), params)
+                logs = stream(self.sql.audit_logs(len(page_ids), False, *bounds), params)
                 if with_snapshots:
                     logs = in_log_order(
                         logs,
-                        stream(queries.audit_logs(postgres, len(page_ids), True, *bounds), params),
+                        stream(self.sql.audit_logs(len(page_ids), True, *bounds), params),
                         {tid: n for n, tid in enumerate(page_ids)},
                     )
                 heads = iter(rows)
@@ -541,12 +457,12 @@ class Store:
                                 Event(
                                     tid,
                                     seq,
-                                    at if type(at) is datetime and at.tzinfo is UTC else _audit_instant(at),
+                                    at if type(at) is datetime and at.tzinfo is UTC else audit_instant(at),
                                     actor,
                                     source,
                                     trigger,
                                     target,
-                                    _audit_data(data),
+                                    audit_data(data),
                                     prev,
                                     digest,
                                 ),
@@ -580,16 +496,13 @@ class Store:
         self, ids: list[str], after: str | None, workflow: str | None, since: datetime | None, page_size: int
     ) -> tuple[str, list[Any]]:
         """The keyset page query of task rows that `audit_stream` and `audit_pages` read, with its parameters."""
-        postgres = self.dialect == "postgresql"
-        params: list[Any] = queries.audit_ids(postgres, ids) if ids else []
+        params: list[Any] = self.sql.audit_ids(ids) if ids else []
         params += [after] if after is not None else []
         params += [workflow] if workflow is not None else []
         if since is not None:
-            params.append(since if postgres else queries.sqlite_instant(since))
+            params.append(self.sql.instant(since))
         params.append(page_size)
-        return queries.audit_page(
-            postgres, len(ids), after is not None, workflow is not None, since is not None
-        ), params
+        return self.sql.audit_page(len(ids), after is not None, workflow is not None, since is not None), params
 
     def snapshot_seqs(self, task_id: str) -> list[int]:
         """The seqs the task has snapshots at, ascending: where a long log can be cut for parallel replay."""
@@ -606,39 +519,12 @@ class Store:
         return int(found) if found is not None else None
 
     @contextmanager
-    def _audit_session(
-        self,
-    ) -> Iterator[tuple[Callable[[str, list[Any]], list[Any]], Callable[[str, list[Any]], Generator[Any]]]]:
+    def _audit_session(self) -> Iterator[tuple[FetchAll, Stream]]:
         """One read-only transaction: a `fetch_all(sql, params)` and a streaming `stream(sql, params)` in it."""
         raw = self.engine.raw_connection()
         try:
-            if self.dialect == "postgresql":
-                pg: Any = raw.driver_connection
-                with pg.transaction():
-                    pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                    # Times arrive as UTC already (psycopg then gives `datetime.UTC`): no conversion per event.
-                    pg.execute("SET LOCAL TIME ZONE 'UTC'")
-
-                    names = itertools.count()
-
-                    def pg_stream(sql: str, params: list[Any]) -> Generator[Any]:
-                        with pg.cursor(name=f"railyard_audit_{next(names)}", binary=True) as cur:
-                            cur.execute(sql, params)
-                            while rows := cur.fetchmany(AUDIT_FETCH):  # a list each: no call into the cursor per row
-                                yield from rows
-
-                    yield (lambda sql, params: pg.execute(sql, params).fetchall()), pg_stream
-                return
-            cur: Any = raw.cursor()
-            cur.execute("BEGIN")  # WAL: every read below sees the same snapshot
-            try:
-
-                def sqlite_stream(sql: str, params: list[Any]) -> Generator[Any]:
-                    yield from raw.cursor().execute(sql, params)  # sqlite3 steps rows as they are read
-
-                yield (lambda sql, params: cur.execute(sql, params).fetchall()), sqlite_stream
-            finally:
-                cur.execute("ROLLBACK")
+            with self.sql.audit_session(raw) as session:
+                yield session
         finally:
             raw.close()
 
@@ -722,12 +608,7 @@ class Store:
             "stopped_at": report.stopped_at,
             "counts": canonical_json(report.counts),
         }
-        upsert = pg_insert if self.dialect == "postgresql" else sqlite_insert
-        statement = upsert(workers).values(**values)
-        statement = statement.on_conflict_do_update(
-            index_elements=[workers.c.name],
-            set_={k: statement.excluded[k] for k in ("seen_at", "stopped_at", "counts", "concurrency")},
-        )
+        statement = self.sql.upsert(workers, values, "name", ("seen_at", "stopped_at", "counts", "concurrency"))
         with self._errors(), self._writer() as conn:
             conn.execute(statement)
 
@@ -754,6 +635,22 @@ class Store:
             query = query.where(events.c.seq <= upto)
         return [_event(r) for r in conn.execute(query)]
 
+    # -- capabilities ---------------------------------------------------
+    def wakeups(self, wake: Callable[[], None], workflows: Sequence[str] | None = None) -> Listener:
+        """A LISTEN connection that calls `wake` when a task of `workflows` becomes claimable (PostgreSQL)."""
+        if not self.supports_notify:
+            raise StoreError(
+                f"{self.engine.dialect.name} sends no notifications: its workers poll", code=Code.DATABASE_ERROR
+            )
+        return Listener(self.url, wake, workflows)
+
+    def after_fork(self) -> None:
+        """In a forked process: open connections of its own from here on, and never close the parent's."""
+        # The parent's pool stays referenced, so that it is never garbage-collected here: closing a driver
+        # connection in a child would end the parent's session on the socket they share.
+        self._inherited.append(self.engine.pool)
+        self.engine.dispose(close=False)
+
     # -- plumbing -------------------------------------------------------
     def _writer(self) -> AbstractContextManager[Connection]:
         return writing(self.engine)
@@ -773,16 +670,6 @@ class Store:
             raise _store_error(exc.orig, dbapi) from None
         except dbapi.Error as exc:
             raise _store_error(exc, dbapi) from None
-
-
-def _conflict(task_id: str, expected: int, epoch: int | None, found: Any) -> ConcurrencyConflict:
-    """Why an append wrote nothing: the seq moved (ConcurrencyConflict) or only the lease did (LeaseLost)."""
-    if found is None:
-        return ConcurrencyConflict(task_id, expected, None)
-    seq, current_epoch = found
-    if epoch is not None and seq == expected and current_epoch != epoch:
-        return LeaseLost(task_id, expected, seq, epoch, current_epoch)
-    return ConcurrencyConflict(task_id, expected, seq)
 
 
 def _store_error(orig: BaseException | None, dbapi: Any) -> StoreError:
@@ -924,46 +811,6 @@ class _AfterNumbers:
         return False
 
 
-def _audit_instant(value: datetime | str) -> datetime:
-    """An event's time for replay: a stored text that no longer parses becomes the epoch, so its hash fails."""
-    try:
-        return queries.read_instant(value)
-    except ValueError:
-        return datetime.fromtimestamp(0, UTC)
-
-
-def _audit_data(text: str) -> EventData:
-    """An event's data for replay: text that is no longer a JSON object is kept as found, so its hash fails.
-
-    Stored data is canonical JSON with nothing around it, so `raw_decode` (what `json.loads` runs after two
-    whitespace scans) reads it; anything else goes the long way.
-    """
-    try:
-        data, end = _DECODE(text)
-        if end != len(text):
-            data = json.loads(text)
-    except ValueError:
-        data = None
-    return as_event_data(data if type(data) is dict else {UNREADABLE: text})
-
-
-_DECODE = json.JSONDecoder().raw_decode
-
-
-def _stored_data(text: str, task_id: str, seq: int) -> EventData:
-    """An event's data for the runtime: a stored text that is no longer a JSON object was edited (a coded refusal,
-    like any other broken link of the chain, rather than a decoder's traceback)."""
-    data = _audit_data(text)
-    if UNREADABLE in data and len(data) == 1:
-        raise IntegrityError(
-            f"task {task_id}: the data of event {seq} is not the JSON object that was hashed",
-            code=Code.HASH_MISMATCH,
-            task_id=task_id,
-            seq=seq,
-        )
-    return data
-
-
 def _event(r: Row[Any]) -> Event:
     return Event(
         task_id=r.task_id,
@@ -973,7 +820,7 @@ def _event(r: Row[Any]) -> Event:
         from_state=r.from_state,
         trigger=r.trigger,
         to_state=r.to_state,
-        data=_stored_data(r.data, r.task_id, r.seq),
+        data=stored_data(r.data, r.task_id, r.seq),
         prev_hash=r.prev_hash,
         hash=r.hash,
     )

@@ -1,0 +1,203 @@
+"""What a store is to the rest of Railyard: the verbs the runtime and the audit layer call, and what it can do.
+
+Every backend keeps the same append-only, hash-chained task logs with the same
+optimistic concurrency: `engine.store.sql.SqlStore` over SQLite or PostgreSQL,
+`engine.store.memory.MemoryStore` in the process's memory (for unit tests, and
+`memory://`). Code above the store asks a store what it can do
+(`supports_notify`, `supports_fork`), never which database is behind it.
+`tests/test_store_contract.py` holds every backend to the same behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, Protocol, Self
+
+from engine.core.errors import ConcurrencyConflict, LeaseLost
+from engine.core.events import Event
+from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
+
+#: Audit reads: task rows per keyset page (what parallel replay hands to a job).
+AUDIT_PAGE = 500
+
+
+class Wakeups(Protocol):
+    """Something that calls a worker's `wake` when a task becomes claimable, from `start` until `stop`."""
+
+    def start(self) -> Self: ...
+
+    def stop(self) -> None: ...
+
+
+class Store(Protocol):
+    """Durable, append-only task logs with optimistic concurrency."""
+
+    #: Whether `wakeups` can tell idle workers that a task became claimable; without it, workers only poll.
+    supports_notify: bool
+    #: Whether a forked process (parallel replay) can go on reading the same data, after `after_fork`.
+    supports_fork: bool
+
+    def close(self) -> None: ...
+
+    # -- writes ---------------------------------------------------------
+    def create(self, row: TaskRow, first: Event) -> None:
+        """Insert a new task and its `start` event together, or neither."""
+        ...
+
+    def repin(
+        self,
+        task_id: str,
+        expected_seq: int,
+        event: Event,
+        *,
+        version: int,
+        digest: str,
+        status: str,
+        next_run_at: datetime | None,
+    ) -> None:
+        """Append a `migrate` event and pin the task row to another version, together (or neither)."""
+        ...
+
+    def append(
+        self,
+        task_id: str,
+        expected_seq: int,
+        new_events: Sequence[Event],
+        *,
+        status: str,
+        snapshot: tuple[int, str, str] | None = None,
+        next_run_at: datetime | None = None,
+        lease_epoch: int | None = None,
+    ) -> None:
+        """Write `new_events` (seq `expected_seq + 1 ...`) and move the task row, together (or neither).
+
+        `ConcurrencyConflict` when the row is no longer at `expected_seq`; with `lease_epoch`, `LeaseLost` when
+        only the lease moved. A task that ends drops its lease in the same write.
+        """
+        ...
+
+    # -- leases ---------------------------------------------------------
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        workflows: Sequence[str] | None = None,
+        at: datetime | None = None,
+    ) -> list[Claim]:
+        """Lease up to `limit` due tasks to `owner`, the longest-due first; each claim bumps the lease epoch."""
+        ...
+
+    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> int:
+        """Extend the leases `owner` still holds on `task_ids`; returns how many it holds."""
+        ...
+
+    def release(self, task_id: str, epoch: int, *, step_succeeded: bool = True) -> None:
+        """Give the lease back (only if still held at `epoch`); a step that went through clears the failures."""
+        ...
+
+    def postpone(self, task_id: str, epoch: int, until: datetime, *, failed: bool = False) -> int:
+        """Move a held task's next look to `until`; with `failed`, count one more failed step. Returns the count."""
+        ...
+
+    # -- archive --------------------------------------------------------
+    def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
+        """Ended tasks whose last event is older than `before` and whose events are still here, oldest first."""
+        ...
+
+    def mark_archived(self, archived: Sequence[tuple[str, int]], file: str, sha256: str) -> int:
+        """Tombstone each (task_id, seq) and drop its events and snapshots; a task that moved is left alone."""
+        ...
+
+    def archive_of(self, task_id: str) -> ArchiveRef | None:
+        """The archive holding the task's events, if it was archived."""
+        ...
+
+    def archived(
+        self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
+    ) -> Iterator[tuple[TaskRow, ArchiveRef]]:
+        """Archived tasks and their archives, ordered by (archive file, task id)."""
+        ...
+
+    # -- reads ----------------------------------------------------------
+    def row(self, task_id: str) -> TaskRow | None: ...
+
+    def load(self, task_id: str) -> Loaded | None:
+        """The task row, its newest snapshot and the events after that snapshot up to the row's seq, in one view."""
+        ...
+
+    def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
+        """The task's events with `after_seq < seq <= upto_seq`, in order."""
+        ...
+
+    def snapshots(self, task_id: str) -> list[Snapshot]: ...
+
+    # -- audit reads ----------------------------------------------------
+    def audit_stream(
+        self,
+        *,
+        task_ids: Sequence[str] | None = None,
+        workflow: str | None = None,
+        since: datetime | None = None,
+        with_snapshots: bool = True,
+        upto_seq: int | None = None,
+        from_seq: int | None = None,
+        page_size: int = AUDIT_PAGE,
+    ) -> Iterator[TaskRow | Event | Snapshot]:
+        """Task rows in task_id order, each followed by its events (and snapshots) in log order."""
+        ...
+
+    def audit_pages(
+        self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
+    ) -> Iterator[list[str]]:
+        """The ids `audit_stream` would visit, a keyset page at a time."""
+        ...
+
+    def snapshot_seqs(self, task_id: str) -> list[int]: ...
+
+    def seq_at(self, task_id: str, at: datetime) -> int | None:
+        """The seq of the task's last event written at or before `at` (None: the task did not exist yet)."""
+        ...
+
+    def task_ids(self, *, workflow: str | None = None, status: str | None = None) -> list[str]: ...
+
+    def recent(
+        self, *, workflow: str | None = None, state: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[TaskRow]:
+        """Task rows, most recently changed first, at most `limit`."""
+        ...
+
+    def blocked_in(self, states: Sequence[tuple[str, int, str]]) -> list[str]:
+        """Blocked tasks standing in one of `states` (workflow, version, state), oldest first."""
+        ...
+
+    def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:
+        """Per workflow and status: how many tasks, how many of them leased, and the oldest due time."""
+        ...
+
+    # -- worker reports -------------------------------------------------
+    def report_worker(self, report: WorkerReport) -> None: ...
+
+    def workers(self, *, seen_since: datetime) -> list[WorkerReport]: ...
+
+    # -- capabilities ---------------------------------------------------
+    def wakeups(self, wake: Callable[[], None], workflows: Sequence[str] | None = None) -> Wakeups:
+        """What wakes a worker when a task of `workflows` becomes claimable (only where `supports_notify`)."""
+        ...
+
+    def after_fork(self) -> None:
+        """In a forked process: stop using the parent's connections (only where `supports_fork`)."""
+        ...
+
+
+def conflict(task_id: str, expected: int, epoch: int | None, found: Sequence[Any] | None) -> ConcurrencyConflict:
+    """Why an append wrote nothing, from the row's (seq, lease epoch) as found: the seq moved (ConcurrencyConflict)
+    or only the lease did (LeaseLost). Every store refuses with this one answer."""
+    if found is None:
+        return ConcurrencyConflict(task_id, expected, None)
+    seq, current_epoch = found
+    if epoch is not None and seq == expected and current_epoch != epoch:
+        return LeaseLost(task_id, expected, seq, epoch, current_epoch)
+    return ConcurrencyConflict(task_id, expected, seq)

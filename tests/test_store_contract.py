@@ -1,0 +1,518 @@
+"""The store contract: what every store (memory, SQLite, PostgreSQL) does, checked the same way on each.
+
+Logs are built by hand (`tests/support/stores.py`) so that the store is all that
+is under test: optimistic concurrency on the seq, lease fencing, claims in due
+order, snapshots, the audit stream, the archive's bookkeeping and the back
+office's counts. The last test runs random sequences of appends, some at stale
+seqs, against the three stores at once and asks for the same logs and refusals.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import timedelta, timezone
+from functools import partial
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import ConcurrencyConflict, Event, LeaseLost, StoreError
+from engine.core.canonical import now
+from engine.core.chain import verify_chain
+from engine.core.errors import Code
+from engine.core.rows import Claim, Snapshot, TaskRow, WorkerReport
+from engine.store import MemoryStore, SqlStore, Store, open_store
+from tests.support.races import together
+from tests.support.stores import BACKENDS, T0, Log, opened, started, store_for
+
+LATER = T0 + timedelta(hours=1)
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    with store_for(request, tmp_path) as empty:
+        yield empty
+
+
+def refusal(call: object) -> ConcurrencyConflict:
+    assert callable(call)
+    with pytest.raises(ConcurrencyConflict) as caught:
+        call()
+    return caught.value
+
+
+# -- create, append, conflicts ---------------------------------------------------------------------
+def test_a_created_task_reads_back_as_its_row_and_start_event(store: Store) -> None:
+    log = started(store, "t-1", next_run_at=T0)
+    row = store.row("t-1")
+    assert row == TaskRow("t-1", "refund", 1, "d" * 64, "drafting", "runnable", 1, log.first.hash, T0, T0, T0)
+    assert store.events("t-1") == [log.first]
+    loaded = store.load("t-1")
+    assert loaded is not None
+    assert (loaded.row, loaded.snapshot, loaded.events) == (
+        TaskRow("t-1", "refund", 1, "d" * 64, "drafting", "runnable", 1, log.first.hash, T0, T0),
+        None,
+        [log.first],
+    )
+    assert store.row("nobody") is None and store.load("nobody") is None and store.events("nobody") == []
+
+
+def test_creating_a_task_twice_is_refused_and_leaves_the_first(store: Store) -> None:
+    log = started(store, "t-1")
+    other = Log("t-1", workflow="triage")
+    with pytest.raises(StoreError) as caught:
+        store.create(other.row(), other.first)
+    assert caught.value.code is Code.DATABASE_ERROR
+    assert store.events("t-1") == [log.first]
+    assert store.row("t-1") == log.row()
+
+
+def test_an_append_moves_the_row_and_its_events_follow_in_seq_order(store: Store) -> None:
+    log = started(store, "t-1")
+    store.append("t-1", 1, log.take(3), status="blocked", next_run_at=LATER)
+    row = store.row("t-1")
+    assert row is not None
+    assert (row.seq, row.state, row.status, row.last_hash, row.next_run_at) == (
+        4,
+        "working",
+        "blocked",
+        log.events[-1].hash,
+        LATER,
+    )
+    assert row.updated_at > T0  # the time of the write, not of the events
+    assert store.events("t-1") == log.events
+    assert verify_chain(store.events("t-1")) == []
+    assert store.events("t-1", after_seq=1, upto_seq=3) == log.events[1:3]
+
+
+def test_an_append_at_a_stale_seq_writes_nothing_and_says_where_the_task_is(store: Store) -> None:
+    log = started(store, "t-1")
+    store.append("t-1", 1, log.take(2), status="runnable")
+    stale = Log("t-1")  # a writer that read the task at seq 1
+    conflict = refusal(lambda: store.append("t-1", 1, [stale.next(n="late")], status="terminal"))
+    assert type(conflict) is ConcurrencyConflict
+    assert (conflict.code, conflict.task_id, conflict.expected, conflict.actual) == (
+        Code.CONCURRENCY_CONFLICT,
+        "t-1",
+        1,
+        3,
+    )
+    assert store.events("t-1") == log.events
+    row = store.row("t-1")
+    assert row is not None and (row.seq, row.status) == (3, "runnable")
+
+
+def test_an_append_to_a_task_that_does_not_exist_is_a_conflict_with_nothing_found(store: Store) -> None:
+    conflict = refusal(lambda: store.append("ghost", 1, Log("ghost").take(1), status="runnable"))
+    assert (conflict.task_id, conflict.expected, conflict.actual) == ("ghost", 1, None)
+
+
+def test_an_append_of_events_that_do_not_follow_the_expected_seq_is_a_programming_error(store: Store) -> None:
+    log = started(store, "t-1")
+    with pytest.raises(ValueError):
+        store.append("t-1", 1, [], status="runnable")
+    skipping = log.take(2)[1:]  # seq 3 after seq 1
+    with pytest.raises(ValueError):
+        store.append("t-1", 1, skipping, status="runnable")
+    with pytest.raises(ValueError):
+        store.append("t-2", 1, skipping, status="runnable")
+    assert store.events("t-1") == [log.first]
+
+
+def test_two_writers_at_the_same_seq_one_wins_and_the_other_is_refused(store: Store) -> None:
+    for n in range(5):
+        task_id = f"race-{n}"
+        started(store, task_id)
+        ours, theirs = Log(task_id), Log(task_id)
+        results = together(
+            partial(store.append, task_id, 1, [ours.next(by="us")], status="runnable"),
+            partial(store.append, task_id, 1, [theirs.next(by="them")], status="runnable"),
+        )
+        assert sorted(results, key=str) == [Code.CONCURRENCY_CONFLICT, None]
+        assert store.events(task_id) == (ours if results[0] is None else theirs).events
+
+
+def test_repin_moves_the_task_to_another_version_or_conflicts_like_an_append(store: Store) -> None:
+    log = started(store, "t-1")
+    store.append("t-1", 1, log.take(1), status="runnable")
+    stale = refusal(
+        lambda: store.repin(
+            "t-1", 1, log.next("migrate", "drafting"), version=2, digest="e" * 64, status="blocked", next_run_at=None
+        )
+    )
+    assert (stale.expected, stale.actual) == (1, 2)
+    log.forget(1)
+    migrate = log.next("migrate", "review")
+    store.repin("t-1", 2, migrate, version=2, digest="e" * 64, status="blocked", next_run_at=LATER)
+    row = store.row("t-1")
+    assert row is not None
+    assert (row.version, row.digest, row.seq, row.state, row.status, row.last_hash, row.next_run_at) == (
+        2,
+        "e" * 64,
+        3,
+        "review",
+        "blocked",
+        migrate.hash,
+        LATER,
+    )
+    assert store.events("t-1") == log.events
+
+
+# -- leases ----------------------------------------------------------------------------------------
+def test_claims_take_due_unleased_tasks_of_the_named_workflows_longest_due_first(store: Store) -> None:
+    for task_id, due in (("late", T0 + timedelta(minutes=3)), ("early", T0), ("middle", T0 + timedelta(minutes=1))):
+        started(store, task_id, next_run_at=due)
+    started(store, "future", next_run_at=LATER)
+    started(store, "parked", next_run_at=None)
+    ended = started(store, "ended", next_run_at=T0)
+    store.append("ended", 1, ended.take(1), status="terminal", next_run_at=T0)
+    other = Log("triage-1", workflow="triage")
+    store.create(other.row(next_run_at=T0 + timedelta(seconds=30)), other.first)
+
+    at = T0 + timedelta(minutes=5)
+    claims = store.claim("w1", limit=2, lease_seconds=30, workflows=["refund"], at=at)
+    assert sorted(claims, key=lambda c: c.due_at) == [
+        Claim("early", 1, T0),
+        Claim("middle", 1, T0 + timedelta(minutes=1)),
+    ]
+    # Leased until at + 30 s: nobody else gets them, the next claim takes what is left.
+    assert store.claim("w2", limit=10, lease_seconds=30, workflows=["refund"], at=at) == [
+        Claim("late", 1, T0 + timedelta(minutes=3))
+    ]
+    assert store.claim("w2", limit=10, lease_seconds=30, at=at) == [Claim("triage-1", 1, T0 + timedelta(seconds=30))]
+    row = store.row("early")
+    assert row is not None and (row.lease_owner, row.lease_expires_at, row.lease_epoch) == (
+        "w1",
+        at + timedelta(seconds=30),
+        1,
+    )
+    # Once the lease expires the task is claimable again, under a new epoch.
+    assert [c.task_id for c in store.claim("w3", limit=1, lease_seconds=30, at=at + timedelta(seconds=31))] == ["early"]
+    row = store.row("early")
+    assert row is not None and (row.lease_owner, row.lease_epoch) == ("w3", 2)
+
+
+def test_an_append_under_a_lease_that_was_taken_over_is_lease_lost(store: Store) -> None:
+    log = started(store, "t-1", next_run_at=T0)
+    [first] = store.claim("w1", limit=1, lease_seconds=10, at=T0)
+    store.append("t-1", 1, log.take(1), status="runnable", next_run_at=T0, lease_epoch=first.epoch)
+    [second] = store.claim("w2", limit=1, lease_seconds=10, at=T0 + timedelta(seconds=11))  # w1's lease expired
+    assert second.epoch == first.epoch + 1
+    lost = refusal(lambda: store.append("t-1", 2, [log.next()], status="runnable", lease_epoch=first.epoch))
+    assert type(lost) is LeaseLost
+    assert (lost.code, lost.expected, lost.actual, lost.details["epoch"], lost.details["current_epoch"]) == (
+        Code.LEASE_LOST,
+        2,
+        2,
+        first.epoch,
+        second.epoch,
+    )
+    log.forget(1)
+    # At a stale seq as well, the seq is what the writer is told about.
+    stale = refusal(lambda: store.append("t-1", 1, [Log("t-1").next()], status="runnable", lease_epoch=first.epoch))
+    assert type(stale) is ConcurrencyConflict and stale.actual == 2
+    store.append("t-1", 2, [log.next()], status="runnable", lease_epoch=second.epoch)
+    assert store.events("t-1") == log.events
+
+
+def test_a_task_that_ends_drops_its_lease_in_the_same_write(store: Store) -> None:
+    log = started(store, "t-1", next_run_at=T0)
+    [claim] = store.claim("w1", limit=1, lease_seconds=600, at=T0)
+    store.append("t-1", 1, log.take(1), status="terminal", lease_epoch=claim.epoch)
+    row = store.row("t-1")
+    assert row is not None
+    assert (row.status, row.lease_owner, row.lease_expires_at, row.lease_epoch, row.next_run_at) == (
+        "terminal",
+        None,
+        None,
+        claim.epoch,
+        None,
+    )
+
+
+def test_a_heartbeat_extends_only_the_leases_its_worker_still_holds(store: Store) -> None:
+    for task_id in ("a", "b", "c"):
+        started(store, task_id, next_run_at=T0)
+    store.claim("w1", limit=2, lease_seconds=10, at=T0)  # a and b (equal due times: either two)
+    held = sorted(r.task_id for r in (store.row(t) for t in "abc") if r is not None and r.lease_owner == "w1")
+    store.claim("w2", limit=1, lease_seconds=10, at=T0)
+    before = now()
+    assert store.heartbeat("w1", ["a", "b", "c", "nobody"], lease_seconds=120) == 2
+    assert store.heartbeat("w1", [], lease_seconds=120) == 0
+    for task_id in "abc":
+        row = store.row(task_id)
+        assert row is not None and row.lease_expires_at is not None
+        if task_id in held:
+            assert row.lease_expires_at >= before + timedelta(seconds=119)
+        else:
+            assert (row.lease_owner, row.lease_expires_at) == ("w2", T0 + timedelta(seconds=10))
+
+
+def test_a_release_frees_the_lease_only_at_its_epoch_and_keeps_the_epoch(store: Store) -> None:
+    log = started(store, "t-1", next_run_at=T0)
+    [claim] = store.claim("w1", limit=1, lease_seconds=600, at=T0)
+    assert store.postpone("t-1", claim.epoch, T0, failed=True) == 1
+    store.release("t-1", claim.epoch - 1)  # not ours: nothing happens
+    row = store.row("t-1")
+    assert row is not None and row.lease_owner == "w1"
+    store.release("t-1", claim.epoch, step_succeeded=False)
+    row = store.row("t-1")
+    assert row is not None
+    assert (row.lease_owner, row.lease_expires_at, row.lease_epoch, row.failures) == (None, None, claim.epoch, 1)
+    [again] = store.claim("w2", limit=1, lease_seconds=600, at=T0)  # free at once, not after the lease's time
+    assert again.epoch == claim.epoch + 1
+    store.release("t-1", again.epoch)  # a step that went through clears the failures
+    row = store.row("t-1")
+    assert row is not None and row.failures == 0
+    lost = refusal(lambda: store.append("t-1", 1, log.take(1), status="runnable", lease_epoch=claim.epoch))
+    assert type(lost) is LeaseLost
+
+
+def test_postpone_moves_the_next_look_and_counts_failures_only_at_its_epoch(store: Store) -> None:
+    started(store, "t-1", next_run_at=T0)
+    [claim] = store.claim("w1", limit=1, lease_seconds=1, at=T0)
+    assert store.postpone("t-1", claim.epoch, LATER) == 0
+    assert store.postpone("t-1", claim.epoch, LATER, failed=True) == 1
+    assert store.postpone("t-1", claim.epoch, LATER, failed=True) == 2
+    assert store.postpone("t-1", claim.epoch + 1, T0, failed=True) == 2  # another epoch: unchanged, still told
+    row = store.row("t-1")
+    assert row is not None and (row.next_run_at, row.failures) == (LATER, 2)
+    assert store.claim("w2", limit=1, lease_seconds=1, at=LATER - timedelta(seconds=1)) == []
+    assert [c.task_id for c in store.claim("w2", limit=1, lease_seconds=1, at=LATER)] == ["t-1"]
+    assert store.postpone("nobody", 1, LATER, failed=True) == 0
+
+
+# -- snapshots and loads ---------------------------------------------------------------------------
+def test_a_load_starts_from_the_newest_snapshot_at_or_below_the_row(store: Store) -> None:
+    log = started(store, "t-1")
+    store.append("t-1", 1, log.take(2), status="runnable", snapshot=(3, log.events[2].hash, '{"at":3}'))
+    store.append("t-1", 3, log.take(3), status="runnable", snapshot=(6, log.events[5].hash, '{"at":6}'))
+    store.append("t-1", 6, log.take(1), status="runnable")
+    loaded = store.load("t-1")
+    assert loaded is not None
+    assert loaded.snapshot == Snapshot("t-1", 6, log.events[5].hash, '{"at":6}')
+    assert loaded.events == log.events[6:]
+    assert store.snapshots("t-1") == [
+        Snapshot("t-1", 3, log.events[2].hash, '{"at":3}'),
+        Snapshot("t-1", 6, log.events[5].hash, '{"at":6}'),
+    ]
+    assert store.snapshot_seqs("t-1") == [3, 6]
+    assert store.snapshots("nobody") == [] and store.snapshot_seqs("nobody") == []
+
+
+def test_seq_at_is_the_last_event_written_at_or_before_a_time(store: Store) -> None:
+    log = started(store, "t-1")
+    store.append("t-1", 1, log.take(3), status="runnable")  # events at T0, T0 + 1 s, + 2 s, + 3 s
+    assert store.seq_at("t-1", T0 - timedelta(seconds=1)) is None
+    assert store.seq_at("t-1", T0) == 1
+    assert store.seq_at("t-1", T0 + timedelta(seconds=2, milliseconds=500)) == 3
+    assert store.seq_at("t-1", LATER) == 4
+    assert store.seq_at("t-1", (T0 + timedelta(seconds=1)).astimezone(timezone(timedelta(hours=2)))) == 2  # any zone
+    assert store.seq_at("nobody", LATER) is None
+
+
+# -- audit reads -----------------------------------------------------------------------------------
+def audit_fixture(store: Store) -> dict[str, Log]:
+    logs = {}
+    for task_id in ("c", "a", "b"):
+        log = logs[task_id] = started(store, task_id)
+        store.append(task_id, 1, log.take(2), status="runnable", snapshot=(2, log.events[1].hash, "{}"))
+    triage = logs["t"] = Log("t", workflow="triage")
+    store.create(triage.row(), triage.first)
+    return logs
+
+
+def test_the_audit_stream_is_each_row_in_task_order_then_its_log_with_snapshots_after_their_event(
+    store: Store,
+) -> None:
+    logs = audit_fixture(store)
+    items = list(store.audit_stream())
+    expected: list[TaskRow | Event | Snapshot] = []
+    for task_id in ("a", "b", "c", "t"):
+        log = logs[task_id]
+        loaded = store.load(task_id)
+        assert loaded is not None
+        expected.append(loaded.row)
+        expected += log.events[:2]
+        if task_id != "t":
+            expected += [Snapshot(task_id, 2, log.events[1].hash, "{}"), log.events[2]]
+    assert items == expected
+    # Each event carries the bytes it was hashed from, and they check.
+    events = [item for item in items if isinstance(item, Event)]
+    assert all(e.stored_data is not None for e in events)
+    assert all(e.computed_hash() == e.hash for e in events)
+    # Small pages read the same stream.
+    assert list(store.audit_stream(page_size=1)) == items
+    assert list(store.audit_pages(page_size=3)) == [["a", "b", "c"], ["t"]]
+    assert list(store.audit_pages(page_size=2)) == [["a", "b"], ["c", "t"]]
+
+
+def test_the_audit_stream_keeps_only_what_it_is_asked_for(store: Store) -> None:
+    logs = audit_fixture(store)
+    only = list(store.audit_stream(task_ids=["c", "a", "a"], with_snapshots=False, from_seq=2, upto_seq=2))
+    assert [type(i).__name__ for i in only] == ["TaskRow", "Event", "TaskRow", "Event"]
+    assert [i.task_id for i in only] == ["a", "a", "c", "c"]
+    assert [i for i in only if isinstance(i, Event)] == [logs["a"].events[1], logs["c"].events[1]]
+    assert [i.task_id for i in store.audit_stream(workflow="triage")] == ["t", "t"]
+    assert list(store.audit_stream(task_ids=[])) == []
+    assert list(store.audit_stream(since=now() + timedelta(minutes=1))) == []
+    assert list(store.audit_pages(workflow="nothing")) == []
+
+
+# -- archive ---------------------------------------------------------------------------------------
+def test_archived_tasks_keep_their_row_and_lose_their_log(store: Store) -> None:
+    logs = {}
+    for task_id in ("x", "y", "z"):
+        logs[task_id] = log = started(store, task_id)
+        store.append(task_id, 1, log.take(1), status="terminal", snapshot=(2, log.events[1].hash, "{}"))
+    started(store, "running")
+    before = now() + timedelta(seconds=1)
+    assert [r.task_id for r in store.archivable(before, limit=10)] == ["x", "y", "z"]
+    assert [r.task_id for r in store.archivable(before, limit=2)] == ["x", "y"]
+    assert store.archivable(T0, limit=10) == []
+
+    # y moved on since it was exported (another seq): left alone.
+    assert store.mark_archived([("x", 2), ("y", 1), ("z", 2), ("x", 2)], "archive-1.jsonl", "f" * 64) == 2
+    assert store.events("x") == [] and store.snapshots("x") == [] and store.load("x") is not None
+    assert store.events("y") == logs["y"].events
+    ref = store.archive_of("x")
+    assert ref is not None and (ref.task_id, ref.file, ref.sha256) == ("x", "archive-1.jsonl", "f" * 64)
+    assert store.archive_of("y") is None and store.archive_of("nobody") is None
+    assert store.mark_archived([("y", 2)], "archive-0.jsonl", "0" * 64) == 1
+    assert [r.task_id for r in store.archivable(before, limit=10)] == []
+    listed = list(store.archived())
+    assert [(row.task_id, archive.file) for row, archive in listed] == [
+        ("y", "archive-0.jsonl"),
+        ("x", "archive-1.jsonl"),
+        ("z", "archive-1.jsonl"),
+    ]
+    assert listed[0][0] == store.row("y")
+    assert [row.task_id for row, _ in store.archived(page_size=1)] == ["y", "x", "z"]
+    assert list(store.archived(workflow="triage")) == []
+    # An archived task is still in the audit stream, as its row alone (replay reads the archive for the rest).
+    assert [i.task_id for i in store.audit_stream(task_ids=["x"])] == ["x"]
+
+
+# -- lists and counts ------------------------------------------------------------------------------
+def test_lists_of_tasks_for_the_back_office(store: Store) -> None:
+    for task_id in ("t-2", "t-1", "t-3"):
+        started(store, task_id, status="blocked")
+    triage = Log("t-0", workflow="triage", state="review")
+    store.create(triage.row(status="blocked"), triage.first)
+    t3 = Log("t-3")
+    t3.events = store.events("t-3")
+    store.append("t-3", 1, [t3.next("escalate", "review")], status="runnable")
+    assert store.task_ids() == ["t-0", "t-1", "t-2", "t-3"]  # created at the same instant: by id
+    assert store.task_ids(workflow="refund", status="blocked") == ["t-1", "t-2"]
+    assert store.blocked_in([("refund", 1, "drafting"), ("triage", 1, "review"), ("refund", 1, "review")]) == [
+        "t-0",
+        "t-1",
+        "t-2",
+    ]
+    assert store.blocked_in([]) == []
+    assert [r.task_id for r in store.recent()] == ["t-3", "t-0", "t-1", "t-2"]  # t-3 changed last
+    assert [r.task_id for r in store.recent(workflow="refund", status="blocked", limit=1)] == ["t-1"]
+    assert [r.task_id for r in store.recent(state="review")] == ["t-3", "t-0"]
+    assert store.recent(workflow="refund")[0] == store.row("t-3")
+
+
+def test_status_counts_per_workflow_and_status(store: Store) -> None:
+    for task_id, due in (("a", T0 + timedelta(minutes=2)), ("b", T0), ("c", None)):
+        started(store, task_id, next_run_at=due)
+    triage = Log("t", workflow="triage")
+    store.create(triage.row(status="blocked"), triage.first)
+    store.claim("w1", limit=1, lease_seconds=60, at=T0 + timedelta(minutes=5))  # b, until T0 + 6 min
+    assert store.status_counts(T0 + timedelta(minutes=5, seconds=30)) == [
+        {"workflow": "refund", "status": "runnable", "tasks": 3, "leased": 1, "oldest_due": T0},
+        {"workflow": "triage", "status": "blocked", "tasks": 1, "leased": 0, "oldest_due": None},
+    ]
+    assert store.status_counts(T0 + timedelta(minutes=7))[0]["leased"] == 0  # the lease expired
+
+
+def test_a_worker_report_is_refreshed_in_place_and_stopped_workers_are_not_listed(store: Store) -> None:
+    store.report_worker(WorkerReport("w1", "host-a", 11, 4, T0, T0, None, {"claimed": 0}))
+    store.report_worker(WorkerReport("w0", "host-b", 12, 1, T0, T0, None, {}))
+    store.report_worker(WorkerReport("w1", "elsewhere", 99, 8, LATER, LATER, None, {"claimed": 3, "by": {"x": 1}}))
+    assert store.workers(seen_since=T0) == [
+        WorkerReport("w0", "host-b", 12, 1, T0, T0, None, {}),
+        WorkerReport("w1", "host-a", 11, 8, T0, LATER, None, {"claimed": 3, "by": {"x": 1}}),
+    ]
+    assert [w.name for w in store.workers(seen_since=T0 + timedelta(seconds=1))] == ["w1"]
+    store.report_worker(WorkerReport("w1", "host-a", 11, 8, T0, LATER, LATER, {"claimed": 3}))
+    assert [w.name for w in store.workers(seen_since=T0)] == ["w0"]
+
+
+# -- what a store can do ---------------------------------------------------------------------------
+def test_capabilities_say_what_the_backend_can_do(store: Store) -> None:
+    if isinstance(store, MemoryStore):
+        assert (store.supports_notify, store.supports_fork) == (False, False)
+    else:
+        assert isinstance(store, SqlStore)
+        postgres = store.url.startswith("postgresql")
+        assert (store.supports_notify, store.supports_fork) == (postgres, True)
+
+
+def test_a_store_is_opened_from_its_url() -> None:
+    memory = open_store("memory://")
+    assert isinstance(memory, MemoryStore) and memory is not open_store("memory://")
+    sqlite = open_store("sqlite://")  # an in-memory SQLite database: forked processes cannot read it
+    assert isinstance(sqlite, SqlStore) and (sqlite.supports_notify, sqlite.supports_fork) == (False, False)
+    sqlite.close()
+
+
+# -- the same logs on every backend ----------------------------------------------------------------
+#: One step of a writer: append `n` events at the task's seq minus `behind` (0: up to date), with or without
+#: a snapshot at the new head.
+Step = tuple[int, int, bool]
+
+#: The row's fields a store keeps as it was given or moved them (the write time, `updated_at`, is its own).
+ROW_FIELDS = ("task_id", "workflow", "version", "digest", "state", "status", "seq", "last_hash", "created_at")
+
+
+@pytest.fixture
+def every_store(tmp_path: Path, pg_database: str) -> Iterator[dict[str, Store]]:
+    """One store of each backend, shared by the examples of a property (each example uses its own task)."""
+    with ExitStack() as stack:
+        yield {kind: stack.enter_context(opened(kind, tmp_path, pg_database)) for kind in BACKENDS}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 2), st.booleans()), min_size=1, max_size=12))
+def test_random_appends_leave_the_same_gap_free_log_and_refusals_on_every_backend(
+    steps: list[Step], every_store: dict[str, Store]
+) -> None:
+    task_id = f"prop-{next(EXAMPLES)}"
+    outcomes: list[list[str]] = []
+    logs: list[tuple[tuple[object, ...], list[Event], list[Snapshot]]] = []
+    for store in every_store.values():
+        log = started(store, task_id)
+        seen = []
+        for n, behind, snap in steps:
+            expected = max(1, log.seq - behind)
+            writer = Log(task_id)
+            writer.events = log.events[:expected]
+            events = writer.take(n)
+            snapshot = (events[-1].seq, events[-1].hash, "{}") if snap else None
+            try:
+                store.append(task_id, expected, events, status="runnable", snapshot=snapshot)
+                log.events = writer.events
+                seen.append(f"wrote {n} at {expected}")
+            except ConcurrencyConflict as conflict:
+                seen.append(f"refused at {expected}: found {conflict.actual}")
+        row = store.row(task_id)
+        stored = store.events(task_id)
+        assert [e.seq for e in stored] == list(range(1, len(stored) + 1))  # gap-free
+        assert verify_chain(stored) == []
+        assert row is not None and (row.seq, row.last_hash) == (len(stored), stored[-1].hash)
+        assert stored == log.events
+        outcomes.append(seen)
+        logs.append((tuple(getattr(row, f) for f in ROW_FIELDS), stored, store.snapshots(task_id)))
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert logs[0] == logs[1] == logs[2]
+
+
+EXAMPLES = itertools.count()
