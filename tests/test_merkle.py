@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.core.merkle import EMPTY_ROOT, Levels, leaf_hash, root_of, verify_consistency, verify_inclusion
+from engine.core.merkle import (
+    EMPTY_ROOT,
+    Levels,
+    RootBuilder,
+    leaf_hash,
+    root_of,
+    verify_consistency,
+    verify_inclusion,
+)
 
 LEAVES = [
     bytes.fromhex(h)
@@ -103,8 +111,13 @@ SOME = bytes.fromhex("abacaba000000000000000000000000000000000000000000060061e00
 
 def test_roots_are_rfc_6962s_for_every_size() -> None:
     assert EMPTY_ROOT.hex() == ROOTS[0]
+    streamed = RootBuilder()
+    assert streamed.root().hex() == ROOTS[0]
     for size in range(len(HASHES) + 1):
         assert root_of(HASHES[:size]).hex() == ROOTS[size]
+        if size:
+            streamed.add(HASHES[size - 1])
+            assert streamed.root().hex() == ROOTS[size], f"the streamed root of {size} leaves"
 
 
 @pytest.mark.parametrize(("index", "size", "proof"), INCLUSION)
@@ -187,6 +200,10 @@ def test_every_proof_of_every_tree_verifies(data: list[bytes], draw: st.DataObje
     root = levels.root()
     index = draw.draw(st.integers(0, len(leaves) - 1))
     assert verify_inclusion(index, len(leaves), leaves[index], levels.inclusion_proof(index), root)
+    streamed = RootBuilder()
+    for leaf in leaves:
+        streamed.add(leaf)
+    assert streamed.root() == root and streamed.size == len(leaves)
     old = draw.draw(st.integers(1, len(leaves)))
     old_root = root_of(leaves[:old])
     assert levels.range_hash(0, old) == old_root

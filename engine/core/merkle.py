@@ -96,6 +96,30 @@ def root_of(leaves: Sequence[bytes]) -> bytes:
     return Levels(leaves).root()
 
 
+class RootBuilder:
+    """The root of a tree fed one leaf hash at a time, in O(log n) memory: a checkpoint of a million tasks
+    never holds the tree. It keeps the roots of the complete subtrees so far (a compact range), largest first."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._stack: list[bytes] = []
+
+    def add(self, leaf: bytes) -> None:
+        self.size += 1
+        node, merges = leaf, (self.size & -self.size).bit_length() - 1  # trailing zeros: subtrees this leaf completes
+        for _ in range(merges):
+            node = node_hash(self._stack.pop(), node)
+        self._stack.append(node)
+
+    def root(self) -> bytes:
+        if not self._stack:
+            return EMPTY_ROOT
+        node = self._stack[-1]
+        for left in reversed(self._stack[:-1]):
+            node = node_hash(left, node)
+        return node
+
+
 def verify_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes], root: bytes) -> bool:
     """Whether `proof` shows leaf hash `leaf` at `index` in the tree of `size` leaves with `root` (RFC 9162 2.1.3.2)."""
     if not 0 <= index < size:
