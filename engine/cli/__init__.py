@@ -1,6 +1,76 @@
-"""The `railyard` command line; its commands are being split out of `engine.cli.tasks`."""
+"""The `railyard` command line (Typer + Rich).
 
-from engine.cli.tasks import *  # noqa: F403
-from engine.cli.tasks import app, main
+Exit codes are a contract: 0 ok, 1 a domain refusal (its code printed),
+2 a usage error, 3 an audit finding (`engine.cli.exits`). Every read command
+takes `--json`. The commands live in a module per group (`tasks`, `approvals`,
+`workers`, `audit`, `admin`); everything they print goes through `render`.
+This module is the program: the Typer app, each command under its name in the
+order `railyard --help` lists them, and the console-script entry point.
+"""
 
-__all__ = ["app", "main"]
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+import typer
+
+from engine.cli import admin, approvals, audit, tasks, workers
+from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+
+__all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
+
+app = typer.Typer(
+    name="railyard",
+    help="Run LLM agent tasks as explicit, versioned state machines over a hash-chained event log.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+#: Every command under its name, in the order `railyard --help` lists them.
+COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
+    ("workflows", admin.workflows),
+    ("start", tasks.start),
+    ("show", tasks.show),
+    ("history", tasks.history),
+    ("fire", tasks.fire),
+    ("cancel", tasks.cancel),
+    ("settle", tasks.settle),
+    ("migrate", tasks.migrate),
+    ("approvals", approvals.approvals),
+    ("approve", approvals.approve),
+    ("reject", approvals.reject),
+    ("worker", workers.worker),
+    ("status", tasks.status),
+    ("graph", admin.graph),
+    ("replay", audit.replay),
+    ("export", audit.export),
+    ("verify-export", audit.verify_export_command),
+    ("archive", audit.archive),
+    ("run", tasks.run),
+    ("serve", workers.serve),
+    ("providers", admin.providers),
+    ("demo", admin.demo),
+)
+#: `railyard db ...`.
+DB_COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
+    ("upgrade", admin.db_upgrade),
+    ("downgrade", admin.db_downgrade),
+    ("current", admin.db_current),
+)
+for name, command in COMMANDS:
+    app.command(name)(command)
+for name, command in DB_COMMANDS:
+    db_app.command(name)(command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    # Like `python -m`, let RAILYARD_WORKFLOWS name modules in the directory the user is in.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    app()
