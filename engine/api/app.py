@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.api import approval_routes, page_routes, task_routes, workflow_routes
+from engine.api import approval_routes, routes, task_routes, workflow_routes
 from engine.api.auth import LoginRequired
 from engine.api.context import Context
 from engine.api.headers import SecurityHeaders
@@ -62,7 +62,7 @@ def create_app(
     app.include_router(task_routes.router)
     app.include_router(approval_routes.router)
     app.include_router(workflow_routes.router)
-    app.include_router(page_routes.router)
+    app.include_router(routes.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handlers(app)
     return app

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from engine.api.present import path_of
+from engine.api.views import path_of
 from engine.core.definition import Workflow
 from engine.core.events import Event
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.api.present import when
+from engine.api.views import when
 from engine.store import Store
 
 MAX_LIMIT = 500

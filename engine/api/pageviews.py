@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.api.diagrams import task_diagram
-from engine.api.present import (
+from engine.api.tokens import Principal
+from engine.api.views import (
     Evidence,
     Reason,
     Row,
@@ -24,7 +25,6 @@ from engine.api.present import (
     schema_of,
     timeline,
 )
-from engine.api.tokens import Principal
 from engine.core.approvals import decision_role, pending_view, self_approval
 from engine.core.definition import Approval, Workflow
 from engine.core.events import Event
