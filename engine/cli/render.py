@@ -35,7 +35,7 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 
-# -- the plain forms -------------------------------------------------------
+# -- the plain forms -------------------------------------------------------------------------------
 def say(text: str) -> None:
     """One line of the answer, on stdout."""
     out.print(text)
@@ -85,7 +85,7 @@ def _table(title: str, columns: Iterable[str], rows: Iterable[Sequence[str]]) ->
     return table
 
 
-# -- tasks ----------------------------------------------------------------
+# -- tasks -----------------------------------------------------------------------------------------
 def task_line(view: TaskView) -> None:
     """`TASK: STATE (seq N, STATUS)`: where a task stands after a command."""
     out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
@@ -244,7 +244,7 @@ def status(workflows: list[dict[str, Any]], workers: list[dict[str, Any]], as_js
     out.print(_table("Workers", columns, rows))
 
 
-# -- approvals --------------------------------------------------------------
+# -- approvals -------------------------------------------------------------------------------------
 def approvals(pending: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         print_json(pending)
@@ -266,7 +266,7 @@ def approving(prepared: Mapping[str, Any]) -> None:
     note(f"approving prepared call {prepared['tool']} (digest {str(prepared['digest'])[:16]})")
 
 
-# -- audit --------------------------------------------------------------------
+# -- audit -----------------------------------------------------------------------------------------
 def findings(report: ReplayReport) -> None:
     where = f"task {report.task_id}" if report.task_id else "the file"
     for f in report.findings:  # one line per finding, however narrow the terminal: scripts grep these
@@ -326,7 +326,7 @@ def archived(done: ArchiveRun, directory: str, as_json: bool) -> None:
     )
 
 
-# -- definitions and setup ------------------------------------------------------
+# -- definitions and setup -------------------------------------------------------------------------
 def workflows(rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         print_json(rows)

@@ -100,7 +100,7 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
 ) -> None:
     """Serve the HTTP API and the back-office pages (bearer tokens from RAILYARD_TOKENS_FILE; see docs/api.md)."""
-    from engine.api.serve import serve as run_server
+    from engine.api.app import serve as run_server
 
     try:
         run_server(host, port)
