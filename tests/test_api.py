@@ -10,8 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine import Code, Engine, Registry, Workflow
-from engine.api import create_app
-from engine.api.http_errors import STATUS_BY_CODE
+from engine.api import STATUS_BY_CODE, create_app
 from tests.support.api import (
     REFUND,
     SETTLED_BY_OPERATORS,

@@ -20,8 +20,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from engine import Code, Engine, RailyardError, Registry
-from engine.api import create_app, settings
-from engine.api.settings import DEFAULT_MAX_BODY
+from engine.api import create_app
+from engine.api.app import DEFAULT_MAX_BODY, max_body
 from tests.support.api import bearer, live_server, make_api_engine, token_table
 
 CHUNK = 64 * 1024
@@ -282,13 +282,13 @@ def test_a_live_server_refuses_a_chunked_body_past_the_limit(engine: Engine) -> 
 # -- the setting ----------------------------------------------------------------------------------------------
 def test_the_limit_comes_from_railyard_api_max_body(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAILYARD_API_MAX_BODY", raising=False)
-    assert settings.max_body() == DEFAULT_MAX_BODY == 1024 * 1024
+    assert max_body() == DEFAULT_MAX_BODY == 1024 * 1024
     monkeypatch.setenv("RAILYARD_API_MAX_BODY", "65536")
-    assert settings.max_body() == 65536
+    assert max_body() == 65536
     for bad in ("0", "-1", "1MB", "1.5", "٣"):
         monkeypatch.setenv("RAILYARD_API_MAX_BODY", bad)
         with pytest.raises(RailyardError) as refused:
-            settings.max_body()
+            max_body()
         assert refused.value.code is Code.CONFIG_INVALID
     with Engine("sqlite://", Registry([]), authoriser=token_table()) as bare, pytest.raises(ValueError):
         create_app(bare, token_table(), max_body=0)

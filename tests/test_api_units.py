@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from engine import Code, Event, RailyardError, migrations
-from engine.api.present import display_arguments, format_money, model_reason
 from engine.api.tokens import TokenTable, hash_token, load_tokens, main, parse_tokens, toml_entry
+from engine.api.views import display_arguments, format_money, model_reason
 from engine.core.payloads import as_event_data
 from engine.core.summary import summarise
 from tests.support.api import free_port

@@ -1,0 +1,571 @@
+"""The routes: the JSON API under /api (tasks, approvals, workflows) and the back-office pages.
+
+Every handler is a plain function run in the server's thread pool: the engine
+is synchronous and thread-safe, and each call is one short database round trip
+or two. The actor is the bearer token's (API) or the session's (pages), never a
+field of the request.
+
+Human commands act on the state the human saw. Every API response whose body
+is a task carries `ETag: "<seq>"`, the task's seq as a strong entity tag. A
+command (signal, cancel, approve, reject, settle) sent with `If-Match: "<seq>"`
+is applied only if the task still stands at that seq: the engine checks it
+when it decides and again when it appends, and a task that moved meanwhile is
+refused with 412 (code CONCURRENCY_CONFLICT) and nothing is written. Without
+the header, a body `expected_seq` does the same with 409; with neither, the
+command is decided on the state read when it runs, and a write that lands
+between that read and the append is still a 409. `If-Match: *` is "any seq": no
+precondition.
+
+An approval names the digest of the prepared call the approver reviewed; if the
+call changed since, the approval is refused (APPROVAL_STALE) rather than
+applied to something nobody saw. The approver's roles come from the tokens file.
+
+The pages are server-rendered, without JavaScript. Every POST carries the
+session's CSRF token; decisions are made by the same `Engine.approve` /
+`Engine.reject` the API calls, as the session's actor, and a refusal is shown
+with its code. Every decision form carries the seq the page was rendered at
+(`seq`): if the task moved since, the decision is refused (409
+CONCURRENCY_CONFLICT, naming the state it is in now) instead of landing on a
+task the person did not see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Header, Path, Query, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from engine.api.auth import (
+    LOGIN_COOKIE,
+    LOGIN_SECONDS,
+    SESSION_COOKIE,
+    SESSION_SECONDS,
+    Context,
+    Ctx,
+    PageSession,
+    Reader,
+    Session,
+    Writer,
+    require_writer,
+    same_token,
+)
+from engine.api.schemas import (
+    MAX_SEQ,
+    NAME_PATTERN,
+    STATE_PATTERN,
+    TASK_ID_PATTERN,
+    ApproveRequest,
+    CancelRequest,
+    DiagramBody,
+    EventBody,
+    PendingApproval,
+    PreconditionFailed,
+    RejectRequest,
+    ReplayBody,
+    SettleRequest,
+    SignalRequest,
+    StartRequest,
+    TaskBody,
+    TaskSummary,
+    WhoAmI,
+    WorkflowBody,
+    errors,
+)
+from engine.api.views import (
+    MAX_LIMIT,
+    TaskFilter,
+    inbox,
+    list_tasks,
+    render,
+    task_diagram,
+    task_page,
+    workflow_diagram,
+)
+from engine.core.approvals import DECISIONS
+from engine.core.definition import Status, Workflow
+from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
+from engine.runtime.engine import Engine, TaskView
+from engine.runtime.registry import Registry
+
+task_api = APIRouter(prefix="/api", tags=["tasks"])
+approval_api = APIRouter(prefix="/api", tags=["approvals"])
+workflow_api = APIRouter(prefix="/api", tags=["workflows"])
+pages = APIRouter(include_in_schema=False)
+#: Every router, in the order the application includes them.
+ROUTERS = (task_api, approval_api, workflow_api, pages)
+
+TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="Task id.")]
+
+
+# -- preconditions: ETags on task reads, If-Match (or expected_seq) on commands --------------------
+#: `*`, or one strong entity tag holding a seq: `"7"`. Weak tags (`W/"7"`) and lists are not accepted.
+IF_MATCH_PATTERN = r'^(\*|"[1-9][0-9]{0,9}")$'
+
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        pattern=IF_MATCH_PATTERN,
+        description='The task\'s ETag as a read gave it (`"7"`): refuse with 412 if the task has moved since. '
+        "`*` is no precondition.",
+    ),
+]
+
+
+def etag(seq: int) -> str:
+    """The ETag of a task at `seq`: the seq in double quotes, a strong tag."""
+    return f'"{seq}"'
+
+
+def task_body(response: Response, view: TaskView) -> dict[str, Any]:
+    """The task as the response body, with its ETag on the response."""
+    response.headers["ETag"] = etag(view.seq)
+    return view.to_dict()
+
+
+@dataclass(frozen=True, slots=True)
+class Precondition:
+    """The seq a command must find the task at (None: whatever it is), and whether If-Match named it."""
+
+    expected_seq: int | None = None
+    from_header: bool = False
+
+
+def precondition(if_match: str | None, expected_seq: int | None = None) -> Precondition:
+    """From the If-Match header and the body's `expected_seq`; both may be given only if they agree."""
+    named = _seq_of(if_match)
+    if named is not None and expected_seq is not None and named != expected_seq:
+        raise Refused(
+            f"If-Match names seq {named} but the body's expected_seq is {expected_seq}: send one",
+            code=Code.PAYLOAD_INVALID,
+            header="If-Match",
+            if_match=named,
+            expected_seq=expected_seq,
+        )
+    if named is not None:
+        return Precondition(named, from_header=True)
+    return Precondition(expected_seq)
+
+
+def _seq_of(if_match: str | None) -> int | None:
+    if if_match is None or if_match.strip() == "*":
+        return None
+    text = if_match.strip()
+    # The route's Header pattern already refused anything else; this is for callers that bypass it.
+    if (
+        len(text) < 3
+        or text[0] != '"'
+        or text[-1] != '"'
+        or not text[1:-1].isascii()
+        or not text[1:-1].isdigit()
+        or text[1] == "0"
+    ):
+        raise Refused(
+            'If-Match must be a task\'s ETag, a seq in double quotes such as "7", or *',
+            code=Code.PAYLOAD_INVALID,
+            header="If-Match",
+        )
+    seq = int(text[1:-1])
+    if seq > MAX_SEQ:
+        raise Refused(
+            f"If-Match names seq {seq}, larger than any seq ({MAX_SEQ})", code=Code.PAYLOAD_INVALID, header="If-Match"
+        )
+    return seq
+
+
+@contextmanager
+def acting_on(engine: Engine, task_id: str, pre: Precondition) -> Iterator[None]:
+    """Around an engine command: a ConcurrencyConflict becomes the answer that names where the task is now, as
+    a 412 if If-Match carried the seq and the table's 409 otherwise."""
+    try:
+        yield
+    except ConcurrencyConflict as conflict:
+        if conflict.code is not Code.CONCURRENCY_CONFLICT:  # LEASE_LOST is a worker's, and keeps its own code
+            raise
+        raise moved(engine, task_id, conflict, pre) from None
+
+
+def moved(engine: Engine, task_id: str, conflict: ConcurrencyConflict, pre: Precondition) -> RailyardError:
+    details = dict(conflict.details)
+    state, actual = details.get("state"), details.get("actual")
+    if state is None or actual is None:  # an engine that does not say: read where the task is now
+        try:
+            now = engine.load(task_id)
+        except RailyardError:
+            now = None
+        if now is not None:
+            state, actual = now.state, now.seq
+    expected = pre.expected_seq if pre.expected_seq is not None else details.get("expected")
+    details.update(task_id=task_id, state=state, actual=actual, expected=expected)
+    where = f"it is now in {state!r} at seq {actual}" if state is not None else "it moved"
+    if pre.from_header:
+        message = (
+            f"task {task_id} is no longer at the seq If-Match named ({expected}): {where}. "
+            "Read it again and decide on what it is now."
+        )
+        return PreconditionFailed(message, **details)
+    if pre.expected_seq is not None:
+        message = (
+            f"task {task_id} is no longer at the expected seq {expected}: {where}. "
+            "Read it again and decide on what it is now."
+        )
+    else:
+        message = f"task {task_id} moved while this command was decided: {where}. Read it again and decide again."
+    return RailyardError(message, code=Code.CONCURRENCY_CONFLICT, **details)
+
+
+# -- the API over tasks ----------------------------------------------------------------------------
+@task_api.get("/me", response_model=WhoAmI, responses=errors(401))
+def whoami(who: Reader) -> dict[str, Any]:
+    """The actor and roles the bearer token stands for."""
+    return {"actor": who.actor, "roles": sorted(who.roles), "read_only": who.read_only}
+
+
+@task_api.post(
+    "/tasks", status_code=201, response_model=TaskBody, responses=errors(401, 403, 404, 409, 413, 422, tagged=201)
+)
+def start_task(body: StartRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
+    """Start a task on a workflow (its newest version unless `version`); the token's actor starts it."""
+    task_id = ctx.engine.start(body.workflow, body.input, actor=who.actor, version=body.version)
+    response.headers["Location"] = f"/api/tasks/{task_id}"
+    return task_body(response, ctx.engine.get(task_id))
+
+
+@task_api.get("/tasks", response_model=list[TaskSummary], responses=errors(401, 422))
+def tasks(
+    ctx: Ctx,
+    _who: Reader,
+    workflow: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    state: Annotated[str | None, Query(pattern=STATE_PATTERN)] = None,
+    status: Annotated[str | None, Query(pattern="^(runnable|blocked|terminal)$")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+) -> list[dict[str, Any]]:
+    """Tasks, most recently changed first, filtered by workflow, state and status."""
+    found = list_tasks(ctx.engine.store, TaskFilter(workflow, state, status, limit))
+    return [asdict(t) for t in found]
+
+
+@task_api.get("/tasks/{task_id}", response_model=TaskBody, responses=errors(401, 404, 409, 422, tagged=200))
+def get_task(task_id: TaskId, ctx: Ctx, _who: Reader, response: Response) -> dict[str, Any]:
+    """Where the task stands: state, status, seq and the triggers it allows now. The ETag is the seq."""
+    return task_body(response, ctx.engine.get(task_id))
+
+
+@task_api.get("/tasks/{task_id}/history", response_model=list[EventBody], responses=errors(401, 404, 422))
+def history(task_id: TaskId, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
+    """Every event of the task's log, in order, with its hashes."""
+    return [e.to_dict() for e in ctx.engine.history(task_id)]
+
+
+COMMAND_ERRORS = errors(401, 403, 404, 409, 412, 413, 422, tagged=200)
+
+
+@task_api.post("/tasks/{task_id}/signal", response_model=TaskBody, responses=COMMAND_ERRORS)
+def signal(
+    task_id: TaskId, body: SignalRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Fire a trigger the current state allows (a customer's reply, an operator's resume). System triggers (tool
+    outcomes, deadlines, repairs) are refused with FORBIDDEN; approval decisions go through /approve and /reject.
+    With If-Match (the task's ETag) a task that moved since is 412; with `expected_seq` in the body, 409."""
+    if body.trigger in DECISIONS:  # they go through /approve and /reject, which take the digest shown
+        raise Refused(
+            f"{body.trigger!r} is an approval decision: POST /api/tasks/{{id}}/{body.trigger} instead",
+            code=Code.TRIGGER_NOT_ALLOWED,
+            task_id=task_id,
+            trigger=body.trigger,
+        )
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.fire(task_id, body.trigger, body.payload, actor=who.actor, expected_seq=pre.expected_seq)
+    return task_body(response, ctx.engine.view(task))
+
+
+@task_api.post("/tasks/{task_id}/cancel", response_model=TaskBody, responses=COMMAND_ERRORS)
+def cancel(
+    task_id: TaskId, body: CancelRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Cancel the task from any non-terminal state; the reason is recorded. While a write tool call is in flight
+    the cancel is recorded as requested (`cancel_requested`) and takes effect when the call settles."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.cancel(task_id, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq)
+    return task_body(response, ctx.engine.view(task))
+
+
+@task_api.post("/tasks/{task_id}/settle", response_model=TaskBody, responses=COMMAND_ERRORS)
+def settle(
+    task_id: TaskId, body: SettleRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Record what happened to the write tool call whose outcome is unknown (`unsettled`): an operator's assertion,
+    with the evidence it rests on, that the call was executed or not. The engine checks the operator's role."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.settle(
+            task_id, actor=who.actor, outcome=body.outcome, evidence=body.evidence, expected_seq=pre.expected_seq
+        )
+    return task_body(response, ctx.engine.view(task))
+
+
+@task_api.get("/tasks/{task_id}/replay", response_model=ReplayBody, responses=errors(401, 404, 422))
+def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
+    """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
+    legal in its pinned definition, and that the fold matches the stored state. `ok` is false with findings."""
+    report: dict[str, Any] = ctx.engine.replay(task_id).to_dict()
+    return report
+
+
+@task_api.get(
+    "/tasks/{task_id}/diagram",
+    name="diagram",
+    response_model=DiagramBody,
+    responses=errors(401, 404, 409, 422),
+)
+def task_diagram_body(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
+    """The task's workflow version as a Mermaid state diagram, with the path the task took highlighted."""
+    task = ctx.engine.load(task_id)
+    return task_diagram(ctx.engine.definition_of(task), ctx.engine.events_of(task))
+
+
+# -- the API over approvals ------------------------------------------------------------------------
+@approval_api.get("/approvals", response_model=list[PendingApproval], responses=errors(401, 422))
+def approvals(
+    ctx: Ctx,
+    _who: Reader,
+    role: Annotated[str | None, Query(max_length=200, description="Only decisions this role takes.")] = None,
+) -> list[dict[str, Any]]:
+    """Tasks waiting at an approval state, each with the prepared call and its digest."""
+    return ctx.engine.approvals(role=role)
+
+
+@approval_api.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=COMMAND_ERRORS)
+def approve(
+    task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Approve the prepared call whose digest the body names. Two approvers at once: one decision, the other 409
+    (412 if it sent If-Match)."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.approve(
+            task_id, actor=who.actor, prepared_digest=body.digest, comment=body.comment, expected_seq=pre.expected_seq
+        )
+    return task_body(response, ctx.engine.view(task))
+
+
+@approval_api.post("/tasks/{task_id}/reject", response_model=TaskBody, responses=COMMAND_ERRORS)
+def reject(
+    task_id: TaskId, body: RejectRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Reject the decision the task waits on; the reason is recorded with it."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.reject(task_id, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq)
+    return task_body(response, ctx.engine.view(task))
+
+
+# -- the API over definitions ----------------------------------------------------------------------
+Name = Annotated[str, Path(pattern=NAME_PATTERN, description="Workflow name.")]
+
+
+def version_body(wf: Workflow) -> dict[str, Any]:
+    return {
+        "version": wf.version,
+        "ref": wf.ref,
+        "digest": wf.digest,
+        "initial": wf.initial_state,
+        "states": [s.name for s in wf.states],
+        "description": wf.description,
+    }
+
+
+def workflow_body(registry: Registry, name: str) -> dict[str, Any]:
+    newest = registry.get(name)  # WORKFLOW_UNKNOWN if there is none
+    return {
+        "name": name,
+        "newest": newest.version,
+        "versions": [version_body(registry.get(name, v)) for v in registry.versions(name)],
+    }
+
+
+@workflow_api.get("/workflows", response_model=list[WorkflowBody], responses=errors(401))
+def workflows(ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
+    """Every workflow this server's code defines, with all its versions."""
+    registry = ctx.engine.registry
+    names = list(dict.fromkeys(wf.name for wf in registry))
+    return [workflow_body(registry, name) for name in names]
+
+
+@workflow_api.get("/workflows/{name}", response_model=WorkflowBody, responses=errors(401, 404, 422))
+def workflow(name: Name, ctx: Ctx, _who: Reader) -> dict[str, Any]:
+    """One workflow's versions."""
+    return workflow_body(ctx.engine.registry, name)
+
+
+@workflow_api.get(
+    "/workflows/{name}/diagram",
+    name="diagram",
+    response_model=DiagramBody,
+    responses=errors(401, 404, 422),
+)
+def workflow_diagram_body(
+    name: Name,
+    ctx: Ctx,
+    _who: Reader,
+    version: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="Version (default: newest).")] = None,
+) -> dict[str, Any]:
+    """The version's state diagram (Mermaid)."""
+    return workflow_diagram(ctx.engine.registry.get(name, version))
+
+
+# -- the pages -------------------------------------------------------------------------------------
+Csrf = Annotated[str, Form(max_length=200)]
+#: The seq a decision form was rendered at. Optional only so a hand-made post still gets the engine's own refusal;
+#: the pages always send it.
+Seq = Annotated[int | None, Form(ge=1, le=MAX_SEQ)]
+
+
+def _cookie(response: Response, ctx: Context, name: str, value: str, max_age: int) -> None:
+    response.set_cookie(
+        name, value, max_age=max_age, httponly=True, samesite="strict", secure=ctx.secure_cookies, path="/"
+    )
+
+
+def _check_csrf(session: Session, presented: str) -> None:
+    if not same_token(session.csrf, presented):
+        raise Refused(
+            "the form's CSRF token is missing or stale: reload the page and try again",
+            code=Code.FORBIDDEN,
+            reason="csrf",
+        )
+
+
+@pages.get("/")
+def home() -> Response:
+    return RedirectResponse("/inbox", status_code=303)
+
+
+@pages.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, ctx: Ctx) -> Response:
+    cookie, csrf = ctx.signer.login()
+    response = render(request, "login.html", session=None, csrf=csrf, error=None)
+    _cookie(response, ctx, LOGIN_COOKIE, cookie, LOGIN_SECONDS)
+    return response
+
+
+@pages.post("/login")
+def login(request: Request, ctx: Ctx, token: Annotated[str, Form(max_length=500)], csrf: Csrf) -> Response:
+    if not same_token(ctx.signer.read_login(request.cookies.get(LOGIN_COOKIE)), csrf):
+        raise Refused("the login form expired: reload the page and try again", code=Code.FORBIDDEN, reason="csrf")
+    principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
+    if principal is None:
+        cookie, fresh = ctx.signer.login()
+        again = render(
+            request, "login.html", 401, session=None, csrf=fresh, error="That token is not one this server knows."
+        )
+        _cookie(again, ctx, LOGIN_COOKIE, cookie, LOGIN_SECONDS)
+        return again
+    session_cookie, _data = ctx.signer.session(principal.token_hash)
+    response = RedirectResponse("/inbox", status_code=303)
+    _cookie(response, ctx, SESSION_COOKIE, session_cookie, SESSION_SECONDS)
+    response.delete_cookie(LOGIN_COOKIE, path="/")
+    return response
+
+
+@pages.post("/logout")
+def logout(session: PageSession, csrf: Csrf) -> Response:
+    _check_csrf(session, csrf)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+@pages.get("/inbox", response_class=HTMLResponse)
+def inbox_page(
+    request: Request, ctx: Ctx, session: PageSession, role: Annotated[str | None, Query(max_length=200)] = None
+) -> Response:
+    items = inbox(ctx.engine, session.principal, role or None)
+    mine = [i for i in items if i.can_decide]
+    others = [i for i in items if not i.can_decide]
+    return render(request, "inbox.html", session=session, mine=mine, others=others, role=role or "")
+
+
+@pages.get("/tasks", response_class=HTMLResponse)
+def tasks_page(
+    request: Request,
+    ctx: Ctx,
+    session: PageSession,
+    workflow: Annotated[str, Query(pattern=f"^$|{NAME_PATTERN}")] = "",
+    state: Annotated[str, Query(pattern=f"^$|{STATE_PATTERN}")] = "",
+    status: Annotated[str, Query(pattern="^(|runnable|blocked|terminal)$")] = "",
+) -> Response:
+    found = list_tasks(ctx.engine.store, TaskFilter(workflow or None, state or None, status or None, 200))
+    names = list(dict.fromkeys(wf.name for wf in ctx.engine.registry))
+    states = sorted({s.name for wf in ctx.engine.registry for s in wf.all_states})
+    return render(
+        request,
+        "tasks.html",
+        session=session,
+        tasks=found,
+        workflows=names,
+        states=states,
+        statuses=[str(s) for s in Status],
+        chosen={"workflow": workflow, "state": state, "status": status},
+    )
+
+
+@pages.get("/tasks/{task_id}", response_class=HTMLResponse)
+def task_page_view(
+    request: Request,
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PageSession,
+    done: Annotated[str, Query(pattern="^(|approved|rejected)$")] = "",
+) -> Response:
+    page = task_page(ctx.engine, task_id, session.principal)
+    return render(request, "task.html", session=session, page=page, done=done)
+
+
+@pages.post("/tasks/{task_id}/approve")
+def approve_page(
+    request: Request,
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PageSession,
+    csrf: Csrf,
+    digest: Annotated[str, Form(max_length=64)] = "",
+    comment: Annotated[str, Form(max_length=2000)] = "",
+    seq: Seq = None,
+) -> Response:
+    _check_csrf(session, csrf)
+    require_writer(session.principal)
+    pre = precondition(None, seq)
+    with acting_on(ctx.engine, task_id, pre):
+        ctx.engine.approve(
+            task_id,
+            actor=session.principal.actor,
+            prepared_digest=digest or None,
+            comment=comment,
+            expected_seq=pre.expected_seq,
+        )
+    return RedirectResponse(f"/tasks/{task_id}?done=approved", status_code=303)
+
+
+@pages.post("/tasks/{task_id}/reject")
+def reject_page(
+    request: Request,
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PageSession,
+    csrf: Csrf,
+    reason: Annotated[str, Form(min_length=1, max_length=2000)],
+    seq: Seq = None,
+) -> Response:
+    _check_csrf(session, csrf)
+    require_writer(session.principal)
+    pre = precondition(None, seq)
+    with acting_on(ctx.engine, task_id, pre):
+        ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
+    return RedirectResponse(f"/tasks/{task_id}?done=rejected", status_code=303)

@@ -1,0 +1,62 @@
+"""The commands over human decisions: what waits for one, approve, reject."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from engine.cli import render
+from engine.cli.exits import open_engine
+from engine.cli.options import ActorOpt, ExpectedSeq, JsonFlag, ReasonOpt, TaskId
+from engine.cli.tasks import act
+from engine.runtime.engine import Engine
+
+
+def approvals(
+    role: Annotated[str | None, typer.Option("--role", help="Only decisions this role may take.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Tasks waiting for a human decision, with the prepared call each one would approve."""
+    with open_engine() as engine:
+        pending = engine.approvals(role=role)
+    render.approvals(pending, as_json)
+
+
+def approve(
+    task_id: TaskId,
+    actor: ActorOpt,
+    digest: Annotated[
+        str | None,
+        typer.Option("--digest", help="Digest of the prepared call you reviewed (railyard approvals shows it)."),
+    ] = None,
+    comment: Annotated[str, typer.Option("--comment", help="Recorded with the decision.")] = "",
+    expected_seq: ExpectedSeq = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Approve the prepared call a task is waiting on. Without --digest, the one shown now is approved."""
+
+    def decide_now(engine: Engine) -> Any:
+        named, seen = digest, expected_seq
+        if named is None:
+            task = engine.load(task_id)
+            prepared = task.prepared
+            named = prepared["digest"] if prepared else None
+            # Approving what was just shown: decided on that seq, so nothing that changed since is approved.
+            seen = task.seq if seen is None else seen
+            if prepared:
+                render.approving(prepared)
+        return engine.approve(task_id, actor=actor, prepared_digest=named, comment=comment, expected_seq=seen)
+
+    act(decide_now, as_json)
+
+
+def reject(
+    task_id: TaskId,
+    actor: ActorOpt,
+    reason: ReasonOpt,
+    expected_seq: ExpectedSeq = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Reject the decision a task is waiting on."""
+    act(lambda e: e.reject(task_id, actor=actor, reason=reason, expected_seq=expected_seq), as_json)

@@ -1,0 +1,123 @@
+"""The audit commands: replay logs, export them, verify an export offline, archive ended tasks.
+
+A finding is exit 3, each with a stable code; a clean run is 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engine.cli import render
+from engine.cli.exits import EXIT_AUDIT, fail, open_engine, registry
+from engine.cli.options import JsonFlag, instant
+from engine.core.errors import Code, RailyardError, Refused
+
+#: What `replay` and `export` read: one TASK, or --all of them narrowed by --workflow and --since.
+OneTask = Annotated[str | None, typer.Argument(help="Task id (or --all).")]
+AllTasks = Annotated[bool, typer.Option("--all", help="Every task, streamed.")]
+OnlyWorkflow = Annotated[str | None, typer.Option("--workflow", help="With --all: only this workflow.")]
+ChangedSince = Annotated[
+    str | None, typer.Option("--since", help="With --all: only tasks changed at or after this date (ISO 8601).")
+]
+
+
+def _one_or_all(task_id: str | None, all_tasks: bool, *scoped: tuple[str, object]) -> None:
+    """TASK and --all exclude each other; --workflow and --since only narrow --all."""
+    if (task_id is None) == (not all_tasks):
+        raise typer.BadParameter("give a TASK or --all (not both)")
+    for option, value in scoped:
+        if task_id is not None and value is not None:
+            raise typer.BadParameter(f"{option} goes with --all, not with a TASK", param_hint=option)
+
+
+def replay(
+    task_id: OneTask = None,
+    all_tasks: AllTasks = False,
+    workflow: OnlyWorkflow = None,
+    since: ChangedSince = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", min=0, help="Processes that check (0: one per CPU available; 1: this one only).")
+    ] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Check task logs without calling any model or tool: hash chain, seq, legal transitions, row and snapshots.
+
+    Exit 3 when anything is found (each finding has a stable code), 0 when the logs prove their state.
+    """
+    from engine.audit.parallel import available_jobs
+
+    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
+    since_at = instant(since, "--since")
+    jobs = jobs or available_jobs()
+    with open_engine() as engine:
+        if task_id is not None:
+            report = engine.replay(task_id, jobs=jobs)
+            render.replayed(report, as_json)
+            found = not report.ok
+        else:
+            reports = engine.replay_all(workflow=workflow, since=since_at, jobs=jobs)
+            found = render.audit_totals(reports, as_json, "replayed")
+    if found:
+        raise typer.Exit(EXIT_AUDIT)
+
+
+def export(
+    task_id: OneTask = None,
+    all_tasks: AllTasks = False,
+    workflow: OnlyWorkflow = None,
+    since: ChangedSince = None,
+) -> None:
+    """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools."""
+    from engine.audit.export import export_lines
+
+    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
+    since_at = instant(since, "--since")
+    with open_engine() as engine:
+        if task_id is not None and engine.store.row(task_id) is None:
+            fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
+        items = engine.logs(None if task_id is None else [task_id], workflow=workflow, since=since_at)
+        render.jsonl(export_lines(items))
+
+
+def verify_export_command(
+    path: Annotated[
+        Path,
+        typer.Argument(help="An export file (railyard export ... > FILE).", exists=True, dir_okay=False, readable=True),
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Check an export offline, with only the file and the workflow definitions (RAILYARD_WORKFLOWS).
+
+    Every hash, the chain, seq, each transition's legality and each task's final state. Exit 3 on any finding.
+    """
+    from engine.audit.export import verify_export
+
+    definitions = registry()
+    with path.open("rb") as lines:
+        found = render.audit_totals(verify_export(lines, definitions.find), as_json, "verified")
+    if found:
+        raise typer.Exit(EXIT_AUDIT)
+
+
+def archive(
+    before: Annotated[str, typer.Option("--before", help="Archive tasks that ended before this date (ISO 8601).")],
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Tasks per archive file.")] = 500,
+    as_json: JsonFlag = False,
+) -> None:
+    """Move ended tasks' events to JSON Lines files in RAILYARD_ARCHIVE_DIR, verified before anything is deleted.
+
+    Each task keeps its row as a tombstone naming its file and the file's sha256;
+    `show`, `history` and `replay` read archived tasks from their file.
+    """
+    cutoff = instant(before, "--before")
+    assert cutoff is not None
+    with open_engine() as engine:
+        try:
+            done = engine.archive(cutoff, batch=batch)
+        except RailyardError as error:
+            fail(error)
+        directory = str(engine.archive_dir)
+    render.archived(done, directory, as_json)

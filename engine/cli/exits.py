@@ -1,0 +1,61 @@
+"""The exit-code contract, and the one way a command fails: its code on stderr, its exit status from the code.
+
+0 ok, 1 a domain refusal, 2 a usage error (or a process set up wrong), 3 an
+audit finding. `docs/errors.md` lists each code's exit status from the sets
+here (`tools/gen_errors_doc.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import typer
+
+from engine.cli import render
+from engine.core.errors import Category, Code, RailyardError
+from engine.runtime import config
+from engine.runtime.engine import Engine
+from engine.runtime.registry import Registry
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_AUDIT = 3
+
+#: Codes that report a broken log rather than a refused request: exit 3.
+AUDIT_CODES = frozenset(code for code in Code if code.category is Category.INTEGRITY)
+
+#: Codes that say the process is set up wrong, not that the request was refused: exit 2, like a usage error.
+CONFIG_CODES = frozenset(code for code in Code if code.category is Category.CONFIG)
+
+
+def exit_status(code: Code) -> int:
+    """The exit status of a command refused with `code`."""
+    if code in AUDIT_CODES:
+        return EXIT_AUDIT
+    return EXIT_USAGE if code in CONFIG_CODES else EXIT_REFUSED
+
+
+def fail(error: RailyardError) -> NoReturn:
+    render.refusal(error)
+    raise typer.Exit(exit_status(error.code))
+
+
+@contextmanager
+def open_engine() -> Iterator[Engine]:
+    """The engine over RAILYARD_DATABASE_URL; a `RailyardError` inside the block ends the command through `fail`."""
+    try:
+        with Engine(config.database_url()) as engine:
+            yield engine
+    except RailyardError as error:
+        fail(error)
+
+
+def registry() -> Registry:
+    """The workflow definitions RAILYARD_WORKFLOWS names, for the commands that need no database."""
+    try:
+        return Registry.from_env()
+    except RailyardError as error:
+        fail(error)

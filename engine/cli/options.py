@@ -1,0 +1,44 @@
+"""The options several commands share, and the readers of values typed on the command line."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+
+from engine.core.canonical import parse_instant
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+TaskId = Annotated[str, typer.Argument(help="Task id.")]
+ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")]
+#: A human command names the seq it was decided on; without it, it is decided on the task as read when it runs.
+ExpectedSeq = Annotated[
+    int | None, typer.Option("--expected-seq", help="Refuse (CONCURRENCY_CONFLICT) if the task moved past this seq.")
+]
+VersionOpt = Annotated[int | None, typer.Option("--version", help="Version (default: newest).")]
+
+
+def parse_json(value: str | None, option: str) -> dict[str, Any] | None:
+    """A JSON object given as an option's value (None if the option was not given)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc.msg}", param_hint=option) from None
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint=option)
+    return parsed
+
+
+def instant(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 date or time from the command line; without a zone it is UTC."""
+    if text is None:
+        return None
+    try:
+        return parse_instant(text.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is neither a seq nor an ISO 8601 date or time", param_hint=option) from None

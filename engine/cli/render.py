@@ -1,0 +1,388 @@
+"""Everything the `railyard` command prints goes through here: the consoles, JSON, the tables and the lines.
+
+Standard output carries the answer (a table, a line, or with `--json` one JSON
+document); standard error carries refusals and notes, so a script reads one
+and a person the other. Each kind of answer has one function that prints both
+its forms. An event reads the same here as on the pages and in the logs: its
+summary is `engine.core.summary.summarise`, its code `engine.core.payloads.event_code`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.audit.archive import ArchiveRun
+from engine.core.canonical import format_instant
+from engine.core.errors import RailyardError
+from engine.core.events import Event
+from engine.core.payloads import event_code
+from engine.core.replay import ReplayReport
+from engine.core.summary import compact, summarise
+from engine.runtime.engine import TaskView
+
+#: How wide `history` prints its table when the output is not a terminal.
+HISTORY_WIDTH = 160
+
+out = Console()
+# soft_wrap: a refusal stays on one line (`CODE: message`) however narrow the terminal, for scripts.
+err = Console(stderr=True, soft_wrap=True)
+
+
+# -- the plain forms -------------------------------------------------------------------------------
+def say(text: str) -> None:
+    """One line of the answer, on stdout."""
+    out.print(text)
+
+
+def note(text: str) -> None:
+    """A line for the person at the terminal (what is being done, a worker's progress), on stderr."""
+    err.print(text, highlight=False)
+
+
+def refusal(error: RailyardError) -> None:
+    """`CODE: message` on stderr, on one line."""
+    err.print(f"[bold red]{error.code}[/]: {error.message}", highlight=False, markup=True)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def text(value: str) -> None:
+    """Text printed as it is (a diagram's source): no markup, no wrapping."""
+    sys.stdout.write(value + "\n")
+
+
+def jsonl(lines: Iterable[str]) -> None:
+    """Lines already encoded (an export), written to stdout as UTF-8 bytes."""
+    sink = sys.stdout.buffer
+    for line in lines:
+        sink.write(line.encode("utf-8"))
+    sink.flush()
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _when(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(title: str, columns: Iterable[str], rows: Iterable[Sequence[str]]) -> Table:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+# -- tasks -----------------------------------------------------------------------------------------
+def task_line(view: TaskView) -> None:
+    """`TASK: STATE (seq N, STATUS)`: where a task stands after a command."""
+    out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
+
+
+def started(view: TaskView, as_json: bool) -> None:
+    if as_json:
+        print_json(view.to_dict())
+    else:
+        out.print(view.task_id)
+
+
+def fired(view: TaskView, as_json: bool) -> None:
+    """The task after a human command; a cancel that waits for a write in flight says so."""
+    if as_json:
+        print_json(view.to_dict())
+        return
+    task_line(view)
+    if view.cancel_requested is not None and view.unsettled is not None:
+        # Not applied yet, and not lost: say so, or a person who just cancelled sees the task still running.
+        write = view.unsettled
+        out.print(
+            f"cancel requested by {view.cancel_requested['actor']}: it takes effect once the outcome of "
+            f"{write['tool']} (action {write['action_id']}, {write['status']}) is on record",
+            highlight=False,
+        )
+
+
+def task(view: TaskView, point: Event | None, as_json: bool) -> None:
+    """`show`: where the task stands, or with `point` where it stood right after that event."""
+    if as_json:
+        shown = view.to_dict()
+        if point is not None:
+            shown["as_of"] = {
+                "seq": point.seq,
+                "at": format_instant(point.at),
+                "actor": point.actor,
+                "trigger": point.trigger,
+            }
+        print_json(shown)
+        return
+    title = f"task {view.task_id}" + (f" as of seq {point.seq}" if point is not None else "")
+    table = Table(show_header=False, title=title)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    if point is not None:
+        table.add_row("as of", f"seq {point.seq}: {point.trigger} by {point.actor} at {_when(point.at)} UTC")
+    table.add_row("workflow", f"{view.workflow}@{view.version}")
+    table.add_row("state", f"{view.state} ({view.kind})")
+    table.add_row("status", view.status)
+    table.add_row("seq", str(view.seq))
+    table.add_row("allowed", ", ".join(view.allowed) or "(none: terminal)")
+    if view.unsettled is not None:
+        u = view.unsettled
+        table.add_row(
+            "write open",
+            f"{u['tool']} action {u['action_id']}: {u['status']} (recorded in "
+            f"{u['state']}; the task cannot end until its outcome is settled)",
+        )
+    if view.cancel_requested is not None:
+        c = view.cancel_requested
+        table.add_row(
+            "cancel requested",
+            f"by {c['actor']} at seq {c['seq']} ({c['reason']}): takes effect when the write's outcome is recorded",
+        )
+    table.add_row("input", compact(view.input))
+    if point is not None:
+        table.add_row("facts", compact(view.facts))
+    out.print(table)
+
+
+def history_table(events: Iterable[Event], title: str | None = None) -> Table:
+    """The timeline as a Rich table (seq, time, actor, from, trigger, to, code, a summary of the data)."""
+    table = Table(title=title, show_lines=False)
+    for column in ("seq", "at (UTC)", "actor", "from", "trigger", "to", "code", "data"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("seq", "at (UTC)", "trigger", "code"))
+    for ev in events:
+        table.add_row(
+            str(ev.seq),
+            _when(ev.at),
+            ev.actor,
+            ev.from_state or "",
+            ev.trigger,
+            ev.to_state,
+            event_code(ev.data) or "",
+            summarise(ev, 60),
+        )
+    return table
+
+
+def history(task_id: str, events: list[Event], as_json: bool) -> None:
+    if as_json:
+        print_json([e.to_dict() for e in events])
+        return
+    # Piped or redirected, the timeline is not cut to 80 columns: it is read in files and pagers.
+    wide = out if out.is_terminal else Console(width=max(out.width, HISTORY_WIDTH))
+    wide.print(history_table(events, title=f"history of {task_id}"))
+
+
+def ran(view: TaskView, events: list[Event], as_json: bool) -> None:
+    """`run`: each event the model turns appended, one line each, then where the task stands."""
+    if as_json:
+        print_json({"task": view.to_dict(), "events": [e.to_dict() for e in events]})
+        return
+    for ev in events:
+        code = event_code(ev.data)
+        out.print(
+            f"{ev.seq}  {ev.from_state} --{ev.trigger}--> {ev.to_state}  {summarise(ev, 80)}"
+            + (f"  {code}" if code else ""),
+            highlight=False,
+            markup=False,
+        )
+    task_line(view)
+
+
+def status(workflows: list[dict[str, Any]], workers: list[dict[str, Any]], as_json: bool) -> None:
+    """Tasks per workflow, then the live workers (if any)."""
+    if as_json:
+        print_json({"workflows": workflows, "workers": workers})
+        return
+    out.print(
+        _table(
+            "Tasks",
+            ("workflow", "runnable", "leased", "blocked", "terminal", "oldest runnable"),
+            (
+                (
+                    r["workflow"],
+                    str(r["runnable"]),
+                    str(r["leased"]),
+                    str(r["blocked"]),
+                    str(r["terminal"]),
+                    "" if r["oldest_runnable_seconds"] is None else f"{r['oldest_runnable_seconds']:.0f} s",
+                )
+                for r in workflows
+            ),
+        )
+    )
+    if not workers:
+        return
+    columns = ("worker", "seen", "claimed", "transitions", "conflicts", "lease losses", "failures", "claim p99")
+    rows = []
+    for w in workers:
+        p99 = w.get("claim_latency_p99_ms")
+        rows.append(
+            (
+                w["name"],
+                f"{w['seen_seconds_ago']:.0f} s ago",
+                str(w["claimed"]),
+                str(w["transitions"]),
+                str(w["conflicts"]),
+                str(w["lease_losses"]),
+                str(w["failures"]),
+                "" if p99 is None else f"{p99:.0f} ms",
+            )
+        )
+    out.print(_table("Workers", columns, rows))
+
+
+# -- approvals -------------------------------------------------------------------------------------
+def approvals(pending: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print_json(pending)
+        return
+    table = Table(title="Pending approvals")
+    for column in ("task", "workflow", "state", "role", "started by", "prepared call", "digest"):
+        table.add_column(column, overflow="fold")
+    for p in pending:
+        prepared = p["prepared"] or {}
+        call = f"{prepared.get('tool')} {compact(prepared.get('arguments'))}" if prepared else ""
+        table.add_row(
+            p["task_id"], p["workflow"], p["state"], p["role"], p["started_by"], call, (p["digest"] or "")[:16]
+        )
+    out.print(table)
+
+
+def approving(prepared: Mapping[str, Any]) -> None:
+    """`approve` without --digest names the prepared call it approves, on stderr."""
+    note(f"approving prepared call {prepared['tool']} (digest {str(prepared['digest'])[:16]})")
+
+
+# -- audit -----------------------------------------------------------------------------------------
+def findings(report: ReplayReport) -> None:
+    where = f"task {report.task_id}" if report.task_id else "the file"
+    for f in report.findings:  # one line per finding, however narrow the terminal: scripts grep these
+        out.print(f"{where}  {f.code}  seq {f.seq}  {f.message}", highlight=False, markup=False, soft_wrap=True)
+
+
+def replayed(report: ReplayReport, as_json: bool) -> None:
+    """One task's replay: its findings, one line each, then the count."""
+    if as_json:
+        print_json(report.to_dict())
+        return
+    if not report.ok:
+        findings(report)
+    outcome = "no findings" if report.ok else count(len(report.findings), "finding")
+    out.print(f"task {report.task_id} ({report.workflow}): {count(report.events, 'event')}, {outcome}", highlight=False)
+
+
+def audit_totals(reports: Iterable[ReplayReport], as_json: bool, verb: str) -> bool:
+    """Print each report with findings as it arrives, then the totals; True if any finding.
+
+    `--json` streams one object: `reports` (only those with findings), then the counts,
+    so a run over a million tasks never holds its reports in memory.
+    """
+    tasks = events = found = failed = 0
+    if as_json:
+        sys.stdout.write('{"reports": [')
+    for report in reports:
+        if report.task_id:
+            tasks += 1
+            events += report.events
+        if report.ok:
+            continue
+        found += len(report.findings)
+        failed += 1
+        if as_json:
+            sys.stdout.write(("" if failed == 1 else ", ") + json.dumps(report.to_dict(), ensure_ascii=False))
+        else:
+            findings(report)
+    if as_json:
+        sys.stdout.write(
+            f'], "tasks": {tasks}, "events": {events}, "findings": {found}, "ok": {json.dumps(found == 0)}}}\n'
+        )
+    else:
+        outcome = "no findings" if not found else f"{count(found, 'finding')} in {count(failed, 'report')}"
+        out.print(f"{verb} {count(tasks, 'task')}, {count(events, 'event')}: {outcome}", highlight=False)
+    return found > 0
+
+
+def archived(done: ArchiveRun, directory: str, as_json: bool) -> None:
+    if as_json:
+        print_json({"directory": directory, "files": done.files, "tasks": done.tasks, "events": done.events})
+        return
+    out.print(
+        f"archived {count(done.tasks, 'task')} ({count(done.events, 'event')}) to "
+        f"{count(len(done.files), 'file')} in {directory}" + "".join(f"\n  {name}" for name in done.files),
+        highlight=False,
+    )
+
+
+# -- definitions and setup -------------------------------------------------------------------------
+def workflows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print_json(rows)
+        return
+    columns = ("workflow", "version", "states", "initial", "digest", "description")
+    out.print(
+        _table(
+            "Workflows",
+            columns,
+            (
+                (r["workflow"], str(r["version"]), str(r["states"]), r["initial"], r["digest"][:12], r["description"])
+                for r in rows
+            ),
+        )
+    )
+    if not rows:
+        err.print("no workflows registered: set RAILYARD_WORKFLOWS to the modules that define them", highlight=False)
+
+
+def providers(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """The capability profiles and their forcing rungs (several actions / one action)."""
+    if as_json:
+        print_json(rows)
+        return
+    columns = (
+        "profile",
+        "wire",
+        "native schema",
+        "tool_choice (thinking off)",
+        "tool_choice (thinking on)",
+        "rung, thinking off",
+        "rung, thinking on",
+    )
+    out.print(
+        _table(
+            "Capability profiles (rung: several actions / one action)",
+            columns,
+            (
+                (
+                    r["name"],
+                    r["wire"],
+                    r["native_schema"],
+                    ", ".join(r["tool_choice_thinking_off"]) or "(not sent)",
+                    ", ".join(r["tool_choice_thinking_on"]) or "(not sent)",
+                    f"{r['rung_thinking_off']} / {r['rung_thinking_off_one_action']}",
+                    f"{r['rung_thinking_on']} / {r['rung_thinking_on_one_action']}",
+                )
+                for r in rows
+            ),
+        )
+    )
+
+
+def revision(revision: str | None, as_json: bool) -> None:
+    """The schema revision a database is at."""
+    if as_json:
+        print_json({"revision": revision})
+    else:
+        out.print(revision or "base (empty)")

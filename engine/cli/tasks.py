@@ -1,0 +1,229 @@
+"""The commands over tasks: start, show, history, fire, cancel, settle, migrate, run, status."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from engine.cli import render
+from engine.cli.exits import open_engine
+from engine.cli.options import (
+    ActorOpt,
+    ExpectedSeq,
+    JsonFlag,
+    ReasonOpt,
+    TaskId,
+    VersionOpt,
+    instant,
+    parse_json,
+)
+from engine.core.events import Event
+from engine.runtime.engine import Engine
+
+#: A worker not heard from for this long is not listed by `railyard status` (it reports every 10 s).
+WORKER_SEEN_SECONDS = 60
+
+
+def start(
+    workflow: Annotated[str, typer.Argument(help="Workflow name.")],
+    actor: ActorOpt,
+    input_json: Annotated[str | None, typer.Option("--input", help="Task input as a JSON object.")] = None,
+    version: VersionOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Start a task; prints its id."""
+    payload = parse_json(input_json, "--input")
+    with open_engine() as engine:
+        task_id = engine.start(workflow, payload, actor=actor, version=version)
+        view = engine.get(task_id)
+    render.started(view, as_json)
+
+
+def show(
+    task_id: TaskId,
+    as_of: Annotated[
+        str | None,
+        typer.Option(
+            "--as-of",
+            help="SEQ, or a TIMESTAMP (ISO 8601, UTC unless it says): the state right after "
+            "that event, or after the last event written at or before that time.",
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Where a task stands (or stood, with --as-of): state, seq, status, the triggers it allows."""
+    point: Event | None = None
+    with open_engine() as engine:
+        if as_of is None:
+            view = engine.get(task_id)
+        else:
+            seq, at = _point(as_of)
+            try:
+                found = engine.as_of_event(task_id, seq=seq, at=at)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--as-of") from None
+            view, point = engine.view(found.task), found.event
+    render.task(view, point, as_json)
+
+
+def _point(text: str) -> tuple[int | None, datetime | None]:
+    """`--as-of`: a seq (digits) or an instant."""
+    if text.strip().isdigit():
+        return int(text), None
+    return None, instant(text, "--as-of")
+
+
+def history(task_id: TaskId, as_json: JsonFlag = False) -> None:
+    """The task's timeline, one row per event."""
+    with open_engine() as engine:
+        events = engine.history(task_id)
+    render.history(task_id, events, as_json)
+
+
+def act(command: Callable[[Engine], Any], as_json: bool) -> None:
+    """Run a human command on the engine and print the task it leaves (shared with `approvals`)."""
+    with open_engine() as engine:
+        task = command(engine)
+        view = engine.get(task.task_id)
+    render.fired(view, as_json)
+
+
+def fire(
+    task_id: TaskId,
+    trigger: Annotated[str, typer.Argument(help="Trigger the current state allows.")],
+    actor: ActorOpt,
+    payload: Annotated[str | None, typer.Option("--payload", help="Arguments as a JSON object.")] = None,
+    expected_seq: ExpectedSeq = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Fire a human or system trigger (approve, signal, ...) on a task."""
+    args = parse_json(payload, "--payload")
+    act(lambda e: e.fire(task_id, trigger, args, actor=actor, expected_seq=expected_seq), as_json)
+
+
+def cancel(
+    task_id: TaskId,
+    actor: ActorOpt,
+    reason: ReasonOpt,
+    expected_seq: ExpectedSeq = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cancel a task from any non-terminal state.
+
+    While a write call is in flight (or its outcome is unknown) the cancel is recorded as a request and takes
+    effect once the call's outcome is on record: `cancelled` if nothing happened, the workflow's review state
+    if it did.
+    """
+    act(lambda e: e.cancel(task_id, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+
+
+class SettledOutcome(StrEnum):
+    executed = "executed"
+    not_executed = "not_executed"
+
+
+def settle(
+    task_id: TaskId,
+    outcome: Annotated[SettledOutcome, typer.Argument(help="What you verified: executed or not_executed.")],
+    actor: ActorOpt,
+    evidence: Annotated[
+        str,
+        typer.Option("--evidence", help="Where the verification can be checked (a ticket, the provider's reference)."),
+    ],
+    expected_seq: ExpectedSeq = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Record what you verified about a write whose outcome is unknown (the role the workflow names).
+
+    `executed`: the effect happened; a retry then records it as succeeded without sending it. `not_executed`:
+    it did not; only then may a retry send it again. With a cancel waiting, the task goes where it says.
+    """
+    act(
+        lambda e: e.settle(task_id, actor=actor, outcome=outcome.value, evidence=evidence, expected_seq=expected_seq),
+        as_json,
+    )
+
+
+def migrate(
+    task_id: TaskId,
+    to_version: Annotated[int, typer.Option("--to-version", help="The version to move the task to.")],
+    state_map: Annotated[
+        list[str], typer.Option("--map", help="OLD=NEW: where a task in state OLD goes (repeat; only these move).")
+    ],
+    actor: ActorOpt,
+    reason: ReasonOpt,
+    as_json: JsonFlag = False,
+) -> None:
+    """Move an in-flight task to another version of its workflow; one `migrate` event records who and why."""
+    mapping: dict[str, str] = {}
+    for item in state_map:
+        old, sep, new = item.partition("=")
+        if not sep or not old.strip() or not new.strip():
+            raise typer.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--map")
+        mapping[old.strip()] = new.strip()
+    act(lambda e: e.migrate(task_id, to_version, mapping, actor=actor, reason=reason), as_json)
+
+
+def run(
+    task_id: TaskId,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="scripted:PATH, openai:MODEL or anthropic:MODEL (default: RAILYARD_MODEL)."),
+    ] = None,
+    thinking: Annotated[bool, typer.Option("--thinking", help="Ask the model to think (reasoning on).")] = False,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Stop after this many model turns.")] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run model turns while the task is in an agent state; print each event they appended."""
+    from engine.providers import adapter_from_spec
+
+    with open_engine() as engine:
+        adapter = adapter_from_spec(model) if model else None
+        before = engine.get(task_id).seq
+        task = engine.run(task_id, model=adapter, thinking=thinking, max_turns=max_turns)
+        events = engine.store.events(task_id, after_seq=before)
+        view = engine.get(task.task_id)
+    render.ran(view, events, as_json)
+
+
+def status(as_json: JsonFlag = False) -> None:
+    """Tasks per workflow (runnable, leased, blocked, terminal; the oldest runnable's wait) and the live workers."""
+    from engine.core.canonical import now
+
+    at = now()
+    with open_engine() as engine:
+        counts = engine.store.status_counts(at)
+        live = engine.store.workers(seen_since=at - timedelta(seconds=WORKER_SEEN_SECONDS))
+    rows: dict[str, dict[str, Any]] = {}
+    for c in counts:
+        row = rows.setdefault(
+            c["workflow"],
+            {
+                "workflow": c["workflow"],
+                "runnable": 0,
+                "leased": 0,
+                "blocked": 0,
+                "terminal": 0,
+                "oldest_runnable_seconds": None,
+            },
+        )
+        row[c["status"]] = c["tasks"]
+        row["leased"] += c["leased"]
+        if c["status"] == "runnable" and c["oldest_due"] is not None:
+            row["oldest_runnable_seconds"] = max(0.0, round((at - c["oldest_due"]).total_seconds(), 3))
+    workers = [
+        {
+            "name": w.name,
+            "host": w.host,
+            "pid": w.pid,
+            "concurrency": w.concurrency,
+            "seen_seconds_ago": round((at - w.seen_at).total_seconds(), 1),
+            **w.counts,
+        }
+        for w in live
+    ]
+    render.status(list(rows.values()), workers, as_json)

@@ -1,0 +1,108 @@
+"""The long-running commands: `worker` (claims and advances due tasks) and `serve` (the HTTP API and pages)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+from engine.cli import render
+from engine.cli.exits import fail, open_engine
+from engine.core.errors import RailyardError
+from engine.runtime import config
+
+
+def worker(
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Tasks held at once (threads).")] = 4,
+    once: Annotated[bool, typer.Option("--once", help="Claim one batch, advance it, exit.")] = False,
+    workflows: Annotated[
+        str | None, typer.Option("--workflows", help="Only these workflows (comma-separated names).")
+    ] = None,
+    lease_seconds: Annotated[float, typer.Option("--lease-seconds", min=1, help="Lease length.")] = 30.0,
+    model: Annotated[
+        str | None, typer.Option("--model", help="scripted:PATH, openai:MODEL or anthropic:MODEL (RAILYARD_MODEL).")
+    ] = None,
+    grace_seconds: Annotated[
+        float, typer.Option("--grace-seconds", min=0, help="After SIGTERM/SIGINT, how long the tasks in hand get.")
+    ] = 30.0,
+    report_seconds: Annotated[
+        float, typer.Option("--report-seconds", min=0.1, help="How often counts are logged and reported.")
+    ] = 10.0,
+) -> None:
+    """Claim due tasks, advance each until it blocks or ends, release it; until SIGTERM or SIGINT.
+
+    The first signal stops claiming, lets each task in hand finish its current
+    step and hands it back (released, still due: another worker takes it at
+    once); a second signal, or the end of the grace period, exits at once. The
+    log stays consistent either way: every append is atomic, and a task left
+    mid-step is resumed by the next worker when its lease expires.
+    """
+    import signal
+    import threading
+
+    from engine.providers import adapter_from_spec
+    from engine.runtime.worker import Worker
+
+    runner: Worker | None = None
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stopping.is_set():
+            os._exit(128 + signum)
+        stopping.set()
+        if runner is not None:
+            runner.stop()
+        render.note(f"stopping: finishing the steps in hand (at most {grace_seconds:.0f} s)")
+        timer = threading.Timer(grace_seconds, lambda: os._exit(128 + signum))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # One line per transition and the worker's own notes, on stderr, for the operator's log pipeline.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for name in ("railyard.transitions", "railyard.worker"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    with open_engine() as engine:
+        try:
+            adapter = adapter_from_spec(model) if model else None
+        except RailyardError as error:
+            fail(error)
+        names = [w.strip() for w in workflows.split(",") if w.strip()] if workflows else None
+        runner = Worker(
+            engine,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            workflows=names,
+            model=adapter,
+            report_seconds=report_seconds,
+        )
+        try:
+            runner.check_configuration()
+            if runner.model is None and config.model_spec() is not None:
+                runner.model = engine.model = adapter_from_spec(str(config.model_spec()))  # a bad spec: exit 2 now
+        except RailyardError as error:
+            fail(error)
+        listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"
+        render.note(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})")
+        if once:
+            runner.run_once()
+        else:
+            runner.run(stopping)
+    counts = runner.counts.snapshot()
+    render.note(f"{runner.name}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()))
+
+
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
+) -> None:
+    """Serve the HTTP API and the back-office pages (bearer tokens from RAILYARD_TOKENS_FILE; see docs/api.md)."""
+    from engine.api.app import serve as run_server
+
+    try:
+        run_server(host, port)
+    except RailyardError as error:
+        fail(error)
