@@ -30,12 +30,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/append.py
 	$(BIN)/python bench/agent_step.py
 	$(BIN)/python bench/workers.py
+	$(BIN)/python bench/checkpoint.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/replay.py --quick
 	$(BIN)/python bench/append.py --quick
 	$(BIN)/python bench/agent_step.py --quick
 	$(BIN)/python bench/workers.py --quick
+	$(BIN)/python bench/checkpoint.py --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check engine workflows migrations tests bench tools

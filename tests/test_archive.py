@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from engine import Code, Engine, RailyardError, Registry, StaticRoles, migrations
 from engine.core.canonical import now
+from tests.support.insider import sql
 from tests.support.sample_workflows import COUNTER, ROLES
 from tests.support.stores import sql_store
 
@@ -121,7 +122,7 @@ def test_an_edited_or_lost_archive_file_is_an_audit_finding(eng: Engine) -> None
 
 def test_a_log_that_does_not_verify_is_never_archived(eng: Engine) -> None:
     ended, _ = ended_and_running(eng)
-    with sql_store(eng).engine.begin() as conn:  # someone edited an event of the first task
+    with sql(sql_store(eng).url) as conn:  # someone edited an event of the first task
         conn.execute(
             text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 2"),
             {"d": json.dumps({"args": {"n": 99}}), "t": ended[0]},

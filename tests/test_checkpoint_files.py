@@ -14,28 +14,29 @@ from typing import Any
 import pytest
 
 from engine import Code, RailyardError
-from engine.audit.checkpoint import keygen, load_public_key, load_signing_key, read, sign, verifier, write
-from engine.core.checkpoints import Head, consistency_findings, head_findings, inclusion_holds
+from engine.audit.checkpoint import keygen, load_public_key, load_signing_key, read, verify_file, write_signed
+from engine.core.checkpoints import Head, head_findings, inclusion_holds
 
-HEADS = [Head(f"t-{i:03d}", i + 1, f"{i:064x}") for i in (5, 1, 3, 2, 4)]
+HEADS = [Head(f"t-{i:03d}", i + 1, f"{i:064x}") for i in range(1, 6)]
 
 
 def signed(tmp_path: Path) -> tuple[Path, str]:
     public = keygen(tmp_path / "signing.key")
-    checkpoint = sign(HEADS, load_signing_key(tmp_path / "signing.key"), previous_root=None)
-    return write(checkpoint, tmp_path / "checkpoints"), public
+    _, path = write_signed(HEADS, load_signing_key(tmp_path / "signing.key"), tmp_path / "cp", previous_root=None)
+    return path, public
 
 
 def codes(path: Path, public: str) -> list[Code]:
-    return [f.code for f in consistency_findings(read(path), verifier(load_public_key(public)))]
+    return [f.code for f in verify_file(path, load_public_key(public))[1]]
 
 
 def test_a_checkpoint_verifies_with_its_key_and_lists_every_head_in_task_order(tmp_path: Path) -> None:
     path, public = signed(tmp_path)
     assert codes(path, public) == []
     checkpoint = read(path)
-    assert [h.task_id for h in checkpoint.heads] == sorted(h.task_id for h in HEADS)
-    assert checkpoint.header.tree_size == 5 and len(checkpoint.header.root) == 64
+    assert checkpoint.heads == tuple(HEADS)
+    assert checkpoint.header.tree_size == 5 and checkpoint.tree().root().hex() == checkpoint.header.root
+    assert list((tmp_path / "cp").iterdir()) == [path]  # no part file left behind
     assert (tmp_path / "signing.key").stat().st_mode & 0o077 == 0  # the private key is its owner's only
 
 
@@ -82,11 +83,21 @@ def test_another_key_does_not_verify_it(tmp_path: Path) -> None:
 
 
 def test_a_garbled_file_is_an_integrity_finding_not_a_traceback(tmp_path: Path) -> None:
-    path, _ = signed(tmp_path)
+    path, public = signed(tmp_path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join([*lines[:2], "{not json", *lines[3:]]) + "\n", encoding="utf-8")
+    assert codes(path, public) == [Code.CHECKPOINT_INVALID]
     path.write_text("{not json\n", encoding="utf-8")
     with pytest.raises(RailyardError) as caught:
         read(path)
     assert caught.value.code is Code.CHECKPOINT_INVALID
+
+
+def test_heads_out_of_order_are_refused_before_anything_is_signed(tmp_path: Path) -> None:
+    keygen(tmp_path / "k")
+    with pytest.raises(ValueError):
+        write_signed(list(reversed(HEADS)), load_signing_key(tmp_path / "k"), tmp_path / "cp", previous_root=None)
+    assert list((tmp_path / "cp").iterdir()) == []
 
 
 def test_a_public_key_that_is_not_one_is_a_config_error(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from engine import Code, ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, Workflow, verify_chain
+from tests.support.insider import sql
 from tests.support.postgres import libpq as _libpq
 from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
 from tests.support.stores import sql_store
@@ -263,7 +264,7 @@ def test_each_transition_logs_one_structured_line(eng: Engine, caplog: pytest.Lo
 def test_an_event_whose_data_is_no_longer_json_is_a_coded_refusal(eng: Engine, garbage: str) -> None:
     task_id = eng.start("counter", {}, actor="ann")
     eng.fire(task_id, "tick", {"n": 1}, actor="model")
-    with sql_store(eng).engine.begin() as conn:
+    with sql(sql_store(eng).url) as conn:
         conn.execute(text("UPDATE events SET data = :d WHERE task_id = :t AND seq = 2"), {"d": garbage, "t": task_id})
     for read in (eng.load, eng.history):
         with pytest.raises(RailyardError) as caught:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from engine import ConcurrencyConflict, Event, LeaseLost, StoreError
 from engine.core.canonical import now
 from engine.core.chain import verify_chain
+from engine.core.checkpoints import Header
 from engine.core.errors import Code
 from engine.core.rows import Claim, Snapshot, TaskRow, WorkerReport
 from engine.store import MemoryStore, SqlStore, Store, open_store
@@ -516,3 +517,32 @@ def test_random_appends_leave_the_same_gap_free_log_and_refusals_on_every_backen
 
 
 EXAMPLES = itertools.count()
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------------
+def test_heads_come_in_task_id_byte_order_and_event_hashes_are_read_back(store: Store) -> None:
+    logs = {task_id: started(store, task_id) for task_id in ("t-b", "t-B", "t-a", "t-é", "t-10", "t-9")}
+    for log in logs.values():
+        store.append(log.task_id, 1, log.take(2), status="runnable")
+    heads = list(store.heads())
+    assert [h.task_id for h in heads] == sorted(logs, key=str.encode)  # byte order, whatever the locale says
+    assert [(h.seq, h.hash) for h in heads] == [(3, logs[h.task_id].events[-1].hash) for h in heads]
+    wanted = [("t-a", 2), ("t-é", 3), ("t-a", 9), ("nobody", 1)]
+    assert store.event_hashes(wanted) == {
+        ("t-a", 2): logs["t-a"].events[1].hash,
+        ("t-é", 3): logs["t-é"].events[2].hash,
+    }
+
+
+def test_the_last_checkpoint_noted_is_the_newest_and_a_file_is_noted_once(store: Store) -> None:
+    assert store.last_checkpoint() is None
+    older = Header(2, "a" * 64, "2026-12-01T10:00:00.000000Z", None, "k" * 16)
+    newer = Header(3, "b" * 64, "2026-12-01T11:00:00.000000Z", "a" * 64, "k" * 16)
+    store.record_checkpoint(newer, "b.jsonl")
+    store.record_checkpoint(older, "a.jsonl")
+    assert store.last_checkpoint() == (newer, "b.jsonl")
+    quiet = Header(3, "b" * 64, "2026-12-01T12:00:00.000000Z", "b" * 64, "k" * 16)  # nothing changed since: same root
+    store.record_checkpoint(quiet, "c.jsonl")
+    assert store.last_checkpoint() == (quiet, "c.jsonl")
+    with pytest.raises(StoreError):
+        store.record_checkpoint(older, "a.jsonl")

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -23,8 +25,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from engine.core.canonical import format_instant, now
-from engine.core.checkpoints import FORMAT, Checkpoint, Head, Header, header_for, in_order, key_id
+from engine.core.chain import Finding
+from engine.core.checkpoints import FORMAT, Checkpoint, Head, Header, head_findings, key_id
 from engine.core.errors import Code, IntegrityError, RailyardError
+from engine.core.merkle import RootBuilder, leaf_hash
+from engine.core.replay import ReplayReport
+from engine.store.protocol import Store
 
 _RAW = serialization.Encoding.Raw, serialization.PublicFormat.Raw
 
@@ -80,72 +86,180 @@ def public_hex(key: Ed25519PublicKey) -> str:
     return key.public_bytes(*_RAW).hex()
 
 
-def verifier(key: Ed25519PublicKey) -> Callable[[bytes, bytes], bool]:
-    """The signature check `consistency_findings` takes, for this public key."""
-
-    def verify(signature: bytes, message: bytes) -> bool:
-        try:
-            key.verify(signature, message)
-        except InvalidSignature:
-            return False
-        return True
-
-    return verify
-
-
-def sign(heads: Iterable[Head], key: Ed25519PrivateKey, *, previous_root: str | None) -> Checkpoint:
-    ordered = in_order(heads)
-    header = header_for(
-        ordered,
-        at=format_instant(now()),
-        previous_root=previous_root,
-        signer=key_id(key.public_key().public_bytes(*_RAW)),
-    )
-    return Checkpoint(header, key.sign(header.signed_bytes()).hex(), ordered)
-
-
-def write(checkpoint: Checkpoint, directory: Path) -> Path:
-    """Write `checkpoint` as a new file in `directory` (never over another) and return its path."""
+def write_signed(
+    heads: Iterable[Head], key: Ed25519PrivateKey, directory: Path, *, previous_root: str | None
+) -> tuple[Header, Path]:
+    """Sign the heads (in task id byte order, as `Store.heads` gives them) and write the checkpoint as a new file
+    in `directory`. Streamed: the Merkle root is built one leaf at a time and the heads go to disk as they come,
+    so memory stays flat in the number of tasks."""
     directory.mkdir(parents=True, exist_ok=True)
-    h = checkpoint.header
-    stamp = h.at.replace(":", "").replace("-", "")
-    path = directory / f"checkpoint-{stamp}-{h.tree_size}-{h.root[:12]}.jsonl"
-    first = {
+    builder, last = RootBuilder(), b""
+    fd, part = tempfile.mkstemp(dir=directory, suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as body:
+            for head in heads:
+                name = head.task_id.encode()
+                if builder.size and name <= last:
+                    raise ValueError(f"heads out of task id order at {head.task_id!r}")
+                last = name
+                leaf = head.leaf()  # the canonical JSON line is both the leaf's data and the file's line
+                builder.add(leaf_hash(leaf))
+                body.write(leaf.decode() + "\n")
+        signer = key_id(key.public_key().public_bytes(*_RAW))
+        header = Header(builder.size, builder.root().hex(), format_instant(now()), previous_root, signer)
+        signature = key.sign(header.signed_bytes()).hex()
+        stamp = header.at.replace(":", "").replace("-", "")
+        path = directory / f"checkpoint-{stamp}-{header.tree_size}-{header.root[:12]}.jsonl"
+        with path.open("x", encoding="utf-8") as out, open(part, encoding="utf-8") as heads_text:
+            out.write(json.dumps({**_header_fields(header), "signature": signature}, sort_keys=True) + "\n")
+            shutil.copyfileobj(heads_text, out)
+        return header, path
+    finally:
+        Path(part).unlink(missing_ok=True)
+
+
+def _header_fields(header: Header) -> dict[str, object]:
+    return {
         "format": FORMAT,
-        "tree_size": h.tree_size,
-        "root": h.root,
-        "at": h.at,
-        "previous_root": h.previous_root,
-        "key_id": h.key_id,
-        "signature": checkpoint.signature,
+        "tree_size": header.tree_size,
+        "root": header.root,
+        "at": header.at,
+        "previous_root": header.previous_root,
+        "key_id": header.key_id,
     }
-    lines = [json.dumps(first, sort_keys=True, separators=(",", ":"))]
-    lines += [json.dumps([head.task_id, head.seq, head.hash], separators=(",", ":")) for head in checkpoint.heads]
-    with path.open("x", encoding="utf-8") as out:
-        out.write("\n".join(lines) + "\n")
-    return path
+
+
+def read_header(path: Path) -> tuple[Header, str]:
+    """The signed header of a checkpoint file and its signature (hex)."""
+    try:
+        with path.open(encoding="utf-8") as lines:
+            first = json.loads(lines.readline())
+    except OSError as exc:
+        raise RailyardError(f"cannot read the checkpoint {path}: {exc}", code=Code.CONFIG_INVALID) from None
+    except ValueError as exc:
+        raise IntegrityError(f"{path} is not a readable checkpoint: {exc}", code=Code.CHECKPOINT_INVALID) from None
+    try:
+        if first.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} file")
+        previous = first["previous_root"]
+        header = Header(
+            int(first["tree_size"]),
+            str(first["root"]),
+            str(first["at"]),
+            None if previous is None else str(previous),
+            str(first["key_id"]),
+        )
+        return header, str(first["signature"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IntegrityError(f"{path} is not a readable checkpoint: {exc}", code=Code.CHECKPOINT_INVALID) from None
+
+
+def read_heads(path: Path) -> Iterator[Head]:
+    """The heads of a checkpoint file, streamed. A line that is not `[task_id, seq, hash]` is CHECKPOINT_INVALID."""
+    with path.open(encoding="utf-8") as lines:
+        lines.readline()
+        for number, line in enumerate(lines, start=2):
+            try:
+                task_id, seq, digest = json.loads(line)
+                if not isinstance(task_id, str) or type(seq) is not int or not isinstance(digest, str):
+                    raise ValueError("not [task_id, seq, hash]")
+            except ValueError as exc:
+                raise IntegrityError(
+                    f"{path}, line {number}: not a head ({exc})", code=Code.CHECKPOINT_INVALID
+                ) from None
+            yield Head(task_id, seq, digest)
 
 
 def read(path: Path) -> Checkpoint:
-    """A checkpoint file as written. One that cannot be parsed is a CHECKPOINT_INVALID integrity error."""
+    """A whole checkpoint file in memory (for proofs over its tree and for tests)."""
+    header, signature = read_header(path)
+    return Checkpoint(header, signature, tuple(read_heads(path)))
+
+
+def verify_file(path: Path, key: Ed25519PublicKey) -> tuple[Header, list[Finding]]:
+    """A checkpoint file judged on its own, streamed: the signature, the order of its heads, and that they hash
+    to the root and size it signs."""
+    header, signature = read_header(path)
+    found = []
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RailyardError(f"cannot read the checkpoint {path}: {exc}", code=Code.CONFIG_INVALID) from None
+        key.verify(bytes.fromhex(signature), header.signed_bytes())
+    except (InvalidSignature, ValueError):
+        found.append(Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's signature does not verify with this key"))
+    builder, last = RootBuilder(), b""
     try:
-        lines = text.splitlines()
-        first = json.loads(lines[0])
-        if first.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} file")
-        header = Header(
-            int(first["tree_size"]), str(first["root"]), str(first["at"]), first["previous_root"], str(first["key_id"])
+        for head in read_heads(path):
+            name = head.task_id.encode()
+            if builder.size and name <= last:
+                found.append(
+                    Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks are not in task id order, once each")
+                )
+                break
+            last = name
+            builder.add(leaf_hash(head.leaf()))
+    except IntegrityError as error:
+        found.append(Finding(Code.CHECKPOINT_INVALID, 0, error.message))
+        return header, found
+    if builder.size != header.tree_size or builder.root().hex() != header.root:
+        found.append(
+            Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks do not hash to the root and size it signs")
         )
-        heads = []
-        for line in lines[1:]:
-            task_id, seq, digest = json.loads(line)
-            if not isinstance(task_id, str) or type(seq) is not int or not isinstance(digest, str):
-                raise ValueError(f"a head line that is not [task_id, seq, hash]: {line[:80]}")
-            heads.append(Head(task_id, seq, digest))
-        return Checkpoint(header, str(first["signature"]), tuple(heads))
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise IntegrityError(f"{path} is not a readable checkpoint: {exc}", code=Code.CHECKPOINT_INVALID) from None
+    return header, found
+
+
+#: How many heads of logs that moved on are looked up per round trip.
+LOOKUP_BATCH = 500
+
+
+def take(store: Store, key: Ed25519PrivateKey, directory: Path) -> tuple[Header, Path]:
+    """Checkpoint every task's head now: write the signed file, then note it in the database."""
+    last = store.last_checkpoint()
+    header, path = write_signed(store.heads(), key, directory, previous_root=last[0].root if last else None)
+    store.record_checkpoint(header, path.name)
+    return header, path
+
+
+def judge_store(
+    store: Store, path: Path, key: Ed25519PublicKey, archived_hash: Callable[[str, int], str | None]
+) -> tuple[Header, list[ReplayReport]]:
+    """The database judged against a checkpoint: one report per task with findings (TASK_MISSING, TASK_TRUNCATED,
+    HEAD_REWRITTEN), or one report for the checkpoint itself (task id "") when it does not verify, in which case
+    nothing else is judged. Both sides are streamed in task id byte order and merged.
+
+    `archived_hash(task_id, seq)` reads an event's hash from an archived task's file.
+    """
+    header, invalid = verify_file(path, key)
+    if invalid:
+        return header, [ReplayReport("", "", 0, tuple(invalid))]
+    reports: list[ReplayReport] = []
+    pending: list[tuple[Head, Head]] = []
+
+    def settle() -> None:
+        found = store.event_hashes([(h.task_id, h.seq) for h, _ in pending])
+        for expected, current in pending:
+
+            def hash_at(task_id: str, seq: int) -> str | None:
+                return found.get((task_id, seq)) or archived_hash(task_id, seq)
+
+            _report(reports, expected, head_findings(expected, current, hash_at))
+        pending.clear()
+
+    now_heads = store.heads()
+    current = next(now_heads, None)
+    for expected in read_heads(path):
+        name = expected.task_id.encode()
+        while current is not None and current.task_id.encode() < name:
+            current = next(now_heads, None)
+        here = current if current is not None and current.task_id == expected.task_id else None
+        if here is not None and here.seq > expected.seq:
+            pending.append((expected, here))
+            if len(pending) >= LOOKUP_BATCH:
+                settle()
+            continue
+        _report(reports, expected, head_findings(expected, here, lambda _t, _s: None))
+    settle()
+    return header, reports
+
+
+def _report(reports: list[ReplayReport], head: Head, findings: list[Finding]) -> None:
+    if findings:
+        reports.append(ReplayReport(head.task_id, "", 0, tuple(findings)))

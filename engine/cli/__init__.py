@@ -17,6 +17,7 @@ from collections.abc import Callable
 import typer
 
 from engine.cli import admin, approvals, audit, tasks, workers
+from engine.cli.checkpoints import checkpoint_app
 from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 
 __all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
@@ -30,6 +31,7 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(checkpoint_app, name="checkpoint")
 
 #: Every command under its name, in the order `railyard --help` lists them.
 COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (

@@ -41,15 +41,28 @@ def replay(
     jobs: Annotated[
         int, typer.Option("--jobs", min=0, help="Processes that check (0: one per CPU available; 1: this one only).")
     ] = 0,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", help="With --all: also judge the database against this signed checkpoint."),
+    ] = None,
+    public_key: Annotated[
+        str | None, typer.Option("--public-key", help="The checkpoint signer's public key (hex, or a file).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Check task logs without calling any model or tool: hash chain, seq, legal transitions, row and snapshots.
 
+    With --checkpoint, also that every task the signed checkpoint lists is still there and still holds, at the
+    checkpointed seq, the checkpointed head (TASK_MISSING, TASK_TRUNCATED, HEAD_REWRITTEN, CHECKPOINT_INVALID).
     Exit 3 when anything is found (each finding has a stable code), 0 when the logs prove their state.
     """
     from engine.audit.parallel import available_jobs
 
-    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
+    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since), ("--checkpoint", checkpoint))
+    if (checkpoint is None) != (public_key is None):
+        raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
+    if checkpoint is not None and (workflow is not None or since is not None):
+        raise typer.BadParameter("a checkpoint covers every task: not with --workflow or --since")
     since_at = instant(since, "--since")
     jobs = jobs or available_jobs()
     with open_engine() as engine:
@@ -58,8 +71,12 @@ def replay(
             render.replayed(report, as_json)
             found = not report.ok
         else:
+            against = None
+            if checkpoint is not None and public_key is not None:
+                header, judged = engine.judge_checkpoint(checkpoint, public_key)
+                against = (checkpoint, header, judged)
             reports = engine.replay_all(workflow=workflow, since=since_at, jobs=jobs)
-            found = render.audit_totals(reports, as_json, "replayed")
+            found = render.audit_totals(reports, as_json, "replayed", against)
     if found:
         raise typer.Exit(EXIT_AUDIT)
 

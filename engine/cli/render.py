@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -20,6 +21,8 @@ from rich.table import Table
 
 from engine.audit.archive import ArchiveRun
 from engine.core.canonical import format_instant
+from engine.core.chain import Finding
+from engine.core.checkpoints import Header
 from engine.core.errors import RailyardError
 from engine.core.events import Event
 from engine.core.payloads import event_code
@@ -284,35 +287,109 @@ def replayed(report: ReplayReport, as_json: bool) -> None:
     out.print(f"task {report.task_id} ({report.workflow}): {count(report.events, 'event')}, {outcome}", highlight=False)
 
 
-def audit_totals(reports: Iterable[ReplayReport], as_json: bool, verb: str) -> bool:
+def audit_totals(
+    reports: Iterable[ReplayReport],
+    as_json: bool,
+    verb: str,
+    checkpoint: tuple[Path, Header, list[ReplayReport]] | None = None,
+) -> bool:
     """Print each report with findings as it arrives, then the totals; True if any finding.
 
     `--json` streams one object: `reports` (only those with findings), then the counts,
     so a run over a million tasks never holds its reports in memory.
+
+    `checkpoint` (file, header, the judgement): the database judged against a signed checkpoint after the
+    replay; its reports come after the replay's, and the totals say what the checkpoint covered.
     """
     tasks = events = found = failed = 0
     if as_json:
         sys.stdout.write('{"reports": [')
-    for report in reports:
-        if report.task_id:
-            tasks += 1
-            events += report.events
-        if report.ok:
-            continue
+
+    def emit(report: ReplayReport) -> None:
+        nonlocal found, failed
         found += len(report.findings)
         failed += 1
         if as_json:
             sys.stdout.write(("" if failed == 1 else ", ") + json.dumps(report.to_dict(), ensure_ascii=False))
         else:
             findings(report)
+
+    for report in reports:
+        if report.task_id:
+            tasks += 1
+            events += report.events
+        if not report.ok:
+            emit(report)
+    replay_found, replay_failed = found, failed
+    judged = checkpoint[2] if checkpoint is not None else []
+    for report in judged:
+        emit(report)
     if as_json:
+        against = ""
+        if checkpoint is not None:
+            path, header, _ = checkpoint
+            summary = {
+                "file": str(path),
+                "tree_size": header.tree_size,
+                "root": header.root,
+                "at": header.at,
+                "findings": found - replay_found,
+            }
+            against = f', "checkpoint": {json.dumps(summary)}'
         sys.stdout.write(
-            f'], "tasks": {tasks}, "events": {events}, "findings": {found}, "ok": {json.dumps(found == 0)}}}\n'
+            f'], "tasks": {tasks}, "events": {events}, "findings": {found}{against}, "ok": {json.dumps(found == 0)}}}\n'
         )
-    else:
-        outcome = "no findings" if not found else f"{count(found, 'finding')} in {count(failed, 'report')}"
-        out.print(f"{verb} {count(tasks, 'task')}, {count(events, 'event')}: {outcome}", highlight=False)
+        return found > 0
+    outcome = (
+        "no findings" if not replay_found else f"{count(replay_found, 'finding')} in {count(replay_failed, 'report')}"
+    )
+    out.print(f"{verb} {count(tasks, 'task')}, {count(events, 'event')}: {outcome}", highlight=False)
+    if checkpoint is not None:
+        path, header, _ = checkpoint
+        extra = found - replay_found
+        verdict = "no findings" if not extra else count(extra, "finding")
+        out.print(
+            f"checked against {path.name} ({count(header.tree_size, 'task')}, root {header.root[:16]}, "
+            f"taken {header.at}): {verdict}",
+            highlight=False,
+            markup=False,
+        )
     return found > 0
+
+
+def checkpoint_written(header: Header, path: Path, as_json: bool) -> None:
+    if as_json:
+        print_json({"file": str(path), **checkpoint_dict(header)})
+        return
+    # The file on stdout, like `start` prints the task id (`CHECKPOINT=$(railyard checkpoint)`); the rest on stderr.
+    out.print(str(path), highlight=False, markup=False, soft_wrap=True)
+    err.print(
+        f"{count(header.tree_size, 'task')}, root {header.root}, taken {header.at}, key {header.key_id}",
+        highlight=False,
+        markup=False,
+    )
+
+
+def checkpoint_dict(header: Header) -> dict[str, Any]:
+    return {
+        "tree_size": header.tree_size,
+        "root": header.root,
+        "at": header.at,
+        "previous_root": header.previous_root,
+        "key_id": header.key_id,
+    }
+
+
+def checkpoint_verdict(found: list[Finding], older: Path, newer: Path, as_json: bool) -> None:
+    if as_json:
+        print_json(
+            {"older": str(older), "newer": str(newer), "ok": not found, "findings": [f.to_dict() for f in found]}
+        )
+        return
+    for f in found:
+        out.print(f"checkpoint  {f.code}  seq {f.seq}  {f.message}", highlight=False, markup=False, soft_wrap=True)
+    verdict = "extends it" if not found else f"does not extend it ({count(len(found), 'finding')})"
+    out.print(f"{newer.name} against {older.name}: {verdict}", highlight=False, markup=False)
 
 
 def archived(done: ArchiveRun, directory: str, as_json: bool) -> None:

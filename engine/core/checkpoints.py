@@ -15,7 +15,7 @@ then proves the rest of each log links to that head.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.core.canonical import canonical_json
@@ -81,38 +81,8 @@ class Checkpoint:
         return {h.task_id: h for h in self.heads}
 
 
-def in_order(heads: Iterable[Head]) -> tuple[Head, ...]:
-    """The canonical order of the leaves: by task id (code point order, which is UTF-8 byte order)."""
-    return tuple(sorted(heads, key=lambda h: h.task_id))
-
-
 def tree_of(heads: Sequence[Head]) -> Levels:
     return Levels([leaf_hash(h.leaf()) for h in heads])
-
-
-def header_for(heads: Sequence[Head], *, at: str, previous_root: str | None, signer: str) -> Header:
-    return Header(len(heads), tree_of(heads).root().hex(), at, previous_root, signer)
-
-
-def consistency_findings(checkpoint: Checkpoint, verify_signature: Callable[[bytes, bytes], bool]) -> list[Finding]:
-    """What is wrong with a checkpoint on its own: a signature that does not verify, leaves out of order or
-    duplicated, or leaves that do not hash to the signed root and size."""
-    found = []
-    try:
-        signature_ok = verify_signature(bytes.fromhex(checkpoint.signature), checkpoint.header.signed_bytes())
-    except ValueError:
-        signature_ok = False
-    if not signature_ok:
-        found.append(Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's signature does not verify with this key"))
-    ids = [h.task_id for h in checkpoint.heads]
-    if ids != sorted(set(ids)):
-        found.append(Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks are not in task id order, once each"))
-    header = checkpoint.header
-    if header.tree_size != len(checkpoint.heads) or checkpoint.tree().root().hex() != header.root:
-        found.append(
-            Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks do not hash to the root and size it signs")
-        )
-    return found
 
 
 def head_findings(expected: Head, found: Head | None, hash_at: Callable[[str, int], str | None]) -> list[Finding]:

@@ -34,3 +34,16 @@ def model_spec() -> str | None:
 def archive_dir() -> str:
     """RAILYARD_ARCHIVE_DIR: where `railyard archive` writes, and replay reads, archived task logs."""
     return os.environ.get("RAILYARD_ARCHIVE_DIR") or DEFAULT_ARCHIVE_DIR
+
+
+DEFAULT_CHECKPOINT_DIR = "checkpoints"
+
+
+def signing_key() -> str | None:
+    """RAILYARD_SIGNING_KEY: the Ed25519 private key file `railyard checkpoint` signs with."""
+    return os.environ.get("RAILYARD_SIGNING_KEY") or None
+
+
+def checkpoint_dir() -> str:
+    """RAILYARD_CHECKPOINT_DIR: where signed checkpoints are written, one file each (keep it off the database host)."""
+    return os.environ.get("RAILYARD_CHECKPOINT_DIR") or DEFAULT_CHECKPOINT_DIR

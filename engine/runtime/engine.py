@@ -20,15 +20,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from engine.audit import checkpoint as checkpoints
 from engine.audit import parallel as replay_jobs
 from engine.audit.archive import ArchiveRun, archive_ended, archived_events, replay_archived, replay_archives
 from engine.audit.reads import AsOf, replay_task, replay_tasks, state_as_of, task_logs, task_path
 from engine.core.approvals import DECISIONS, check_decision, pending_view
-from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now
+from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
+from engine.core.chain import Finding
+from engine.core.checkpoints import Header, extends
 from engine.core.decide import Decision, decide, validate_payload
 from engine.core.definition import CANCEL, MIGRATE, START, Agent, Approval, StateKind, Tool, Workflow
 from engine.core.effects import SETTLE, lands_until
-from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
+from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, Refused
 from engine.core.events import Event, seal
 from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
 from engine.core.model_interface import ModelAdapter
@@ -647,6 +650,54 @@ class Engine:
     def archive(self, before: datetime, *, batch: int = 500) -> ArchiveRun:
         """Move the logs of tasks that ended before `before` to verified files in `archive_dir` (`audit.archive`)."""
         return archive_ended(self.store, self.registry.find, before, self.archive_dir, batch=batch)
+
+    # -- signed checkpoints (engine.audit.checkpoint) ---------------------------------------------------
+    def checkpoint(
+        self, key_file: str | Path | None = None, directory: str | Path | None = None
+    ) -> tuple[Header, Path]:
+        """Sign every task's head now and write the checkpoint to `directory` (RAILYARD_CHECKPOINT_DIR), with the key
+        in `key_file` (RAILYARD_SIGNING_KEY)."""
+        key_path = key_file if key_file is not None else config.signing_key()
+        if key_path is None:
+            raise RailyardError(
+                "no signing key: set RAILYARD_SIGNING_KEY to a key file (`railyard checkpoint keygen FILE` makes one)",
+                code=Code.CONFIG_INVALID,
+            )
+        target = Path(directory if directory is not None else config.checkpoint_dir())
+        return checkpoints.take(self.store, checkpoints.load_signing_key(Path(key_path)), target)
+
+    def judge_checkpoint(self, path: str | Path, public_key: str) -> tuple[Header, list[ReplayReport]]:
+        """The database against a signed checkpoint: a report per task that no longer holds what it committed to,
+        or one report (task id "") if the checkpoint itself does not verify with `public_key`."""
+        key = checkpoints.load_public_key(public_key)
+        return checkpoints.judge_store(self.store, Path(path), key, self._archived_hash)
+
+    def checkpoint_extends(self, older: str | Path, newer: str | Path, public_key: str) -> list[Finding]:
+        """Whether checkpoint `newer` extends `older`: both verify, and every task of `older` is in `newer` at a head
+        whose log (in this database, or its archive) holds the older head at its seq."""
+        key = checkpoints.load_public_key(public_key)
+        found = [*checkpoints.verify_file(Path(older), key)[1], *checkpoints.verify_file(Path(newer), key)[1]]
+        if found:
+            return found
+        old, new = checkpoints.read(Path(older)), checkpoints.read(Path(newer))
+        if parse_instant(new.header.at) < parse_instant(old.header.at):
+            return [Finding(Code.CHECKPOINT_NOT_EXTENDING, 0, "the newer checkpoint was taken before the older one")]
+        keys = [(h.task_id, h.seq) for h in (*old.heads, *new.heads)]
+        stored = self.store.event_hashes(keys)
+
+        def hash_at(task_id: str, seq: int) -> str | None:
+            return stored.get((task_id, seq)) or self._archived_hash(task_id, seq)
+
+        return extends(
+            old, new, lambda a, b: hash_at(a.task_id, a.seq) == a.hash and hash_at(b.task_id, b.seq) == b.hash
+        )
+
+    def _archived_hash(self, task_id: str, seq: int) -> str | None:
+        """The hash of event `seq` of an archived task, from its file; None if the task is not archived there."""
+        try:
+            return next((e.hash for e in self._archived_events(task_id) if e.seq == seq), None)
+        except IntegrityError:
+            return None
 
     def _archived_events(self, task_id: str) -> list[Event]:
         """The events of an archived task, from its file (checked against the sha256 on its row); [] if not archived."""

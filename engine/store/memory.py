@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from engine.core.canonical import canonical_json, now, utc
+from engine.core.canonical import canonical_json, now, parse_instant, utc
+from engine.core.checkpoints import Head, Header
 from engine.core.errors import Code, StoreError
 from engine.core.events import Event, with_stored_data
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
@@ -135,6 +136,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._tasks: dict[str, _Task] = {}
         self._workers: dict[str, tuple[WorkerReport, str]] = {}  # a report and its counts as text
+        self._checkpoints: list[tuple[Header, str]] = []
 
     def close(self) -> None:
         """Nothing to release: the data stays as long as the store object does."""
@@ -483,6 +485,34 @@ class MemoryStore:
                     }
                 )
         return counts
+
+    # -- checkpoints ----------------------------------------------------
+    def heads(self) -> Iterator[Head]:
+        with self._lock:
+            found = [Head(t.task_id, t.seq, t.last_hash) for t in self._tasks.values()]
+        found.sort(key=lambda h: h.task_id.encode())
+        return iter(found)
+
+    def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        found: dict[tuple[str, int], str] = {}
+        with self._lock:
+            for task_id, seq in keys:
+                task = self._tasks.get(task_id)
+                stored = next((e for e in task.events if e.seq == seq), None) if task is not None else None
+                if stored is not None:
+                    found[(task_id, seq)] = stored.hash
+        return found
+
+    def record_checkpoint(self, header: Header, file: str) -> None:
+        with self._lock:
+            if any(f == file for _, f in self._checkpoints):
+                raise StoreError(f"a checkpoint in {file} is recorded", code=Code.DATABASE_ERROR)
+            self._checkpoints.append((header, file))
+
+    def last_checkpoint(self) -> tuple[Header, str] | None:
+        with self._lock:
+            ordered = sorted(self._checkpoints, key=lambda c: (parse_instant(c[0].at), c[0].tree_size))
+        return ordered[-1] if ordered else None
 
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:

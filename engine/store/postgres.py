@@ -31,6 +31,9 @@ SUPPORTS_NOTIFY = True
 #: Log rows per round trip of an audit read's server-side cursor.
 AUDIT_FETCH = 5000
 
+#: Every task's head in task id byte order: the database's collation may follow a locale, "C" compares bytes.
+HEADS = 'SELECT task_id, seq, last_hash FROM tasks ORDER BY task_id COLLATE "C"'
+
 #: Task row (k = 0), its newest snapshot at or below the row's seq (k = 1) and the events after
 #: that snapshot up to the row's seq (k = 2), in one statement: one round trip and one consistent
 #: view, so a writer cannot slip in between the reads. Named parameter: task_id.

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, Protocol, Self
 
+from engine.core.checkpoints import Head, Header
 from engine.core.errors import ConcurrencyConflict, LeaseLost
 from engine.core.events import Event
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
@@ -178,6 +179,23 @@ class Store(Protocol):
         ...
 
     # -- worker reports -------------------------------------------------
+    def heads(self) -> Iterator[Head]:
+        """Every task's head (task id, seq, last hash), archived ones included, in task id byte order, streamed:
+        what a checkpoint commits to."""
+        ...
+
+    def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """The hash of each (task_id, seq) event the database holds (archived logs are in their files)."""
+        ...
+
+    def record_checkpoint(self, header: Header, file: str) -> None:
+        """Note a checkpoint written to `file` (the file is the evidence; the row says which was last)."""
+        ...
+
+    def last_checkpoint(self) -> tuple[Header, str] | None:
+        """The newest checkpoint noted, and its file name."""
+        ...
+
     def report_worker(self, report: WorkerReport) -> None: ...
 
     def workers(self, *, seen_since: datetime) -> list[WorkerReport]: ...

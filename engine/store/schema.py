@@ -106,3 +106,24 @@ workers = Table(
     Column("stopped_at", DateTime(timezone=True), nullable=True),
     Column("counts", Text, nullable=False),
 )
+
+#: The signed checkpoints taken of this database (migration 0007), for convenience: the files in
+#: RAILYARD_CHECKPOINT_DIR are the evidence, these rows only say which was last. Append-only, like events.
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("file", String(300), primary_key=True),
+    Column("root", String(64), nullable=False),
+    Column("tree_size", Integer, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("previous_root", String(64), nullable=True),
+    Column("key_id", String(16), nullable=False),
+)
+
+#: A row here, inside the archiving transaction only, is how `railyard archive` says it is the one path allowed
+#: to delete events (migration 0007's triggers refuse every other UPDATE and DELETE on events and checkpoints).
+archive_permits = Table(
+    "archive_permits",
+    metadata,
+    Column("holder", String(64), primary_key=True),
+)

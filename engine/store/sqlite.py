@@ -30,6 +30,9 @@ from engine.store.protocol import conflict
 #: SQLite has no notifications: workers poll.
 SUPPORTS_NOTIFY = False
 
+#: Every task's head in task id byte order (SQLite's default BINARY collation compares the UTF-8 bytes).
+HEADS = "SELECT task_id, seq, last_hash FROM tasks ORDER BY task_id"
+
 #: Task row (k = 0), its newest snapshot at or below the row's seq (k = 1) and the events after
 #: that snapshot up to the row's seq (k = 2), in one statement: one round trip and one consistent
 #: view, so a writer cannot slip in between the reads. Named parameter: task_id.

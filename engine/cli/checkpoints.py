@@ -1,0 +1,70 @@
+"""`railyard checkpoint`: sign every task's head now, make a signing key, prove one checkpoint extends another.
+
+A checkpoint is the auditor's anchor outside the database (`engine.audit.checkpoint`): replay with
+`--checkpoint` finds what a checkpoint covered and the database no longer holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engine.audit.checkpoint import keygen as make_key
+from engine.cli import render
+from engine.cli.exits import EXIT_AUDIT, fail, open_engine
+from engine.cli.options import JsonFlag
+from engine.core.errors import RailyardError
+
+checkpoint_app = typer.Typer(
+    help="Signed checkpoints of every task's head (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR).",
+)
+
+PublicKey = Annotated[
+    str, typer.Option("--public-key", help="The signer's public key: 64 hex digits, or a file holding it.")
+]
+
+
+@checkpoint_app.callback(invoke_without_command=True)
+def checkpoint(
+    ctx: typer.Context,
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Where to write it (default RAILYARD_CHECKPOINT_DIR, ./checkpoints).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Sign every task's head (archived ones included) and write the checkpoint as a new file."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with open_engine() as engine:
+        header, path = engine.checkpoint(directory=directory)
+    render.checkpoint_written(header, path, as_json)
+
+
+@checkpoint_app.command("keygen")
+def keygen(path: Annotated[Path, typer.Argument(help="The private key file to create (never overwritten).")]) -> None:
+    """Make an Ed25519 signing key (readable by its owner only) and print its public key for verifiers."""
+    try:
+        public = make_key(path)
+    except RailyardError as error:
+        fail(error)
+    render.out.print(public, highlight=False)
+
+
+@checkpoint_app.command("verify")
+def verify(
+    older: Annotated[Path, typer.Argument(help="The older checkpoint file.")],
+    newer: Annotated[Path, typer.Argument(help="The newer checkpoint file.")],
+    public_key: PublicKey,
+    as_json: JsonFlag = False,
+) -> None:
+    """Prove NEWER extends OLDER: both verify, and every task of OLDER is in NEWER at a head descending from it.
+
+    Exit 3 with CHECKPOINT_INVALID or CHECKPOINT_NOT_EXTENDING findings otherwise.
+    """
+    with open_engine() as engine:
+        found = engine.checkpoint_extends(older, newer, public_key)
+    render.checkpoint_verdict(found, older, newer, as_json)
+    if found:
+        raise typer.Exit(EXIT_AUDIT)

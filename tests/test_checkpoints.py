@@ -1,0 +1,256 @@
+"""A database judged against a signed checkpoint, on SQLite and PostgreSQL, tampered with as an insider would.
+
+Each tamper kind from issue #15 is made directly in SQL after a checkpoint (the append-only triggers go first:
+`tests.support.insider.sql` works around them, as an owner of the database can). Replay alone does not see
+these edits; against the checkpoint each is found with its code. The triggers themselves refuse a console's
+UPDATE and DELETE.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import create_engine, exc, text
+from typer.testing import CliRunner
+
+from engine import Code, Engine, MemoryStore, Registry, StaticRoles
+from engine.audit.checkpoint import keygen
+from engine.cli import EXIT_AUDIT, app
+from engine.core.events import seal
+from engine.core.payloads import as_event_data
+from tests.support.insider import sql
+from tests.support.sample_workflows import ROLES, all_workflows
+
+ORDER = {"customer": "c1", "balance": 500}
+runner = CliRunner()
+
+
+@pytest.fixture
+def signer(tmp_path: Path) -> tuple[Path, str]:
+    key = tmp_path / "signing.key"
+    return key, keygen(key)
+
+
+def started(eng: Engine, n: int = 4) -> list[str]:
+    ids = []
+    for _ in range(n):
+        task_id = eng.start("refund", ORDER, actor="ann", version=1)
+        eng.fire(task_id, "note", {"note": "customer called"}, actor="model")
+        eng.fire(task_id, "propose", {"amount": 300, "reason": "damaged"}, actor="model")
+        ids.append(task_id)
+    return ids
+
+
+def judged(eng: Engine, path: Path, public: str) -> dict[str, list[Code]]:
+    _, reports = eng.judge_checkpoint(path, public)
+    return {r.task_id: [f.code for f in r.findings] for r in reports}
+
+
+def step_back(url: str, task_id: str, to_seq: int) -> None:
+    """Delete the task's events after `to_seq` and set its row back to that event: no hash to recompute."""
+    with sql(url) as conn:
+        last = conn.execute(
+            text("SELECT to_state, hash FROM events WHERE task_id = :t AND seq = :s"), {"t": task_id, "s": to_seq}
+        ).one()
+        conn.execute(text("DELETE FROM snapshots WHERE task_id = :t AND seq > :s"), {"t": task_id, "s": to_seq})
+        conn.execute(text("DELETE FROM events WHERE task_id = :t AND seq > :s"), {"t": task_id, "s": to_seq})
+        conn.execute(
+            text("UPDATE tasks SET seq = :s, state = :st, last_hash = :h, status = 'runnable' WHERE task_id = :t"),
+            {"t": task_id, "s": to_seq, "st": last.to_state, "h": last.hash},
+        )
+
+
+def test_an_honest_database_holds_what_its_checkpoint_committed_to(
+    eng: Engine, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    key, public = signer
+    ids = started(eng)
+    header, path = eng.checkpoint(key, tmp_path / "cp")
+    assert header.tree_size == len(ids) and path.exists()
+    again, _ = eng.checkpoint(key, tmp_path / "cp")  # nothing changed: the same root, a checkpoint of its own
+    assert (again.root, again.previous_root) == (header.root, header.root)
+    eng.fire(ids[0], "approve", {}, actor="dana")  # logs go on after it: they extend what it covered
+    assert judged(eng, path, public) == {}
+    last = eng.store.last_checkpoint()
+    assert last is not None and last[0] == again
+
+
+def test_truncating_a_task_and_setting_its_row_back_is_found_only_against_the_checkpoint(
+    eng: Engine, db_url: str, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    key, public = signer
+    ids = started(eng)
+    _, path = eng.checkpoint(key, tmp_path / "cp")
+    step_back(db_url, ids[1], 2)
+    assert all(r.ok for r in eng.replay_all())  # the log still proves its (shorter) state
+    assert judged(eng, path, public) == {ids[1]: [Code.TASK_TRUNCATED]}
+
+
+def test_deleting_a_whole_task_is_found(eng: Engine, db_url: str, signer: tuple[Path, str], tmp_path: Path) -> None:
+    key, public = signer
+    ids = started(eng)
+    _, path = eng.checkpoint(key, tmp_path / "cp")
+    with sql(db_url) as conn:
+        for table in ("snapshots", "events", "tasks"):
+            conn.execute(text(f"DELETE FROM {table} WHERE task_id = :t"), {"t": ids[2]})
+    assert all(r.ok for r in eng.replay_all())
+    assert judged(eng, path, public) == {ids[2]: [Code.TASK_MISSING]}
+
+
+def test_rewriting_a_suffix_with_recomputed_hashes_is_found(
+    eng: Engine, db_url: str, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    key, public = signer
+    ids = started(eng)
+    _, path = eng.checkpoint(key, tmp_path / "cp")
+    victim = ids[3]
+    step_back(db_url, victim, 2)
+    # A legal event in its place, its hash recomputed (by the engine's own code): a new truth, written by
+    # someone who can write the database.
+    eng.fire(victim, "propose", {"amount": 450, "reason": "damaged"}, actor="model")
+    assert all(r.ok for r in eng.replay_all())
+    assert judged(eng, path, public) == {victim: [Code.HEAD_REWRITTEN]}
+
+
+def test_a_checkpoint_judged_with_another_key_proves_nothing(
+    eng: Engine, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    key, _ = signer
+    started(eng, 2)
+    _, path = eng.checkpoint(key, tmp_path / "cp")
+    other = keygen(tmp_path / "other.key")
+    assert judged(eng, path, other) == {"": [Code.CHECKPOINT_INVALID]}
+
+
+def test_the_database_refuses_updates_and_deletes_of_the_log(eng: Engine, db_url: str) -> None:
+    task_id = started(eng, 1)[0]
+    console = create_engine(db_url)
+    try:
+        for statement in (
+            "UPDATE events SET actor = 'mallory' WHERE task_id = :t",
+            "DELETE FROM events WHERE task_id = :t",
+        ):
+            with pytest.raises(exc.DatabaseError) as refused, console.begin() as conn:
+                conn.execute(text(statement), {"t": task_id})
+            assert "append-only" in str(refused.value)
+    finally:
+        console.dispose()
+    assert [e.actor for e in eng.history(task_id)] == ["ann", "model", "model"]
+    assert eng.replay(task_id).ok
+
+
+def test_a_checkpoint_row_cannot_be_edited_either(
+    eng: Engine, db_url: str, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    key, _ = signer
+    started(eng, 1)
+    eng.checkpoint(key, tmp_path / "cp")
+    console = create_engine(db_url)
+    try:
+        for statement in ("UPDATE checkpoints SET tree_size = 0", "DELETE FROM checkpoints"):
+            with pytest.raises(exc.DatabaseError) as refused, console.begin() as conn:
+                conn.execute(text(statement))
+            assert "append-only" in str(refused.value)
+    finally:
+        console.dispose()
+
+
+def test_the_cli_checkpoints_replays_against_it_and_proves_one_extends_another(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, public = signer
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows")
+    monkeypatch.setenv("RAILYARD_SIGNING_KEY", str(key))
+    monkeypatch.setenv("RAILYARD_CHECKPOINT_DIR", str(tmp_path / "cp"))
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        ids = started(eng, 3)
+        first = runner.invoke(app, ["checkpoint", "--json"])
+        assert first.exit_code == 0, first.output
+        older = Path(json.loads(first.stdout)["file"])
+        eng.fire(ids[0], "approve", {}, actor="dana")
+        second = runner.invoke(app, ["checkpoint", "--json"])
+        newer = Path(json.loads(second.stdout)["file"])
+        assert json.loads(second.stdout)["previous_root"] == json.loads(first.stdout)["root"]
+        replay = ["replay", "--all", "--checkpoint", str(older), "--public-key", public]
+        clean = runner.invoke(app, replay)
+        assert clean.exit_code == 0 and "checked against" in clean.stdout, clean.output
+        assert (
+            runner.invoke(app, ["checkpoint", "verify", str(older), str(newer), "--public-key", public]).exit_code == 0
+        )
+
+        step_back(db_url, ids[0], 2)
+        found = runner.invoke(app, [*replay, "--json"])
+        assert found.exit_code == EXIT_AUDIT
+        body = json.loads(found.stdout)
+        assert [(r["task_id"], r["findings"][0]["code"]) for r in body["reports"]] == [(ids[0], "TASK_TRUNCATED")]
+        assert body["checkpoint"]["tree_size"] == 3 and body["ok"] is False
+        assert runner.invoke(app, ["replay", "--all"]).exit_code == 0  # without a checkpoint: as before
+        third = runner.invoke(app, ["checkpoint", "--json"])
+        truncated = Path(json.loads(third.stdout)["file"])
+        verdict = runner.invoke(app, ["checkpoint", "verify", str(newer), str(truncated), "--public-key", public])
+        assert verdict.exit_code == EXIT_AUDIT and "CHECKPOINT_NOT_EXTENDING" in verdict.stdout
+        assert runner.invoke(app, ["replay", "--all", "--checkpoint", str(older)]).exit_code == 2  # key needed too
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    st.lists(st.integers(0, 5), max_size=4),
+    st.sampled_from(["honest", "truncate", "rewrite", "delete"]),
+    st.data(),
+)
+def test_every_honest_history_verifies_and_every_edit_of_a_checkpointed_prefix_is_found(
+    tmp_path_factory: pytest.TempPathFactory, notes: list[int], later: list[int], edit: str, data: st.DataObject
+) -> None:
+    """Random task logs, a checkpoint, more events; then the history is left alone or one checkpointed prefix is
+    truncated, rewritten or deleted (in memory, where no trigger stands in the way)."""
+    tmp = tmp_path_factory.mktemp("cp")
+    key = tmp / "k"
+    public = keygen(key)
+    store = MemoryStore()
+    with Engine(store=store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        ids = [eng.start("refund", ORDER, actor="ann", version=1) for _ in notes]
+        for task_id, n in zip(ids, notes, strict=True):
+            for _ in range(n):
+                eng.fire(task_id, "note", {"note": "x"}, actor="model")
+        _, path = eng.checkpoint(key, tmp)
+        for index in later:
+            eng.fire(ids[index % len(ids)], "note", {"note": "after"}, actor="model")
+        victim = data.draw(st.sampled_from(ids))
+        at = eng.store.row(victim)
+        assert at is not None
+        covered = 1 + notes[ids.index(victim)]  # the seq the checkpoint recorded for it
+        expected: list[Code] = []
+        if edit == "truncate" and covered > 1:
+            store._tasks[victim].events[covered - 1 :] = []
+            kept = store._tasks[victim].events[-1]
+            store._tasks[victim].seq, store._tasks[victim].last_hash = kept.seq, kept.hash
+            expected = [Code.TASK_TRUNCATED]
+        elif edit == "rewrite" and covered > 1:
+            events = eng.history(victim)[: covered - 1]
+            forged = seal(
+                task_id=victim,
+                seq=covered,
+                at=events[-1].at,
+                actor="mallory",
+                from_state=events[-1].to_state,
+                trigger="note",
+                to_state=events[-1].to_state,
+                data=as_event_data({"args": {"note": "rewritten"}}),
+                prev_hash=events[-1].hash,
+            )
+            store._tasks[victim].events[covered - 1 :] = []
+            store._tasks[victim].seq = covered - 1
+            store._tasks[victim].last_hash = events[-1].hash
+            store._tasks[victim].snapshots.clear()
+            eng.store.append(victim, covered - 1, [forged], status="runnable")
+            expected = [Code.HEAD_REWRITTEN]
+        elif edit == "delete":
+            del store._tasks[victim]
+            expected = [Code.TASK_MISSING]
+        assert judged(eng, path, public) == ({victim: expected} if expected else {})
