@@ -9,7 +9,11 @@ UPDATE and DELETE.
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,9 +21,10 @@ from hypothesis import strategies as st
 from sqlalchemy import create_engine, exc, text
 from typer.testing import CliRunner
 
-from engine import Code, Engine, MemoryStore, Registry, StaticRoles
+from engine import Code, Engine, MemoryStore, Registry, StaticRoles, Worker
 from engine.audit.checkpoint import keygen
 from engine.cli import EXIT_AUDIT, app
+from engine.core.canonical import canonical_json
 from engine.core.events import seal
 from engine.core.payloads import as_event_data
 from tests.support.insider import sql
@@ -254,3 +259,101 @@ def test_every_honest_history_verifies_and_every_edit_of_a_checkpointed_prefix_i
             del store._tasks[victim]
             expected = [Code.TASK_MISSING]
         assert judged(eng, path, public) == ({victim: expected} if expected else {})
+
+
+# -- exports held to a checkpoint, offline -------------------------------------------------------------------------
+def lines_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def write_lines(path: Path, values: list[dict[str, Any]]) -> None:
+    path.write_text("".join(canonical_json(v) + "\n" for v in values), encoding="utf-8")
+
+
+def drop_last_event(values: list[dict[str, Any]], task_id: str, status_of: Callable[[str], str]) -> None:
+    """Cut a task's last event out of an export and make its task and end lines agree: no hash to recompute."""
+    events = [v for v in values if v["kind"] == "event" and v["task_id"] == task_id]
+    last, before = events[-1], events[-2]
+    values.remove(last)
+    row = next(v for v in values if v["kind"] == "task" and v["task_id"] == task_id)
+    row.update(
+        seq=before["seq"], last_hash=before["hash"], state=before["to_state"], status=status_of(before["to_state"])
+    )
+    values[-1]["events"] -= 1
+
+
+def test_an_export_against_a_checkpoint_finds_a_dropped_event_and_a_dropped_task_offline(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, public = signer
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows")
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        ids = started(eng, 3)
+        _, checkpoint = eng.checkpoint(key, tmp_path / "cp")
+        status_of = eng.definition_of(eng.load(ids[0])).status_of
+    exported = tmp_path / "all.jsonl"
+    result = runner.invoke(app, ["export", "--all", "--checkpoint", str(checkpoint)])
+    assert result.exit_code == 0, result.output
+    exported.write_text(result.stdout, encoding="utf-8")
+    values = lines_of(exported)
+    assert sum(v["kind"] == "proof" for v in values) == 3
+    verify = ["verify-export", str(exported), "--checkpoint", str(checkpoint), "--public-key", public]
+    assert runner.invoke(app, verify).exit_code == 0
+
+    cut = tmp_path / "cut.jsonl"  # the last event of a task dropped, its task and end lines fixed
+    edited = lines_of(exported)
+    drop_last_event(edited, ids[1], lambda s: str(status_of(s)))
+    write_lines(cut, edited)
+    assert runner.invoke(app, ["verify-export", str(cut)]).exit_code == 0  # the file alone holds together
+    found = runner.invoke(app, [*verify[:1], str(cut), *verify[2:], "--json"])
+    assert found.exit_code == EXIT_AUDIT
+    assert [(r["task_id"], f["code"]) for r in json.loads(found.stdout)["reports"] for f in r["findings"]] == [
+        (ids[1], "TASK_TRUNCATED")
+    ]
+
+    gone = tmp_path / "gone.jsonl"  # a whole task dropped, the end line fixed
+    kept = [v for v in lines_of(exported) if v.get("task_id") != ids[2]]
+    kept[-1]["tasks"] -= 1
+    kept[-1]["events"] -= sum(v["kind"] == "event" and v["task_id"] == ids[2] for v in values)
+    write_lines(gone, kept)
+    assert runner.invoke(app, ["verify-export", str(gone)]).exit_code == 0
+    missing = runner.invoke(app, [*verify[:1], str(gone), *verify[2:], "--json"])
+    assert missing.exit_code == EXIT_AUDIT
+    assert [(r["task_id"], r["findings"][0]["code"]) for r in json.loads(missing.stdout)["reports"]] == [
+        (ids[2], "TASK_MISSING")
+    ]
+    assert runner.invoke(app, [*verify[:1], str(gone), *verify[2:], "--partial"]).exit_code == 0
+
+    forged = tmp_path / "forged.jsonl"  # a proof line that does not prove its head
+    proofs = lines_of(exported)
+    proof = next(v for v in proofs if v["kind"] == "proof" and v["task_id"] == ids[0])
+    proof["path"][0] = ("0" if proof["path"][0][0] != "0" else "1") + proof["path"][0][1:]
+    write_lines(forged, proofs)
+    bad = runner.invoke(app, [*verify[:1], str(forged), *verify[2:], "--json"])
+    assert bad.exit_code == EXIT_AUDIT and "HEAD_REWRITTEN" in bad.stdout
+    other = keygen(tmp_path / "other.key")
+    assert runner.invoke(app, [*verify[:-1], other]).exit_code == EXIT_AUDIT  # another key: the checkpoint is void
+
+
+def test_a_worker_signs_checkpoints_on_its_timer(
+    eng: Engine, signer: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, public = signer
+    monkeypatch.setenv("RAILYARD_SIGNING_KEY", str(key))
+    monkeypatch.setenv("RAILYARD_CHECKPOINT_DIR", str(tmp_path / "timed"))
+    started(eng, 2)
+    stop = threading.Event()
+    worker = Worker(eng, name="signer", poll_seconds=0.05, listen=False, checkpoint_seconds=0.2)
+    running = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    running.start()
+    deadline = time.monotonic() + 10
+    while len(list((tmp_path / "timed").glob("*.jsonl"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    running.join(timeout=10)
+    files = sorted((tmp_path / "timed").glob("*.jsonl"))
+    assert len(files) >= 2, "a checkpoint at once, and another after the interval"
+    assert all(judged(eng, f, public) == {} for f in files)
+    last = eng.store.last_checkpoint()
+    assert last is not None and last[1] in {f.name for f in files}

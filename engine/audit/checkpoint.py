@@ -263,3 +263,27 @@ def judge_store(
 def _report(reports: list[ReplayReport], head: Head, findings: list[Finding]) -> None:
     if findings:
         reports.append(ReplayReport(head.task_id, "", 0, tuple(findings)))
+
+
+def proofs(checkpoint: Checkpoint) -> Callable[[str], dict[str, object] | None]:
+    """For `export --checkpoint`: the fields of each task's proof line, the inclusion proof of its head in the
+    checkpoint's tree (None for a task the checkpoint does not list). The tree is built once."""
+    tree = checkpoint.tree()
+    index = {head.task_id: (i, head) for i, head in enumerate(checkpoint.heads)}
+    header = checkpoint.header
+
+    def proof(task_id: str) -> dict[str, object] | None:
+        found = index.get(task_id)
+        if found is None:
+            return None
+        i, head = found
+        return {
+            "checkpoint": header.root,
+            "tree_size": header.tree_size,
+            "index": i,
+            "seq": head.seq,
+            "hash": head.hash,
+            "path": [p.hex() for p in tree.inclusion_proof(i)],
+        }
+
+    return proof

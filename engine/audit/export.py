@@ -10,6 +10,13 @@ keys, no whitespace, UTF-8, the same `canonical_json` that hashes events):
     ...                                                         (next task)
     {"kind":"end", "format":..., "tasks": N, "events": M}       the last line
 
+An export made against a signed checkpoint (`export --checkpoint`) also has,
+after each task line the checkpoint lists, one line with the RFC 6962 inclusion
+proof of that task's head in the checkpoint's tree:
+
+    {"kind":"proof", "task_id", "checkpoint": ROOT, "tree_size", "index",
+     "seq", "hash", "path": [hex, ...]}
+
 An event line holds every field its hash covers, so `verify_export` recomputes
 each hash with the engine's own `chain_hash` and replays each task with the same
 `LogCheck` the database replay uses. Because every line must be exactly the
@@ -20,11 +27,12 @@ fold or a count, changing any single byte of the file is found.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from engine.core.canonical import canonical_json, format_instant, parse_instant
 from engine.core.chain import Finding
+from engine.core.checkpoints import Head, Header, inclusion_holds
 from engine.core.errors import Code
 from engine.core.events import Event
 from engine.core.payloads import as_event_data
@@ -36,8 +44,13 @@ _ROW_FIELDS = ("task_id", "workflow", "version", "digest", "state", "status", "s
 _EVENT_FIELDS = ("task_id", "seq", "at", "actor", "from_state", "trigger", "to_state", "data", "prev_hash", "hash")
 
 
-def export_lines(items: Iterable[TaskRow | Event | Snapshot]) -> Iterator[str]:
-    """The export of a `Store.audit_stream` (snapshots are a cache and are not exported), line by line."""
+def export_lines(
+    items: Iterable[TaskRow | Event | Snapshot], proofs: Callable[[str], dict[str, Any] | None] | None = None
+) -> Iterator[str]:
+    """The export of a `Store.audit_stream` (snapshots are a cache and are not exported), line by line.
+
+    `proofs(task_id)`: the proof line's fields for a task a checkpoint lists (`engine.audit.checkpoint.proofs`).
+    """
     tasks = events = 0
     for item in items:
         if isinstance(item, TaskRow):
@@ -60,6 +73,9 @@ def export_lines(items: Iterable[TaskRow | Event | Snapshot]) -> Iterator[str]:
                 )
                 + "\n"
             )
+            proof = proofs(item.task_id) if proofs is not None else None
+            if proof is not None:
+                yield canonical_json({"kind": "proof", "task_id": item.task_id, **proof}) + "\n"
         elif isinstance(item, Event):
             events += 1
             yield canonical_json({"kind": "event", **item.to_dict()}) + "\n"
@@ -151,13 +167,17 @@ def _instant(value: Any) -> Any:
     return parsed
 
 
-def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayReport]:
+def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck | None = None) -> Iterator[ReplayReport]:
     """One report per task of an export file (its raw lines), then one for the file itself (task_id "").
 
     Each task is replayed as the database replay does: chain, seq, legality in its
     definitions, and the fold against its task line (whose `created_at` must be the
     start event's time). The file's own report holds what belongs to no task: lines
     outside a task, a missing or wrong trailer.
+
+    `against`: a signed checkpoint the export is held to (`ExportCheck`): each task's log must reach the head
+    the checkpoint committed to, with a proof line that verifies against its root; tasks it lists and the
+    export lacks are reported after the others.
     """
     check: LogCheck | None = None
     legal: set[tuple[Any, ...]] = set()  # transitions found legal, remembered across the file's tasks
@@ -175,7 +195,7 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
             kind = value.get("kind")
             if kind == "task":
                 if check is not None:
-                    yield _finish(check, created)
+                    yield _finish(check, created, against)
                 tasks += 1
                 check, created = None, None
                 row = _row(value)
@@ -195,10 +215,18 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
                         f"line {number}: an event of task {event.task_id} under the task line of {check.task_id}",
                     )
                 check.event(event)
+                if against is not None:
+                    against.event(check.task_id, event)
+            elif kind == "proof":
+                if check is None or value.get("task_id") != check.task_id or against is None:
+                    if against is not None:
+                        raise _Unreadable("a proof line that follows no task line of its task")
+                else:
+                    against.proof_line(check, value)
             elif kind == "end":
                 ended = True
                 if check is not None:
-                    yield _finish(check, created)
+                    yield _finish(check, created, against)
                     check = None
                 _fields(value, ("format", "tasks", "events"), "end")
                 if (value["format"], value["tasks"], value["events"]) != (FORMAT, tasks, events):
@@ -220,13 +248,82 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup) -> Iterator[ReplayRepo
                 check = LogCheck(None, lookup, "", legal)
             check.add(Code.HASH_MISMATCH, check.expected_seq, where)
     if check is not None:
-        yield _finish(check, created)
+        yield _finish(check, created, against)
     if not ended:
         file_findings.append(Finding(Code.SEQ_GAP, 0, "the file ends without its end line: it was cut short"))
+    if against is not None:
+        yield from against.missing()
     yield ReplayReport("", "", 0, tuple(file_findings))
 
 
-def _finish(check: LogCheck, created: Any) -> ReplayReport:
+class ExportCheck:
+    """An export held to a signed checkpoint: the checkpoint's signed header and its heads (already verified),
+    and whether the export should hold every task the checkpoint lists (`complete`)."""
+
+    def __init__(self, header: Header, heads: dict[str, Head], *, complete: bool) -> None:
+        self.header, self.heads, self.complete = header, heads, complete
+        self.seen: set[str] = set()
+        self._proved: set[str] = set()
+        #: Of the task being read: its last exported seq, and the hash of its event at the checkpointed seq.
+        self._last_seq, self._at_head = 0, ""
+
+    def event(self, task_id: str, event: Event) -> None:
+        expected = self.heads.get(task_id)
+        self._last_seq = max(self._last_seq, event.seq)
+        if expected is not None and event.seq == expected.seq:
+            self._at_head = event.hash
+
+    def proof_line(self, check: LogCheck, value: dict[str, Any]) -> None:
+        _fields(value, ("task_id", "checkpoint", "tree_size", "index", "seq", "hash", "path"), "proof")
+        expected = self.heads.get(check.task_id)
+        head = Head(check.task_id, _int(value["seq"]), str(value["hash"]))
+        path = value["path"]
+        holds = (
+            expected == head
+            and value["checkpoint"] == self.header.root
+            and value["tree_size"] == self.header.tree_size
+            and isinstance(path, list)
+            and inclusion_holds(head, _int(value["index"]), self.header, [str(p) for p in path])
+        )
+        if not holds:
+            check.add(Code.HEAD_REWRITTEN, head.seq, "its proof line does not prove its head in the checkpoint's root")
+        self._proved.add(check.task_id)
+
+    def finish(self, check: LogCheck) -> None:
+        """The task's exported log against the head the checkpoint committed to."""
+        self.seen.add(check.task_id)
+        expected = self.heads.get(check.task_id)
+        last, at_head = self._last_seq, self._at_head
+        self._last_seq, self._at_head = 0, ""
+        if expected is None:
+            return
+        if check.task_id not in self._proved:
+            check.add(Code.HEAD_REWRITTEN, expected.seq, "the checkpoint lists it, and the export has no proof line")
+        if last < expected.seq:
+            check.add(
+                Code.TASK_TRUNCATED,
+                last,
+                f"its exported log ends at seq {last}; the checkpoint recorded seq {expected.seq}",
+            )
+        elif at_head != expected.hash:
+            check.add(Code.HEAD_REWRITTEN, expected.seq, f"event {expected.seq} is not the one the checkpoint recorded")
+
+    def missing(self) -> Iterator[ReplayReport]:
+        if not self.complete:
+            return
+        for task_id, head in self.heads.items():
+            if task_id not in self.seen:
+                yield ReplayReport(
+                    task_id,
+                    "",
+                    0,
+                    (Finding(Code.TASK_MISSING, 0, f"the checkpoint lists it at seq {head.seq}; the export lacks it"),),
+                )
+
+
+def _finish(check: LogCheck, created: Any, against: ExportCheck | None = None) -> ReplayReport:
+    if against is not None:
+        against.finish(check)
     first = check.first
     if created is not None and first is not None and first.at != created:
         check.add(

@@ -14,6 +14,7 @@ from engine.cli import render
 from engine.cli.exits import EXIT_AUDIT, fail, open_engine, registry
 from engine.cli.options import JsonFlag, instant
 from engine.core.errors import Code, RailyardError, Refused
+from engine.core.replay import ReplayReport
 
 #: What `replay` and `export` read: one TASK, or --all of them narrowed by --workflow and --since.
 OneTask = Annotated[str | None, typer.Argument(help="Task id (or --all).")]
@@ -86,8 +87,18 @@ def export(
     all_tasks: AllTasks = False,
     workflow: OnlyWorkflow = None,
     since: ChangedSince = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint",
+            help="Embed, after each task it lists, the inclusion proof of the task's head in this signed checkpoint.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools."""
+    from engine.audit.checkpoint import proofs, read
     from engine.audit.export import export_lines
 
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
@@ -95,8 +106,9 @@ def export(
     with open_engine() as engine:
         if task_id is not None and engine.store.row(task_id) is None:
             fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
+        proof_of = proofs(read(checkpoint)) if checkpoint is not None else None
         items = engine.logs(None if task_id is None else [task_id], workflow=workflow, since=since_at)
-        render.jsonl(export_lines(items))
+        render.jsonl(export_lines(items, proof_of))
 
 
 def verify_export_command(
@@ -104,17 +116,48 @@ def verify_export_command(
         Path,
         typer.Argument(help="An export file (railyard export ... > FILE).", exists=True, dir_okay=False, readable=True),
     ],
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint", help="Also hold the export to this signed checkpoint.", exists=True, dir_okay=False
+        ),
+    ] = None,
+    public_key: Annotated[
+        str | None, typer.Option("--public-key", help="The checkpoint signer's public key (hex, or a file).")
+    ] = None,
+    partial: Annotated[
+        bool,
+        typer.Option("--partial", help="With --checkpoint: the export holds some tasks only (no TASK_MISSING)."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Check an export offline, with only the file and the workflow definitions (RAILYARD_WORKFLOWS).
 
-    Every hash, the chain, seq, each transition's legality and each task's final state. Exit 3 on any finding.
+    Every hash, the chain, seq, each transition's legality and each task's final state. With --checkpoint, also
+    that each task's log reaches the head the signed checkpoint committed to, with a proof line that verifies
+    against its root, and (unless --partial) that no task it lists is missing. Exit 3 on any finding.
     """
-    from engine.audit.export import verify_export
+    from engine.audit.checkpoint import load_public_key, read, verify_file
+    from engine.audit.export import ExportCheck, verify_export
 
+    if (checkpoint is None) != (public_key is None):
+        raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
     definitions = registry()
+    against = None
+    try:
+        if checkpoint is not None and public_key is not None:
+            header, invalid = verify_file(checkpoint, load_public_key(public_key))
+            if invalid:
+                render.audit_totals(
+                    [], as_json, "verified", (checkpoint, header, [ReplayReport("", "", 0, tuple(invalid))])
+                )
+                raise typer.Exit(EXIT_AUDIT)
+            heads = {h.task_id: h for h in read(checkpoint).heads}
+            against = ExportCheck(header, heads, complete=not partial)
+    except RailyardError as error:
+        fail(error)
     with path.open("rb") as lines:
-        found = render.audit_totals(verify_export(lines, definitions.find), as_json, "verified")
+        found = render.audit_totals(verify_export(lines, definitions.find, against), as_json, "verified")
     if found:
         raise typer.Exit(EXIT_AUDIT)
 

@@ -30,6 +30,14 @@ def worker(
     report_seconds: Annotated[
         float, typer.Option("--report-seconds", min=0.1, help="How often counts are logged and reported.")
     ] = 10.0,
+    checkpoint_minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--checkpoint-minutes",
+            min=0.01,
+            help="Also sign a checkpoint of every head this often (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR).",
+        ),
+    ] = None,
 ) -> None:
     """Claim due tasks, advance each until it blocks or ends, release it; until SIGTERM or SIGINT.
 
@@ -78,6 +86,7 @@ def worker(
             workflows=names,
             model=adapter,
             report_seconds=report_seconds,
+            checkpoint_seconds=checkpoint_minutes * 60 if checkpoint_minutes is not None else None,
         )
         try:
             runner.check_configuration()

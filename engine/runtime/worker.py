@@ -120,6 +120,7 @@ class Worker:
         max_failures: int = 5,
         report_seconds: float = 10.0,
         listen: bool = True,
+        checkpoint_seconds: float | None = None,
     ) -> None:
         self.engine = engine
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -135,6 +136,8 @@ class Worker:
         self.max_failures = max_failures
         self.report_seconds = report_seconds
         self.listen = listen and engine.store.supports_notify
+        #: Take a signed checkpoint this often (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR); None: never.
+        self.checkpoint_seconds = checkpoint_seconds
         self.counts = WorkerCounts()
         self.started_at = now()
         self._wake = threading.Event()
@@ -229,12 +232,21 @@ class Worker:
         done = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(done,), name=f"{self.name}-heartbeat", daemon=True)
         beat.start()
+        signer = None
+        if self.checkpoint_seconds is not None:  # its own thread: a checkpoint never delays a heartbeat
+            signer = threading.Thread(
+                target=self._checkpoints, args=(done, self.checkpoint_seconds), name=f"{self.name}-checkpoints"
+            )
+            signer.daemon = True
+            signer.start()
         listener = self.engine.store.wakeups(self.wake, self.workflows).start() if listen and self.listen else None
         try:
             yield
         finally:
             done.set()
             beat.join(timeout=5)
+            if signer is not None:
+                signer.join(timeout=30)
             if listener is not None:
                 listener.stop()
             self._report(stopped_at=now())
@@ -343,6 +355,17 @@ class Worker:
                     self._report()
             except RailyardError as error:
                 log.warning("heartbeat failed: %s", error.code)
+
+    def _checkpoints(self, done: threading.Event, every: float) -> None:
+        """Sign a checkpoint of every task's head every `every` seconds, the first one at once."""
+        while True:
+            try:
+                header, path = self.engine.checkpoint()
+                log.info("checkpoint %s: %s tasks, root %s", path.name, header.tree_size, header.root)
+            except RailyardError as error:  # a missing key is the operator's to fix; the work goes on
+                log.error("checkpoint failed: %s: %s", error.code, error.message)
+            if done.wait(every):
+                return
 
     def _report(self, stopped_at: datetime | None = None) -> None:
         counts = self.counts.snapshot()
