@@ -345,8 +345,8 @@ class Code(StrEnum):
     CHECKPOINT_NOT_EXTENDING = (
         "CHECKPOINT_NOT_EXTENDING",
         Category.INTEGRITY,
-        "A newer checkpoint does not extend an older one: a task of the older one is missing from it, or its"
-        " head there does not descend from the older head, or it names another predecessor.",
+        "A newer checkpoint does not extend an older one: a task of the older one is missing from it, its"
+        " head there does not descend from the older head in the database's logs, or it was taken earlier.",
     )
 
 
