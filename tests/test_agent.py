@@ -122,7 +122,7 @@ def test_identity_override_hands_off_at_once_without_a_repair(eng: Engine) -> No
     )
 
 
-def test_tool_choice_unsupported_moves_one_rung_down_without_spending_a_repair(eng: Engine) -> None:
+def test_tool_choice_unsupported_rules_out_every_forced_form_without_spending_a_repair(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
     refusal = {"error": {"status": 400, "message": "Thinking mode does not support this tool_choice"}}
     model = ScriptedModel([refusal, call("decide", ticket_id="T-1", decision="RESOLVE", reason="ok")], profile="qwen")
@@ -130,9 +130,9 @@ def test_tool_choice_unsupported_moves_one_rung_down_without_spending_a_repair(e
     assert task.state == "decided"
     assert trail(eng, task_id) == [
         ("demote", "deciding", "named_tool", "TOOL_CHOICE_UNSUPPORTED"),
-        ("decide", "decided", "required", None),
+        ("decide", "decided", "auto_reminder", None),  # not `required`: a forced form too, refused the same way
     ]
-    assert [r.tool_choice for r in model.requests] == ["decide", "required"]
+    assert [r.tool_choice for r in model.requests] == ["decide", "auto"]
     # Remembered in the log: a worker resuming this task never re-sends the refused shape.
     assert eng.history(task_id)[1].data["turn"]["demoted"] == "qwen:scripted:plain:named_tool"
 
@@ -141,12 +141,13 @@ def test_refused_shapes_are_never_resent_unchanged(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
     shape = {"error": {"status": 400, "message": "tool_choice is not supported"}}
     schema = {"error": {"status": 400, "message": "response_format json_schema is not supported"}}
-    model = ScriptedModel([schema, shape, shape, {"text": "{}"}], profile="openai")
-    run(eng, task_id, model, turns=4)
+    model = ScriptedModel([schema, shape, {"text": "{}"}], profile="openai")
+    run(eng, task_id, model, turns=3)
     sent = [(r.response_schema is not None, r.tool_choice) for r in model.requests]
-    assert sent[:3] == [(True, None), (False, "decide"), (False, "required")]
+    # A refused forced tool choice rules out every forced form: after the named tool, not `required` either.
+    assert sent[:3] == [(True, None), (False, "decide"), (False, "auto")]
     assert len(set(map(repr, model.requests[:3]))) == 3
-    assert [t[0] for t in trail(eng, task_id)][:3] == ["demote", "demote", "demote"]
+    assert [t[0] for t in trail(eng, task_id)][:2] == ["demote", "demote"]
     assert eng.load(task_id).visit["repairs"] == 1  # only the bad answer spent one
 
 
@@ -443,4 +444,5 @@ def test_a_refused_shape_is_remembered_for_the_next_task_too(eng: Engine) -> Non
     run(eng, first, model)
     second = eng.start("triage", TICKET, actor="ann")
     assert run(eng, second, model).state == "decided"
-    assert [r.tool_choice for r in model.requests] == ["decide", "required", "required"]
+    # The forced class is ruled out at once, for the next task too: neither the named tool nor `required`.
+    assert [r.tool_choice for r in model.requests] == ["decide", "auto", "auto"]

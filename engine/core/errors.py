@@ -153,7 +153,8 @@ class Code(StrEnum):
     TOOL_CHOICE_UNSUPPORTED = (
         "TOOL_CHOICE_UNSUPPORTED",
         Category.PROVIDER,
-        "The provider refused the request's tool_choice; the ladder moves one rung down (no repair spent).",
+        "The provider refused the request's tool_choice; every forced form (a named tool and `required`) is ruled"
+        " out for that model and thinking setting, and the ladder moves below them (no repair spent).",
     )
     SCHEMA_UNSUPPORTED = (
         "SCHEMA_UNSUPPORTED",

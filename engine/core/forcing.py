@@ -69,12 +69,29 @@ def ladder(profile: CapabilityProfile, thinking: bool, n_actions: int) -> list[R
     return rungs
 
 
+#: Rungs a provider refuses together: one that rejects a forced tool choice (a named tool, or `required`) rejects
+#: every forced form, so a refusal of either rules out both for that (profile, model, thinking).
+REFUSED_TOGETHER: tuple[frozenset[Rung], ...] = (frozenset({Rung.NAMED_TOOL, Rung.REQUIRED}),)
+
+
+def refused_with(rung: Rung) -> frozenset[Rung]:
+    """The rungs a refusal of `rung` rules out: its class (`REFUSED_TOGETHER`), or itself."""
+    return next((group for group in REFUSED_TOGETHER if rung in group), frozenset({rung}))
+
+
 def choose_rung(
     profile: CapabilityProfile, model: str, thinking: bool, n_actions: int, demoted: set[str] | list[str]
 ) -> Rung:
+    """The highest rung the profile allows that no refusal so far rules out (each refusal rules out its class)."""
     refused = set(demoted)
+    ruled_out = {
+        other
+        for rung in Rung
+        if demotion_key(profile, model, thinking, rung) in refused
+        for other in refused_with(rung)
+    }
     for rung in ladder(profile, thinking, n_actions):
-        if demotion_key(profile, model, thinking, rung) not in refused:
+        if rung not in ruled_out:
             return rung
     return Rung.JSON_INSTRUCTIONS
 

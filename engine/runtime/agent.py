@@ -103,7 +103,8 @@ class AgentRunner:
         except ModelError as error:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
             if error.code in REQUEST_SHAPE:
-                # Never re-send this shape to this (model, thinking): the next turn takes the next rung down.
+                # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
+                # does not rule out (a refused forced tool choice rules out every forced form).
                 turn["demoted"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
                 self.engine.refused_shapes.add(turn["demoted"])  # other tasks on this process skip it too
                 return self._commit(task, DEMOTE, {"turn": turn})
