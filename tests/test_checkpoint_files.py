@@ -40,10 +40,17 @@ def test_a_checkpoint_verifies_with_its_key_and_lists_every_head_in_task_order(t
     assert (tmp_path / "signing.key").stat().st_mode & 0o077 == 0  # the private key is its owner's only
 
 
-def test_a_key_is_never_overwritten(tmp_path: Path) -> None:
+def test_a_key_is_never_overwritten_and_an_unwritable_place_is_a_config_error(tmp_path: Path) -> None:
     keygen(tmp_path / "k")
+    for place in (tmp_path / "k", tmp_path / "no-such-dir" / "k"):
+        with pytest.raises(RailyardError) as caught:
+            keygen(place)
+        assert caught.value.code is Code.CONFIG_INVALID
     with pytest.raises(RailyardError) as caught:
-        keygen(tmp_path / "k")
+        write_signed(HEADS, load_signing_key(tmp_path / "k"), tmp_path / "k" / "cp", previous_root=None)
+    assert caught.value.code is Code.CONFIG_INVALID  # a directory under a file
+    with pytest.raises(RailyardError) as caught:
+        load_public_key(str(tmp_path))  # a directory is no key
     assert caught.value.code is Code.CONFIG_INVALID
 
 
@@ -85,7 +92,10 @@ def test_another_key_does_not_verify_it(tmp_path: Path) -> None:
 def test_a_garbled_file_is_an_integrity_finding_not_a_traceback(tmp_path: Path) -> None:
     path, public = signed(tmp_path)
     lines = path.read_text(encoding="utf-8").splitlines()
-    path.write_text("\n".join([*lines[:2], "{not json", *lines[3:]]) + "\n", encoding="utf-8")
+    for garbled in ("{not json", "0", "null", "[1, 2]"):
+        path.write_text("\n".join([*lines[:2], garbled, *lines[3:]]) + "\n", encoding="utf-8")
+        assert codes(path, public) == [Code.CHECKPOINT_INVALID], garbled
+    path.write_bytes("\n".join(lines[:2]).encode() + b"\n\xff\xfe\n")  # not UTF-8 past the header
     assert codes(path, public) == [Code.CHECKPOINT_INVALID]
     path.write_text("{not json\n", encoding="utf-8")
     with pytest.raises(RailyardError) as caught:

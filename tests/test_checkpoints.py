@@ -142,6 +142,16 @@ def test_the_database_refuses_updates_and_deletes_of_the_log(eng: Engine, db_url
             with pytest.raises(exc.DatabaseError) as refused, console.begin() as conn:
                 conn.execute(text(statement), {"t": task_id})
             assert "append-only" in str(refused.value)
+        if console.dialect.name == "postgresql":
+            for statement in ("TRUNCATE events CASCADE", "TRUNCATE checkpoints"):
+                with pytest.raises(exc.DatabaseError) as refused, console.begin() as conn:
+                    conn.execute(text(statement))
+                assert "append-only" in str(refused.value)
+            # A temporary table named like the archive's permits cannot stand in for it.
+            with pytest.raises(exc.DatabaseError), console.begin() as conn:
+                conn.execute(text("CREATE TEMP TABLE archive_permits (holder text)"))
+                conn.execute(text("INSERT INTO archive_permits VALUES ('mallory')"))
+                conn.execute(text("DELETE FROM events WHERE task_id = :t"), {"t": task_id})
     finally:
         console.dispose()
     assert [e.actor for e in eng.history(task_id)] == ["ann", "model", "model"]
@@ -334,6 +344,17 @@ def test_an_export_against_a_checkpoint_finds_a_dropped_event_and_a_dropped_task
     assert bad.exit_code == EXIT_AUDIT and "HEAD_REWRITTEN" in bad.stdout
     other = keygen(tmp_path / "other.key")
     assert runner.invoke(app, [*verify[:-1], other]).exit_code == EXIT_AUDIT  # another key: the checkpoint is void
+
+    twice = tmp_path / "twice.jsonl"  # a task's block a second time: two logs of one task, whichever is true
+    doubled = lines_of(exported)
+    block = [v for v in doubled if v.get("task_id") == ids[0] and v["kind"] != "end"]
+    doubled[-1:-1] = block
+    doubled[-1]["tasks"] += 1
+    doubled[-1]["events"] += sum(v["kind"] == "event" for v in block)
+    write_lines(twice, doubled)
+    for command in (["verify-export", str(twice)], [*verify[:1], str(twice), *verify[2:]]):
+        result = runner.invoke(app, [*command, "--json"])
+        assert result.exit_code == EXIT_AUDIT and "appears a second time" in result.stdout
 
 
 def test_a_worker_signs_checkpoints_on_its_timer(

@@ -43,6 +43,8 @@ def keygen(path: Path) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise RailyardError(f"{path} exists: a signing key is never overwritten", code=Code.CONFIG_INVALID) from None
+    except OSError as exc:
+        raise RailyardError(f"cannot write the signing key {path}: {exc}", code=Code.CONFIG_INVALID) from None
     with os.fdopen(fd, "wb") as out:
         out.write(pem)
     return key.public_key().public_bytes(*_RAW).hex()
@@ -63,7 +65,10 @@ def load_public_key(spec: str) -> Ed25519PublicKey:
     text = spec.strip()
     path = Path(text)
     if len(text) != 64 and path.exists():
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise RailyardError(f"cannot read the public key {path}: {exc}", code=Code.CONFIG_INVALID) from None
         if b"BEGIN" in data:
             try:
                 key = serialization.load_pem_public_key(data)
@@ -92,9 +97,12 @@ def write_signed(
     """Sign the heads (in task id byte order, as `Store.heads` gives them) and write the checkpoint as a new file
     in `directory`. Streamed: the Merkle root is built one leaf at a time and the heads go to disk as they come,
     so memory stays flat in the number of tasks."""
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, part = tempfile.mkstemp(dir=directory, suffix=".part")
+    except OSError as exc:
+        raise RailyardError(f"cannot write checkpoints to {directory}: {exc}", code=Code.CONFIG_INVALID) from None
     builder, last = RootBuilder(), b""
-    fd, part = tempfile.mkstemp(dir=directory, suffix=".part")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as body:
             for head in heads:
@@ -132,8 +140,8 @@ def _header_fields(header: Header) -> dict[str, object]:
 def read_header(path: Path) -> tuple[Header, str]:
     """The signed header of a checkpoint file and its signature (hex)."""
     try:
-        with path.open(encoding="utf-8") as lines:
-            first = json.loads(lines.readline())
+        with path.open("rb") as lines:
+            first = json.loads(lines.readline().decode("utf-8"))
     except OSError as exc:
         raise RailyardError(f"cannot read the checkpoint {path}: {exc}", code=Code.CONFIG_INVALID) from None
     except ValueError as exc:
@@ -156,14 +164,14 @@ def read_header(path: Path) -> tuple[Header, str]:
 
 def read_heads(path: Path) -> Iterator[Head]:
     """The heads of a checkpoint file, streamed. A line that is not `[task_id, seq, hash]` is CHECKPOINT_INVALID."""
-    with path.open(encoding="utf-8") as lines:
+    with path.open("rb") as lines:
         lines.readline()
-        for number, line in enumerate(lines, start=2):
+        for number, raw in enumerate(lines, start=2):
             try:
-                task_id, seq, digest = json.loads(line)
+                task_id, seq, digest = json.loads(raw.decode("utf-8"))
                 if not isinstance(task_id, str) or type(seq) is not int or not isinstance(digest, str):
                     raise ValueError("not [task_id, seq, hash]")
-            except ValueError as exc:
+            except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
                 raise IntegrityError(
                     f"{path}, line {number}: not a head ({exc})", code=Code.CHECKPOINT_INVALID
                 ) from None

@@ -185,6 +185,7 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck |
     file_findings: list[Finding] = []
     tasks = events = 0
     ended = False
+    exported: set[str] = set()  # a task id twice is two logs of one task: which one is true cannot be told
     for number, raw in enumerate(lines, start=1):
         raw = raw.removesuffix(b"\n")
         if ended:
@@ -200,6 +201,9 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck |
                 check, created = None, None
                 row = _row(value)
                 check, created = LogCheck(row, lookup, legal=legal), row.created_at
+                if row.task_id in exported:
+                    check.add(Code.HASH_MISMATCH, 0, f"line {number}: task {row.task_id} appears a second time")
+                exported.add(row.task_id)
             elif kind == "event":
                 events += 1
                 event = _event(value)

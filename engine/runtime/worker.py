@@ -364,6 +364,8 @@ class Worker:
                 log.info("checkpoint %s: %s tasks, root %s", path.name, header.tree_size, header.root)
             except RailyardError as error:  # a missing key is the operator's to fix; the work goes on
                 log.error("checkpoint failed: %s: %s", error.code, error.message)
+            except Exception:  # a full disk, a directory gone: logged, and tried again at the next interval
+                log.exception("checkpoint failed")
             if done.wait(every):
                 return
 

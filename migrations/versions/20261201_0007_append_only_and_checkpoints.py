@@ -29,9 +29,15 @@ REFUSAL = "railyard: {table} is append-only; only railyard archive may delete ev
 
 PG_FUNCTION = """
 CREATE FUNCTION railyard_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    permitted boolean := false;
 BEGIN
-    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'events' AND EXISTS (SELECT 1 FROM archive_permits) THEN
-        RETURN OLD;
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'events' THEN
+        -- The permits table of the events table's own schema: a temporary table of that name cannot stand in.
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.archive_permits)', TG_TABLE_SCHEMA) INTO permitted;
+        IF permitted THEN
+            RETURN OLD;
+        END IF;
     END IF;
     RAISE EXCEPTION 'railyard: % is append-only; only railyard archive may delete events', TG_TABLE_NAME
         USING ERRCODE = 'insufficient_privilege';
@@ -69,6 +75,11 @@ def upgrade() -> None:
                 f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
                 "FOR EACH ROW EXECUTE FUNCTION railyard_append_only()"
             )
+            # TRUNCATE fires no row trigger: refused by a statement trigger of its own.
+            op.execute(
+                f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION railyard_append_only()"
+            )
         return
     for statement in [*_sqlite_triggers("events", True), *_sqlite_triggers("checkpoints", False)]:
         op.execute(statement)
@@ -77,6 +88,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_context().dialect.name == "postgresql":
         for table in ("events", "checkpoints"):
+            op.execute(f"DROP TRIGGER IF EXISTS {table}_no_truncate ON {table}")
             op.execute(f"DROP TRIGGER IF EXISTS {table}_append_only ON {table}")
         op.execute("DROP FUNCTION IF EXISTS railyard_append_only()")
     else:
