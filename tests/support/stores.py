@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from engine import Engine, Event, migrations
@@ -18,7 +17,7 @@ from engine.core.events import seal
 from engine.core.payloads import as_event_data
 from engine.core.rows import TaskRow
 from engine.store import MemoryStore, SqlStore, Store
-from tests.support.postgres import libpq
+from tests.support.postgres import truncate
 
 #: The backends every store contract test runs on.
 BACKENDS = ["memory", "sqlite", "postgresql"]
@@ -42,8 +41,7 @@ def sqlite_store(directory: Path) -> SqlStore:
 
 def empty_postgres(url: str) -> SqlStore:
     """The session's PostgreSQL database emptied (worker reports too), as a store."""
-    with psycopg.connect(libpq(url), autocommit=True) as conn:
-        conn.execute("TRUNCATE snapshots, events, tasks, workers")
+    truncate(url)
     return SqlStore(url)
 
 
