@@ -26,9 +26,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from engine.core.canonical import format_instant, now
 from engine.core.chain import Finding
-from engine.core.checkpoints import FORMAT, Checkpoint, Head, Header, head_findings, key_id
+from engine.core.checkpoints import FORMAT, Checkpoint, Head, Header, HeadsRoot, head_findings, key_id
 from engine.core.errors import Code, IntegrityError, RailyardError
-from engine.core.merkle import RootBuilder, leaf_hash
 from engine.core.replay import ReplayReport
 from engine.store.protocol import Store
 
@@ -102,39 +101,26 @@ def write_signed(
         fd, part = tempfile.mkstemp(dir=directory, suffix=".part")
     except OSError as exc:
         raise RailyardError(f"cannot write checkpoints to {directory}: {exc}", code=Code.CONFIG_INVALID) from None
-    builder, last = RootBuilder(), b""
+    rooted = HeadsRoot()
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as body:
             for head in heads:
-                name = head.task_id.encode()
-                if builder.size and name <= last:
+                leaf = rooted.add(head)  # the canonical JSON line is both the leaf's data and the file's line
+                if leaf is None:
                     raise ValueError(f"heads out of task id order at {head.task_id!r}")
-                last = name
-                leaf = head.leaf()  # the canonical JSON line is both the leaf's data and the file's line
-                builder.add(leaf_hash(leaf))
                 body.write(leaf.decode() + "\n")
         signer = key_id(key.public_key().public_bytes(*_RAW))
-        header = Header(builder.size, builder.root().hex(), format_instant(now()), previous_root, signer)
+        header = Header(rooted.size, rooted.root(), format_instant(now()), previous_root, signer)
         signature = key.sign(header.signed_bytes()).hex()
         stamp = header.at.replace(":", "").replace("-", "")
         path = directory / f"checkpoint-{stamp}-{header.tree_size}-{header.root[:12]}.jsonl"
         with path.open("x", encoding="utf-8") as out, open(part, encoding="utf-8") as heads_text:
-            out.write(json.dumps({**_header_fields(header), "signature": signature}, sort_keys=True) + "\n")
+            first = {"format": FORMAT, **header.to_dict(), "signature": signature}
+            out.write(json.dumps(first, sort_keys=True) + "\n")
             shutil.copyfileobj(heads_text, out)
         return header, path
     finally:
         Path(part).unlink(missing_ok=True)
-
-
-def _header_fields(header: Header) -> dict[str, object]:
-    return {
-        "format": FORMAT,
-        "tree_size": header.tree_size,
-        "root": header.root,
-        "at": header.at,
-        "previous_root": header.previous_root,
-        "key_id": header.key_id,
-    }
 
 
 def read_header(path: Path) -> tuple[Header, str]:
@@ -193,21 +179,18 @@ def verify_file(path: Path, key: Ed25519PublicKey) -> tuple[Header, list[Finding
         key.verify(bytes.fromhex(signature), header.signed_bytes())
     except (InvalidSignature, ValueError):
         found.append(Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's signature does not verify with this key"))
-    builder, last = RootBuilder(), b""
+    rooted = HeadsRoot()
     try:
         for head in read_heads(path):
-            name = head.task_id.encode()
-            if builder.size and name <= last:
+            if rooted.add(head) is None:
                 found.append(
                     Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks are not in task id order, once each")
                 )
                 break
-            last = name
-            builder.add(leaf_hash(head.leaf()))
     except IntegrityError as error:
         found.append(Finding(Code.CHECKPOINT_INVALID, 0, error.message))
         return header, found
-    if builder.size != header.tree_size or builder.root().hex() != header.root:
+    if rooted.size != header.tree_size or rooted.root() != header.root:
         found.append(
             Finding(Code.CHECKPOINT_INVALID, 0, "the checkpoint's tasks do not hash to the root and size it signs")
         )

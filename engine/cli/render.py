@@ -359,7 +359,7 @@ def audit_totals(
 
 def checkpoint_written(header: Header, path: Path, as_json: bool) -> None:
     if as_json:
-        print_json({"file": str(path), **checkpoint_dict(header)})
+        print_json({"file": str(path), **header.to_dict()})
         return
     # The file on stdout, like `start` prints the task id (`CHECKPOINT=$(railyard checkpoint)`); the rest on stderr.
     out.print(str(path), highlight=False, markup=False, soft_wrap=True)
@@ -368,16 +368,6 @@ def checkpoint_written(header: Header, path: Path, as_json: bool) -> None:
         highlight=False,
         markup=False,
     )
-
-
-def checkpoint_dict(header: Header) -> dict[str, Any]:
-    return {
-        "tree_size": header.tree_size,
-        "root": header.root,
-        "at": header.at,
-        "previous_root": header.previous_root,
-        "key_id": header.key_id,
-    }
 
 
 def checkpoint_verdict(found: list[Finding], older: Path, newer: Path, as_json: bool) -> None:

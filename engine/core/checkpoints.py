@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from engine.core.canonical import canonical_json
 from engine.core.chain import Finding
 from engine.core.errors import Code
-from engine.core.merkle import Levels, leaf_hash, verify_inclusion
+from engine.core.merkle import Levels, RootBuilder, leaf_hash, verify_inclusion
 
 FORMAT = "railyard-checkpoint/1"
 
@@ -54,18 +54,44 @@ class Header:
     previous_root: str | None
     key_id: str
 
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "tree_size": self.tree_size,
+            "root": self.root,
+            "at": self.at,
+            "previous_root": self.previous_root,
+            "key_id": self.key_id,
+        }
+
     def signed_bytes(self) -> bytes:
         """What the signature covers: the header as canonical JSON, with the format name."""
-        return canonical_json(
-            {
-                "format": FORMAT,
-                "tree_size": self.tree_size,
-                "root": self.root,
-                "at": self.at,
-                "previous_root": self.previous_root,
-                "key_id": self.key_id,
-            }
-        ).encode()
+        return canonical_json({"format": FORMAT, **self.to_dict()}).encode()
+
+
+class HeadsRoot:
+    """The Merkle root over heads fed one at a time in task id byte order (O(log n) memory), refusing a head
+    out of that order: what writing and verifying a checkpoint both compute."""
+
+    def __init__(self) -> None:
+        self._builder = RootBuilder()
+        self._last = b""
+
+    @property
+    def size(self) -> int:
+        return self._builder.size
+
+    def add(self, head: Head) -> bytes | None:
+        """The head's leaf data (also its line in the file), or None if it does not come after the last one."""
+        name = head.task_id.encode()
+        if self._builder.size and name <= self._last:
+            return None
+        self._last = name
+        leaf = head.leaf()
+        self._builder.add(leaf_hash(leaf))
+        return leaf
+
+    def root(self) -> str:
+        return self._builder.root().hex()
 
 
 @dataclass(frozen=True, slots=True)
