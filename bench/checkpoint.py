@@ -130,7 +130,7 @@ def main() -> int:
                     assert raw_scan(url) == size
                     raw_s.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
-                    header, path = engine.checkpoint(key, Path(tmp) / f"cp-{size}-{r}")
+                    header, path, _ = engine.checkpoint(key, Path(tmp) / f"cp-{size}-{r}")
                     take_s.append(time.perf_counter() - t0)
                     assert header.tree_size == size
                     t0 = time.perf_counter()

@@ -6,6 +6,7 @@ of a database against a checkpoint are in tests/test_checkpoints.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,10 +15,11 @@ from typing import Any
 import pytest
 
 from engine import Code, RailyardError
-from engine.audit.checkpoint import keygen, load_public_key, load_signing_key, read, verify_file, write_signed
+from engine.audit.checkpoint import Keys, keygen, load_public_key, load_signing_key, read, verify_file, write_signed
+from engine.core.canonical import canonical_json
 from engine.core.checkpoints import Head, head_findings, inclusion_holds
 
-HEADS = [Head(f"t-{i:03d}", i + 1, f"{i:064x}") for i in range(1, 6)]
+HEADS = [Head(f"t-{i:03d}", i + 1, hashlib.sha256(str(i).encode()).hexdigest()) for i in range(1, 6)]
 
 
 def signed(tmp_path: Path) -> tuple[Path, str]:
@@ -27,7 +29,7 @@ def signed(tmp_path: Path) -> tuple[Path, str]:
 
 
 def codes(path: Path, public: str) -> list[Code]:
-    return [f.code for f in verify_file(path, load_public_key(public))[1]]
+    return [f.code for f in verify_file(path, Keys.load([public]))[1]]
 
 
 def test_a_checkpoint_verifies_with_its_key_and_lists_every_head_in_task_order(tmp_path: Path) -> None:
@@ -54,10 +56,12 @@ def test_a_key_is_never_overwritten_and_an_unwritable_place_is_a_config_error(tm
     assert caught.value.code is Code.CONFIG_INVALID
 
 
-def edit(path: Path, line: int, change: Callable[[Any], Any]) -> None:
+def edit(path: Path, line: int, change: Callable[[Any], Any], spell: Callable[[Any], str] = canonical_json) -> None:
+    """Change one line's value and write it back, by default in the one spelling checkpoints use, so what is
+    found is the change itself."""
     lines = path.read_text(encoding="utf-8").splitlines()
     value = change(json.loads(lines[line]))
-    lines[line] = json.dumps(value)
+    lines[line] = spell(value)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -75,6 +79,15 @@ def edit(path: Path, line: int, change: Callable[[Any], Any]) -> None:
         pytest.param(lambda p: edit(p, 0, lambda h: {**h, "previous_root": "1" * 64}), id="predecessor"),
         pytest.param(lambda p: edit(p, 2, lambda h: [h[0], h[1] - 1, h[2]]), id="a-head-moved-back"),
         pytest.param(lambda p: p.write_text("\n".join(p.read_text().splitlines()[:-1]) + "\n"), id="a-task-dropped"),
+        # The same values spelt another way: one spelling per file, so a respelt file is an edited one.
+        pytest.param(lambda p: edit(p, 0, lambda h: h, json.dumps), id="header-respelt"),
+        pytest.param(lambda p: edit(p, 2, lambda h: h, json.dumps), id="head-respelt"),
+        pytest.param(lambda p: edit(p, 0, lambda h: {**h, "note": "ok"}), id="header-extra-field"),
+        pytest.param(lambda p: edit(p, 0, lambda h: {**h, "root": h["root"].upper()}), id="root-upper-case"),
+        pytest.param(lambda p: edit(p, 0, lambda h: {**h, "tree_size": str(h["tree_size"])}), id="size-as-text"),
+        pytest.param(lambda p: edit(p, 0, lambda h: {**h, "at": h["at"].replace("Z", "+00:00")}), id="time-respelt"),
+        pytest.param(lambda p: edit(p, 2, lambda h: [h[0], h[1], h[2].upper()]), id="head-hash-upper-case"),
+        pytest.param(lambda p: p.write_bytes(p.read_bytes().rstrip(b"\n")), id="last-newline-cut"),
     ],
 )
 def test_an_edited_checkpoint_is_found(tmp_path: Path, tamper: Callable[[Path], None]) -> None:
@@ -136,5 +149,11 @@ def test_each_head_has_an_inclusion_proof_in_the_signed_root(tmp_path: Path) -> 
     tree = checkpoint.tree()
     for index, head in enumerate(checkpoint.heads):
         proof = [p.hex() for p in tree.inclusion_proof(index)]
-        assert inclusion_holds(head, index, checkpoint.header, proof)
-        assert not inclusion_holds(Head(head.task_id, head.seq - 1, head.hash), index, checkpoint.header, proof)
+        assert inclusion_holds(head, index, checkpoint.header.tree_size, checkpoint.header.root, proof)
+        assert not inclusion_holds(
+            Head(head.task_id, head.seq - 1, head.hash),
+            index,
+            checkpoint.header.tree_size,
+            checkpoint.header.root,
+            proof,
+        )

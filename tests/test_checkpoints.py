@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, exc, text
 from typer.testing import CliRunner
 
 from engine import Code, Engine, MemoryStore, Registry, StaticRoles, Worker
-from engine.audit.checkpoint import keygen
+from engine.audit.checkpoint import keygen, load_signing_key, read_header, write_signed
 from engine.cli import EXIT_AUDIT, app
 from engine.core.canonical import canonical_json
 from engine.core.events import seal
@@ -74,9 +74,9 @@ def test_an_honest_database_holds_what_its_checkpoint_committed_to(
 ) -> None:
     key, public = signer
     ids = started(eng)
-    header, path = eng.checkpoint(key, tmp_path / "cp")
+    header, path, _ = eng.checkpoint(key, tmp_path / "cp")
     assert header.tree_size == len(ids) and path.exists()
-    again, _ = eng.checkpoint(key, tmp_path / "cp")  # nothing changed: the same root, a checkpoint of its own
+    again, _, _ = eng.checkpoint(key, tmp_path / "cp")  # nothing changed: the same root, a checkpoint of its own
     assert (again.root, again.previous_root) == (header.root, header.root)
     eng.fire(ids[0], "approve", {}, actor="dana")  # logs go on after it: they extend what it covered
     assert judged(eng, path, public) == {}
@@ -89,7 +89,7 @@ def test_truncating_a_task_and_setting_its_row_back_is_found_only_against_the_ch
 ) -> None:
     key, public = signer
     ids = started(eng)
-    _, path = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
     step_back(db_url, ids[1], 2)
     assert all(r.ok for r in eng.replay_all())  # the log still proves its (shorter) state
     assert judged(eng, path, public) == {ids[1]: [Code.TASK_TRUNCATED]}
@@ -98,7 +98,7 @@ def test_truncating_a_task_and_setting_its_row_back_is_found_only_against_the_ch
 def test_deleting_a_whole_task_is_found(eng: Engine, db_url: str, signer: tuple[Path, str], tmp_path: Path) -> None:
     key, public = signer
     ids = started(eng)
-    _, path = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
     with sql(db_url) as conn:
         for table in ("snapshots", "events", "tasks"):
             conn.execute(text(f"DELETE FROM {table} WHERE task_id = :t"), {"t": ids[2]})
@@ -111,7 +111,7 @@ def test_rewriting_a_suffix_with_recomputed_hashes_is_found(
 ) -> None:
     key, public = signer
     ids = started(eng)
-    _, path = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
     victim = ids[3]
     step_back(db_url, victim, 2)
     # A legal event in its place, its hash recomputed (by the engine's own code): a new truth, written by
@@ -126,7 +126,7 @@ def test_a_checkpoint_judged_with_another_key_proves_nothing(
 ) -> None:
     key, _ = signer
     started(eng, 2)
-    _, path = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
     other = keygen(tmp_path / "other.key")
     assert judged(eng, path, other) == {"": [Code.CHECKPOINT_INVALID]}
 
@@ -233,7 +233,7 @@ def test_every_honest_history_verifies_and_every_edit_of_a_checkpointed_prefix_i
         for task_id, n in zip(ids, notes, strict=True):
             for _ in range(n):
                 eng.fire(task_id, "note", {"note": "x"}, actor="model")
-        _, path = eng.checkpoint(key, tmp)
+        _, path, _ = eng.checkpoint(key, tmp)
         for index in later:
             eng.fire(ids[index % len(ids)], "note", {"note": "after"}, actor="model")
         victim = data.draw(st.sampled_from(ids))
@@ -300,7 +300,7 @@ def test_an_export_against_a_checkpoint_finds_a_dropped_event_and_a_dropped_task
     monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows")
     with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
         ids = started(eng, 3)
-        _, checkpoint = eng.checkpoint(key, tmp_path / "cp")
+        _, checkpoint, _ = eng.checkpoint(key, tmp_path / "cp")
         status_of = eng.definition_of(eng.load(ids[0])).status_of
     exported = tmp_path / "all.jsonl"
     result = runner.invoke(app, ["export", "--all", "--checkpoint", str(checkpoint)])
@@ -315,11 +315,23 @@ def test_an_export_against_a_checkpoint_finds_a_dropped_event_and_a_dropped_task
     edited = lines_of(exported)
     drop_last_event(edited, ids[1], lambda s: str(status_of(s)))
     write_lines(cut, edited)
-    assert runner.invoke(app, ["verify-export", str(cut)]).exit_code == 0  # the file alone holds together
-    found = runner.invoke(app, [*verify[:1], str(cut), *verify[2:], "--json"])
+    for command in (["verify-export", str(cut)], [*verify[:1], str(cut), *verify[2:]]):
+        # Even alone, the file's own proof line names a head its log no longer reaches.
+        found = runner.invoke(app, [*command, "--json"])
+        assert found.exit_code == EXIT_AUDIT
+        assert [(r["task_id"], f["code"]) for r in json.loads(found.stdout)["reports"] for f in r["findings"]] == [
+            (ids[1], "TASK_TRUNCATED")
+        ]
+    unproved = tmp_path / "unproved.jsonl"  # the proof line dropped as well: the file alone holds together
+    write_lines(unproved, [v for v in edited if not (v["kind"] == "proof" and v["task_id"] == ids[1])])
+    alone = runner.invoke(app, ["verify-export", str(unproved)])
+    assert alone.exit_code == 0
+    assert "2 proof lines checked against the roots they name only" in alone.stderr  # and it says so
+    found = runner.invoke(app, [*verify[:1], str(unproved), *verify[2:], "--json"])
     assert found.exit_code == EXIT_AUDIT
-    assert [(r["task_id"], f["code"]) for r in json.loads(found.stdout)["reports"] for f in r["findings"]] == [
-        (ids[1], "TASK_TRUNCATED")
+    assert sorted(f["code"] for r in json.loads(found.stdout)["reports"] for f in r["findings"]) == [
+        "HEAD_REWRITTEN",  # the checkpoint lists it and the export has no proof line
+        "TASK_TRUNCATED",
     ]
 
     gone = tmp_path / "gone.jsonl"  # a whole task dropped, the end line fixed
@@ -344,6 +356,16 @@ def test_an_export_against_a_checkpoint_finds_a_dropped_event_and_a_dropped_task
     assert bad.exit_code == EXIT_AUDIT and "HEAD_REWRITTEN" in bad.stdout
     other = keygen(tmp_path / "other.key")
     assert runner.invoke(app, [*verify[:-1], other]).exit_code == EXIT_AUDIT  # another key: the checkpoint is void
+
+    header_only = tmp_path / "header.jsonl"  # what an auditor keeps of a checkpoint: its signed first line
+    header_only.write_bytes(checkpoint.read_bytes().splitlines(keepends=True)[0])
+    by_header = [*verify[:1], str(exported), "--checkpoint", str(header_only), "--public-key", public]
+    assert runner.invoke(app, [*by_header, "--partial"]).exit_code == 0
+    refused = runner.invoke(app, by_header)  # which tasks it lists is not in a header: completeness needs the heads
+    assert refused.exit_code == 2 and "--partial" in refused.output
+    assert runner.invoke(app, [*by_header[:1], str(cut), *by_header[2:], "--partial"]).exit_code == EXIT_AUDIT
+    assert runner.invoke(app, [*by_header[:1], str(forged), *by_header[2:], "--partial"]).exit_code == EXIT_AUDIT
+    assert runner.invoke(app, ["verify-export", str(forged)]).exit_code == EXIT_AUDIT  # its own root refutes it
 
     twice = tmp_path / "twice.jsonl"  # a task's block a second time: two logs of one task, whichever is true
     doubled = lines_of(exported)
@@ -378,3 +400,126 @@ def test_a_worker_signs_checkpoints_on_its_timer(
     assert all(judged(eng, f, public) == {} for f in files)
     last = eng.store.last_checkpoint()
     assert last is not None and last[1] in {f.name for f in files}
+
+
+def test_the_chain_of_checkpoints_is_the_files_and_a_verifier_may_hold_several_keys(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each checkpoint names its predecessor, taken from the checkpoint files (the database's note can be
+    forged); `checkpoint verify` follows that chain, so a checkpoint held back or replaced is found; a key
+    rotation is verified with both keys."""
+    key, public = signer
+    place = tmp_path / "cp"
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows")
+    monkeypatch.setenv("RAILYARD_SIGNING_KEY", str(key))
+    monkeypatch.setenv("RAILYARD_CHECKPOINT_DIR", str(place))
+
+    def take() -> dict[str, Any]:
+        taken = runner.invoke(app, ["checkpoint", "--json"])
+        assert taken.exit_code == 0, taken.output
+        return dict(json.loads(taken.stdout))
+
+    def verify(older: dict[str, Any], newer: dict[str, Any], *extra: str, keys: tuple[str, ...] = (public,)) -> Any:
+        flags = [arg for k in keys for arg in ("--public-key", k)]
+        return runner.invoke(app, ["checkpoint", "verify", older["file"], newer["file"], *flags, *extra, "--json"])
+
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        ids = started(eng, 2)
+        first = take()
+        with sql(db_url) as conn:  # an insider notes a checkpoint that never was, to be named as the predecessor
+            conn.execute(
+                text(
+                    "INSERT INTO checkpoints (root, tree_size, at, previous_root, key_id, file) "
+                    "VALUES (:r, 2, :at, NULL, :k, 'forged.jsonl')"
+                ),
+                {"r": "f" * 64, "at": "2999-01-01 00:00:00+00:00", "k": first["key_id"]},
+            )
+        eng.fire(ids[0], "approve", {}, actor="dana")
+        second = take()
+        assert second["previous_root"] == first["root"]  # the files say what came before, not the database
+        eng.fire(ids[1], "reject", {"note": "no"}, actor="dana")
+        third = take()
+        assert third["previous_root"] == second["root"]
+        assert verify(first, third).exit_code == 0  # through the second, found in the same folder
+
+        held_back = tmp_path / "elsewhere"
+        held_back.mkdir()
+        Path(second["file"]).rename(held_back / Path(second["file"]).name)
+        broken = verify(first, third)
+        assert broken.exit_code == EXIT_AUDIT
+        [finding] = json.loads(broken.stdout)["findings"]
+        assert finding["code"] == "CHECKPOINT_NOT_EXTENDING" and "cannot be followed" in finding["message"]
+        assert verify(first, third, "--dir", str(place), "--dir", str(held_back)).exit_code == 0
+
+        # In a folder with no checkpoint, the database's note is all there is to name: here the forged one,
+        # whose checkpoint no one can show, so the chain through it cannot be followed.
+        _, stray, _ = eng.checkpoint(key, tmp_path / "empty")
+        assert read_header(stray).previous_root == "f" * 64
+        [finding] = json.loads(verify(first, {"file": str(stray)}).stdout)["findings"]
+        assert finding["code"] == "CHECKPOINT_NOT_EXTENDING" and "cannot be followed" in finding["message"]
+        _, fresh = write_signed(eng.store.heads(), load_signing_key(key), tmp_path / "other", previous_root=None)
+        [finding] = json.loads(verify(first, {"file": str(fresh)}).stdout)["findings"]  # another chain's first
+        assert finding["code"] == "CHECKPOINT_NOT_EXTENDING" and "a first checkpoint" in finding["message"]
+
+        rotated = tmp_path / "rotated.key"
+        rotated_public = keygen(rotated)
+        monkeypatch.setenv("RAILYARD_SIGNING_KEY", str(rotated))
+        fourth = take()
+        assert fourth["previous_root"] == third["root"] and fourth["key_id"] != third["key_id"]
+        old_key_only = verify(third, fourth)
+        assert old_key_only.exit_code == EXIT_AUDIT and "not one of the keys given" in old_key_only.stdout
+        assert verify(third, fourth, keys=(public, rotated_public)).exit_code == 0
+        both = ["--public-key", public, "--public-key", rotated_public]
+        assert runner.invoke(app, ["replay", "--all", "--checkpoint", fourth["file"], *both]).exit_code == 0
+        assert runner.invoke(app, ["replay", "--all", "--checkpoint", third["file"], *both]).exit_code == 0
+
+
+def test_an_archive_file_gone_is_said_as_such_against_a_checkpoint(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A task checkpointed mid-way, then ended and archived: its file lost is ARCHIVE_MISSING, not a log that
+    was rewritten; a task whose head did not move needs no file to extend."""
+    from datetime import timedelta
+
+    from engine.core.canonical import now
+
+    key, public = signer
+    with Engine(
+        db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES), archive_dir=tmp_path / "archive"
+    ) as eng:
+        moving, still = started(eng, 2)
+        eng.fire(still, "reject", {"note": "no"}, actor="dana")
+        _, older, _ = eng.checkpoint(key, tmp_path / "cp")
+        eng.fire(moving, "reject", {"note": "no"}, actor="dana")
+        _, newer, _ = eng.checkpoint(key, tmp_path / "cp")
+        assert eng.archive(now() + timedelta(seconds=1)).tasks == 2
+        assert judged(eng, older, public) == {} and eng.checkpoint_extends(older, newer, public) == []
+        for name in (tmp_path / "archive").iterdir():
+            name.unlink()
+        assert judged(eng, older, public) == {moving: [Code.ARCHIVE_MISSING]}
+        assert judged(eng, newer, public) == {}  # its heads are the archived ones: the tombstones still say them
+        assert [f.code for f in eng.checkpoint_extends(older, newer, public)] == [Code.ARCHIVE_MISSING]
+
+
+def test_a_checkpoint_the_database_cannot_note_still_stands(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken with a read-only database session: the signed file is written and printed, a warning says the
+    database has no note of it, and it verifies like any other."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("a read-only session is a PostgreSQL setting")
+    key, public = signer
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        started(eng, 2)
+    read_only = db_url + ("&" if "?" in db_url else "?") + "options=-c%20default_transaction_read_only%3Don"
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", read_only)
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows")
+    monkeypatch.setenv("RAILYARD_SIGNING_KEY", str(key))
+    monkeypatch.setenv("RAILYARD_CHECKPOINT_DIR", str(tmp_path / "cp"))
+    taken = runner.invoke(app, ["checkpoint"])
+    assert taken.exit_code == 0, taken.output
+    written = Path(taken.stdout.strip())
+    assert written.is_file() and "the database has no note of it" in taken.stderr
+    replay = ["replay", "--all", "--checkpoint", str(written), "--public-key", public]
+    assert runner.invoke(app, replay).exit_code == 0
