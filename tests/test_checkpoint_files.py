@@ -15,7 +15,16 @@ from typing import Any
 import pytest
 
 from engine import Code, RailyardError
-from engine.audit.checkpoint import Keys, keygen, load_public_key, load_signing_key, read, verify_file, write_signed
+from engine.audit.checkpoint import (
+    Keys,
+    Reading,
+    keygen,
+    load_public_key,
+    load_signing_key,
+    read,
+    verify_file,
+    write_signed,
+)
 from engine.core.canonical import canonical_json
 from engine.core.checkpoints import Head, head_findings, inclusion_holds
 
@@ -118,9 +127,50 @@ def test_a_garbled_file_is_an_integrity_finding_not_a_traceback(tmp_path: Path) 
 
 def test_heads_out_of_order_are_refused_before_anything_is_signed(tmp_path: Path) -> None:
     keygen(tmp_path / "k")
-    with pytest.raises(ValueError):
+    with pytest.raises(RailyardError) as caught:
         write_signed(list(reversed(HEADS)), load_signing_key(tmp_path / "k"), tmp_path / "cp", previous_root=None)
+    assert caught.value.code is Code.STATE_MISMATCH
     assert list((tmp_path / "cp").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(Head("t-9", 3, "A" * 64), id="upper-case-hash"),
+        pytest.param(Head("t-9", "ten", "a" * 64), id="seq-as-text"),  # type: ignore[arg-type]
+        pytest.param(Head("t-9", 0, "a" * 64), id="seq-0"),
+        pytest.param(Head(b"t-9", 3, "a" * 64), id="task-id-as-bytes"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_head_the_reader_would_refuse_is_never_signed(tmp_path: Path, bad: Head) -> None:
+    """A malformed task row (as an insider or a broken driver leaves it) stops the checkpoint with a code that
+    names the task, instead of a signed file every later judgement calls invalid."""
+    keygen(tmp_path / "k")
+    with pytest.raises(RailyardError) as caught:
+        write_signed([*HEADS, bad], load_signing_key(tmp_path / "k"), tmp_path / "cp", previous_root=None)
+    assert caught.value.code is Code.STATE_MISMATCH and "t-9" in caught.value.message
+    assert list((tmp_path / "cp").iterdir()) == []
+
+
+def test_nesting_past_the_parsers_limit_is_a_finding_not_a_traceback(tmp_path: Path) -> None:
+    path, public = signed(tmp_path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"[" * 100_000 + b"\n" + b"".join(lines[2:]))
+    assert codes(path, public) == [Code.CHECKPOINT_INVALID]
+    path.write_bytes(b"[" * 100_000 + b"\n")
+    assert codes(path, public) == [Code.CHECKPOINT_INVALID]
+
+
+def test_a_header_kept_alone_is_read_with_any_line_ending_and_says_it_is_only_a_header(tmp_path: Path) -> None:
+    path, public = signed(tmp_path)
+    header = path.read_bytes().splitlines()[0]
+    for kept in (header, header + b"\r\n", header + b"\n\n"):
+        alone = tmp_path / "header.jsonl"
+        alone.write_bytes(kept)
+        with Reading(alone, Keys.load([public])) as reading:
+            assert reading.header_only and reading.unsigned is None
+        [finding] = verify_file(alone, Keys.load([public]))[1]
+        assert "header alone" in finding.message  # not "its tasks do not hash to the root"
 
 
 def test_a_public_key_that_is_not_one_is_a_config_error(tmp_path: Path) -> None:
@@ -136,7 +186,9 @@ def test_a_head_is_judged_against_the_log_as_it_is_now() -> None:
     assert head_findings(head, Head("t", 9, "c" * 64), lambda t, s: logs.get((t, s))) == []  # it moved on from there
     assert [f.code for f in head_findings(head, None, lambda t, s: None)] == [Code.TASK_MISSING]
     assert [f.code for f in head_findings(head, Head("t", 4, "b" * 64), lambda t, s: None)] == [Code.TASK_TRUNCATED]
-    assert [f.code for f in head_findings(head, Head("t", 5, "b" * 64), lambda t, s: None)] == [Code.HEAD_REWRITTEN]
+    assert [f.code for f in head_findings(head, Head("t", 5, "b" * 64), lambda t, s: "b" * 64)] == [Code.HEAD_REWRITTEN]
+    # The row may say seq 5 while the log no longer has event 5: the log is what counts.
+    assert [f.code for f in head_findings(head, Head("t", 5, "a" * 64), lambda t, s: None)] == [Code.TASK_TRUNCATED]
     rewritten = {("t", 5): "d" * 64}
     assert [f.code for f in head_findings(head, Head("t", 7, "e" * 64), lambda t, s: rewritten.get((t, s)))] == [
         Code.HEAD_REWRITTEN

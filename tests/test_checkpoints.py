@@ -25,6 +25,7 @@ from engine import Code, Engine, MemoryStore, Registry, StaticRoles, Worker
 from engine.audit.checkpoint import keygen, load_signing_key, read_header, write_signed
 from engine.cli import EXIT_AUDIT, app
 from engine.core.canonical import canonical_json
+from engine.core.checkpoints import Header
 from engine.core.events import seal
 from engine.core.payloads import as_event_data
 from tests.support.insider import sql
@@ -366,6 +367,20 @@ def test_an_export_against_a_checkpoint_finds_a_dropped_event_and_a_dropped_task
     assert runner.invoke(app, [*by_header[:1], str(cut), *by_header[2:], "--partial"]).exit_code == EXIT_AUDIT
     assert runner.invoke(app, [*by_header[:1], str(forged), *by_header[2:], "--partial"]).exit_code == EXIT_AUDIT
     assert runner.invoke(app, ["verify-export", str(forged)]).exit_code == EXIT_AUDIT  # its own root refutes it
+    # Without the proof line as well, a header cannot tell whether the checkpoint lists the task, and says so.
+    unsure = runner.invoke(app, [*by_header[:1], str(unproved), *by_header[2:], "--partial"])
+    assert unsure.exit_code == 0 and "whether it lists them cannot be told" in unsure.stderr
+    replayed = runner.invoke(app, ["replay", "--all", "--checkpoint", str(header_only), "--public-key", public])
+    assert replayed.exit_code == EXIT_AUDIT and "header alone" in replayed.stdout  # a database needs the heads
+
+    respelt = tmp_path / "respelt.jsonl"  # a proof line's tree size as 3.0: the same number, another byte
+    floats = lines_of(exported)
+    for v in floats:
+        if v["kind"] == "proof":
+            v["tree_size"] = float(v["tree_size"])
+    write_lines(respelt, floats)
+    for command in (verify, [*by_header, "--partial"]):
+        assert runner.invoke(app, [*command[:1], str(respelt), *command[2:]]).exit_code == EXIT_AUDIT
 
     twice = tmp_path / "twice.jsonl"  # a task's block a second time: two logs of one task, whichever is true
     doubled = lines_of(exported)
@@ -438,10 +453,18 @@ def test_the_chain_of_checkpoints_is_the_files_and_a_verifier_may_hold_several_k
         eng.fire(ids[0], "approve", {}, actor="dana")
         second = take()
         assert second["previous_root"] == first["root"]  # the files say what came before, not the database
+        # Files planted in the folder without the key: one named as if taken in 2999, one no parser can read.
+        planted = Header(0, "e" * 64, "2999-01-01T00:00:00.000000Z", None, "0" * 16).line("0" * 128)
+        (place / "checkpoint-29990101T000000.000000Z-0-eeeeeeeeeeee.jsonl").write_bytes(planted)
+        (place / "checkpoint-29990101T000001.000000Z-0-ffffffffffff.jsonl").write_bytes(b"[" * 100_000 + b"\n")
+        (place / "a-note.jsonl").write_bytes(b"[" * 100_000 + b"\n")
         eng.fire(ids[1], "reject", {"note": "no"}, actor="dana")
         third = take()
-        assert third["previous_root"] == second["root"]
+        assert third["previous_root"] == second["root"]  # the planted files are passed over
         assert verify(first, third).exit_code == 0  # through the second, found in the same folder
+        repeat = take()  # nothing changed: the same root as the one before it, which it names
+        assert repeat["root"] == repeat["previous_root"] == third["root"]
+        assert verify(first, repeat).exit_code == 0 and verify(third, repeat).exit_code == 0
 
         held_back = tmp_path / "elsewhere"
         held_back.mkdir()
@@ -462,6 +485,10 @@ def test_the_chain_of_checkpoints_is_the_files_and_a_verifier_may_hold_several_k
         [finding] = json.loads(verify(first, {"file": str(fresh)}).stdout)["findings"]  # another chain's first
         assert finding["code"] == "CHECKPOINT_NOT_EXTENDING" and "a first checkpoint" in finding["message"]
 
+        with sql(db_url) as conn:  # the forged note taken away again: the database's last note is the real one
+            conn.execute(text("DELETE FROM checkpoints WHERE file = 'forged.jsonl'"))
+        # After a rotation no file in the folder is signed with the new key: the database's note names the
+        # predecessor, the last checkpoint the old key signed.
         rotated = tmp_path / "rotated.key"
         rotated_public = keygen(rotated)
         monkeypatch.setenv("RAILYARD_SIGNING_KEY", str(rotated))
@@ -523,3 +550,65 @@ def test_a_checkpoint_the_database_cannot_note_still_stands(
     assert written.is_file() and "the database has no note of it" in taken.stderr
     replay = ["replay", "--all", "--checkpoint", str(written), "--public-key", public]
     assert runner.invoke(app, replay).exit_code == 0
+
+
+def test_a_newer_head_that_does_not_chain_from_the_older_one_does_not_extend_it(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    """An insider appends an event whose hash column says something and whose content and link do not: the
+    newer checkpoint signs that head, and `checkpoint verify` reads the log between the two heads."""
+    key, public = signer
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        [task_id] = started(eng, 1)
+        _, older, _ = eng.checkpoint(key, tmp_path / "cp")
+        with sql(db_url) as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, "
+                    "hash) SELECT task_id, seq + 1, at, actor, to_state, trigger, to_state, data, :prev, :hash "
+                    "FROM events WHERE task_id = :t AND seq = 3"
+                ),
+                {"t": task_id, "prev": "0" * 64, "hash": "ab" * 32},
+            )
+            conn.execute(
+                text("UPDATE tasks SET seq = 4, last_hash = :h WHERE task_id = :t"), {"t": task_id, "h": "ab" * 32}
+            )
+        _, newer, _ = eng.checkpoint(key, tmp_path / "cp")
+        [finding] = eng.checkpoint_extends(older, newer, public)
+        assert finding.code is Code.CHECKPOINT_NOT_EXTENDING and task_id in finding.message
+
+
+def test_a_log_cut_under_a_row_left_standing_is_truncated_against_the_checkpoint(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The head event deleted, the task's row not touched: the checkpoint is judged on the log, not on the row."""
+    key, public = signer
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        [task_id] = started(eng, 1)
+        _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+        with sql(db_url) as conn:
+            conn.execute(text("DELETE FROM snapshots WHERE task_id = :t"), {"t": task_id})
+            conn.execute(text("DELETE FROM events WHERE task_id = :t AND seq = 3"), {"t": task_id})
+        assert judged(eng, path, public) == {task_id: [Code.TASK_TRUNCATED]}
+
+
+def test_a_session_that_may_write_the_permits_table_gets_past_the_guard_and_the_checkpoint_finds_it(
+    db_url: str, signer: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The append-only guard lets through whoever writes a permit row: said so in docs/operations.md (grant the
+    permits table to the archiving role alone); the signed checkpoint is what catches the deletion."""
+    key, public = signer
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        [task_id] = started(eng, 1)
+        _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+    console = create_engine(db_url)
+    try:
+        with console.begin() as conn:  # no trigger dropped, no replica role: a plain session
+            conn.execute(text("INSERT INTO archive_permits VALUES ('mallory')"))
+            conn.execute(text("DELETE FROM snapshots WHERE task_id = :t"), {"t": task_id})
+            conn.execute(text("DELETE FROM events WHERE task_id = :t AND seq = 3"), {"t": task_id})
+            conn.execute(text("DELETE FROM archive_permits"))
+    finally:
+        console.dispose()
+    with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        assert judged(eng, path, public) == {task_id: [Code.TASK_TRUNCATED]}

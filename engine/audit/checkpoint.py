@@ -34,6 +34,7 @@ from engine.core.checkpoints import (
     Header,
     HeadsRoot,
     head_findings,
+    head_problem,
     key_id,
     parse_head_line,
     parse_header_line,
@@ -145,9 +146,21 @@ def write_signed(
     try:
         with os.fdopen(fd, "wb") as body:
             for head in heads:
+                problem = head_problem(head)  # never sign what the reader would call invalid
+                if problem is not None:
+                    raise IntegrityError(
+                        f"task {head.task_id!r}: its row names a head no checkpoint can hold ({problem}); "
+                        "`railyard replay` that task",
+                        code=Code.STATE_MISMATCH,
+                        task_id=str(head.task_id),
+                    )
                 leaf = rooted.add(head)  # the canonical JSON line is both the leaf's data and the file's line
                 if leaf is None:
-                    raise ValueError(f"heads out of task id order at {head.task_id!r}")
+                    raise IntegrityError(
+                        f"the store gave the heads out of task id order at {head.task_id!r}: nothing was signed",
+                        code=Code.STATE_MISMATCH,
+                        task_id=head.task_id,
+                    )
                 body.write(leaf + b"\n")
         signer = key_id(key.public_key().public_bytes(*_RAW))
         header = Header(rooted.size, rooted.root(), format_instant(now()), previous_root, signer)
@@ -191,14 +204,21 @@ class Reading:
         except OSError as exc:
             raise RailyardError(f"cannot read the checkpoint {path}: {exc}", code=Code.CONFIG_INVALID) from None
         try:
-            self.header, self.signature = parse_header_line(self._file.readline())
+            first = self._file.readline(MAX_HEADER_BYTES)
             self._first = self._file.readline()
+            rest_blank = self._first.strip() == b"" and self._file.read(1).strip() == b""
+            if rest_blank and first.rstrip(b"\r\n") != first[:-1]:
+                # A header kept on its own (pasted into a ticket, printed and typed back): its line ending
+                # is not part of what was signed.
+                first = first.rstrip(b"\r\n") + b"\n"
+            self.header, self.signature = parse_header_line(first)
         except ValueError as exc:
             self._file.close()
             raise IntegrityError(f"{path} is not a readable checkpoint: {exc}", code=Code.CHECKPOINT_INVALID) from None
         #: Why the signature does not hold (None when it does, or when no keys were given).
         self.unsigned = keys.check(self.header, self.signature) if keys is not None else None
-        self.header_only = self._first == b"" and self.header.tree_size > 0
+        #: The file is the signed header alone: it proves inclusion proofs, not which tasks it lists.
+        self.header_only = rest_blank and self.header.tree_size > 0
 
     def __enter__(self) -> Reading:
         return self
@@ -210,6 +230,12 @@ class Reading:
         """The heads, in task id order; IntegrityError (CHECKPOINT_INVALID) at the first thing that is wrong."""
         if self.unsigned is not None:
             raise IntegrityError(f"{self.path.name}: {self.unsigned}", code=Code.CHECKPOINT_INVALID)
+        if self.header_only:
+            raise IntegrityError(
+                f"{self.path.name} is a checkpoint's header alone: judging a database or another checkpoint needs "
+                "the whole file (its heads); a header checks an export's proof lines (verify-export --partial)",
+                code=Code.CHECKPOINT_INVALID,
+            )
         rooted = HeadsRoot()
         lines = itertools.chain([self._first] if self._first else [], self._file)
         for number, raw in enumerate(lines, start=2):
@@ -264,15 +290,19 @@ def verify_file(path: Path, keys: Keys) -> tuple[Header | None, list[Finding]]:
         return reading.header, []
 
 
-def newest_in(directory: Path) -> Header | None:
-    """The header of the newest readable checkpoint file in `directory` (by the time in its name), or None."""
+def newest_in(directory: Path, keys: Keys) -> Header | None:
+    """The header of the newest checkpoint file in `directory` (by the time in its name) whose signature holds
+    with one of `keys`, or None. A file planted there without the key is passed over, so it cannot become
+    every later checkpoint's predecessor."""
     try:
         names = sorted((p for p in directory.glob("checkpoint-*.jsonl") if p.is_file()), reverse=True)
     except OSError:
         return None
     for path in names:
         try:
-            return read_header(path)
+            with Reading(path, keys) as reading:
+                if reading.unsigned is None:
+                    return reading.header
         except RailyardError:
             continue
     return None
@@ -289,10 +319,11 @@ class Taken(NamedTuple):
 def take(store: Store, key: Ed25519PrivateKey, directory: Path) -> Taken:
     """Checkpoint every task's head now: write the signed file, then note it in the database.
 
-    The predecessor it names is the newest checkpoint in `directory`, the files being the record that counts;
-    only when the directory has none is it the one the database noted last. The file is the checkpoint: if the
+    The predecessor it names is the newest checkpoint in `directory` signed with this key, the files being the
+    record that counts; only when the directory has none is it the one the database noted last (so the first
+    checkpoint after a key rotation names the last one the old key signed). The file is the checkpoint: if the
     database cannot note it (a read-only role), the checkpoint still stands, and `unrecorded` says why."""
-    previous = newest_in(directory)
+    previous = newest_in(directory, Keys([key.public_key()]))
     if previous is None:
         last = store.last_checkpoint()
         previous = last[0] if last is not None else None
@@ -306,9 +337,16 @@ def take(store: Store, key: Ed25519PrivateKey, directory: Path) -> Taken:
     return Taken(header, path)
 
 
-def find_by_root(root: str, directories: Sequence[Path], keys: Keys) -> tuple[Path, Header] | None:
-    """The checkpoint file with this root in one of `directories`, its signature checked (CHECKPOINT_INVALID if
-    it does not hold); None if there is none. Looked up by the root in its name first, then by every header."""
+def find_predecessor(header: Header, directories: Sequence[Path], keys: Keys) -> Header | None:
+    """The checkpoint `header` names as its predecessor: the newest file in `directories` with that root taken
+    before it (a checkpoint taken with nothing changed has the same root as the one before), its signature
+    checked (CHECKPOINT_INVALID if it does not hold); None if there is none. Looked up by the root in the file
+    names first, then by every file's header."""
+    root = header.previous_root
+    if root is None:
+        return None
+    before = parse_instant(header.at)
+    best: Header | None = None
     seen: set[Path] = set()
     for pattern in (f"checkpoint-*-{root[:12]}.jsonl", "*.jsonl"):
         for directory in directories:
@@ -321,11 +359,15 @@ def find_by_root(root: str, directories: Sequence[Path], keys: Keys) -> tuple[Pa
                 except RailyardError:  # not a checkpoint (an export, a note): not the one looked for
                     continue
                 with reading:
-                    if reading.header.root != root:
+                    found = reading.header
+                    if found.root != root or parse_instant(found.at) >= before:
                         continue
                     if reading.unsigned is not None:
                         raise IntegrityError(f"{path.name}: {reading.unsigned}", code=Code.CHECKPOINT_INVALID)
-                    return path, reading.header
+                    if best is None or parse_instant(found.at) > parse_instant(best.at):
+                        best = found
+        if best is not None:
+            return best
     return None
 
 
@@ -333,11 +375,8 @@ def chain_findings(older: Header, newer: Header, directories: Sequence[Path], ke
     """Whether `newer` names, through its chain of predecessors (each checkpoint's `previous_root`, each file
     found in `directories` and its signature checked), the checkpoint `older`. A chain that cannot be followed
     is a finding too: a checkpoint held back or substituted is what the chain exists to show."""
-    at, seen = newer, set()
-    while at.root != older.root:
-        if at.root in seen:
-            return [Finding(Code.CHECKPOINT_NOT_EXTENDING, 0, "its chain of predecessors runs in a circle")]
-        seen.add(at.root)
+    at = newer
+    while (at.root, at.at) != (older.root, older.at):
         if at.previous_root is None:
             return [
                 Finding(
@@ -347,7 +386,7 @@ def chain_findings(older: Header, newer: Header, directories: Sequence[Path], ke
                     f"root {older.root[:12]}…",
                 )
             ]
-        if parse_instant(at.at) < parse_instant(older.at):
+        if parse_instant(at.at) <= parse_instant(older.at):
             return [
                 Finding(
                     Code.CHECKPOINT_NOT_EXTENDING,
@@ -357,7 +396,7 @@ def chain_findings(older: Header, newer: Header, directories: Sequence[Path], ke
                 )
             ]
         try:
-            found = find_by_root(at.previous_root, directories, keys)
+            found = find_predecessor(at, directories, keys)
         except IntegrityError as error:
             return [Finding(Code.CHECKPOINT_INVALID, 0, error.message)]
         if found is None:
@@ -370,9 +409,12 @@ def chain_findings(older: Header, newer: Header, directories: Sequence[Path], ke
                     f"predecessor, and no checkpoint in {where} has it (--dir names where they are kept)",
                 )
             ]
-        at = found[1]
+        at = found
     return []
 
+
+#: A checkpoint's first line is a few hundred bytes: more is not a header (and is not read whole).
+MAX_HEADER_BYTES = 4096
 
 #: How many heads of logs that moved on are looked up per round trip.
 LOOKUP_BATCH = 500
@@ -406,21 +448,40 @@ def judge_store(
             _report(reports, expected, judged)
         pending.clear()
 
+    def at_head(current: Head, logged: str | None) -> Callable[[str, int], str | None]:
+        """The hash at a head that did not move: the log's, or an archived task's tombstone (replay proves the
+        archive file against it)."""
+
+        def hash_at(task_id: str, _seq: int) -> str | None:
+            if logged is not None:
+                return logged
+            return current.hash if store.archive_of(task_id) is not None else None
+
+        return hash_at
+
     with Reading(path, keys) as reading:
         try:
-            now_heads = store.heads()
+            now_heads = store.log_heads()
             current = next(now_heads, None)
             for expected in reading.heads():
                 name = expected.task_id.encode()
-                while current is not None and current.task_id.encode() < name:
+                while current is not None and current[0].task_id.encode() < name:
                     current = next(now_heads, None)
-                here = current if current is not None and current.task_id == expected.task_id else None
-                if here is not None and here.seq > expected.seq:
+                here, logged = (
+                    current if current is not None and current[0].task_id == expected.task_id else (None, None)
+                )
+                problem = head_problem(here) if here is not None else None
+                if problem is not None:
+                    found = [Finding(Code.STATE_MISMATCH, expected.seq, f"its row's head is not one ({problem})")]
+                    _report(reports, expected, found)
+                elif here is not None and here.seq > expected.seq:  # moved on: the log at the old seq is read
                     pending.append((expected, here))
                     if len(pending) >= LOOKUP_BATCH:
                         settle()
-                    continue
-                _report(reports, expected, head_findings(expected, here, lambda _t, _s: None))
+                elif here is not None and here.seq == expected.seq:
+                    _report(reports, expected, head_findings(expected, here, at_head(here, logged)))
+                else:
+                    _report(reports, expected, head_findings(expected, here, lambda _t, _s: None))
             settle()
         except IntegrityError as error:
             if error.code is not Code.CHECKPOINT_INVALID:

@@ -90,7 +90,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
         value = json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _Unreadable(f"not UTF-8 JSON ({type(exc).__name__})") from None
     if not isinstance(value, dict):
         raise _Unreadable("not a JSON object")
@@ -153,6 +153,12 @@ def _event(value: dict[str, Any]) -> Event:
 def _int(value: Any) -> int:
     if type(value) is not int:
         raise _Unreadable(f"{value!r} is not an integer")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Unreadable(f"{value!r} is not a text")
     return value
 
 
@@ -295,20 +301,18 @@ class ExportCheck:
 
     def proof_line(self, check: LogCheck, value: dict[str, Any]) -> None:
         _fields(value, ("task_id", "checkpoint", "tree_size", "index", "seq", "hash", "path"), "proof")
-        head = Head(check.task_id, _int(value["seq"]), str(value["hash"]))
+        # Every field as exported, its type too: `3.0` for a tree size of 3 is an edit, as it is anywhere else.
+        head = Head(check.task_id, _int(value["seq"]), _text(value["hash"]))
+        given_size, given_root, index = _int(value["tree_size"]), _text(value["checkpoint"]), _int(value["index"])
         expected = self.heads.get(check.task_id) if self.heads is not None else head
-        size, root = (
-            (self.header.tree_size, self.header.root)
-            if self.header is not None
-            else (_int(value["tree_size"]), str(value["checkpoint"]))
-        )
+        size, root = (self.header.tree_size, self.header.root) if self.header is not None else (given_size, given_root)
         path = value["path"]
         holds = (
             expected == head
-            and value["checkpoint"] == root
-            and value["tree_size"] == size
+            and (given_root, given_size) == (root, size)
             and isinstance(path, list)
-            and inclusion_holds(head, _int(value["index"]), size, root, [str(p) for p in path])
+            and all(isinstance(p, str) for p in path)
+            and inclusion_holds(head, index, size, root, path)
         )
         if not holds:
             whose = "the checkpoint's root" if self.header is not None else "the root it names"

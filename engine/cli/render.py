@@ -391,9 +391,13 @@ def proofs_reached(against: ExportCheck) -> None:
             markup=False,
         )
     elif against.anchored and against.uncovered:
+        listed = (
+            "the checkpoint does not list (no proof line)"
+            if against.heads is not None
+            else "without a proof line: from a checkpoint's header alone, whether it lists them cannot be told"
+        )
         err.print(
-            f"note: {count(against.uncovered, 'task')} of the export the checkpoint does not cover (no proof line): "
-            "their logs are proven, not anchored",
+            f"note: {count(against.uncovered, 'task')} of the export {listed}; their logs are proven, not anchored",
             highlight=False,
             markup=False,
         )

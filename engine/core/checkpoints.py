@@ -15,6 +15,7 @@ then proves the rest of each log links to that head.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from engine.core.canonical import canonical_json, format_instant, parse_instant
 from engine.core.chain import Finding
 from engine.core.errors import Code
+from engine.core.events import Event
 from engine.core.merkle import Levels, RootBuilder, leaf_hash, verify_inclusion
 
 FORMAT = "railyard-checkpoint/1"
@@ -85,8 +87,8 @@ def parse_header_line(raw: bytes) -> tuple[Header, str]:
     Raises ValueError saying what is wrong."""
     try:
         first = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"its first line is not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; nesting past the limit
+        raise ValueError(f"its first line is not JSON ({type(exc).__name__})") from None
     if not isinstance(first, dict) or first.get("format") != FORMAT:
         raise ValueError(f"its first line is not a {FORMAT} header")
     fields = {"format", "tree_size", "root", "at", "previous_root", "key_id", "signature"}
@@ -118,16 +120,27 @@ def parse_head_line(raw: bytes) -> Head:
     try:
         value = json.loads(raw.decode("utf-8"))
         task_id, seq, digest = value
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"not [task_id, seq, hash] ({exc})") from None
-    if not isinstance(task_id, str) or type(seq) is not int or seq < 1 or not isinstance(digest, str):
-        raise ValueError("not [task_id, seq, hash]")
-    if not _HEX64.fullmatch(digest):
-        raise ValueError("its hash is not 64 lowercase hex digits")
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ValueError(f"not [task_id, seq, hash] ({type(exc).__name__})") from None
     head = Head(task_id, seq, digest)
+    problem = head_problem(head)
+    if problem is not None:
+        raise ValueError(problem)
     if head.leaf() + b"\n" != raw:
         raise ValueError("not written as checkpoints write a head (canonical JSON, one line)")
     return head
+
+
+def head_problem(head: Head) -> str | None:
+    """Why `head` is not one a checkpoint can hold (None when it is): what the writer refuses to sign and the
+    reader refuses to read, so that no checkpoint is ever signed that its own reader would call invalid."""
+    if not isinstance(head.task_id, str) or not head.task_id:
+        return f"its task id {head.task_id!r} is not a text"
+    if type(head.seq) is not int or head.seq < 1:
+        return f"its seq {head.seq!r} is not a count from 1"
+    if not isinstance(head.hash, str) or not _HEX64.fullmatch(head.hash):
+        return f"its hash {head.hash!r} is not 64 lowercase hex digits"
+    return None
 
 
 def _instant(text: str) -> str | None:
@@ -181,8 +194,9 @@ def tree_of(heads: Sequence[Head]) -> Levels:
 
 
 def head_findings(expected: Head, found: Head | None, hash_at: Callable[[str, int], str | None]) -> list[Finding]:
-    """What a task's log as it is now (`found`: its current head, None if the task is gone) says against the head
-    a checkpoint recorded. `hash_at(task_id, seq)` reads the hash of event `seq` of a log that moved on."""
+    """What a task's log as it is now says against the head a checkpoint recorded: `found` is the task's head as
+    its row states it (None if the task is gone), `hash_at(task_id, seq)` reads the hash of event `seq` from the
+    log itself (None if it has none), so a row left standing over a log cut short does not pass for the log."""
     if found is None:
         return [Finding(Code.TASK_MISSING, 0, f"the checkpoint lists it at seq {expected.seq}; it is not there")]
     if found.seq < expected.seq:
@@ -193,7 +207,15 @@ def head_findings(expected: Head, found: Head | None, hash_at: Callable[[str, in
                 f"its log ends at seq {found.seq}; the checkpoint recorded seq {expected.seq}",
             )
         ]
-    actual = found.hash if found.seq == expected.seq else hash_at(expected.task_id, expected.seq)
+    actual = hash_at(expected.task_id, expected.seq)
+    if actual is None:
+        return [
+            Finding(
+                Code.TASK_TRUNCATED,
+                expected.seq,
+                f"its log has no event {expected.seq} (its row says seq {found.seq}); the checkpoint recorded it",
+            )
+        ]
     if actual != expected.hash:
         return [
             Finding(
@@ -204,6 +226,19 @@ def head_findings(expected: Head, found: Head | None, hash_at: Callable[[str, in
             )
         ]
     return []
+
+
+def descends(log: Sequence[Event], older: Head, newer: Head) -> bool:
+    """Whether `log` (the task's events, in seq order, covering `older.seq` to `newer.seq`) runs from the older
+    head to the newer one: it holds both, and every event between chains to the one before it and hashes to its
+    own content. Two heads whose hash columns merely say the right values do not descend."""
+    span = [e for e in log if older.seq <= e.seq <= newer.seq]
+    if not span or span[0].seq != older.seq or span[0].hash != older.hash:
+        return False
+    for before, after in itertools.pairwise(span):
+        if after.seq != before.seq + 1 or after.prev_hash != before.hash or after.computed_hash() != after.hash:
+            return False
+    return span[-1].seq == newer.seq and span[-1].hash == newer.hash
 
 
 def extends(old: Checkpoint, new: Checkpoint, descends: Callable[[Head, Head], bool]) -> list[Finding]:

@@ -22,13 +22,20 @@ from pydantic import BaseModel
 
 from engine.audit import checkpoint as checkpoints
 from engine.audit import parallel as replay_jobs
-from engine.audit.archive import ArchiveRun, archive_ended, archived_events, replay_archived, replay_archives
+from engine.audit.archive import (
+    ArchiveRun,
+    archive_ended,
+    archived_events,
+    archived_hashes,
+    replay_archived,
+    replay_archives,
+)
 from engine.audit.checkpoint import Taken
 from engine.audit.reads import AsOf, replay_task, replay_tasks, state_as_of, task_logs, task_path
 from engine.core.approvals import DECISIONS, check_decision, pending_view
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.core.chain import Finding
-from engine.core.checkpoints import Head, Header, extends
+from engine.core.checkpoints import Head, Header, descends, extends
 from engine.core.decide import Decision, decide, validate_payload
 from engine.core.definition import CANCEL, MIGRATE, START, Agent, Approval, StateKind, Tool, Workflow
 from engine.core.effects import SETTLE, lands_until
@@ -50,6 +57,9 @@ from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
 from engine.store import Loaded, Store, TaskRow, open_store
 
 log = logging.getLogger("railyard.engine")
+
+#: How many archive files' event hashes `_archived_hash` keeps (a checkpoint lists tasks in id order, not by file).
+ARCHIVE_FILES_KEPT = 8
 #: One line per transition (see `_log_transition`); `railyard worker` prints it at INFO.
 transitions_log = logging.getLogger("railyard.transitions")
 
@@ -116,6 +126,8 @@ class Engine:
         self.model = model
         #: Where archived task logs are (`railyard archive` writes them; load, history and replay read them).
         self.archive_dir = Path(archive_dir if archive_dir is not None else config.archive_dir())
+        #: Event hashes of the archive files last read (`_archived_hash`), by (file, sha256), oldest first.
+        self._archive_hashes: dict[tuple[str, str], dict[tuple[str, int], str]] = {}
         #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
         #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
         self.refused_shapes: set[str] = set()
@@ -669,7 +681,11 @@ class Engine:
         """The database against a signed checkpoint: a report per task that no longer holds what it committed to,
         or one report (task id "") if the checkpoint itself does not verify with one of `public_keys`."""
         keys = checkpoints.Keys.load([public_keys] if isinstance(public_keys, str) else public_keys)
-        return checkpoints.judge_store(self.store, Path(path), keys, self._archived_hash)
+        self._archive_hashes.clear()  # archive files are read afresh by each judgement
+        try:
+            return checkpoints.judge_store(self.store, Path(path), keys, self._archived_hash)
+        finally:
+            self._archive_hashes.clear()
 
     def checkpoint_extends(
         self,
@@ -693,27 +709,35 @@ class Engine:
             return [Finding(Code.CHECKPOINT_NOT_EXTENDING, 0, "the newer checkpoint was taken before the older one")]
         places = [Path(d) for d in directories] or list(dict.fromkeys([Path(newer).parent, Path(older).parent]))
         found = checkpoints.chain_findings(old.header, new.header, places, keys)
-        later = new.head_of()
-        moved = [h for h in old.heads if h.task_id in later and later[h.task_id] != h]
-        stored = self.store.event_hashes([(h.task_id, h.seq) for h in (*moved, *(later[h.task_id] for h in moved))])
         unreadable: list[Finding] = []
 
-        def holds(head: Head) -> bool:
-            return (stored.get((head.task_id, head.seq)) or self._archived_hash(head.task_id, head.seq)) == head.hash
-
-        def descends(a: Head, b: Head) -> bool:
+        def log_descends(a: Head, b: Head) -> bool:
             try:
-                return holds(a) and holds(b)
+                log = self.store.events(a.task_id, after_seq=a.seq - 1, upto_seq=b.seq) or [
+                    e for e in self._archived_events(a.task_id) if a.seq <= e.seq <= b.seq
+                ]
             except IntegrityError as error:  # an archive file gone: said as such, not as a head that moved
                 unreadable.append(Finding(error.code, a.seq, f"task {a.task_id}: {error.message}"))
                 return True
+            return descends(log, a, b)
 
-        return [*found, *extends(old, new, descends), *unreadable]
+        return [*found, *extends(old, new, log_descends), *unreadable]
 
     def _archived_hash(self, task_id: str, seq: int) -> str | None:
         """The hash of event `seq` of an archived task, from its file; None if the task is not archived. An archived
-        task whose file is gone or changed raises IntegrityError (ARCHIVE_MISSING, HASH_MISMATCH)."""
-        return next((e.hash for e in self._archived_events(task_id) if e.seq == seq), None)
+        task whose file is gone or changed raises IntegrityError (ARCHIVE_MISSING, HASH_MISMATCH). The files last
+        read are kept, so judging a checkpoint reads each archive file once, not once per task."""
+        ref = self.store.archive_of(task_id)
+        if ref is None:
+            return None
+        key = (ref.file, ref.sha256)
+        hashes = self._archive_hashes.pop(key, None)
+        if hashes is None:
+            hashes = archived_hashes(ref, self.archive_dir)
+        self._archive_hashes[key] = hashes  # the newest at the end
+        while len(self._archive_hashes) > ARCHIVE_FILES_KEPT:
+            self._archive_hashes.pop(next(iter(self._archive_hashes)))
+        return hashes.get((task_id, seq))
 
     def _archived_events(self, task_id: str) -> list[Event]:
         """The events of an archived task, from its file (checked against the sha256 on its row); [] if not archived."""
