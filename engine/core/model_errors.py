@@ -67,6 +67,9 @@ class ModelError(Exception):
         self.code = code
         self.status = status
         self.raw = redact(raw)
+        #: Set by the runner that made the calls: how many it made, and the seconds they took, backoff included.
+        self.attempts = 1
+        self.seconds = 0.0
         log.warning("model error %s (status %s): %s", code, status, self.raw)
 
     @property

@@ -43,7 +43,14 @@ class Turn(TypedDict):
     ]
     messages: NotRequired[Annotated[list[dict[str, Any]], Doc("the messages this turn added to the conversation")]]
     usage: NotRequired[Annotated[TokenUsage, Doc("token counts, when the provider answered")]]
-    attempts: NotRequired[Annotated[int, Doc("provider calls it took, when a retryable error was retried")]]
+    attempts: NotRequired[
+        Annotated[int, Doc("provider calls it took: always when the turn failed, else when an error was retried")]
+    ]
+    seconds: NotRequired[
+        Annotated[
+            float, Doc("when the turn failed, the seconds its provider calls took, backoff between them included")
+        ]
+    ]
     errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
     demoted: NotRequired[Annotated[str, Doc("the request shape the provider refused, never sent again for this model")]]
 

@@ -88,12 +88,18 @@ class AnthropicAdapter:
         max_retries: int = 0,
         max_tokens_default: int = 4096,
         thinking_budget: int = 2048,
+        extra_body: dict[str, Any] | None = None,
+        retries: int = 2,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.timeout = timeout
         self.stream = stream
         self.max_retries = max_retries
+        #: Merged into every request body as given (fields the engine does not know), like the OpenAI adapter's.
+        self.extra_body = dict(extra_body) if extra_body else None
+        #: The engine's retries of RATE_LIMITED and PROVIDER_TIMEOUT (`AgentRunner`); `max_retries` are the SDK's.
+        self.retries = retries
         self.max_tokens_default = max_tokens_default
         self.thinking_budget = thinking_budget
         self._api_key = api_key
@@ -113,9 +119,9 @@ class AnthropicAdapter:
         sent = refusable(request)
         try:
             if self.stream:
-                with client.messages.create(**payload) as events:  # closed however the reading ends
+                with client.messages.create(**payload, extra_body=self.extra_body) as events:  # closed however it ends
                     return _read_stream((event.to_dict() for event in events), sent)
-            message = client.messages.create(**payload)
+            message = client.messages.create(**payload, extra_body=self.extra_body)
             return parse_message(message.to_dict(), sent)
         except ModelError:
             raise

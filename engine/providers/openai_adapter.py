@@ -70,12 +70,15 @@ class OpenAIAdapter:
         max_retries: int = 0,
         extra_body: dict[str, Any] | None = None,
         max_tokens_param: MaxTokensParam = "max_tokens",
+        retries: int = 2,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.timeout = timeout
         self.stream = stream
         self.max_retries = max_retries
+        #: The engine's retries of RATE_LIMITED and PROVIDER_TIMEOUT (`AgentRunner`); `max_retries` are the SDK's.
+        self.retries = retries
         self.extra_body = dict(extra_body) if extra_body else None
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self._api_key = api_key

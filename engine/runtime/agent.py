@@ -62,7 +62,8 @@ class AgentRunner:
         self.engine = engine
         self.adapter = adapter
         self.thinking = thinking
-        self.retry = retry or RetryPolicy()
+        retries = getattr(adapter, "retries", None)  # the adapter's settings (`ModelSettings.retries`)
+        self.retry = retry or (RetryPolicy(attempts=1 + retries) if isinstance(retries, int) else RetryPolicy())
         provider = getattr(adapter, "profile", None) or adapter.provider
         self.profile = profile_for(provider, adapter.model, profiles if profiles is not None else load_profiles())
         self.actor = f"model:{adapter.provider}:{adapter.model}"
@@ -102,6 +103,7 @@ class AgentRunner:
             response, attempts = self._call(request)
         except ModelError as error:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
+            turn["attempts"], turn["seconds"] = error.attempts, error.seconds
             if error.code in REQUEST_SHAPE:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
                 # does not rule out (a refused forced tool choice rules out every forced form).
@@ -129,13 +131,14 @@ class AgentRunner:
         return self.engine.commit_system(task, trigger, data, actor=self.actor)
 
     def _call(self, request: ModelRequest) -> tuple[ModelResponse, int]:
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             attempt += 1
             try:
                 return self.adapter.complete(request), attempt
             except ModelError as error:
                 if not error.retryable or attempt >= self.retry.attempts:
+                    error.attempts, error.seconds = attempt, round(time.monotonic() - started, 3)
                     raise
                 delay = self.retry.delay(attempt)
                 log.info(
