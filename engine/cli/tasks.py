@@ -61,6 +61,8 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """Where a task stands (or stood, with --as-of): state, seq, status, the triggers it allows."""
+    from engine.core.budgets import token_totals
+
     point: Event | None = None
     with open_engine() as engine:
         if as_of is None:
@@ -72,7 +74,9 @@ def show(
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--as-of") from None
             view, point = engine.view(found.task), found.event
-    render.task(view, point, as_json)
+        # What its model turns spent, up to the point shown.
+        tokens = token_totals(e.data for e in engine.history(task_id) if point is None or e.seq <= point.seq)
+    render.task(view, point, as_json, tokens)
 
 
 def _point(text: str) -> tuple[int | None, datetime | None]:

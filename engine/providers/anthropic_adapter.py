@@ -374,7 +374,12 @@ def _usage(usage: dict[str, Any] | None) -> Usage:
     if not usage:
         return Usage()
     # Anthropic counts cached prompt tokens apart; the neutral input count is the whole prompt, as OpenAI's is.
-    prompt = sum(
-        int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    # It reports no separate count of thinking tokens: they are in `output_tokens`.
+    parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")]
+    counts = [p for p in parts if isinstance(p, int) and not isinstance(p, bool) and p >= 0]
+    output, cached = usage.get("output_tokens"), usage.get("cache_read_input_tokens")
+    return Usage(
+        input_tokens=sum(counts) if isinstance(parts[0], int) else None,
+        output_tokens=output if isinstance(output, int) and not isinstance(output, bool) else None,
+        cached_tokens=cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
     )
-    return Usage(input_tokens=prompt, output_tokens=int(usage.get("output_tokens") or 0))

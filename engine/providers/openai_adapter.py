@@ -352,8 +352,21 @@ def _reasoning(message: dict[str, Any]) -> str | None:
 
 
 def _usage(usage: dict[str, Any] | None) -> Usage:
+    """The counts the provider reported: cached prompt tokens from `prompt_tokens_details` (DeepSeek:
+    `prompt_cache_hit_tokens`), reasoning tokens from `completion_tokens_details`."""
     if not usage:
         return Usage()
+    prompt = usage.get("prompt_tokens_details") or {}
+    completion = usage.get("completion_tokens_details") or {}
+    cached = prompt.get("cached_tokens") if isinstance(prompt, dict) else None
     return Usage(
-        input_tokens=int(usage.get("prompt_tokens") or 0), output_tokens=int(usage.get("completion_tokens") or 0)
+        input_tokens=_count(usage.get("prompt_tokens")),
+        output_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(cached if cached is not None else usage.get("prompt_cache_hit_tokens")),
+        reasoning_tokens=_count(completion.get("reasoning_tokens") if isinstance(completion, dict) else None),
     )
+
+
+def _count(value: object) -> int | None:
+    """A token count as reported, or None for a missing or malformed one (never a guessed 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

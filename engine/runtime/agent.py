@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from engine.core.budgets import exceeded
 from engine.core.canonical import now
@@ -25,7 +26,7 @@ from engine.core.fold import TaskState
 from engine.core.forcing import MODE_OF_RUNG, build_request, choose_rung, demotion_key, model_actions
 from engine.core.model_errors import REQUEST_SHAPE, ModelError
 from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
-from engine.core.payloads import EventData, Turn
+from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
 from engine.runtime.port import TaskPort
@@ -114,7 +115,8 @@ class AgentRunner:
         outcome = interpret(definition, task, response, rung, actor=self.actor)
         turn["code"] = str(outcome.code) if outcome.code else None
         turn["messages"] = [m.to_dict() for m in [*added, *outcome.messages]]
-        turn["usage"] = {"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
+        if usage := response.usage.to_dict():  # what the provider reported, and nothing when it reported nothing
+            turn["usage"] = cast(TokenUsage, usage)
         if attempts > 1:
             turn["attempts"] = attempts
         if outcome.errors:
