@@ -282,3 +282,35 @@ def test_settings_are_refused_for_a_model_that_calls_no_provider(server: Provide
     assert len(history(task_id)) == 1
     code, _, err = invoke("demo", "--timeout", "5")
     assert code == 2 and err.startswith("CONFIG_INVALID") and "--model" in err
+
+
+def test_the_demo_calls_its_model_with_the_options_it_is_given(server: ProviderServer, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    server.reply(*([HUNG] * 6))
+    exe = Path(sys.executable).with_name("railyard")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
+    env["RAILYARD_MODEL_TIMEOUT"] = "30"  # the option beats it
+    for command in (["db", "upgrade"], ["demo", "--model", "openai:gpt-4.1", "--timeout", "1", "--retries", "0"]):
+        began = time.monotonic()
+        done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    # The refund's and the ticket's model turns each end after one call of 1 s, not 30 s (or 60 s).
+    assert "PROVIDER_TIMEOUT" in done.stdout
+    assert time.monotonic() - began < 40
+    assert len(server.requests) == 2  # the refund's first turn and the ticket's: one call each, no retry
+
+
+def test_options_apply_to_the_model_named_by_railyard_model_too(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAILYARD_MODEL", "openai:gpt-4.1")
+    server.reply(HUNG, HUNG, HUNG)
+    task_id = start_ticket()
+    began = time.monotonic()
+    code, _, err = invoke("run", task_id, "--timeout", "1", "--retries", "0")
+    assert code == 0, err
+    assert time.monotonic() - began < 5 and len(server.requests) == 1
+    assert history(task_id)[-1]["data"]["turn"]["attempts"] == 1

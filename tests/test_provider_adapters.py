@@ -749,6 +749,8 @@ STREAM_FIELDS = [
     ({"type": "rate_limit_exceeded"}, Code.RATE_LIMITED),
     ({"type": "timeout_error"}, Code.PROVIDER_TIMEOUT),
     ({"type": "invalid_request_error", "param": "tool_choice"}, Code.TOOL_CHOICE_UNSUPPORTED),
+    ({"status": "RESOURCE_EXHAUSTED", "code": 8}, Code.RATE_LIMITED),  # Google's shape
+    ({"status": "INTERNAL"}, Code.PROVIDER_ERROR),
     ({}, Code.PROVIDER_ERROR),
 ]
 #: Wordings that once chose codes by keyword: with the same fields, each must get the same code.

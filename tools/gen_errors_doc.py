@@ -143,7 +143,8 @@ PROVIDER_HEAD = """
 A failed model call gets its code from what the provider says in fields, never
 from its message: the HTTP status, and the error object's `type`, `code` and
 `param` (OpenAI-compatible servers send all three under `error`; Anthropic sends
-`type`), the same for an HTTP error, an error object in a 200 body and an error
+`type`; Google's errors, from Gemini's OpenAI-compatible endpoint, name their kind
+in `status`, read as the `type`), the same for an HTTP error, an error object in a 200 body and an error
 event inside a 200 stream. For an error inside a 200, a numeric `code`
 (`"code": 502`) stands for the status. The first row that matches decides, in
 this order (`engine.core.model_errors.ERROR_TABLE`); when none does, the code is
@@ -151,7 +152,7 @@ this order (`engine.core.model_errors.ERROR_TABLE`); when none does, the code is
 (`response_format.json_schema` is `response_format`).
 
 The `request` rows apply to a refused request (status 400 or 422, or type
-`invalid_request_error`) whose `param` names nothing else: of what the request
+`invalid_request_error` or `INVALID_ARGUMENT`) whose `param` names nothing else: of what the request
 carried, only a forced tool choice (a named tool or `required`) and a native
 schema are optional, so the refusal is of that shape and the forcing ladder moves
 below it (no repair spent). A refused request that carried neither is

@@ -103,7 +103,10 @@ class ErrorFields:
             value = inner.get(key)
             return str(value) if isinstance(value, str | int) and not isinstance(value, bool) and value != "" else None
 
-        return cls(status, text("type"), text("code"), text("param"))
+        # Google's errors (Gemini's OpenAI-compatible endpoint) name their kind in `status` (`RESOURCE_EXHAUSTED`).
+        google = inner.get("status")
+        kind = text("type") or (google if isinstance(google, str) and google else None)
+        return cls(status, kind, text("code"), text("param"))
 
     def effective_status(self) -> int | None:
         """The HTTP status, or for an error inside a 200 the status its numeric `code` names (`"code": 502`)."""
@@ -130,21 +133,27 @@ class Rule:
 
 #: The mapping, in order: the first rule that matches decides; nothing matches: PROVIDER_ERROR.
 #: `param` matches on its first segment (`response_format.json_schema` is `response_format`). `request` rules
-#: apply to a refused request (status 400 or 422, or type `invalid_request_error`) whose `param` names nothing
-#: else: the provider refused this request, and of what it carried only these shapes are optional.
+#: apply to a refused request (status 400 or 422, or type `invalid_request_error` or `INVALID_ARGUMENT`) whose
+#: `param` names nothing else: the provider refused this request, and of what it carried only these shapes are optional.
 ERROR_TABLE: tuple[Rule, ...] = (
     Rule("status", ("401", "403"), Code.PROVIDER_AUTH),
-    Rule("type", ("authentication_error", "permission_error", "invalid_api_key"), Code.PROVIDER_AUTH),
+    Rule(
+        "type",
+        ("authentication_error", "permission_error", "invalid_api_key", "UNAUTHENTICATED", "PERMISSION_DENIED"),
+        Code.PROVIDER_AUTH,
+    ),
     Rule("code", ("invalid_api_key", "invalid_authentication", "unauthorized"), Code.PROVIDER_AUTH),
     Rule("status", ("413",), Code.CONTEXT_OVERFLOW),
     Rule("type", ("request_too_large", "context_length_exceeded"), Code.CONTEXT_OVERFLOW),
     Rule("code", ("context_length_exceeded", "string_above_max_length"), Code.CONTEXT_OVERFLOW),
     Rule("code", ("content_filter", "content_policy_violation", "data_inspection_failed"), Code.CONTENT_FILTERED),
     Rule(
-        "type", ("rate_limit_error", "rate_limit_exceeded", "overloaded_error", "requests", "tokens"), Code.RATE_LIMITED
+        "type",
+        ("rate_limit_error", "rate_limit_exceeded", "overloaded_error", "requests", "tokens", "RESOURCE_EXHAUSTED"),
+        Code.RATE_LIMITED,
     ),
     Rule("code", ("rate_limit_exceeded", "overloaded"), Code.RATE_LIMITED),
-    Rule("type", ("timeout_error",), Code.PROVIDER_TIMEOUT),
+    Rule("type", ("timeout_error", "DEADLINE_EXCEEDED"), Code.PROVIDER_TIMEOUT),
     Rule("param", ("tool_choice",), Code.TOOL_CHOICE_UNSUPPORTED),
     Rule("param", ("response_format", "output_config", "output_format"), Code.SCHEMA_UNSUPPORTED),
     Rule("status", ("429", "529"), Code.RATE_LIMITED),
@@ -170,7 +179,7 @@ def classify(fields: ErrorFields, sent: frozenset[Shape] = frozenset()) -> Code:
     """The code of a provider error, from its fields and the shapes the request carried (`refusable`)."""
     status = fields.effective_status()
     param = re.split(r"[.\[]", fields.param, maxsplit=1)[0] if fields.param else None
-    refused_request = status in (400, 422) or fields.type == "invalid_request_error"
+    refused_request = status in (400, 422) or fields.type in ("invalid_request_error", "INVALID_ARGUMENT")
     observed = {
         "status": str(status) if status is not None else None,
         "type": fields.type,
