@@ -74,8 +74,14 @@ def eng(tmp_path: Path) -> Iterator[Engine]:
         yield engine
 
 
-def openai(server: ProviderServer, *, stream: bool = False) -> OpenAIAdapter:
-    return OpenAIAdapter("gpt-4.1", base_url=server.openai_base_url, api_key="test", stream=stream, timeout=5)
+#: What makes OpenAI itself report usage in a stream (`stream_options` is not sent unless asked: docs/providers.md).
+INCLUDE_USAGE = {"stream_options": {"include_usage": True}}
+
+
+def openai(server: ProviderServer, *, stream: bool = False, extra_body: dict[str, Any] | None = None) -> OpenAIAdapter:
+    return OpenAIAdapter(
+        "gpt-4.1", base_url=server.openai_base_url, api_key="test", stream=stream, timeout=5, extra_body=extra_body
+    )
 
 
 def anthropic(server: ProviderServer, *, stream: bool = False) -> AnthropicAdapter:
@@ -127,7 +133,7 @@ def test_each_turn_records_the_usage_its_provider_reported(
 ) -> None:
     if wire == "openai":
         server.reply(openai_answer(OPENAI_USAGE, stream=stream))
-        adapter: Any = openai(server, stream=stream)
+        adapter: Any = openai(server, stream=stream, extra_body=INCLUDE_USAGE if stream else None)
     else:
         server.reply(anthropic_answer(stream=stream))
         adapter = anthropic(server, stream=stream)
@@ -136,6 +142,8 @@ def test_each_turn_records_the_usage_its_provider_reported(
     assert task.state == "decided"
     turn = eng.history(task_id)[-1].data["turn"]
     assert turn["usage"] == (OPENAI_RECORDED if wire == "openai" else ANTHROPIC_RECORDED)
+    if wire == "openai" and stream:
+        assert server.last_body["stream_options"] == {"include_usage": True}
     assert "tokens" not in task.usage  # no token budget on triage: the fold keeps no counters (snapshots unchanged)
 
 

@@ -48,21 +48,32 @@ def instant(text: str | None, option: str) -> datetime | None:
 # the profiles file. Unset (None) leaves the setting to those layers.
 TimeoutOpt = Annotated[
     float | None,
-    typer.Option("--timeout", help="Seconds each provider call may take (RAILYARD_MODEL_TIMEOUT; default 60)."),
+    typer.Option(
+        "--timeout",
+        help="Seconds each provider call may take (over RAILYARD_MODEL_TIMEOUT and the profiles file; default 60).",
+    ),
 ]
 RetriesOpt = Annotated[
     int | None,
     typer.Option(
-        "--retries", help="Calls made again after RATE_LIMITED or PROVIDER_TIMEOUT (RAILYARD_MODEL_RETRIES; default 2)."
+        "--retries",
+        help="Calls made again after RATE_LIMITED or PROVIDER_TIMEOUT (over RAILYARD_MODEL_RETRIES and the profiles "
+        "file; default 2).",
     ),
 ]
 StreamOpt = Annotated[
     bool | None,
-    typer.Option("--stream/--no-stream", help="Ask for a streamed answer (RAILYARD_MODEL_STREAM; default off)."),
+    typer.Option(
+        "--stream/--no-stream",
+        help="Ask for a streamed answer (over RAILYARD_MODEL_STREAM and the profiles file; default off).",
+    ),
 ]
 ExtraBodyOpt = Annotated[
     str | None,
-    typer.Option("--extra-body", help="A JSON object merged into every request body (RAILYARD_MODEL_EXTRA_BODY)."),
+    typer.Option(
+        "--extra-body",
+        help="A JSON object merged into every request body (over RAILYARD_MODEL_EXTRA_BODY and the profiles file).",
+    ),
 ]
 
 
