@@ -137,6 +137,8 @@ def test_settings_layer_cli_over_environment_over_profiles_file_over_default(
         "stream": "profiles_file",
         "extra_body": "env",
     }
+    code, out_text, _ = invoke("providers")
+    assert code == 0 and "How models are called" in out_text and "30 s" in out_text
     # Another profile is untouched by the file's [profiles.openai], but the environment reaches it.
     glm = next(row for row in json.loads(out) if row["name"] == "glm")
     assert (glm["settings"]["stream"], glm["settings_from"]["extra_body"]) == (False, "env")

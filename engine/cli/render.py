@@ -464,6 +464,34 @@ def providers(rows: list[dict[str, Any]], as_json: bool) -> None:
             ),
         )
     )
+    if all("settings" in r for r in rows):
+        _provider_settings(rows)
+
+
+def _provider_settings(rows: list[dict[str, Any]]) -> None:
+    """How a model of each profile is called here, and which layer set each value that is not the default."""
+
+    def layers(r: dict[str, Any]) -> str:
+        given = [f"{k} ({v.replace('_', ' ')})" for k, v in r["settings_from"].items() if v != "default"]
+        return ", ".join(given) or "defaults"
+
+    out.print(
+        _table(
+            "How models are called (options > RAILYARD_MODEL_* > profiles file > default)",
+            ("profile", "timeout", "retries", "stream", "extra body", "set by"),
+            (
+                (
+                    r["name"],
+                    f"{r['settings']['timeout_seconds']:g} s",
+                    str(r["settings"]["retries"]),
+                    "on" if r["settings"]["stream"] else "off",
+                    compact(r["settings"]["extra_body"]) if r["settings"]["extra_body"] else "",
+                    layers(r),
+                )
+                for r in rows
+            ),
+        )
+    )
 
 
 def revision(revision: str | None, as_json: bool) -> None:
