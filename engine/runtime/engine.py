@@ -47,10 +47,10 @@ from engine.core.payloads import EventData, Settled, event_code
 from engine.core.replay import ReplayReport
 from engine.core.summary import summarise
 from engine.core.timers import next_run_at
-from engine.providers import adapter_from_spec
 from engine.runtime import config
 from engine.runtime.agent import AgentRunner
 from engine.runtime.leases import current_epoch
+from engine.runtime.models import open_model
 from engine.runtime.registry import Registry
 from engine.runtime.roles import Authoriser, default_authoriser
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
@@ -338,7 +338,7 @@ class Engine:
                     "no model configured: set RAILYARD_MODEL (scripted:PATH, openai:MODEL, anthropic:MODEL)",
                     code=Code.MODEL_NOT_CONFIGURED,
                 )
-            self.model = adapter_from_spec(spec)
+            self.model = open_model(spec)
         return self.model
 
     def approve(
