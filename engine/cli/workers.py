@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
 from engine.cli import render
 from engine.cli.exits import fail, open_engine
-from engine.core.errors import RailyardError
+from engine.core.errors import Code, RailyardError
 from engine.runtime import config
+from engine.runtime.engine import Engine
 
 
 def worker(
@@ -36,6 +38,15 @@ def worker(
             "--checkpoint-minutes",
             min=0.01,
             help="Also sign a checkpoint of every head this often (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR).",
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65535,
+            help="Serve Prometheus metrics on this port at /metrics (interface: RAILYARD_METRICS_HOST, 127.0.0.1).",
         ),
     ] = None,
 ) -> None:
@@ -94,14 +105,30 @@ def worker(
                 runner.model = engine.model = adapter_from_spec(str(config.model_spec()))  # a bad spec: exit 2 now
         except RailyardError as error:
             fail(error)
+        stop_metrics = _serve_metrics(engine, metrics_port) if metrics_port is not None else None
         listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"
         render.note(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})")
         if once:
             runner.run_once()
         else:
             runner.run(stopping)
+        if stop_metrics is not None:
+            stop_metrics()
     counts = runner.counts.snapshot()
     render.note(f"{runner.name}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()))
+
+
+def _serve_metrics(engine: Engine, port: int) -> Callable[[], None]:
+    """Record metrics from now on and serve them (and the task gauges of `engine`'s database) on `port`."""
+    from engine.observability import hooks, metrics
+
+    host = config.metrics_host()
+    try:
+        stop = metrics.serve(hooks.enable_metrics().registry_for(engine.store), host, port)
+    except OSError as exc:
+        fail(RailyardError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}", code=Code.CONFIG_INVALID))
+    render.note(f"metrics on http://{host}:{port}/metrics")
+    return stop
 
 
 def serve(
