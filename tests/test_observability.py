@@ -468,3 +468,11 @@ def test_the_standard_otel_variables_turn_spans_on_without_code_changes(tmp_path
 )
 def test_which_otel_variables_ask_for_traces(env: dict[str, str], wanted: bool) -> None:
     assert hooks.traces_requested(env) is wanted
+
+
+def test_an_otel_exporter_nobody_provides_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = cli_env(tmp_path)
+    env["OTEL_TRACES_EXPORTER"] = "zipkin_json"  # no installed package provides it
+    done = railyard("status", env=env, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{Code.CONFIG_INVALID}:" in done.stderr and "zipkin_json" in done.stderr

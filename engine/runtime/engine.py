@@ -109,6 +109,7 @@ class Engine:
     ) -> None:
         if snapshot_every < 1:
             raise ValueError("snapshot_every must be >= 1")
+        hooks.configure()  # the OTEL_* variables turn tracing on, once per process (before anything is opened)
         self.store: Store = store if store is not None else open_store(database_url or config.database_url())
         self.registry = registry if registry is not None else Registry.from_env()
         self.authoriser = authoriser if authoriser is not None else default_authoriser()
@@ -119,7 +120,6 @@ class Engine:
         #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
         #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
         self.refused_shapes: set[str] = set()
-        hooks.configure()  # the OTEL_* variables turn tracing on, once per process
 
     def close(self) -> None:
         self.store.close()

@@ -214,7 +214,7 @@ class Worker:
         return len(claimed)
 
     def _claim(self, limit: int) -> list[Claim]:
-        started = time.perf_counter()
+        started = time.perf_counter() if hooks.active else 0.0
         try:
             claimed = self.engine.store.claim(
                 self.name, limit=limit, lease_seconds=self.lease_seconds, workflows=self.workflows
