@@ -194,10 +194,14 @@ def test_a_refund_emits_one_trace_per_step_linked_by_its_task_id(
     assert all((c.attributes or {})["railyard.worker"] == "w-obs" for c in claims)
     assert all([li.context.trace_id for li in c.links] == [link.trace_id] for c in claims)
 
-    # Replay: one span for the task, no findings.
+    # Replay: one span for the task, no findings; a replay of all tasks, one span each.
     (replay,) = by_name(found, "railyard.replay")
     assert (replay.attributes or {})["railyard.findings"] == 0
     assert (replay.attributes or {})["railyard.seq"] == len(history)
+    spans.clear()
+    assert [r.task_id for r in eng.replay_all(workflow="refund")] == [task_id]
+    (again,) = by_name(spans.get_finished_spans(), "railyard.replay")
+    assert (again.attributes or {})["railyard.task.id"] == task_id and again.parent is None
 
 
 # -- metrics -----------------------------------------------------------------------------------------------------
