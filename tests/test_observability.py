@@ -442,8 +442,8 @@ def test_a_worker_with_nothing_turned_on_imports_neither_library(tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr
     assert "LOADED [] ACTIVE False" in done.stdout
-    shown = railyard("status", "--json", env=env, cwd=tmp_path)
-    assert '"terminal": 1' in shown.stdout  # the worker did run the task
+    shown = json.loads(railyard("status", "--json", env=env, cwd=tmp_path).stdout)
+    assert [(w["workflow"], w["terminal"]) for w in shown["workflows"]] == [("counter", 1)]  # it did run the task
 
 
 def test_the_standard_otel_variables_turn_spans_on_without_code_changes(tmp_path: Path) -> None:
