@@ -275,6 +275,12 @@ class Code(StrEnum):
     )
     # The store
     SCHEMA_MISSING = "SCHEMA_MISSING", Category.STORE, "The database has no Railyard schema: run `railyard db upgrade`."
+    SCHEMA_NOT_AT_HEAD = (
+        "SCHEMA_NOT_AT_HEAD",
+        Category.STORE,
+        "The database's schema is not at the revision this release's migrations end at (`/readyz` answers 503): "
+        "run `railyard db upgrade`, or, if a newer release migrated it, run that release.",
+    )
     DATABASE_ERROR = (
         "DATABASE_ERROR",
         Category.STORE,

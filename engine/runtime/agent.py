@@ -29,6 +29,7 @@ from engine.core.model_interface import ModelAdapter, ModelRequest, ModelRespons
 from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
+from engine.observability import hooks
 from engine.runtime.port import TaskPort
 
 log = logging.getLogger("railyard.agent")
@@ -136,9 +137,12 @@ class AgentRunner:
         attempt, started = 0, time.monotonic()
         while True:
             attempt += 1
+            started = time.perf_counter() if hooks.active else 0.0
             try:
-                return self.adapter.complete(request), attempt
+                response = self.adapter.complete(request)
             except ModelError as error:
+                if hooks.active:
+                    hooks.model_call(self.adapter.provider, self.adapter.model, self.profile.name, started, error=error)
                 if not error.retryable or attempt >= self.retry.attempts:
                     error.attempts, error.seconds = attempt, round(time.monotonic() - started, 3)
                     raise
@@ -151,3 +155,9 @@ class AgentRunner:
                     self.retry.attempts,
                 )
                 self.retry.sleep(delay)
+                continue
+            if hooks.active:
+                hooks.model_call(
+                    self.adapter.provider, self.adapter.model, self.profile.name, started, response=response
+                )
+            return response, attempt
