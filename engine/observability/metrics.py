@@ -82,8 +82,8 @@ class Metrics:
         )
         self.model_tokens = Counter(
             "railyard_model_tokens",
-            "Tokens the provider reported using, by provider, model and type (input, output); 0 where the "
-            "provider reports no usage.",
+            "Tokens the provider reported using, by provider, model and type (input, output, cached, reasoning); "
+            "nothing where the provider reports no usage.",
             ("provider", "model", "type"),
             registry=None,
         )

@@ -137,12 +137,14 @@ class AgentRunner:
         attempt, started = 0, time.monotonic()
         while True:
             attempt += 1
-            started = time.perf_counter() if hooks.active else 0.0
+            call_started = time.perf_counter() if hooks.active else 0.0  # this attempt's, for its span
             try:
                 response = self.adapter.complete(request)
             except ModelError as error:
                 if hooks.active:
-                    hooks.model_call(self.adapter.provider, self.adapter.model, self.profile.name, started, error=error)
+                    hooks.model_call(
+                        self.adapter.provider, self.adapter.model, self.profile.name, call_started, error=error
+                    )
                 if not error.retryable or attempt >= self.retry.attempts:
                     error.attempts, error.seconds = attempt, round(time.monotonic() - started, 3)
                     raise
@@ -158,6 +160,6 @@ class AgentRunner:
                 continue
             if hooks.active:
                 hooks.model_call(
-                    self.adapter.provider, self.adapter.model, self.profile.name, started, response=response
+                    self.adapter.provider, self.adapter.model, self.profile.name, call_started, response=response
                 )
             return response, attempt
