@@ -48,12 +48,15 @@ def test_free_text_three_times_then_a_valid_call(eng: Engine) -> None:
     )
     task = run(eng, task_id, model)
     assert task.state == "awaiting_approval"
+    # Each prose answer ignored the rung: restate (anthropic's order), then move down, a step per repair.
     assert trail(eng, task_id) == [
         ("repair", "assessing~force", "required", "NO_ACTION"),
         ("repair", "assessing~force", "required", "NO_ACTION"),
-        ("repair", "assessing~force", "required", "NO_ACTION"),
-        ("propose", "awaiting_approval", "required", None),
+        ("repair", "assessing~force", "auto_reminder", "NO_ACTION"),
+        ("propose", "awaiting_approval", "json_instructions", None),
     ]
+    steps = [e.data["turn"].get("escalated", {}).get("step") for e in eng.history(task_id)[1:]]
+    assert steps == ["reminder", "rung", "rung", None]
     last = eng.history(task_id)[-1]
     assert last.data["args"] == {"amount": 300, "reason": "damaged"}
     assert last.actor == "model:scripted:scripted"
@@ -66,7 +69,9 @@ def test_a_model_that_never_complies_is_handed_off_after_exactly_the_budget(eng:
     assert task.state == "assessing~handoff" and task.status == "blocked"
     assert [t[0] for t in trail(eng, task_id)] == ["repair", "repair", "repair", "hand_off"]
     assert eng.history(task_id)[-1].data["turn"]["code"] == "REPAIRS_EXHAUSTED"
-    assert eng.history(task_id)[-1].data["last_code"] == "NO_ACTION"
+    # Escalating ended on json_instructions, where prose is not JSON.
+    assert eng.history(task_id)[-1].data["last_code"] == "OUTPUT_NOT_JSON"
+    assert [t[2] for t in trail(eng, task_id)] == ["required", "required", "auto_reminder", "json_instructions"]
     assert undeclared(eng.history(task_id)) == []
     assert len(model.requests) == 4
     # An operator sends it back to the agent, with a fresh repair budget.
@@ -194,9 +199,12 @@ def test_reminders_mark_each_change_of_mode_and_are_never_deleted(eng: Engine) -
     for before, after in itertools.pairwise(requests):
         assert after.messages[: len(before.messages)] == before.messages, "history was rewritten"
     reminders = [m.content for m in requests[-1].messages if "<system-reminder>" in m.content]
-    # required (tools: no reminder), then auto_reminder after the demotion: exactly one reminder.
-    assert len(reminders) == 1 and "Call exactly one of these tools" in reminders[0]
-    assert [r.tool_choice for r in requests] == ["required", "required", "auto", "auto"]
+    # required (tools: no reminder at first); prose restates it; auto_reminder after the demotion gets its own;
+    # prose again moves down to json_instructions, which gets the structured one. One per mode, one per restatement.
+    assert len(reminders) == 3
+    assert "Use the tools again" in reminders[0] and "Call exactly one of these tools" in reminders[1]
+    assert "only one JSON object" in reminders[2]
+    assert [r.tool_choice for r in requests] == ["required", "required", "auto", None]
 
 
 def test_a_resumed_task_rebuilds_the_same_conversation_without_calling_the_model_again(eng: Engine) -> None:

@@ -12,14 +12,24 @@ request; nothing here calls a model. Rungs, highest first:
 
 A rung is skipped when the profile (with thinking on or off) does not allow it,
 and when this task already saw the provider refuse it (`demoted`).
+
+A provider that accepts a request and the model ignores it is the other way a
+rung fails: prose where a call or JSON was asked, a call of no offered tool,
+JSON that ignores the envelope. The next attempt then escalates (`escalate`), in
+the order the profile declares: restate the mode's reminder in the role the
+provider obeys, or move to the next rung down. A rung that finally worked after
+escalating is remembered (`worked`) like a refused one, so the next visit starts
+there.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -27,6 +37,7 @@ from engine.core.definition import Action, Agent, Workflow
 from engine.core.errors import Code
 from engine.core.fold import TaskState
 from engine.core.model_interface import Message, ModelRequest, ResponseSchema, ToolSpec
+from engine.core.payloads import Escalated
 from engine.core.profiles import CapabilityProfile
 from engine.core.tools.results import RESULT_NOTICE, wrap_error_for_model, wrap_for_model
 
@@ -49,8 +60,12 @@ MODE_OF_RUNG = {
 }
 
 
+#: A rung's place on the ladder: a visit only ever moves down it.
+RANK = {rung: index for index, rung in enumerate(Rung)}
+
+
 def demotion_key(profile: CapabilityProfile, model: str, thinking: bool, rung: Rung) -> str:
-    """How a refused rung is remembered: per (profile, model, thinking)."""
+    """How a refused rung, or one that worked after escalating, is remembered: per (profile, model, thinking)."""
     return f"{profile.name}:{model}:{'thinking' if thinking else 'plain'}:{rung}"
 
 
@@ -79,10 +94,10 @@ def refused_with(rung: Rung) -> frozenset[Rung]:
     return next((group for group in REFUSED_TOGETHER if rung in group), frozenset({rung}))
 
 
-def choose_rung(
-    profile: CapabilityProfile, model: str, thinking: bool, n_actions: int, demoted: set[str] | list[str]
-) -> Rung:
-    """The highest rung the profile allows that no refusal so far rules out (each refusal rules out its class)."""
+def open_rungs(
+    profile: CapabilityProfile, model: str, thinking: bool, n_actions: int, demoted: Iterable[str]
+) -> list[Rung]:
+    """The ladder without the rungs a refusal so far rules out (each refusal rules out its class)."""
     refused = set(demoted)
     ruled_out = {
         other
@@ -90,10 +105,80 @@ def choose_rung(
         if demotion_key(profile, model, thinking, rung) in refused
         for other in refused_with(rung)
     }
-    for rung in ladder(profile, thinking, n_actions):
-        if rung not in ruled_out:
+    return [rung for rung in ladder(profile, thinking, n_actions) if rung not in ruled_out]
+
+
+def choose_rung(
+    profile: CapabilityProfile,
+    model: str,
+    thinking: bool,
+    n_actions: int,
+    demoted: Iterable[str],
+    start: Rung | None = None,
+) -> Rung:
+    """The highest open rung, no higher than `start` (where escalation, or what worked before, put the task)."""
+    floor = RANK[start] if start is not None else 0
+    for rung in open_rungs(profile, model, thinking, n_actions, demoted):
+        if RANK[rung] >= floor:
             return rung
     return Rung.JSON_INSTRUCTIONS
+
+
+def remembered_rung(profile: CapabilityProfile, model: str, thinking: bool, worked: Iterable[str]) -> Rung | None:
+    """Where a new visit starts: the lowest rung that worked after escalating for this (profile, model, thinking)."""
+    found = [rung for rung in Rung if demotion_key(profile, model, thinking, rung) in set(worked)]
+    return max(found, key=RANK.__getitem__, default=None)
+
+
+#: Codes that say the answer ignored the rung, whatever it was asked: no action (prose), not JSON, a call of a
+#: tool that was not offered. `OUTPUT_SCHEMA_INVALID` joins them on the structured rungs, where the schema was
+#: the instruction; with tools it is an ordinary mistake in the arguments, repaired on the same rung.
+IGNORED_THE_RUNG = frozenset({Code.NO_ACTION, Code.OUTPUT_NOT_JSON, Code.ACTION_UNKNOWN, Code.ACTION_NOT_ALLOWED})
+
+
+def ignored(code: Code | None, rung: Rung) -> bool:
+    """Whether an answer with `code` did not comply with `rung` (as opposed to a compliant answer that was wrong)."""
+    if code in IGNORED_THE_RUNG:
+        return True
+    return code is Code.OUTPUT_SCHEMA_INVALID and MODE_OF_RUNG[rung] == "structured"
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """What the next attempt changes after an ignored rung: `reminder` restates it, `rung` moves down."""
+
+    source: Rung
+    target: Rung
+    step: Literal["reminder", "rung"]
+    why: Code
+
+    def to_dict(self) -> Escalated:
+        return {"from": str(self.source), "to": str(self.target), "step": self.step, "why": str(self.why)}
+
+
+def escalate(
+    profile: CapabilityProfile,
+    model: str,
+    thinking: bool,
+    n_actions: int,
+    demoted: Iterable[str],
+    rung: Rung,
+    code: Code | None,
+    done: int,
+) -> Escalation | None:
+    """The escalation after an answer on `rung` that ended in `code`, or None when the answer complied.
+
+    `done` is how many escalations this visit already made: the profile's `escalation` order is followed
+    step by step and its last step repeats. A `rung` step at the bottom of the ladder restates instead.
+    """
+    if code is None or not ignored(code, rung):
+        return None
+    step = profile.escalation[min(done, len(profile.escalation) - 1)]
+    if step == "rung":
+        lower = [r for r in open_rungs(profile, model, thinking, n_actions, demoted) if RANK[r] > RANK[rung]]
+        if lower:
+            return Escalation(rung, lower[0], "rung", code)
+    return Escalation(rung, rung, "reminder", code)
 
 
 def model_actions(state: Agent) -> list[Action]:
@@ -187,6 +272,11 @@ def reminder(mode: str, actions: list[Action]) -> str:
     return f"<system-reminder>Use the tools again: call exactly one of {names}.</system-reminder>"
 
 
+def reminder_message(profile: CapabilityProfile, mode: str, actions: list[Action]) -> Message:
+    """A mode's reminder, in the role the provider obeys best (the profile's `reminder_role`)."""
+    return Message(profile.reminder_role, reminder(mode, actions))
+
+
 def build_request(
     definition: Workflow,
     task: TaskState,
@@ -207,7 +297,7 @@ def build_request(
     added: list[Message] = []
     previous = task.visit.get("mode")
     if mode != previous and (mode != "tools" or previous is not None):
-        added.append(Message("user", reminder(mode, actions)))
+        added.append(reminder_message(profile, mode, actions))
     history = [Message.from_dict(m) for m in task.visit.get("messages", [])]
     messages = (
         Message("system", system_prompt(definition, state, actions)),
@@ -246,6 +336,7 @@ def build_request(
         response_schema=response_schema,
         thinking=thinking,
         parallel_tool_calls=False if tools and profile.strict_tools else None,
+        thinking_switch=profile.thinking_switch(model, thinking),
     )
     return request, added
 

@@ -30,6 +30,22 @@ class TokenUsage(TypedDict):
     output_tokens: Annotated[int, Doc("tokens the provider counted in the answer")]
 
 
+#: An escalation's keys, in the functional syntax because one of them is a Python keyword.
+Escalated = TypedDict(
+    "Escalated",
+    {
+        "from": Annotated[str, Doc("the rung the answer ignored")],
+        "to": Annotated[str, Doc("the rung the next attempt uses (the same one when the step is `reminder`)")],
+        "step": Annotated[
+            Literal["reminder", "rung"],
+            Doc("`reminder`: the mode's reminder restated in the profile's role; `rung`: the next rung down"),
+        ],
+        "why": Annotated[str, Doc("the code that showed the rung was ignored (`NO_ACTION`, `OUTPUT_NOT_JSON`, ...)")],
+    },
+)
+Escalated.__doc__ = "What the next attempt changes after an answer that ignored the rung it was asked on."
+
+
 class Turn(TypedDict):
     """One model turn: how the engine asked, and what it made of the answer."""
 
@@ -46,6 +62,15 @@ class Turn(TypedDict):
     attempts: NotRequired[Annotated[int, Doc("provider calls it took, when a retryable error was retried")]]
     errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
     demoted: NotRequired[Annotated[str, Doc("the request shape the provider refused, never sent again for this model")]]
+    escalated: NotRequired[
+        Annotated[Escalated, Doc("on a `repair` after an answer that ignored the rung: what the next attempt changes")]
+    ]
+    worked: NotRequired[
+        Annotated[str, Doc("the rung that worked after escalating, where the next visit for this model starts")]
+    ]
+    thinking_switch: NotRequired[
+        Annotated[dict[str, Any], Doc("the provider's body fields that switched thinking on or off, as sent")]
+    ]
 
 
 class PreparedCallData(TypedDict):
@@ -202,6 +227,7 @@ class EventData(_StepKeys, _MigrationKeys, total=False):
 #: The nested records, in the order the reference lists them.
 RECORDS: tuple[type, ...] = (
     Turn,
+    Escalated,
     TokenUsage,
     PreparedCallData,
     Outcome,
