@@ -352,8 +352,60 @@ def rung_table(profiles: dict[str, CapabilityProfile]) -> list[dict[str, Any]]:
         for label, thinking in (("off", False), ("on", True)):
             row[f"rung_thinking_{label}"] = str(ladder(profile, thinking, n_actions=2)[0])
             row[f"rung_thinking_{label}_one_action"] = str(ladder(profile, thinking, n_actions=1)[0])
+            row[f"escalation_thinking_{label}"] = escalation_path(profile, thinking, n_actions=2)
         rows.append(row)
     return rows
+
+
+def escalation_path(profile: CapabilityProfile, thinking: bool, n_actions: int, max_repairs: int = 3) -> list[str]:
+    """The attempts a model that ignores every rung gets, the first and one per repair: `RUNG`, or
+    `RUNG+reminder` where the step restated the reminder on the same rung."""
+    rung = choose_rung(profile, "", thinking, n_actions, ())
+    path = [str(rung)]
+    for done in range(max_repairs):
+        step = escalate(profile, "", thinking, n_actions, (), rung, Code.NO_ACTION, done)
+        assert step is not None  # NO_ACTION always ignores the rung
+        rung = step.target
+        path.append(f"{rung}+reminder" if step.step == "reminder" else str(rung))
+    return path
+
+
+def escalation_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:
+    """Each profile's escalation order and what it makes of a model that ignores every rung (docs/providers.md)."""
+
+    def path(steps: list[str]) -> str:
+        return " → ".join(f"`{step}`" for step in steps)
+
+    lines = [
+        "| profile | reminder role | escalation order | attempts, thinking off | attempts, thinking on |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for profile in profiles.values():
+        order = ", ".join(f"`{step}`" for step in profile.escalation) + " (the last repeats)"
+        lines.append(
+            f"| `{profile.name}` | {profile.reminder_role} | {order} "
+            f"| {path(escalation_path(profile, False, 2))} | {path(escalation_path(profile, True, 2))} |"
+        )
+    return "\n".join(lines)
+
+
+def thinking_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:
+    """Each profile's thinking switch, as the body fields sent, and its always-thinking models (docs/providers.md)."""
+
+    def body(fields: dict[str, Any]) -> str:
+        return f"`{json.dumps(fields, sort_keys=True)}`" if fields else "(nothing sent)"
+
+    lines = [
+        "| profile | thinking on sends | thinking off sends | other forms, by model | always thinking |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for p in profiles.values():
+        by_model = "; ".join(f"`{pattern}`: {body(fields)}" for pattern, fields in p.thinking_on_by_model.items())
+        always = ", ".join(f"`{pattern}`" for pattern in p.always_thinking)
+        lines.append(
+            f"| `{p.name}` | {body(p.thinking_on)} | {body(p.thinking_off)} | {by_model or '-'} | {always or '-'} |"
+        )
+    return "\n".join(lines)
 
 
 def rung_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:

@@ -52,7 +52,7 @@ class Turn(TypedDict):
     strategy: Annotated[str, Doc("the forcing rung the request used (`tool_choice_named`, `json_schema`, ...)")]
     model: Annotated[str, Doc("`provider:model` of the adapter that answered")]
     profile: Annotated[str, Doc("the capability profile the rung was chosen from")]
-    thinking: Annotated[bool, Doc("whether the request asked for extended thinking")]
+    thinking: Annotated[bool, Doc("whether the request thought: as asked, and always for a model that always thinks")]
     mode: Annotated[str, Doc("the structured-output mode of the rung")]
     code: NotRequired[
         Annotated[str | None, Doc("what the turn ended in (`NO_ACTION`, `RATE_LIMITED`, ...); null: accepted")]

@@ -243,6 +243,11 @@ def _checked(profile: CapabilityProfile) -> CapabilityProfile:
         raise ValueError(f"escalation steps {sorted(unknown)}; known: {sorted(ESCALATION_STEPS)}")
     if not profile.escalation:
         raise ValueError("escalation needs at least one step")
+    by_model = profile.thinking_on_by_model
+    if not isinstance(by_model, dict) or not all(
+        isinstance(sent, dict) for sent in (profile.thinking_on, profile.thinking_off, *by_model.values())
+    ):
+        raise ValueError("thinking_on, thinking_off and each thinking_on_by_model value are tables of body fields")
     if profile.reminder_role not in ("system", "user"):
         raise ValueError(f"reminder_role {profile.reminder_role!r}; known: system, user")
     if profile.reminder_role == "system" and profile.wire == "anthropic":
