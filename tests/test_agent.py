@@ -221,6 +221,64 @@ def test_a_resumed_task_rebuilds_the_same_conversation_without_calling_the_model
     assert resumed.requests[0].messages[: len(expected_prefix)] == expected_prefix
 
 
+#: (profile, answer, code, whether it ignored the rung). The openai profile's first rung is native_schema
+#: (structured); anthropic's for refund is required (tools).
+COMPLIANCE = [
+    ("anthropic", {"text": "I would refund."}, "NO_ACTION", True),
+    ("anthropic", call("fly_to_the_moon"), "ACTION_UNKNOWN", True),
+    ("anthropic", call("approve"), "ACTION_NOT_ALLOWED", True),
+    ("anthropic", {"tool_calls": [{"name": "note", "arguments": "{not json"}]}, "OUTPUT_NOT_JSON", True),
+    ("openai", {"text": "I would refund."}, "OUTPUT_NOT_JSON", True),
+    ("openai", {"json": {"refund": 300}}, "OUTPUT_SCHEMA_INVALID", True),  # JSON that ignores the envelope
+    # Compliant but wrong: repaired on the same rung, no escalation.
+    ("anthropic", call("propose", amount=5), "OUTPUT_SCHEMA_INVALID", False),
+    ("anthropic", call("propose", amount=900, reason="x"), "DOMAIN_INVALID", False),
+    ("anthropic", {"tool_calls": [call("note", note="a")["tool_calls"][0]] * 2}, "MULTIPLE_ACTIONS", False),
+]
+
+
+@pytest.mark.parametrize(("profile", "answer", "code", "ignored"), COMPLIANCE)
+def test_only_an_answer_that_ignored_its_rung_escalates(
+    eng: Engine, profile: str, answer: dict[str, Any], code: str, ignored: bool
+) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    model = ScriptedModel([answer, {"text": "again"}], profile=profile)
+    run(eng, task_id, model, turns=2)
+    first = eng.history(task_id)[1].data["turn"]
+    assert (first["code"], "escalated" in first) == (code, ignored)
+    if ignored:
+        assert first["escalated"]["why"] == code and first["escalated"]["step"] == "reminder"
+        # The restatement is the last message of that turn, so the next request carries it.
+        assert model.requests[1].messages[-1].content == first["messages"][-1]["content"]
+        assert "<system-reminder>" in first["messages"][-1]["content"]
+    else:
+        assert not any("<system-reminder>" in m["content"] for m in first["messages"])
+
+
+def test_a_resumed_task_escalates_from_where_its_log_left_it(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    run(eng, task_id, ScriptedModel([{"text": "no"}, {"text": "no"}], profile="anthropic"), turns=2)
+    # A restarted process: the rung escalation reached comes from the log, not from memory.
+    with Engine(store=eng.store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
+        resumed = ScriptedModel([call("give_up")], profile="anthropic")
+        AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
+    assert resumed.requests[0].tool_choice == "auto"  # auto_reminder, where the second prose answer moved it
+    assert [t[2] for t in trail(eng, task_id)] == ["required", "required", "auto_reminder"]
+
+
+def test_the_rung_that_worked_is_where_the_tasks_next_visit_starts_even_after_a_restart(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    # Prose twice moves the visit to auto_reminder, where `note` works: it re-enters `assessing`, a new visit.
+    first = ScriptedModel([{"text": "no"}, {"text": "no"}, call("note", note="checked")], profile="anthropic")
+    run(eng, task_id, first, turns=3)
+    assert eng.history(task_id)[-1].data["turn"]["worked"] == "anthropic:scripted:plain:auto_reminder"
+    with Engine(store=eng.store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
+        assert other.worked_rungs == set()
+        resumed = ScriptedModel([call("give_up")], profile="anthropic")
+        AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
+    assert [r.tool_choice for r in resumed.requests] == ["auto"]
+
+
 @pytest.mark.parametrize("profile", [p.name for p in BUILTIN_PROFILES])
 @pytest.mark.parametrize("thinking", [False, True])
 def test_no_profile_is_sent_a_tool_choice_it_rejects(eng: Engine, profile: str, thinking: bool) -> None:

@@ -28,6 +28,7 @@ from tests.support.provider_server import (
     anthropic_message,
     openai_completion,
     text_block,
+    tool_use_block,
 )
 from tests.support.sample_workflows import ROLES, all_workflows
 
@@ -198,6 +199,34 @@ def test_the_same_model_with_user_role_reminders_escalates_and_runs_out(eng: Eng
     assert_history_only_grows(server.bodies)
 
 
+def test_on_the_anthropic_wire_the_restated_reminder_is_a_user_block_and_the_system_prompt_stays(
+    eng: Engine, server: ProviderServer
+) -> None:
+    """A gateway that drops `tool_choice`: prose until the instruction is restated in the conversation."""
+
+    def respond(body: dict[str, Any]) -> Reply:
+        blocks = [b for m in body["messages"] if m["role"] == "user" for b in m["content"] if isinstance(b, dict)]
+        if any("<system-reminder>" in b.get("text", "") for b in blocks):
+            return anthropic_message(tool_use_block("tu_1", "decide", DECISION), stop_reason="tool_use")
+        return anthropic_message(text_block(PROSE))
+
+    server.respond_with(respond)
+    task_id = eng.start("triage", TICKET, actor="ann")
+    runner = AgentRunner(eng, adapter(server, "claude-sonnet-4-5", wire="anthropic"), retry=NO_SLEEP)
+    assert runner.run(eng.load(task_id)).state == "decided"
+    first, second = server.bodies
+    assert first["tool_choice"]["type"] == second["tool_choice"]["type"] == "tool"
+    assert first["system"] == second["system"]  # the cached prefix is untouched
+    error, restated = second["messages"][-1]["content"]  # one user message: the error fed back, then the reminder
+    assert "NO_ACTION" in error["text"] and "<system-reminder>" in restated["text"]
+    assert eng.history(task_id)[1].data["turn"]["escalated"] == {
+        "from": "named_tool",
+        "to": "named_tool",
+        "step": "reminder",
+        "why": "NO_ACTION",
+    }
+
+
 def test_a_strict_schema_refused_once_is_never_sent_again(eng: Engine, server: ProviderServer) -> None:
     refusal = {
         "error": {
@@ -224,7 +253,7 @@ def test_a_strict_schema_refused_once_is_never_sent_again(eng: Engine, server: P
 
 #: Every key a thinking switch may put in a body: with no switch, none of them is sent.
 SWITCH_KEYS = ("thinking", "enable_thinking", "reasoning_effort", "extra_body")
-GEMINI_ON = {"extra_body": {"google": {"thinking_config": {"thinking_budget": -1, "include_thoughts": True}}}}
+GEMINI_ON = {"extra_body": {"google": {"thinking_config": {"thinking_budget": -1}}}}
 GEMINI_OFF = {"extra_body": {"google": {"thinking_config": {"thinking_budget": 0}}}}
 
 SWITCHES = [

@@ -135,7 +135,8 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         reasoning_passback=True,
         description="response_schema; JSON output with function tools refused before Gemini 3",
         always_thinking=("gemini-2.5-pro*", "gemini-3*", "*-thinking*"),
-        thinking_on={"extra_body": {"google": {"thinking_config": {"thinking_budget": -1, "include_thoughts": True}}}},
+        # Dynamic budget; no `include_thoughts`: through this wire the thoughts would arrive inside the content.
+        thinking_on={"extra_body": {"google": {"thinking_config": {"thinking_budget": -1}}}},
         thinking_off={"extra_body": {"google": {"thinking_config": {"thinking_budget": 0}}}},
     ),
     CapabilityProfile(
