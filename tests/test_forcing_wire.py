@@ -273,7 +273,8 @@ SWITCHES = [
     ("glm", "openai", "glm-4.6", False, {"thinking": {"type": "disabled"}}),
     ("minimax", "openai", "abab6.5s-chat", True, {}),
     ("mistral", "openai", "mistral-large-latest", True, {}),
-    ("ollama", "openai", "llama3.1", True, {}),
+    ("ollama", "openai", "ollama/qwen3:8b", True, {"reasoning_effort": "medium"}),
+    ("ollama", "openai", "llama3.1", False, {}),
 ]
 
 

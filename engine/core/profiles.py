@@ -40,7 +40,7 @@ ALL_MODES: frozenset[str] = frozenset({"auto", "none", "required", "named"})
 ReminderRole = Literal["system", "user"]
 #: What an escalation may change: restate the current mode's reminder, or move to the next rung of the ladder.
 ESCALATION_STEPS: frozenset[str] = frozenset({"reminder", "rung"})
-#: The order the issue that introduced escalation names: first remind, then force harder (the last step repeats).
+#: Restate first (it keeps the rung and costs nothing the provider could refuse), then force harder; the last repeats.
 DEFAULT_ESCALATION: tuple[str, ...] = ("reminder", "rung")
 
 
@@ -204,6 +204,8 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         tool_choice_thinking_off=frozenset(),
         tool_choice_thinking_on=frozenset(),
         description="format/response_format without strict mode; tool_choice treated as unsupported",
+        # `reasoning_effort: "none"` would turn a thinking model off, but models that cannot think may refuse it.
+        thinking_on={"reasoning_effort": "medium"},
     ),
 )
 
