@@ -126,7 +126,10 @@ def choose_rung(
 
 def remembered_rung(profile: CapabilityProfile, model: str, thinking: bool, worked: Iterable[str]) -> Rung | None:
     """Where a new visit starts: the lowest rung that worked after escalating for this (profile, model, thinking)."""
-    found = [rung for rung in Rung if demotion_key(profile, model, thinking, rung) in set(worked)]
+    remembered = set(worked)
+    if not remembered:
+        return None
+    found = [rung for rung in Rung if demotion_key(profile, model, thinking, rung) in remembered]
     return max(found, key=RANK.__getitem__, default=None)
 
 

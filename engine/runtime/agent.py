@@ -41,6 +41,7 @@ from engine.core.proposal import interpret
 from engine.runtime.port import TaskPort
 
 log = logging.getLogger("railyard.agent")
+_RUNG_NAMES = frozenset(str(rung) for rung in Rung)
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class AgentRunner:
 
     def _start(self, task: TaskState) -> Rung | None:
         """Where the ladder starts: where escalation moved this visit, else the rung that worked before."""
-        if escalated := task.visit.get("rung"):
+        if (escalated := task.visit.get("rung")) in _RUNG_NAMES:  # a value this version does not know is ignored
             return Rung(escalated)
         worked = [*task.visit.get("worked", []), *self.engine.worked_rungs]
         return remembered_rung(self.profile, self.adapter.model, self.thinking, worked)
