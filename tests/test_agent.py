@@ -333,6 +333,16 @@ def test_profiles_can_be_overridden_and_added(tmp_path: Any, monkeypatch: pytest
     profiles = load_profiles()
     assert profiles["anthropic"].native_schema == "strict"
     assert profiles["gateway"].tool_choices(False) == frozenset({"auto"})
+    path.write_text(
+        '[profiles.gateway]\nwire = "openai"\nmodels = ["gw-*"]\nreminder_role = "system"\nescalation = ["rung"]\n'
+        'always_thinking = ["gw-r*"]\nthinking_on = { reasoning_effort = "high" }\n',
+        encoding="utf-8",
+    )
+    gateway = load_profiles()["gateway"]
+    assert (gateway.reminder_role, gateway.escalation) == ("system", ("rung",))
+    assert gateway.thinks("gw-r1", False) and not gateway.thinks("gw-chat", False)
+    assert gateway.thinking_switch("gw-chat", True) == {"reasoning_effort": "high"}
+    assert gateway.thinking_switch("gw-chat", False) == {}
     path.write_text("[profiles.anthropic]\nnot_a_setting = 1\n", encoding="utf-8")
     with pytest.raises(RailyardError) as caught:
         load_profiles()

@@ -120,7 +120,7 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         description="extended thinking accepts only auto/none; thinking blocks passed back",
         # Adaptive-only models refuse `enabled` and `disabled` alike: they always think.
         always_thinking=("claude-opus-4-7*", "claude-mythos-*"),
-        thinking_on={"thinking": {"type": "enabled"}},
+        thinking_on={"thinking": {"type": "enabled", "budget_tokens": 2048}},
         thinking_on_by_model={
             pattern: {"thinking": {"type": "adaptive"}}
             for pattern in ("claude-opus-4-6*", "claude-sonnet-4-6*", "claude-opus-4-7*", "claude-mythos-*")

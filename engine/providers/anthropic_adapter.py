@@ -18,11 +18,11 @@ forcing ladder did not ask for is added. Mapping choices:
   its signature; unsigned reasoning (from another provider) is dropped, since
   the API refuses a thinking block without one.
 - Thinking sends the request's `thinking_switch` `thinking` field (the
-  profile's: `enabled`, or `adaptive` on models that take only that), or
-  `{"type": "enabled"}` for a bare `thinking=True`. `enabled` gets
-  `budget_tokens: thinking_budget`; `max_tokens` must exceed the budget, so when
-  it does not the budget is added on top of it (the answer keeps the room it
-  asked for).
+  profile's: `enabled` with its budget, or `adaptive` on models that take it),
+  or `{"type": "enabled"}` for a bare `thinking=True`. `enabled` without a
+  `budget_tokens` gets `thinking_budget`; `max_tokens` must exceed the budget,
+  so when it does not the budget is added on top of it (the answer keeps the
+  room it asked for).
 - `response_schema` strict or loose sends `output_config.format` (json_schema;
   Anthropic enforces the schema either way); `json_object` has no Anthropic
   equivalent and raises `SCHEMA_UNSUPPORTED` before any call.
