@@ -146,13 +146,22 @@ def test_refused_shapes_are_never_resent_unchanged(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
     shape = {"error": {"status": 400, "message": "tool_choice is not supported"}}
     schema = {"error": {"status": 400, "message": "response_format json_schema is not supported"}}
-    model = ScriptedModel([schema, shape, {"text": "{}"}], profile="openai")
-    run(eng, task_id, model, turns=3)
-    sent = [(r.response_schema is not None, r.tool_choice) for r in model.requests]
-    # A refused forced tool choice rules out every forced form: after the named tool, not `required` either.
-    assert sent[:3] == [(True, None), (False, "decide"), (False, "auto")]
-    assert len(set(map(repr, model.requests[:3]))) == 3
-    assert [t[0] for t in trail(eng, task_id)][:2] == ["demote", "demote"]
+    model = ScriptedModel([schema, schema, shape, {"text": "{}"}], profile="openai")
+    run(eng, task_id, model, turns=4)
+    sent = [
+        (r.response_schema.mode if r.response_schema else None, r.tool_choice, any(t.strict for t in r.tools))
+        for r in model.requests
+    ]
+    # A refused strict schema rules out strict schemas (the schema is sent again, loose; tools lose `strict`);
+    # a refused loose one rules out the rung; a refused forced tool choice every forced form, not `required` either.
+    assert sent[:4] == [("strict", None, False), ("loose", None, False), (None, "decide", False), (None, "auto", False)]
+    assert len(set(map(repr, model.requests[:4]))) == 4
+    assert [t[0] for t in trail(eng, task_id)][:3] == ["demote", "demote", "demote"]
+    assert [e.data["turn"].get("demoted") for e in eng.history(task_id)[1:4]] == [
+        "openai:scripted:plain:strict_schema",
+        "openai:scripted:plain:native_schema",
+        "openai:scripted:plain:named_tool",
+    ]
     assert eng.load(task_id).visit["repairs"] == 1  # only the bad answer spent one
 
 

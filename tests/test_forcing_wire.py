@@ -227,25 +227,49 @@ def test_on_the_anthropic_wire_the_restated_reminder_is_a_user_block_and_the_sys
     }
 
 
-def test_a_strict_schema_refused_once_is_never_sent_again(eng: Engine, server: ProviderServer) -> None:
-    refusal = {
-        "error": {
-            "message": "Invalid schema for response_format 'action': strict mode is not supported",
-            "type": "invalid_request_error",
-            "param": "response_format",
-            "code": None,
-        }
-    }
-    server.reply(Reply(status=400, body=refusal))
-    server.respond_with(lambda body: tool_call(body, DECISION))
+def strict_refusal() -> Reply:
+    return Reply(
+        status=400,
+        body={
+            "error": {
+                "message": "Invalid schema for response_format 'action': strict mode is not supported",
+                "type": "invalid_request_error",
+                "param": "response_format",
+                "code": None,
+            }
+        },
+    )
+
+
+def test_a_strict_schema_refused_once_rules_out_strict_schemas_for_every_later_task(
+    eng: Engine, server: ProviderServer
+) -> None:
+    server.reply(strict_refusal())
+    envelope = openai_completion(text=json.dumps({"action": "decide", "arguments": DECISION}))
+    server.respond_with(lambda body: tool_call(body, DECISION) if body.get("tools") else envelope)
     runner = AgentRunner(eng, adapter(server, "gpt-4.1"), retry=NO_SLEEP)
     first, second = (eng.start("triage", TICKET, actor="ann") for _ in range(2))
-    runner.run(eng.load(first))
-    runner.run(eng.load(second))
-    assert [rung_sent(b) for b in server.bodies] == ["native_schema", "named_tool", "named_tool"]
+    assert runner.run(eng.load(first)).state == "decided"
+    assert runner.run(eng.load(second)).state == "decided"
+    formats = [b["response_format"]["json_schema"]["strict"] for b in server.bodies]
+    assert formats == [True, False, False]  # the same rung, loose, and never strict again
     demotions = [e.data["turn"] for t in (first, second) for e in eng.history(t) if e.trigger == "demote"]
     assert [(d["code"], d["demoted"]) for d in demotions] == [
-        ("SCHEMA_UNSUPPORTED", "openai:gpt-4.1:plain:native_schema")
+        ("SCHEMA_UNSUPPORTED", "openai:gpt-4.1:plain:strict_schema")
+    ]
+
+
+def test_strict_tools_lose_strict_once_strict_schemas_were_refused(eng: Engine, server: ProviderServer) -> None:
+    """A gateway that refuses strict and `json_schema` alike: two refusals, then tools, none of them strict."""
+    server.reply(strict_refusal(), strict_refusal())
+    server.respond_with(lambda body: tool_call(body, DECISION))
+    task_id = eng.start("triage", TICKET, actor="ann")
+    assert AgentRunner(eng, adapter(server, "gpt-4.1"), retry=NO_SLEEP).run(eng.load(task_id)).state == "decided"
+    assert [rung_sent(b) for b in server.bodies] == ["native_schema", "native_schema", "named_tool"]
+    assert not any(tool["function"].get("strict") for tool in server.bodies[-1]["tools"])
+    assert [e.data["turn"]["demoted"] for e in eng.history(task_id) if e.trigger == "demote"] == [
+        "openai:gpt-4.1:plain:strict_schema",
+        "openai:gpt-4.1:plain:native_schema",
     ]
 
 

@@ -11,7 +11,9 @@ request; nothing here calls a model. Rungs, highest first:
 5. `json_instructions`: no tools; the schema in the instructions, JSON mode where offered.
 
 A rung is skipped when the profile (with thinking on or off) does not allow it,
-and when this task already saw the provider refuse it (`demoted`).
+and when this task already saw the provider refuse it (`demoted`). A refused
+strict schema is a shape of its own (`STRICT_SCHEMA`): it rules out `strict`
+everywhere, not the rung.
 
 A provider that accepts a request and the model ignores it is the other way a
 rung fails: prose where a call or JSON was asked, a call of no offered tool,
@@ -64,9 +66,28 @@ MODE_OF_RUNG = {
 RANK = {rung: index for index, rung in enumerate(Rung)}
 
 
-def demotion_key(profile: CapabilityProfile, model: str, thinking: bool, rung: Rung) -> str:
-    """How a refused rung, or one that worked after escalating, is remembered: per (profile, model, thinking)."""
+#: Not a rung but a shape every rung may carry: a strict JSON schema (`response_format` strict, strict tools).
+STRICT_SCHEMA = "strict_schema"
+
+
+def demotion_key(profile: CapabilityProfile, model: str, thinking: bool, rung: Rung | str) -> str:
+    """How a refused rung (or `STRICT_SCHEMA`), or one that worked after escalating, is remembered: per
+    (profile, model, thinking)."""
     return f"{profile.name}:{model}:{'thinking' if thinking else 'plain'}:{rung}"
+
+
+def refused_shape(
+    profile: CapabilityProfile, model: str, thinking: bool, rung: Rung, request: ModelRequest, code: Code
+) -> str:
+    """What a request-shape refusal rules out: a schema refusal of a request that carried a strict schema rules
+    out strict schemas (the rung is sent again, loose, and strict tools lose `strict`); any other rules out the
+    rung (and its class, see `refused_with`)."""
+    strict = (request.response_schema is not None and request.response_schema.mode == "strict") or any(
+        tool.strict for tool in request.tools
+    )
+    if code is Code.SCHEMA_UNSUPPORTED and strict:
+        return demotion_key(profile, model, thinking, STRICT_SCHEMA)
+    return demotion_key(profile, model, thinking, rung)
 
 
 def ladder(profile: CapabilityProfile, thinking: bool, n_actions: int) -> list[Rung]:
@@ -287,8 +308,11 @@ def build_request(
     model: str,
     thinking: bool,
     rung: Rung,
+    demoted: Iterable[str] = (),
 ) -> tuple[ModelRequest, list[Message]]:
     """The request for this turn, and the messages this turn adds to the visit (a reminder, or none).
+
+    `demoted` are the shapes refused so far: once strict schemas were refused, none is sent strict.
 
     The visit's messages are replayed as they were recorded, so each request
     extends the previous one: nothing is ever deleted or reordered.
@@ -311,8 +335,9 @@ def build_request(
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str | None = None
     response_schema: ResponseSchema | None = None
+    strict = demotion_key(profile, model, thinking, STRICT_SCHEMA) not in set(demoted)
     if rung is Rung.NATIVE_SCHEMA:
-        mode_name = "strict" if profile.native_schema == "strict" else "loose"
+        mode_name = "strict" if profile.native_schema == "strict" and strict else "loose"
         response_schema = ResponseSchema("action", envelope_schema(actions), mode_name)  # type: ignore[arg-type]
     elif rung is Rung.JSON_INSTRUCTIONS:
         instructions = "<output_schema>\n" + json.dumps(envelope_schema(actions), sort_keys=True) + "\n</output_schema>"
@@ -323,7 +348,7 @@ def build_request(
         if profile.native_schema != "none":
             response_schema = ResponseSchema("action", {}, "json_object")
     else:
-        tools = tuple(tool_spec(a, strict=profile.strict_tools) for a in actions)
+        tools = tuple(tool_spec(a, strict=profile.strict_tools and strict) for a in actions)
         choices = profile.tool_choices(thinking)
         if rung is Rung.NAMED_TOOL:
             tool_choice = actions[0].name

@@ -30,6 +30,7 @@ from engine.core.forcing import (
     demotion_key,
     escalate,
     model_actions,
+    refused_shape,
     remembered_rung,
     reminder_message,
 )
@@ -103,7 +104,7 @@ class AgentRunner:
         refused = set(task.visit.get("demoted", [])) | self.engine.refused_shapes
         n_actions = len(model_actions(state))
         rung = choose_rung(self.profile, self.adapter.model, self.thinking, n_actions, refused, self._start(task))
-        request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung)
+        request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung, refused)
         turn: Turn = {
             "strategy": str(rung),
             "model": f"{self.adapter.provider}:{self.adapter.model}",
@@ -119,8 +120,11 @@ class AgentRunner:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
             if error.code in REQUEST_SHAPE:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
-                # does not rule out (a refused forced tool choice rules out every forced form).
-                turn["demoted"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
+                # does not rule out (a refused forced tool choice rules out every forced form), or the same rung
+                # without `strict` when a strict schema was what the provider refused.
+                turn["demoted"] = refused_shape(
+                    self.profile, self.adapter.model, self.thinking, rung, request, error.code
+                )
                 self.engine.refused_shapes.add(turn["demoted"])  # other tasks on this process skip it too
                 return self._commit(task, DEMOTE, {"turn": turn})
             return self._commit(task, PROVIDER_ERROR, {"turn": turn})
