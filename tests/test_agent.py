@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine import Code, Engine, MemoryStore, ModelRequest, RailyardError, Registry, ScriptedModel, StaticRoles
-from engine.core.forcing import Rung, ladder
+from engine.core.forcing import RANK, Rung, escalation_path, ladder
 from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
 from engine.runtime.agent import AgentRunner, RetryPolicy
@@ -262,6 +262,25 @@ def test_only_an_answer_that_ignored_its_rung_escalates(
         assert "<system-reminder>" in first["messages"][-1]["content"]
     else:
         assert not any("<system-reminder>" in m["content"] for m in first["messages"])
+
+
+@pytest.mark.parametrize("profile", [p.name for p in BUILTIN_PROFILES])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_escalation_never_climbs_back_and_never_exceeds_the_budget(eng: Engine, profile: str, thinking: bool) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    model = ScriptedModel([{"text": "no"}] * 10, profile=profile)
+    task = run(eng, task_id, model, thinking=thinking)
+    assert task.state == "assessing~handoff" and len(model.requests) == 4  # max_repairs 3: four attempts
+    turns = [e.data["turn"] for e in eng.history(task_id)[1:]]
+    ranks = [RANK[Rung(t["strategy"])] for t in turns]
+    assert ranks == sorted(ranks), "a visit only moves down the ladder"
+    assert all("escalated" in t for t in turns[:-1]) and "escalated" not in turns[-1]  # the hand-off has no next
+    # What `railyard providers` and docs/providers.md show is what the runner does.
+    shown = escalation_path(load_profiles()[profile], thinking, n_actions=3)
+    assert [t["strategy"] for t in turns] == [attempt.removesuffix("+reminder") for attempt in shown]
+    assert [t["escalated"]["step"] for t in turns[:-1]] == [
+        "reminder" if attempt.endswith("+reminder") else "rung" for attempt in shown[1:]
+    ]
 
 
 def test_a_resumed_task_escalates_from_where_its_log_left_it(eng: Engine) -> None:
