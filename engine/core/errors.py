@@ -159,7 +159,8 @@ class Code(StrEnum):
     SCHEMA_UNSUPPORTED = (
         "SCHEMA_UNSUPPORTED",
         Category.PROVIDER,
-        "The provider refused native structured output; the ladder moves one rung down (no repair spent).",
+        "The provider refused a request's schema; a refused strict schema rules out strict schemas (the rung is"
+        " sent again, loose), a refused loose one moves the ladder one rung down (no repair spent).",
     )
     RATE_LIMITED = (
         "RATE_LIMITED",

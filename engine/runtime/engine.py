@@ -133,6 +133,8 @@ class Engine:
         #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
         #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
         self.refused_shapes: set[str] = set()
+        #: Rungs that worked after escalating for a (profile, model, thinking), remembered the same way.
+        self.worked_rungs: set[str] = set()
 
     def close(self) -> None:
         self.store.close()
