@@ -39,6 +39,7 @@ import logging
 import os
 from collections import deque
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -143,7 +144,10 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(LoginRequired)
     async def login_required(request: Request, _exc: LoginRequired) -> Response:
-        return RedirectResponse("/login", status_code=303)
+        # A page asked for comes back after the login (a POST's address is no page to come back to).
+        asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        back = f"/login?{urlencode({'next': asked})}" if request.method == "GET" and asked != "/" else "/login"
+        return RedirectResponse(back, status_code=303)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
@@ -162,7 +166,8 @@ HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it browsers send `Origin: null` on every form POST, and the pages check Origin.
+    "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
