@@ -33,9 +33,9 @@ def client(engine: Engine) -> Iterator[TestClient]:
 def reference(db_url: str) -> Iterator[tuple[Engine, TestClient]]:
     """The reference workflows behind the API: refund declares customer_id and order_id searchable."""
     tokens = token_table()
-    with Engine(db_url, Registry([REFUND_V2, EXPENSE, TICKET_TRIAGE]), authoriser=tokens) as eng:
-        with TestClient(create_app(eng, tokens, session_secret="s")) as c:
-            yield eng, c
+    eng = Engine(db_url, Registry([REFUND_V2, EXPENSE, TICKET_TRIAGE]), authoriser=tokens)
+    with eng, TestClient(create_app(eng, tokens, session_secret="s")) as c:
+        yield eng, c
 
 
 def get(client: TestClient, path: str, **params: Any) -> dict[str, Any]:
