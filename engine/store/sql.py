@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row, Table, case, delete, exists, func, insert, or_, select, tuple_, update
+from sqlalchemy import Connection, Row, Select, Table, case, delete, func, insert, select, tuple_, union_all, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql import ColumnElement, Executable
 
@@ -613,9 +613,8 @@ class SqlStore:
         with self._errors(), self._reader() as conn:
             return [_task_row(r) for r in conn.execute(query)]
 
-    def list_tasks(self, query: TaskQuery) -> list[ListedTask]:
-        """One keyset page, newest first: each filter is a column of an index that ends in (created_at, task_id),
-        so a page costs `limit` index entries however many tasks the table holds."""
+    def list_statement(self, query: TaskQuery) -> Select[Any]:
+        """The SELECT `list_tasks` runs (tests read its plan)."""
         where: list[ColumnElement[bool]] = []
         if query.workflow:
             where.append(tasks.c.workflow == query.workflow)
@@ -629,23 +628,28 @@ class SqlStore:
             where.append(tasks.c.created_at >= query.created_from)
         if query.created_before is not None:
             where.append(tasks.c.created_at < query.created_before)
-        search: list[ColumnElement[bool]] = []
-        if query.id_prefix:
-            search.append(self.sql.id_prefix(tasks.c.task_id, query.id_prefix))
+        found: list[Select[Any]] = []
         if query.field_value:
-            search.append(
-                exists().where(task_fields.c.task_id == tasks.c.task_id, task_fields.c.value == query.field_value)
-            )
-        if search:
-            where.append(or_(*search))
+            found.append(select(task_fields.c.task_id).where(task_fields.c.value == query.field_value))
+        if query.id_prefix:
+            by_id = tasks.alias("by_id")
+            found.append(select(by_id.c.task_id).where(self.sql.id_prefix(by_id.c.task_id, query.id_prefix)))
+        if found:
+            where.append(tasks.c.task_id.in_(union_all(*found) if len(found) > 1 else found[0]))
         if query.after is not None:
             where.append(_keyset(query.after, before=True))
-        statement = (
+        return (
             select(tasks)
             .where(*where)
             .order_by(tasks.c.created_at.desc(), tasks.c.task_id.desc())
             .limit(max(query.limit, 0))
         )
+
+    def list_tasks(self, query: TaskQuery) -> list[ListedTask]:
+        """One keyset page, newest first: each filter is a column of an index that ends in (created_at, task_id),
+        so a page costs `limit` index entries however many tasks the table holds; a search starts from the
+        field values' index and the task id's pattern index instead, and sorts only what it found."""
+        statement = self.list_statement(query)
         with self._errors(), self._reader() as conn:
             rows = conn.execute(statement).all()
             ids = [r.task_id for r in rows]
