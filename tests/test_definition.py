@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+import workflows as reference
 from engine import (
     Action,
     Agent,
@@ -20,7 +21,6 @@ from engine import (
     Wait,
     Workflow,
 )
-import workflows as reference
 from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, OrderInput, refund_states
 
 
