@@ -423,7 +423,7 @@ class ApprovalView:
     def subject(self) -> str:
         """What a decision is about, for the buttons' accessible names: "refund of 40.00 EUR for task 1d1b2c3d…"."""
         money = next((a.text for a in self.arguments if a.money), None)
-        what = self.workflow.replace("_", " ") + (f" of {money}" if money else "")
+        what = self.workflow.partition("@")[0].replace("_", " ") + (f" of {money}" if money else "")
         return f"{what} for task {self.task_id[:8]}…"
 
 
