@@ -209,3 +209,8 @@ def test_every_list_query_is_served_by_an_index_on_postgresql(pg_database: str) 
                     assert "Sort" not in plan, (query, plan)
     finally:
         store.close()
+
+
+def test_control_characters_in_a_text_filter_are_refused_before_the_database_sees_them(client: TestClient) -> None:
+    for params in ({"q": "C-1\x00"}, {"started_by": "ann\x00"}, {"q": "a\nb"}):
+        refused(client.get("/api/tasks", params=params, headers=bearer("ann")), Code.PAYLOAD_INVALID)

@@ -20,13 +20,20 @@ An approval names the digest of the prepared call the approver reviewed; if the
 call changed since, the approval is refused (APPROVAL_STALE) rather than
 applied to something nobody saw. The approver's roles come from the tokens file.
 
-The pages are server-rendered, without JavaScript. Every POST carries the
-session's CSRF token; decisions are made by the same `Engine.approve` /
-`Engine.reject` the API calls, as the session's actor, and a refusal is shown
-with its code. Every decision form carries the seq the page was rendered at
-(`seq`): if the task moved since, the decision is refused (409
-CONCURRENCY_CONFLICT, naming the state it is in now) instead of landing on a
-task the person did not see.
+The lists (`GET /api/tasks`, `GET /api/approvals`, the /tasks page) are keyset
+pages with an opaque cursor naming the last task shown (`views.list_tasks`,
+`Store.list_tasks`): a stated page size, a stable order, a `next` link, and no
+task seen twice or skipped while others are created.
+
+The pages are server-rendered, without JavaScript. Every POST passes the
+origin and CSRF checks of `auth.page_post` before its fields are read;
+decisions are made by the same `Engine.approve` / `Engine.reject` the API
+calls, as the session's actor. Every command answers 303 (Post/Redirect/Get):
+what it did, or why it was refused with the code, is the session's flash on the
+page it redirects to, so a reload sends nothing again. Every decision form
+carries the seq the page was rendered at (`seq`): if the task moved since, the
+decision is refused (CONCURRENCY_CONFLICT, naming the state it is in now)
+instead of landing on a task the person did not see.
 """
 
 from __future__ import annotations
@@ -256,7 +263,9 @@ State = Annotated[
     ),
 ]
 StatusFilter = Annotated[str, Query(pattern="^(|runnable|blocked|terminal)$", description="Only tasks of this status.")]
-StartedBy = Annotated[str, Query(max_length=200, description="Only tasks this actor started.")]
+#: Text filters: no control characters (PostgreSQL refuses NUL in a string; nobody types the others).
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+StartedBy = Annotated[str, Query(max_length=200, pattern=TEXT_PATTERN, description="Only tasks this actor started.")]
 CreatedFrom = Annotated[
     str, Query(max_length=40, description="Created at or after: a date (UTC) or an ISO 8601 date-time.")
 ]
@@ -265,7 +274,11 @@ CreatedTo = Annotated[
 ]
 Search = Annotated[
     str,
-    Query(max_length=200, description="A task id prefix, or the value of a searchable input field (a customer id)."),
+    Query(
+        max_length=200,
+        pattern=TEXT_PATTERN,
+        description="A task id prefix, or the value of a searchable input field (a customer id).",
+    ),
 ]
 Cursor = Annotated[str, Query(max_length=200, description="The `next_cursor` of the previous page.")]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")]

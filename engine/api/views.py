@@ -8,7 +8,7 @@ text, and stays text: the Jinja2 environment autoescapes every template,
 whatever its name, and no template marks anything `|safe`.
 
 The display functions are pure. The task list reads the heads of the logs
-(`Store.recent`, one bounded round trip, newest first), never the events. The
+(`Store.list_tasks`, one keyset page, newest first), never the events. The
 diagrams are `CompiledMachine.graph(visits=...)`: each edge a task took is
 labelled with how often and drawn, with the states it touches, in the
 "previous" style; the pages show the Mermaid source as text (no renderer runs
