@@ -53,7 +53,7 @@ from engine.api import routes
 from engine.api.auth import Context, LoginRequired, Signer, authenticate, bearer_token
 from engine.api.schemas import error_body, status_for, status_of, validation_body
 from engine.api.tokens import TokenTable, load_tokens
-from engine.api.views import STATIC, render
+from engine.api.views import STATIC, refused_command, render
 from engine.core.errors import Code, RailyardError, Refused
 from engine.runtime import config
 from engine.runtime.engine import Engine
@@ -121,13 +121,9 @@ def _handlers(app: FastAPI) -> None:
         body = validation_body(exc)
         if is_api(request.url.path):
             return JSONResponse(body, status_code=422)
-        return render(
-            request,
-            "error.html",
-            422,
-            session=None,
-            code=body["code"],
-            message="; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in body["details"]["errors"]),
+        message = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in body["details"]["errors"])
+        return refused_command(request, body["code"], message) or render(
+            request, "error.html", 422, session=None, code=body["code"], message=message
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -32,11 +32,11 @@ from typing import Any
 
 import jinja2
 from fastapi import Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel
 
-from engine.api.auth import Session, current_session
+from engine.api.auth import Flash, Session, current_session
 from engine.api.schemas import TASK_ID_PATTERN
 from engine.api.tokens import Principal
 from engine.audit.reads import path_visits
@@ -518,11 +518,11 @@ _env = jinja2.Environment(
 templates = Jinja2Templates(env=_env)
 
 
-_TASK_PATH = re.compile(r"^/tasks/([A-Za-z0-9][A-Za-z0-9_.:-]{0,63})(/|$)")
+_TASK_PATH = re.compile(r"^/tasks/([A-Za-z0-9][A-Za-z0-9_.:-]{0,63})/")
 
 
 def back_to(path: str) -> str | None:
-    """The page an error page links back to: the task a refused form was about, else the task list."""
+    """The page an error page links back to: the task a refused form (`/tasks/ID/approve`) was about."""
     found = _TASK_PATH.match(path)
     return f"/tasks/{found.group(1)}" if found else None
 
@@ -538,6 +538,18 @@ def render(request: Request, name: str, status_code: int = 200, **values: Any) -
     if "flash" not in values:
         values["flash"] = session.take_flash() if isinstance(session, Session) and request.method == "GET" else None
     return templates.TemplateResponse(request, name, values, status_code=status_code)
+
+
+def refused_command(request: Request, code: str, message: str) -> Response | None:
+    """A page command refused after its origin and CSRF checks passed (its fields did not validate): the refusal
+    goes to the session's flash and the answer is a redirect to the task, like every other command's (None: not
+    a page command of a session, answer with the error page)."""
+    back = back_to(request.url.path)
+    session = _session_or_none(request) if request.method == "POST" and back is not None else None
+    if session is None or back is None:
+        return None
+    session.flash(Flash("refused", message, code))
+    return RedirectResponse(back, status_code=303)
 
 
 def _session_or_none(request: Request) -> Session | None:
