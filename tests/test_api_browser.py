@@ -235,3 +235,78 @@ def test_focus_is_visible_on_the_controls(page: Any, engine: Engine) -> None:
         "(() => { const s = getComputedStyle(document.activeElement); return [s.outlineStyle, s.outlineWidth]; })()"
     )
     assert style[0] != "none" and style[1] not in ("0px", ""), style
+
+
+#: Contrast and names of what a page draws, computed in the page (WCAG 2.2 relative luminance): every text run
+#: against the background it sits on (4.5:1; 3:1 for large text), every control's border against the background
+#: around it (3:1) unless its own fill is what stands out, and the name each control is announced by.
+AUDIT = """(() => {
+  const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  const lum = ([r, g, b]) => 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b);
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const background = (el) => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length === 3 || c[3] > 0) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const shown = (el) => {
+    const r = el.getBoundingClientRect();
+    return r.width > 1 && r.height > 1 && getComputedStyle(el).visibility !== 'hidden';
+  };
+  const problems = [];
+  for (const el of document.querySelectorAll('body *')) {
+    if (!shown(el)) continue;
+    const s = getComputedStyle(el);
+    const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (text) {
+      const size = parseFloat(s.fontSize);
+      const large = size >= 24 || (size >= 18.66 && Number(s.fontWeight) >= 700);
+      const r = ratio(rgb(s.color), background(el));
+      const what = el.textContent.trim().slice(0, 30);
+      if (r < (large ? 3 : 4.5)) problems.push(`text ${el.tagName} "${what}": ${r.toFixed(2)}`);
+    }
+    if (el.matches('input:not([type=hidden]), select, textarea, button')) {
+      const around = background(el.parentElement);
+      const fill = rgb(s.backgroundColor);
+      const edge = Math.max(ratio(rgb(s.borderTopColor), around), ratio(fill, around));
+      if (edge < 3) problems.push(`control ${el.tagName}#${el.id}: ${edge.toFixed(2)}`);
+      const labelled = el.labels && el.labels.length ? el.labels[0].textContent.trim() : '';
+      const name = labelled || el.getAttribute('aria-label') || el.textContent.trim();
+      if (!name) problems.push(`control ${el.tagName}#${el.id} has no name`);
+    }
+  }
+  return problems;
+})()"""
+
+
+def test_each_page_passes_the_contrast_and_name_checks(browser: Any, server: str, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    engine.start("shop_refund", {"customer": "C-0042"}, actor="ann")
+    context = browser.new_context(base_url=server, viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    try:
+        tab.goto("/login")
+        assert tab.evaluate(AUDIT) == []
+        tab.fill("#token", "tok-dana")
+        tab.click("button:has-text('Log in')")
+        tab.wait_for_url("**/inbox")
+        for url in ("/inbox", "/tasks", "/tasks?q=C-0042", f"/tasks/{task_id}", "/tasks/no-such-task"):
+            tab.goto(url)
+            assert tab.evaluate(AUDIT) == [], url
+        tab.goto("/inbox")
+        tab.locator(f"#approval-{task_id} button.ok").click()  # the banner after a decision, too
+        tab.wait_for_url(f"**/tasks/{task_id}")
+        assert tab.locator("#flash").is_visible() and tab.evaluate(AUDIT) == []
+        # The checks can fail: the borders this page had before (1.37:1) and grey labels are found.
+        tab.goto("/tasks")
+        tab.evaluate(
+            "document.querySelectorAll('input, select').forEach((e) => { e.style.borderColor = '#d8dde2'; });"
+            "document.querySelectorAll('label').forEach((e) => { e.style.color = '#aaa'; });"
+        )
+        found = tab.evaluate(AUDIT)
+        assert any(p.startswith("control INPUT#q") for p in found) and any(p.startswith("text LABEL") for p in found)
+    finally:
+        context.close()
