@@ -671,8 +671,14 @@ def tasks_page(
 
 
 @pages.get("/tasks/{task_id}", response_class=HTMLResponse)
-def task_page_view(request: Request, task_id: TaskId, ctx: Ctx, session: PageSession) -> Response:
-    page = task_page(ctx.engine, task_id, session.principal)
+def task_page_view(
+    request: Request,
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PageSession,
+    internal: Annotated[bool, Query(description="Draw internal states (`~force`, `~handoff`) apart.")] = False,
+) -> Response:
+    page = task_page(ctx.engine, task_id, session.principal, internal=internal)
     return render(request, "task.html", session=session, page=page)
 
 

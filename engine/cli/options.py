@@ -19,6 +19,13 @@ ExpectedSeq = Annotated[
     int | None, typer.Option("--expected-seq", help="Refuse (CONCURRENCY_CONFLICT) if the task moved past this seq.")
 ]
 VersionOpt = Annotated[int | None, typer.Option("--version", help="Version (default: newest).")]
+#: Who may have signed a checkpoint: each checkpoint names its key, so across a rotation give the old and the new.
+PublicKeys = Annotated[
+    list[str],
+    typer.Option(
+        "--public-key", help="A checkpoint signer's public key: 64 hex digits, or a file holding it (repeatable)."
+    ),
+]
 
 
 def parse_json(value: str | None, option: str) -> dict[str, Any] | None:

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.audit.archive import ArchiveRun
+from engine.audit.checkpoint import Taken
+from engine.audit.export import ExportCheck
 from engine.core.canonical import format_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Header
@@ -357,17 +359,48 @@ def audit_totals(
     return found > 0
 
 
-def checkpoint_written(header: Header, path: Path, as_json: bool) -> None:
+def checkpoint_written(taken: Taken, as_json: bool) -> None:
+    header, path, unrecorded = taken
     if as_json:
-        print_json({"file": str(path), **header.to_dict()})
-        return
-    # The file on stdout, like `start` prints the task id (`CHECKPOINT=$(railyard checkpoint)`); the rest on stderr.
-    out.print(str(path), highlight=False, markup=False, soft_wrap=True)
-    err.print(
-        f"{count(header.tree_size, 'task')}, root {header.root}, taken {header.at}, key {header.key_id}",
-        highlight=False,
-        markup=False,
-    )
+        print_json({"file": str(path), **header.to_dict(), "recorded": unrecorded is None})
+    else:
+        # The file on stdout, like `start` prints the task id (`CHECKPOINT=$(railyard checkpoint)`); the rest on stderr.
+        out.print(str(path), highlight=False, markup=False, soft_wrap=True)
+        err.print(
+            f"{count(header.tree_size, 'task')}, root {header.root}, taken {header.at}, key {header.key_id}",
+            highlight=False,
+            markup=False,
+        )
+    if unrecorded is not None:
+        err.print(
+            f"warning: the checkpoint stands (the file is the checkpoint), but the database has no note of it: "
+            f"{unrecorded}",
+            highlight=False,
+            markup=False,
+        )
+
+
+def proofs_reached(against: ExportCheck) -> None:
+    """What `verify-export`'s proof checks did not reach, said on stderr so the verdict on stdout stays the
+    same document: proofs held to no signed root, tasks without a proof line."""
+    if not against.anchored and against.proved:
+        err.print(
+            f"note: {count(against.proved, 'proof line')} checked against the roots they name only; "
+            "add --checkpoint and --public-key to hold them to a signed checkpoint",
+            highlight=False,
+            markup=False,
+        )
+    elif against.anchored and against.uncovered:
+        listed = (
+            "the checkpoint does not list (no proof line)"
+            if against.heads is not None
+            else "without a proof line: from a checkpoint's header alone, whether it lists them cannot be told"
+        )
+        err.print(
+            f"note: {count(against.uncovered, 'task')} of the export {listed}; their logs are proven, not anchored",
+            highlight=False,
+            markup=False,
+        )
 
 
 def checkpoint_verdict(found: list[Finding], older: Path, newer: Path, as_json: bool) -> None:
