@@ -509,7 +509,9 @@ def test_a_page_session_is_read_until_it_expires_or_ends_and_its_flash_is_shown_
     assert store.take_flash("s1") is None
     store.set_flash("s1", "first")
     store.set_flash("s1", "Your decision (approved) is recorded.")
+    assert store.page_session("s1", T0) == replace(session("s1", 8), flash="Your decision (approved) is recorded.")
     assert store.take_flash("s1") == "Your decision (approved) is recorded."
+    assert store.page_session("s1", T0) == session("s1", 8)
     assert store.take_flash("s1") is None
     store.end_session("s1")
     assert store.page_session("s1", T0) is None

@@ -318,7 +318,8 @@ class Session:
         self._sessions.flash(self.row, message)
 
     def take_flash(self) -> Flash | None:
-        return self._sessions.take_flash(self.row)
+        # The session's read brought the flash along: most pages have none and then cost no write.
+        return self._sessions.take_flash(self.row) if self.row.flash is not None else None
 
 
 def current_session(request: Request) -> Session | None:

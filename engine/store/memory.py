@@ -554,14 +554,14 @@ class MemoryStore:
             if session.id_hash in self._sessions:
                 raise _refused("the session exists")
             self._sessions[session.id_hash] = (
-                replace(session, created_at=utc(session.created_at), expires_at=utc(session.expires_at)),
-                None,
+                replace(session, created_at=utc(session.created_at), expires_at=utc(session.expires_at), flash=None),
+                session.flash,
             )
 
     def page_session(self, id_hash: str, at: datetime) -> PageSession | None:
         with self._lock:
             kept = self._sessions.get(id_hash)
-        return kept[0] if kept is not None and kept[0].expires_at > utc(at) else None
+        return replace(kept[0], flash=kept[1]) if kept is not None and kept[0].expires_at > utc(at) else None
 
     def end_session(self, id_hash: str) -> None:
         with self._lock:

@@ -68,6 +68,8 @@ class PageSession:
     csrf: str
     created_at: datetime
     expires_at: datetime
+    #: The message waiting for the next page, as read with the session (`take_flash` clears it).
+    flash: str | None = None
 
 
 class Wakeups(Protocol):

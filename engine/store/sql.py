@@ -727,6 +727,7 @@ class SqlStore:
                     csrf=session.csrf,
                     created_at=session.created_at,
                     expires_at=session.expires_at,
+                    flash=session.flash,
                 )
             )
 
@@ -736,7 +737,7 @@ class SqlStore:
             r = conn.execute(query).first()
         if r is None:
             return None
-        return PageSession(r.id_hash, r.token_hash, r.actor, r.csrf, utc(r.created_at), utc(r.expires_at))
+        return PageSession(r.id_hash, r.token_hash, r.actor, r.csrf, utc(r.created_at), utc(r.expires_at), r.flash)
 
     def end_session(self, id_hash: str) -> None:
         with self._errors(), self._writer() as conn:
