@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from engine import Engine
 from engine.api import create_app
 from engine.api.auth import LOGIN_FAILURES_PER_ACCOUNT, LOGIN_FAILURES_PER_ADDRESS, LOGIN_WINDOW_SECONDS
-from tests.support.api import make_api_engine, make_app, to_approval, to_open_write, token_table
+from tests.support.api import live_server, make_api_engine, make_app, to_approval, to_open_write, token_table
 
 SCRIPT = "<script>alert('reason')</script>"
 
@@ -387,3 +388,24 @@ def test_failed_logins_are_limited_per_account_and_per_address(client: TestClien
     for _ in range(LOGIN_FAILURES_PER_ADDRESS - LOGIN_FAILURES_PER_ACCOUNT):
         assert attempt("guess") == 401
     assert attempt("tok-erin", "erin") == 429  # the address has spent its failures
+
+
+def test_over_a_real_server_a_copied_cookie_dies_at_logout_and_a_foreign_origin_is_refused(engine: Engine) -> None:
+    task_id = to_approval(engine)
+    with live_server(make_app(engine)) as base, httpx.Client(base_url=base, follow_redirects=False) as browser:
+        page = browser.get("/login")
+        logged_in = browser.post("/login", data={"token": "tok-dana", "user": "dana", "csrf": csrf_of(page.text)})
+        assert logged_in.status_code == 303
+        cookie = browser.cookies["railyard_session"]
+        csrf = csrf_of(browser.get("/inbox").text)
+        digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+        forged = browser.post(
+            f"/tasks/{task_id}/approve",
+            data={"csrf": csrf, "digest": digest},
+            headers={"Origin": "https://evil.example"},
+        )
+        assert forged.status_code == 403 and engine.get(task_id).state == "awaiting_approval"
+        with httpx.Client(base_url=base, follow_redirects=False, cookies={"railyard_session": cookie}) as copy:
+            assert copy.get("/inbox").status_code == 200
+            assert browser.post("/logout", data={"csrf": csrf}, headers={"Origin": base}).status_code == 303
+            assert copy.get("/inbox").headers["location"] == "/login?next=%2Finbox"
