@@ -45,6 +45,7 @@ def test_upgrade_from_empty_to_head_and_back(empty_db: str) -> None:
         "checkpoints",
         "archive_permits",
         "page_sessions",
+        "login_failures",
         "task_fields",
         "alembic_version",
     }

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
-from datetime import timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -520,6 +520,25 @@ def test_a_page_session_is_read_until_it_expires_or_ends_and_its_flash_is_shown_
     later = replace(session("s3", 8), created_at=T0 + timedelta(hours=2))
     store.open_session(later)  # opening one forgets those already expired
     assert store.page_session("s2", T0) is None and store.page_session("s3", T0 + timedelta(hours=2)) == later
+
+
+def test_failed_logins_are_read_per_key_within_the_window_and_forgotten_after_it(store: Store) -> None:
+    def at(seconds: int) -> datetime:
+        return T0 + timedelta(seconds=seconds)
+
+    store.note_login_failure(["account:dana", "address:10.0.0.1"], at(0), forget_before=at(-60))
+    store.note_login_failure(["account:dana"], at(0), forget_before=at(-60))  # the same instant twice: both count
+    store.note_login_failure(["address:10.0.0.1"], at(30), forget_before=at(-30))
+    assert store.login_failures(["account:dana", "address:10.0.0.1", "account:erin"], at(-1)) == {
+        "account:dana": [at(0), at(0)],
+        "address:10.0.0.1": [at(0), at(30)],
+    }
+    assert store.login_failures(["address:10.0.0.1"], at(0)) == {"address:10.0.0.1": [at(30)]}  # strictly after
+    assert store.login_failures([], at(-1)) == {}
+    store.clear_login_failures("account:dana")
+    assert store.login_failures(["account:dana", "address:10.0.0.1"], at(-1)) == {"address:10.0.0.1": [at(0), at(30)]}
+    store.note_login_failure([], at(90), forget_before=at(20))  # nothing to note; the old ones are forgotten
+    assert store.login_failures(["address:10.0.0.1"], at(-100)) == {"address:10.0.0.1": [at(30)]}
 
 
 def test_status_counts_per_workflow_and_status(store: Store) -> None:

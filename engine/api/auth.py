@@ -27,12 +27,9 @@ import hmac
 import json
 import math
 import secrets
-import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -45,6 +42,7 @@ from engine.core.canonical import now
 from engine.core.errors import Code, Refused
 from engine.runtime.engine import Engine
 from engine.store.protocol import PageSession as StoredSession
+from engine.store.protocol import Store
 
 # -- the session cookies ---------------------------------------------------------------------------
 SESSION_COOKIE = "railyard_session"
@@ -94,66 +92,56 @@ def same_token(expected: str | None, presented: str | None) -> bool:
 LOGIN_FAILURES_PER_ACCOUNT = 5
 LOGIN_FAILURES_PER_ADDRESS = 20
 LOGIN_WINDOW_SECONDS = 15 * 60
-#: How many accounts and addresses the throttle remembers at most: a flood of new addresses cannot grow it.
-_THROTTLE_KEYS = 10_000
 
 
 class LoginThrottle:
-    """Failed logins per account and per client address over a sliding window, in this server process.
+    """Failed logins per account and per client address over a sliding window, kept by the store.
 
     Past the limit, every login for that account (or from that address) is refused with LOGIN_THROTTLED, a
-    valid token included, until the oldest failure leaves the window: guessing gets a fixed number of tries
-    per window. A success clears the account's failures, not the address's. Kept in memory: each server
-    process counts its own (the limit behind N processes is N times the number), and a restart forgets.
+    valid token included, until the oldest failure that counts leaves the window: guessing gets a fixed
+    number of tries per window. A success clears the account's failures, not the address's. The failures
+    are rows in the database (`Store.note_login_failure`), so every server process over it applies the
+    same limit, and a restart does not reset it.
     """
 
     def __init__(
         self,
+        store: Store,
         *,
         per_account: int = LOGIN_FAILURES_PER_ACCOUNT,
         per_address: int = LOGIN_FAILURES_PER_ADDRESS,
         window_seconds: float = LOGIN_WINDOW_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], datetime] = now,
     ) -> None:
+        self._store = store
         self._limits = {"account": per_account, "address": per_address}
-        self._window = window_seconds
+        self._window = timedelta(seconds=window_seconds)
         self._clock = clock
-        self._lock = threading.Lock()
-        self._failures: dict[tuple[str, str], deque[float]] = {}
 
     def retry_after(self, *, address: str | None, account: str | None) -> int | None:
         """Seconds until a login from `address` for `account` may be tried again (None: it may be now)."""
         at = self._clock()
-        waits = []
-        with self._lock:
-            for kind, key in (("address", address), ("account", account)):
-                failures = self._recent(kind, key, at)
-                if failures is not None and len(failures) >= self._limits[kind]:
-                    waits.append(failures[len(failures) - self._limits[kind]] + self._window - at)
+        keys = _keys(address, account)
+        found = self._store.login_failures(list(keys), at - self._window)
+        waits = [
+            (failures[len(failures) - limit] + self._window - at).total_seconds()
+            for key, kind in keys.items()
+            if len(failures := found.get(key, [])) >= (limit := self._limits[kind])
+        ]
         return max(1, math.ceil(max(waits))) if waits else None
 
     def failed(self, *, address: str | None, account: str | None) -> None:
         at = self._clock()
-        with self._lock:
-            for kind, key in (("address", address), ("account", account)):
-                if key:
-                    if len(self._failures) >= _THROTTLE_KEYS:
-                        self._failures.pop(next(iter(self._failures)))
-                    self._failures.setdefault((kind, key), deque()).append(at)
+        self._store.note_login_failure(list(_keys(address, account)), at, forget_before=at - self._window)
 
     def succeeded(self, *, account: str) -> None:
-        with self._lock:
-            self._failures.pop(("account", account), None)
+        self._store.clear_login_failures(f"account:{account}")
 
-    def _recent(self, kind: str, key: str | None, at: float) -> deque[float] | None:
-        failures = self._failures.get((kind, key)) if key else None
-        if failures is None:
-            return None
-        while failures and failures[0] <= at - self._window:
-            failures.popleft()
-        if not failures:
-            del self._failures[(kind, key or "")]
-        return failures
+
+def _keys(address: str | None, account: str | None) -> dict[str, str]:
+    """The keys a login's failures count against, and the kind of each."""
+    named = {"address": address, "account": account}
+    return {f"{kind}:{value}": kind for kind, value in named.items() if value}
 
 
 def throttled(retry_after: int) -> Refused:
@@ -237,11 +225,12 @@ class Context:
     signer: Signer
     #: Set the cookies' Secure flag: on whenever the server is reached over HTTPS (a proxy in front of it).
     secure_cookies: bool = False
-    throttle: LoginThrottle = field(default_factory=LoginThrottle)
     sessions: Sessions = field(init=False)
+    throttle: LoginThrottle = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sessions", Sessions(self.engine))
+        object.__setattr__(self, "throttle", LoginThrottle(self.engine.store))
 
 
 def context(request: Request) -> Context:

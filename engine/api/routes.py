@@ -591,7 +591,7 @@ def login(
     request: Request,
     ctx: Ctx,
     token: Annotated[str, Form(max_length=500)],
-    user: Annotated[str, Form(max_length=200)] = "",
+    user: Annotated[str, Form(max_length=200, pattern=TEXT_PATTERN)] = "",
     next: Next = "",
 ) -> Response:
     """A failed login answers the form again (401, or 429 LOGIN_THROTTLED with Retry-After): it changed nothing

@@ -140,6 +140,7 @@ class MemoryStore:
         self._workers: dict[str, tuple[WorkerReport, str]] = {}  # a report and its counts as text
         self._checkpoints: list[tuple[Header, str]] = []
         self._sessions: dict[str, tuple[PageSession, str | None]] = {}  # a session and its pending flash
+        self._login_failures: list[tuple[str, datetime]] = []
 
     def close(self) -> None:
         """Nothing to release: the data stays as long as the store object does."""
@@ -580,6 +581,25 @@ class MemoryStore:
                 return None
             self._sessions[id_hash] = (kept[0], None)
             return kept[1]
+
+    # -- failed logins --------------------------------------------------
+    def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
+        with self._lock:
+            kept = [(k, t) for k, t in self._login_failures if t >= utc(forget_before)]
+            self._login_failures = kept + [(k, utc(at)) for k in keys]
+
+    def login_failures(self, keys: Sequence[str], after: datetime) -> dict[str, list[datetime]]:
+        wanted = set(keys)
+        found: dict[str, list[datetime]] = {}
+        with self._lock:
+            for key, at in sorted(self._login_failures, key=lambda f: f[1]):
+                if key in wanted and at > utc(after):
+                    found.setdefault(key, []).append(at)
+        return found
+
+    def clear_login_failures(self, key: str) -> None:
+        with self._lock:
+            self._login_failures = [(k, t) for k, t in self._login_failures if k != key]
 
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:

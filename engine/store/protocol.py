@@ -256,6 +256,19 @@ class Store(Protocol):
         """The session's pending message, cleared in the same step: it is shown once."""
         ...
 
+    # -- failed logins --------------------------------------------------
+    def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
+        """Record one failed login at `at` under each key, and forget every failure before `forget_before`."""
+        ...
+
+    def login_failures(self, keys: Sequence[str], after: datetime) -> dict[str, list[datetime]]:
+        """The failures recorded under each key (that has any) after `after`, oldest first."""
+        ...
+
+    def clear_login_failures(self, key: str) -> None:
+        """Forget the failures recorded under `key` (a login to that account went through)."""
+        ...
+
     # -- worker reports -------------------------------------------------
     def heads(self) -> Iterator[Head]:
         """Every task's head (task id, seq, last hash), archived ones included, in task id byte order, streamed:

@@ -99,6 +99,18 @@ page_sessions = Table(
     Index("ix_page_sessions_expires_at", "expires_at"),
 )
 
+#: Failed page logins, one row per key a failure counts against (`account:NAME`, `address:IP`), so that every
+#: server process over the database applies the same limit; rows older than the window are forgotten.
+login_failures = Table(
+    "login_failures",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(300), nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Index("ix_login_failures_key_at", "key", "at"),
+    Index("ix_login_failures_at", "at"),
+)
+
 #: The append-only log. `data` is the canonical JSON text that was hashed, byte for byte.
 events = Table(
     "events",

@@ -36,6 +36,7 @@ from engine.store.schema import (
     archive_permits,
     checkpoints,
     events,
+    login_failures,
     page_sessions,
     snapshots,
     task_fields,
@@ -756,6 +757,31 @@ class SqlStore:
             if message is not None:
                 conn.execute(update(page_sessions).where(page_sessions.c.id_hash == id_hash).values(flash=None))
         return message
+
+    # -- failed logins --------------------------------------------------
+    def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(delete(login_failures).where(login_failures.c.at < forget_before))
+            if keys:
+                conn.execute(insert(login_failures), [{"key": k, "at": at} for k in keys])
+
+    def login_failures(self, keys: Sequence[str], after: datetime) -> dict[str, list[datetime]]:
+        if not keys:
+            return {}
+        query = (
+            select(login_failures.c.key, login_failures.c.at)
+            .where(login_failures.c.key.in_(list(keys)), login_failures.c.at > after)
+            .order_by(login_failures.c.at, login_failures.c.id)
+        )
+        found: dict[str, list[datetime]] = {}
+        with self._errors(), self._reader() as conn:
+            for r in conn.execute(query):
+                found.setdefault(r.key, []).append(utc(r.at))
+        return found
+
+    def clear_login_failures(self, key: str) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(delete(login_failures).where(login_failures.c.key == key))
 
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:

@@ -1,7 +1,9 @@
-"""page sessions in the database; what the task lists filter, search and page by
+"""page sessions and failed logins in the database; what the task lists filter, search and page by
 
 `page_sessions` holds one row per login (the SHA-256 of the cookie's random
-id), so that logout ends a session for every copy of its cookie. `tasks` gets
+id), so that logout ends a session for every copy of its cookie;
+`login_failures` the failed logins of the last window, so that every server
+process applies the same login limits. `tasks` gets
 `started_by` (filled from each task's first event) and the indexes the lists
 page through newest first, by (created_at, task_id), with or without a filter
 on status, workflow or starter; `task_fields` holds each task's searchable
@@ -40,6 +42,14 @@ def upgrade() -> None:
     )
     op.create_index("ix_page_sessions_expires_at", "page_sessions", ["expires_at"])
     op.create_table(
+        "login_failures",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("key", sa.String(300), nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_index("ix_login_failures_key_at", "login_failures", ["key", "at"])
+    op.create_index("ix_login_failures_at", "login_failures", ["at"])
+    op.create_table(
         "task_fields",
         sa.Column("task_id", sa.String(64), sa.ForeignKey("tasks.task_id"), primary_key=True),
         sa.Column("name", sa.String(64), primary_key=True),
@@ -75,5 +85,8 @@ def downgrade() -> None:
         batch.drop_column("started_by")
     op.drop_index("ix_task_fields_value", table_name="task_fields")
     op.drop_table("task_fields")
+    op.drop_index("ix_login_failures_at", table_name="login_failures")
+    op.drop_index("ix_login_failures_key_at", table_name="login_failures")
+    op.drop_table("login_failures")
     op.drop_index("ix_page_sessions_expires_at", table_name="page_sessions")
     op.drop_table("page_sessions")
