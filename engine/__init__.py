@@ -7,7 +7,9 @@ The public surface a user reads first:
 - run it: `Engine` (`start`, `fire`, `cancel`, `get`, `history`, `load`, `transition`);
 - give it tools: `ToolCatalog`, `ToolDef`, `ToolKind`, `ToolInvocation`, `Reconciled`, `ToolFailed`,
   and the argument types `MinorUnits`, `CurrencyCode`, `Money`, `UtcTimestamp`;
-- branch on refusals: `Code` and the `RailyardError` family.
+- branch on refusals: `Code` and the `RailyardError` family;
+- observe it: `enable_tracing` (OpenTelemetry spans; the OTEL_* variables do it without code) and
+  `enable_metrics` (Prometheus).
 
 Everything a user or a workflow module needs is importable from here; the
 folders below are the layers (`engine.core` pure, `engine.store`, `engine.audit`,
@@ -64,10 +66,12 @@ from engine.core.tools import (
     ToolKind,
     UtcTimestamp,
 )
+from engine.observability.hooks import enable_metrics, enable_tracing
 from engine.providers import ScriptedModel, adapter_from_spec
 from engine.providers.scripted import call as scripted_call
 from engine.runtime import config
 from engine.runtime.engine import Engine, TaskView
+from engine.runtime.models import open_model
 from engine.runtime.registry import Registry
 from engine.runtime.roles import StaticRoles, roles_from_file
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
@@ -135,9 +139,12 @@ __all__ = [
     "canonical_json",
     "config",
     "decide",
+    "enable_metrics",
+    "enable_tracing",
     "event_code",
     "fold",
     "migrations",
+    "open_model",
     "roles_from_file",
     "scripted_call",
     "sha256_hex",

@@ -27,6 +27,11 @@ Page form posts get the same limit (their 413 is the error page). A response
 given without reading the body closes the connection (`Connection: close`), so
 the server does not go on receiving what the client keeps sending.
 
+Beside the API and the pages, the probes an orchestrator and Prometheus call,
+outside /api and so without a token (they name no task and change nothing):
+`/healthz` (the process answers), `/readyz` (the database answers and its
+schema is at head, else 503) and `/metrics` (`engine.observability.metrics`).
+
 The server's own settings come from the environment (the engine's are in
 `engine.runtime.config`); `serve` checks every one of them before it opens
 anything.
@@ -42,6 +47,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -55,6 +61,7 @@ from engine.api.schemas import error_body, status_for, status_of, validation_bod
 from engine.api.tokens import TokenTable, load_tokens
 from engine.api.views import STATIC, refused_command, render
 from engine.core.errors import Code, RailyardError, Refused
+from engine.observability import health, hooks
 from engine.runtime import config
 from engine.runtime.engine import Engine
 
@@ -102,7 +109,29 @@ def create_app(
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handlers(app)
+    _probes(app, engine)
     return app
+
+
+def _probes(app: FastAPI, engine: Engine) -> None:
+    """/healthz, /readyz and /metrics: see the module's docstring and docs/api.md."""
+    from engine.observability import metrics
+
+    registry = hooks.enable_metrics().registry_for(engine.store)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> Response:
+        answer = await run_in_threadpool(health.readiness, engine.store)
+        return JSONResponse(answer.to_dict(), status_code=200 if answer.ready else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def scrape() -> Response:
+        body = await run_in_threadpool(metrics.exposition, registry)
+        return Response(body, media_type=metrics.CONTENT_TYPE)
 
 
 def _handlers(app: FastAPI) -> None:

@@ -319,6 +319,7 @@ _STATUS: dict[Code, int] = {
     # The server cannot serve right now: the database failed or has no schema.
     Code.DATABASE_ERROR: 503,
     Code.SCHEMA_MISSING: 503,
+    Code.SCHEMA_NOT_AT_HEAD: 503,
     # The server is misconfigured, or a log does not hold together: the operator's problem, not the caller's.
     Code.MODEL_NOT_CONFIGURED: 500,
     Code.CONFIG_INVALID: 500,

@@ -119,10 +119,13 @@ def fired(view: TaskView, as_json: bool) -> None:
         )
 
 
-def task(view: TaskView, point: Event | None, as_json: bool) -> None:
-    """`show`: where the task stands, or with `point` where it stood right after that event."""
+def task(view: TaskView, point: Event | None, as_json: bool, tokens: Mapping[str, int] | None = None) -> None:
+    """`show`: where the task stands, or with `point` where it stood right after that event; `tokens`: what its
+    model turns spent (`engine.core.budgets.token_totals`)."""
     if as_json:
         shown = view.to_dict()
+        if tokens is not None:
+            shown["tokens"] = dict(tokens)
         if point is not None:
             shown["as_of"] = {
                 "seq": point.seq,
@@ -159,7 +162,23 @@ def task(view: TaskView, point: Event | None, as_json: bool) -> None:
     table.add_row("input", compact(view.input))
     if point is not None:
         table.add_row("facts", compact(view.facts))
+    if tokens is not None and tokens["turns"]:
+        table.add_row("tokens", _tokens(tokens))
     out.print(table)
+
+
+def _tokens(t: Mapping[str, int]) -> str:
+    """`1,290 (1,234 in, 200 of them cached; 56 out, 10 reasoning) over 3 model turns`."""
+    turns = count(t["turns"], "model turn")
+    if not t["reported"]:
+        return f"not reported by the provider ({turns})"
+    parts = [f"{t['input_tokens']:,} in" + (f", {t['cached_tokens']:,} of them cached" if t["cached_tokens"] else "")]
+    parts.append(
+        f"{t['output_tokens']:,} out" + (f", {t['reasoning_tokens']:,} reasoning" if t["reasoning_tokens"] else "")
+    )
+    unreported = t["turns"] - t["reported"]
+    tail = f" over {turns}" + (f" ({unreported} reported none)" if unreported else "")
+    return f"{t['total_tokens']:,} ({'; '.join(parts)}){tail}"
 
 
 def history_table(events: Iterable[Event], title: str | None = None) -> Table:
@@ -473,6 +492,34 @@ def providers(rows: list[dict[str, Any]], as_json: bool) -> None:
                     ", ".join(r["tool_choice_thinking_on"]) or "(not sent)",
                     f"{r['rung_thinking_off']} / {r['rung_thinking_off_one_action']}",
                     f"{r['rung_thinking_on']} / {r['rung_thinking_on_one_action']}",
+                )
+                for r in rows
+            ),
+        )
+    )
+    if all("settings" in r for r in rows):
+        _provider_settings(rows)
+
+
+def _provider_settings(rows: list[dict[str, Any]]) -> None:
+    """How a model of each profile is called here, and which layer set each value that is not the default."""
+
+    def layers(r: dict[str, Any]) -> str:
+        given = [f"{k} ({v.replace('_', ' ')})" for k, v in r["settings_from"].items() if v != "default"]
+        return ", ".join(given) or "defaults"
+
+    out.print(
+        _table(
+            "How models are called (options > RAILYARD_MODEL_* > profiles file > default)",
+            ("profile", "timeout", "retries", "stream", "extra body", "set by"),
+            (
+                (
+                    r["name"],
+                    f"{r['settings']['timeout_seconds']:g} s",
+                    str(r["settings"]["retries"]),
+                    "on" if r["settings"]["stream"] else "off",
+                    compact(r["settings"]["extra_body"]) if r["settings"]["extra_body"] else "",
+                    layers(r),
                 )
                 for r in rows
             ),

@@ -191,7 +191,8 @@ class Code(StrEnum):
     PROVIDER_ERROR = (
         "PROVIDER_ERROR",
         Category.PROVIDER,
-        "Any other provider failure, including an error event inside a 200 stream; not retried.",
+        "Any other provider failure (a server error, an error event inside a 200 stream whose fields name nothing"
+        " more specific; see the classification table below); not retried.",
     )
     # Tools
     TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED", Category.TOOL, "The tool is not one this state's actions may call."
@@ -280,6 +281,12 @@ class Code(StrEnum):
     )
     # The store
     SCHEMA_MISSING = "SCHEMA_MISSING", Category.STORE, "The database has no Railyard schema: run `railyard db upgrade`."
+    SCHEMA_NOT_AT_HEAD = (
+        "SCHEMA_NOT_AT_HEAD",
+        Category.STORE,
+        "The database's schema is not at the revision this release's migrations end at (`/readyz` answers 503): "
+        "run `railyard db upgrade`, or, if a newer release migrated it, run that release.",
+    )
     DATABASE_ERROR = (
         "DATABASE_ERROR",
         Category.STORE,
