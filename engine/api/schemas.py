@@ -163,6 +163,22 @@ class TaskSummary(BaseModel):
     seq: int
     created_at: str
     updated_at: str
+    started_by: str = Field(description="The actor who started the task.")
+    fields: dict[str, str] = Field(
+        description="The task's searchable input fields (the workflow's `searchable`), e.g. its customer id."
+    )
+
+
+class _Page(BaseModel):
+    limit: int = Field(description="The page size this answer used: at most this many items.")
+    next_cursor: str | None = Field(
+        description="Opaque: pass it as `cursor` (with the same filters) for the next page; null on the last page."
+    )
+    next: str | None = Field(description="The next page's path and query, ready to GET; null on the last page.")
+
+
+class TaskPage(_Page):
+    tasks: list[TaskSummary] = Field(description="Newest first, by creation time then task id.")
 
 
 class EventBody(BaseModel):
@@ -189,6 +205,10 @@ class PendingApproval(BaseModel):
     digest: str | None
     input: dict[str, Any]
     decisions: list[str]
+
+
+class ApprovalPage(_Page):
+    approvals: list[PendingApproval] = Field(description="Oldest first, by creation time then task id.")
 
 
 class WorkflowVersion(BaseModel):
@@ -262,6 +282,8 @@ _STATUS: dict[Code, int] = {
     Code.TOOL_FORBIDDEN: 403,
     # No actor: a missing or unknown bearer token (or session). Every write names its actor; so does every read here.
     Code.ACTOR_REQUIRED: 401,
+    # Too many failed page logins from an address or for an account: try again after Retry-After.
+    Code.LOGIN_THROTTLED: 429,
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
     Code.DOMAIN_INVALID: 422,

@@ -274,6 +274,12 @@ class Code(StrEnum):
         Category.CALLER,
         "Every write names the actor who made it; an empty or over-long actor is refused.",
     )
+    LOGIN_THROTTLED = (
+        "LOGIN_THROTTLED",
+        Category.CALLER,
+        "Too many failed logins to the pages from this address or for this account: every login from it (or to"
+        " it) is refused until the window in Retry-After has passed, even with a valid token.",
+    )
     # The store
     SCHEMA_MISSING = "SCHEMA_MISSING", Category.STORE, "The database has no Railyard schema: run `railyard db upgrade`."
     SCHEMA_NOT_AT_HEAD = (

@@ -183,7 +183,7 @@ class Engine:
             updated_at=at,
             next_run_at=next_run_at(definition, first.to_state, at),
         )
-        self.store.create(row, first)
+        self.store.create(row, first, definition.search_values(input_json))
         if hooks.active:
             hooks.transition(first, definition.name, definition.version, time.perf_counter())
         return task_id
@@ -381,19 +381,26 @@ class Engine:
         """Reject it. The digest is optional: refusing a call does not depend on its exact content."""
         return self._decide_approval(task_id, "reject", actor, prepared_digest, reason, expected_seq=expected_seq)
 
-    def approvals(self, *, role: str | None = None) -> list[dict[str, Any]]:
-        """Tasks awaiting a human decision (optionally for one role), each with the prepared call."""
-        return [pending_view(definition, task) for definition, task in self.awaiting_approval(role=role)]
+    def approvals(
+        self, *, role: str | None = None, after: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Tasks awaiting a human decision (optionally for one role), each with the prepared call; with `after`
+        (a task id) only those after it, oldest first; at most `limit`."""
+        found = self.awaiting_approval(role=role, after=after, limit=limit)
+        return [pending_view(definition, task) for definition, task in found]
 
-    def awaiting_approval(self, *, role: str | None = None) -> Iterator[tuple[Workflow, TaskState]]:
-        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition."""
+    def awaiting_approval(
+        self, *, role: str | None = None, after: str | None = None, limit: int | None = None
+    ) -> Iterator[tuple[Workflow, TaskState]]:
+        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition.
+        A task that moved between the store's read and its load is skipped, so a page may hold fewer than `limit`."""
         waiting = [
             (definition.name, definition.version, state.name)
             for definition in self.registry
             for state in definition.states
             if isinstance(state, Approval) and (role is None or state.role == role)
         ]
-        for task_id in self.store.blocked_in(waiting):
+        for task_id in self.store.blocked_in(waiting, after=after, limit=limit):
             try:
                 task = self.load(task_id)
             except Refused:
