@@ -83,6 +83,11 @@ LIMIT = "limit"
 LIMIT_STATE = "limit_exceeded"
 #: An operator moved the task to another version of its workflow (`Engine.migrate`); the event names both.
 MIGRATE = "migrate"
+#: The first event of a task forked from another task's log at a seq (`Engine.fork`): it names the source, the
+#: seq and the hash there, and carries the state as of that seq. Not `start`: a start folds from the input alone.
+FORK = "fork"
+#: An operator sent a handed-off or limit-state task back to a state it visited (`Engine.redrive`).
+REDRIVE = "redrive"
 
 
 @dataclass(frozen=True)
@@ -431,6 +436,9 @@ class Workflow:
     #: Input fields people look tasks up by (a customer id, an order id): the task lists show them and search them.
     #: Presentation, not behaviour: not in the digest, so declaring them later needs no new version.
     searchable: Sequence[str] = ()
+    #: Who may send a handed-off or limit-state task back to a state it visited (`redrive`); default `settle_role`,
+    #: else `cancel_role`.
+    redrive_role: str | None = None
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -538,7 +546,22 @@ class Workflow:
             # Added later: present only when set, so the digests of definitions that do not use them stay put.
             **({"effect_after_cancel": self.effect_after_cancel} if self.effect_after_cancel else {}),
             **({"settle_role": self.settle_role} if self.settle_role else {}),
+            **({"redrive_role": self.redrive_role} if self.redrive_role else {}),
         }
+
+    def redrive_sources(self) -> frozenset[str]:
+        """The states an operator may `redrive` from: where the engine hands a task to a person because its agent
+        or tool states could not go on (an agent's hand-off and provider-error states, a state named as an
+        agent's `on_exhausted`, the limit state). Approval and other wait states have their own triggers."""
+        out = {self.limit_state or LIMIT_STATE}
+        for state in self.states:
+            if isinstance(state, Agent):
+                out.update({state.exhausted_target, f"{state.name}{PROVIDER_ERROR_SUFFIX}"})
+        return frozenset(n for n in out if n in self._by_name and self._by_name[n].kind is not StateKind.TERMINAL)
+
+    def redrive_targets(self) -> frozenset[str]:
+        """The states a `redrive` may lead to: the declared agent and tool states."""
+        return frozenset(s.name for s in self.states if s.kind in (StateKind.AGENT, StateKind.TOOL))
 
 
 def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
@@ -712,6 +735,8 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
         RECONCILE,
         LIMIT,
         MIGRATE,
+        FORK,
+        REDRIVE,
         CANCEL_REQUESTED,
         SETTLE,
     }
