@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 from typer.testing import CliRunner
@@ -28,6 +29,7 @@ from engine import (
     Terminal,
     Workflow,
 )
+from engine.api import create_app
 from engine.cli import EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, app
 from engine.core.canonical import canonical_json
 from engine.core.events import Event, seal
@@ -35,6 +37,7 @@ from engine.core.payloads import as_event_data
 from engine.providers.scripted import call
 from engine.store import TaskRow
 from tests.support import reference
+from tests.support.api import bearer, live_server, token_table
 from tests.support.insider import tamper
 from tests.support.payloads import undeclared
 from tests.support.reference import DAMAGED, refund
@@ -498,3 +501,45 @@ def test_fork_and_redrive_on_the_command_line_with_their_exit_codes(
     rewrite_first(db_url, first, {**first.data, "forked_from": {**claim, "seq": 2}})
     code, out, _ = invoke("replay", fork)
     assert code == EXIT_AUDIT and "FORK_ORIGIN_MISMATCH" in out
+
+
+# -- the HTTP API -------------------------------------------------------------------------------------------
+
+
+def test_fork_and_redrive_over_http_with_their_statuses(db_url: str) -> None:
+    tokens = token_table()
+    with Engine(db_url, Registry([FLOW_V1, FLOW_V2]), authoriser=tokens) as engine:
+        task_id = limited(engine)
+        app = create_app(engine, tokens, session_secret="test-secret")
+        with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+            forked = http.post(
+                f"/api/tasks/{task_id}/fork",
+                json={"at_seq": 1, "reason": "start over", "version": 1},
+                headers=bearer("olga"),
+            )
+            assert forked.status_code == 201, forked.text
+            body = forked.json()
+            assert forked.headers["Location"] == f"/api/tasks/{body['task_id']}"
+            assert (body["state"], body["seq"], body["version"]) == ("working", 1, 1)
+            assert engine.history(body["task_id"])[0].data["forked_from"]["task_id"] == task_id
+
+            before = heads(engine)
+            bad = http.post(f"/api/tasks/{task_id}/fork", json={"at_seq": 99, "reason": "x"}, headers=bearer("olga"))
+            assert (bad.status_code, bad.json()["code"]) == (422, "FORK_INVALID")
+            bad = http.post(f"/api/tasks/{task_id}/fork", json={"at_seq": 0, "reason": "x"}, headers=bearer("olga"))
+            assert bad.status_code == 422
+            url_redrive = f"/api/tasks/{task_id}/redrive"
+            bad = http.post(url_redrive, json={"to_state": "working", "reason": "x"}, headers=bearer("bob"))
+            assert (bad.status_code, bad.json()["code"]) == (403, "FORBIDDEN")
+            bad = http.post(url_redrive, json={"to_state": "done", "reason": "x"}, headers=bearer("olga"))
+            assert (bad.status_code, bad.json()["code"]) == (422, "REDRIVE_INVALID")
+            stale = {**bearer("olga"), "If-Match": '"1"'}
+            bad = http.post(url_redrive, json={"to_state": "working", "reason": "x"}, headers=stale)
+            assert bad.status_code == 412
+            assert heads(engine) == before
+
+            done = http.post(
+                url_redrive, json={"to_state": "working", "reason": "budget raised"}, headers=bearer("olga")
+            )
+            assert done.status_code == 200, done.text
+            assert (done.json()["state"], done.headers["ETag"]) == ("working", f'"{engine.get(task_id).seq}"')

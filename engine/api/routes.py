@@ -76,7 +76,9 @@ from engine.api.schemas import (
     CancelRequest,
     DiagramBody,
     EventBody,
+    ForkRequest,
     PreconditionFailed,
+    RedriveRequest,
     RejectRequest,
     ReplayBody,
     SettleRequest,
@@ -381,6 +383,34 @@ def settle(
     with acting_on(ctx.engine, task_id, pre):
         task = ctx.engine.settle(
             task_id, actor=who.actor, outcome=body.outcome, evidence=body.evidence, expected_seq=pre.expected_seq
+        )
+    return task_body(response, ctx.engine.view(task))
+
+
+@task_api.post(
+    "/tasks/{task_id}/fork",
+    status_code=201,
+    response_model=TaskBody,
+    responses=errors(401, 403, 404, 409, 413, 422, tagged=201),
+)
+def fork(task_id: TaskId, body: ForkRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
+    """Start a new task from this task's state as of `at_seq` (`railyard fork`); the source is only read. Refused
+    with 409 WRITE_WOULD_REPEAT where the fork could make a write the source made, or may make, a second time."""
+    new_id = ctx.engine.fork(task_id, body.at_seq, actor=who.actor, reason=body.reason, version=body.version)
+    response.headers["Location"] = f"/api/tasks/{new_id}"
+    return task_body(response, ctx.engine.get(new_id))
+
+
+@task_api.post("/tasks/{task_id}/redrive", response_model=TaskBody, responses=COMMAND_ERRORS)
+def redrive(
+    task_id: TaskId, body: RedriveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Send a handed-off or limit-state task back to an agent or tool state it was in (`railyard redrive`); its
+    budgets start again. The engine checks the role (the workflow's redrive, settle or cancel role)."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.redrive(
+            task_id, body.to_state, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq
         )
     return task_body(response, ctx.engine.view(task))
 

@@ -111,6 +111,20 @@ class SettleRequest(_Request):
     expected_seq: int | None = _expected_seq()
 
 
+class ForkRequest(_Request):
+    at_seq: int = Field(ge=1, le=MAX_SEQ, description="The seq of the source's event the fork starts after.")
+    reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the fork's first event.")
+    version: int | None = Field(
+        default=None, ge=1, le=MAX_SEQ, description="The version it runs on; the newest if omitted."
+    )
+
+
+class RedriveRequest(_Request):
+    to_state: str = Field(pattern=STATE_PATTERN, description="An agent or tool state the task was in before.")
+    reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the log.")
+    expected_seq: int | None = _expected_seq()
+
+
 class ErrorBody(BaseModel):
     code: str | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
     message: str
