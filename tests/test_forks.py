@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from engine import (
 )
 from engine.api import create_app
 from engine.cli import EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, app
-from engine.core.canonical import canonical_json
+from engine.core.canonical import canonical_json, now
 from engine.core.events import Event, seal
 from engine.core.payloads import as_event_data
 from engine.providers.scripted import call
@@ -41,7 +43,7 @@ from tests.support.api import bearer, live_server, token_table
 from tests.support.insider import tamper
 from tests.support.payloads import undeclared
 from tests.support.reference import DAMAGED, refund
-from workflows import fakes
+from workflows import REFUND_V1, REFUND_V2, fakes
 
 books, eng = reference.books, reference.eng  # the reference workflows' fixtures
 
@@ -543,3 +545,41 @@ def test_fork_and_redrive_over_http_with_their_statuses(db_url: str) -> None:
             )
             assert done.status_code == 200, done.text
             assert (done.json()["state"], done.headers["ETag"]) == ("working", f'"{engine.get(task_id).seq}"')
+
+
+def test_a_fork_is_checked_against_its_source_in_the_archive_and_a_lost_archive_is_found(
+    db_url: str, books: fakes.Systems, tmp_path: Path
+) -> None:
+    registry = Registry([REFUND_V1, REFUND_V2])
+    with Engine(db_url, registry, authoriser=StaticRoles(reference.ROLES), archive_dir=tmp_path) as engine:
+        source = rejected_by_the_model(engine)
+        at = seq_of(engine, source, "assess_eligibility")
+        waiting = engine.fork(source, at, actor="olga", reason="again", version=1)  # stays in `eligible`
+        ended = engine.fork(source, at, actor="olga", reason="and again", version=1)
+        model = ScriptedModel([call("reject", reason="Still wear, not transit damage.")], profile="anthropic")
+        assert engine.run(ended, model=model).state == "rejected"
+        engine.archive(now() + timedelta(seconds=1))
+        assert engine.store.archive_of(source) is not None and engine.store.archive_of(ended) is not None
+        assert engine.store.events(source) == [] and engine.store.archive_of(waiting) is None
+        for task_id in (waiting, ended, source):
+            assert engine.replay(task_id).ok, engine.replay(task_id).findings
+        assert all(r.ok for r in engine.replay_all())
+
+        for file in tmp_path.iterdir():  # the archive is lost: where the forks came from cannot be proven
+            file.rename(file.with_suffix(".gone"))
+        report = engine.replay(waiting)
+        assert report.codes == ["FORK_ORIGIN_MISSING"] and source in report.findings[0].message
+
+
+def test_where_a_redrive_may_leave_from_and_go_to_is_read_from_the_definition() -> None:
+    assert REFUND_V1.redrive_sources() == {
+        "needs_human",  # the agents' on_exhausted state
+        "limit_exceeded",
+        "collecting_information~provider_error",
+        "eligible~provider_error",
+    }
+    assert REFUND_V1.redrive_targets() == {"collecting_information", "looking_up_order", "eligible", "executing"}
+    assert FLOW_V1.redrive_sources() == {"working~handoff", "working~provider_error", "limit_exceeded"}
+    # A role of its own is part of the definition's digest, and only when it is set.
+    assert replace(FLOW_V1, redrive_role="operator").digest != FLOW_V1.digest
+    assert replace(FLOW_V1, redrive_role=None).digest == FLOW_V1.digest

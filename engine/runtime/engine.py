@@ -31,7 +31,7 @@ from engine.audit.archive import (
     replay_archives,
 )
 from engine.audit.checkpoint import Taken
-from engine.audit.reads import AsOf, replay_task, replay_tasks, state_as_of, task_logs, task_path
+from engine.audit.reads import AsOf, origin_check, replay_task, replay_tasks, state_as_of, task_logs, task_path
 from engine.core.approvals import DECISIONS, check_decision, pending_view
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.core.chain import Finding
@@ -45,7 +45,7 @@ from engine.core.fold import TaskState, apply, fold, initial, pinned_at_start, p
 from engine.core.forks import fork_data, last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData, Settled, event_code
-from engine.core.replay import ReplayReport
+from engine.core.replay import OriginCheck, ReplayReport
 from engine.core.summary import summarise
 from engine.core.timers import next_run_at
 from engine.observability import hooks
@@ -835,7 +835,7 @@ class Engine:
             if report.events or not report.task_id or self.store.archive_of(report.task_id) is None:
                 yield report
         yield from replay_archives(
-            self.store.archived(workflow=workflow, since=since), self.archive_dir, self.registry.find
+            self.store.archived(workflow=workflow, since=since), self.archive_dir, self.registry.find, self._origin()
         )
 
     def archive(self, before: datetime, *, batch: int = 500) -> ArchiveRun:
@@ -930,7 +930,11 @@ class Engine:
         row = self.store.row(report.task_id)
         if ref is None or row is None:
             return report
-        return replay_archived(row, ref, self.archive_dir, self.registry.find)
+        return replay_archived(row, ref, self.archive_dir, self.registry.find, self._origin())
+
+    def _origin(self) -> OriginCheck:
+        """How replay checks a fork against its source here: the source in this database, or its archive file."""
+        return origin_check(self.store, self.registry.find, self._archived_events)
 
     def as_of(self, task_id: str, seq: int | None = None, at: datetime | None = None) -> TaskState:
         """The task's state right after event `seq`, or after the last event written at or before `at`."""
