@@ -681,6 +681,8 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("POST", "/api/tasks/{task_id}/signal"),
         ("POST", "/api/tasks/{task_id}/cancel"),
         ("POST", "/api/tasks/{task_id}/settle"),
+        ("POST", "/api/tasks/{task_id}/fork"),
+        ("POST", "/api/tasks/{task_id}/redrive"),
         ("GET", "/api/tasks/{task_id}/replay"),
         ("GET", "/api/tasks/{task_id}/diagram"),
         ("GET", "/api/approvals"),
