@@ -311,7 +311,7 @@ def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
     """The budget counters after `event`: a model turn, or a tool call (by tool and normalised arguments)."""
     if "turn" in event.data:
         return {**usage, "turns": int(usage.get("turns", 0)) + 1}
-    if event.trigger == REDRIVE:  # an operator sent the task back: its budgets start again (the event says from what)
+    if event.trigger == REDRIVE:  # an operator sent the task back: every budget starts again (the event says from what)
         return {"turns": 0, "calls": 0, "repeats": {}, "started_at": format_instant(event.at)}
     if event.trigger == CALL:
         key = call_key(event.data["intent"])

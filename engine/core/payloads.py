@@ -200,7 +200,7 @@ class _StepKeys(TypedDict, total=False):
         dict[str, Any],
         Doc(
             "the budget counters the event starts again, with the values they had (`started_at`: the deadline's "
-            "start; `turns`, `calls`, `repeats`)",
+            "start; on `redrive` also `turns`, `calls`, `repeats` and, with token budgets, the token counts)",
             "`fork`, `redrive`",
         ),
     ]

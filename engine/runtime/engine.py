@@ -718,17 +718,9 @@ class Engine:
             )
         if hazard is not None:
             raise refuse(hazard, Code.WRITE_WOULD_REPEAT)
-        usage = task.usage
-        data: EventData = {
-            "reason": reason,
-            "redrive_from_seq": entered,
-            "reset": {
-                "turns": usage.get("turns", 0),
-                "calls": usage.get("calls", 0),
-                "repeats": usage.get("repeats", {}),
-                "started_at": usage.get("started_at"),
-            },
-        }
+        # Every counter the budgets read starts again (turns, calls, repeats, tokens, the deadline): the event keeps
+        # what they were.
+        data: EventData = {"reason": reason, "redrive_from_seq": entered, "reset": dict(task.usage)}
         decision = Decision(trigger=REDRIVE, from_state=task.state, to_state=to_state, data=data)
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
