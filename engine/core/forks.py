@@ -219,12 +219,4 @@ def origin_findings(fork: Event, source_event: Event | None, source: TaskState |
                 f"the state the fork carries is not {where}'s as its log folds (differs in: {', '.join(differ)})",
             )
         )
-    if carried.get("state") != fork.to_state:
-        found.append(
-            Finding(
-                Code.FORK_ORIGIN_MISMATCH,
-                1,
-                f"the fork starts in {fork.to_state!r}, it carries {carried.get('state')!r}",
-            )
-        )
     return found

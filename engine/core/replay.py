@@ -318,6 +318,12 @@ class LogCheck:
                 1,
                 f"started in {event.to_state!r}, but {rules.ref} starts in {rules.initial_state!r}",
             )
+        if event.trigger == FORK:
+            carried = event.data.get("carried")
+            if not rules.has_state(event.to_state):
+                self.add(Code.ILLEGAL_TRANSITION, 1, f"forked into {event.to_state!r}, which {rules.ref} does not have")
+            elif not isinstance(carried, dict) or carried.get("state") != event.to_state:
+                self.add(Code.ILLEGAL_TRANSITION, 1, f"forked into {event.to_state!r}, not the state it carries")
         if not rules.has_state(event.to_state):
             self._stop()
             return
