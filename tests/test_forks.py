@@ -145,6 +145,9 @@ def test_a_fork_at_several_seqs_carries_the_state_there_and_both_tasks_replay_cl
             k: v for k, v in as_of.usage.items() if k != "started_at"
         }
         assert undeclared([first]) == []
+        if task.state == "looking_up_order":  # the carried lookup runs in the fork, with the carried call
+            assert eng.run(fork, max_turns=1).state == "collecting_information"
+            assert eng.load(fork).facts["tool:query_order"]["order_id"] == "O-1001"
         assert eng.replay(fork).ok, eng.replay(fork).findings
     assert eng.history(source) == before  # the source is only read
     assert all(report.ok for report in eng.replay_all()), [r.findings for r in eng.replay_all() if not r.ok]
