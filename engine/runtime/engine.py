@@ -667,6 +667,8 @@ class Engine:
         )
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(first, 0.0)
+        if hooks.active:
+            hooks.transition(first, target.name, target.version, time.perf_counter())
         return new_id
 
     def redrive(
