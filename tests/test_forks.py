@@ -586,3 +586,55 @@ def test_where_a_redrive_may_leave_from_and_go_to_is_read_from_the_definition() 
     # A role of its own is part of the definition's digest, and only when it is set.
     assert replace(FLOW_V1, redrive_role="operator").digest != FLOW_V1.digest
     assert replace(FLOW_V1, redrive_role=None).digest == FLOW_V1.digest
+
+
+def drive(eng: Engine, task_id: str) -> str:
+    """Take a task as far as a willing model and approver can: the model proposes the refund, erin approves and
+    retries. Returns where it stops."""
+    model = ScriptedModel(
+        {
+            "by_state": {
+                "collecting_information": [
+                    call("query_order", order_id="O-1001"),
+                    call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+                ],
+                "eligible": [refund(12_999)],
+            }
+        },
+        profile="anthropic",
+    )
+    for _ in range(10):
+        task = eng.run(task_id, model=model, max_turns=5)
+        if task.state == "awaiting_approval" and task.prepared is not None:
+            eng.approve(task_id, actor="erin", prepared_digest=task.prepared["digest"])
+        elif task.state == "retryable_failure":
+            eng.fire(task_id, "retry_refund", actor="erin")
+        else:
+            return task.state
+    return eng.get(task_id).state
+
+
+def test_no_fork_of_a_paid_refund_at_any_seq_pays_it_again(eng: Engine, books: fakes.Systems) -> None:
+    task_id = eng.start("refund", DAMAGED, actor="ann", version=1)
+    to_approval(eng, task_id)
+    action_id = approve(eng, task_id)
+    books.arm("payments.refund", "lost_reply")
+    assert eng.run(task_id).state == "retryable_failure"
+    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard")
+    eng.fire(task_id, "retry_refund", actor="dana")
+    assert eng.run(task_id).state == "completed"
+    allowed = []
+    for seq in range(1, eng.get(task_id).seq + 1):
+        try:
+            fork = eng.fork(task_id, seq, actor="olga", reason="every seq", version=1)
+        except RailyardError as error:
+            assert error.code in (Code.WRITE_WOULD_REPEAT, Code.FORK_INVALID), (seq, error)
+            continue
+        allowed.append((seq, eng.get(fork).state, drive(eng, fork)))
+        assert eng.replay(fork).ok, (seq, eng.replay(fork).findings)
+    # Only the forks after the payment's outcome was on record went ahead, and they recorded it without paying.
+    assert [(state, end) for _seq, state, end in allowed] == [
+        ("retryable_failure", "completed"),
+        ("executing", "completed"),
+    ]
+    assert books.payments.executions() == {action_id: 1}
