@@ -29,6 +29,7 @@ from engine import (
     ScriptedModel,
     StaticRoles,
     Terminal,
+    Worker,
     Workflow,
 )
 from engine.api import create_app
@@ -309,8 +310,10 @@ def test_a_task_the_limit_stopped_is_redriven_to_its_agent_state_and_completes(f
     assert event.data["redrive_from_seq"] == 1 and event.data["reason"] == "the provider had an outage"
     assert undeclared([event]) == []
     assert (after.state, after.usage["turns"], after.usage["calls"]) == ("working", 0, 0)
-    done = flow.run(task_id, model=ScriptedModel([call("finish", text="all done")], profile="anthropic"))
-    assert done.state == "done"
+    # The task is runnable again: a worker claims it and the model finishes it.
+    worker = Worker(flow, name="w1", model=ScriptedModel([call("finish", text="all done")], profile="anthropic"))
+    assert worker.run_once() == 1
+    assert flow.get(task_id).state == "done"
     assert flow.replay(task_id).ok, flow.replay(task_id).findings
 
 
