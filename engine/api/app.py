@@ -89,8 +89,9 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
 ) -> FastAPI:
     """The application over `engine`. Its authoriser should be `tokens` (what `railyard serve` builds), so the
-    roles the engine checks are the roles the tokens file gives; `session_secret` signs the page cookies (a
-    random one per process if None: sessions then end when the server restarts); `max_body` is the largest
+    roles the engine checks are the roles the tokens file gives; `session_secret` signs the login form's cookie
+    (its CSRF token; a random one per process if None: a login form opened before a restart must be reloaded).
+    Sessions are rows in the database and outlive a restart; `max_body` is the largest
     request body read, in bytes (`railyard serve` takes it from RAILYARD_API_MAX_BODY)."""
     if max_body < 1:
         raise ValueError(f"max_body must be a positive number of bytes, not {max_body}")
@@ -356,7 +357,8 @@ def tokens_file() -> str:
 
 
 def session_secret() -> str | None:
-    """RAILYARD_SESSION_SECRET signs page sessions; unset, each process makes its own (sessions end on restart)."""
+    """RAILYARD_SESSION_SECRET signs the login form's cookie; unset, each process makes its own (a login form opened
+    before a restart, or served by another process, must be reloaded). Sessions themselves are database rows."""
     return os.environ.get("RAILYARD_SESSION_SECRET") or None
 
 

@@ -450,9 +450,8 @@ def approvals(
     after = decode_cursor(cursor) if cursor else None
     if after is not None and ctx.engine.store.row(after) is None:
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    found = ctx.engine.approvals(role=role, after=after, limit=limit + 1)
-    page = found[:limit]
-    more = encode_cursor(page[-1]["task_id"]) if len(found) > limit and page else None
+    page, last = ctx.engine.approvals_page(role=role, after=after, limit=limit)
+    more = encode_cursor(last) if last is not None else None
     return {
         "approvals": page,
         "limit": limit,
@@ -629,20 +628,24 @@ def login(
     address = request.client.host if request.client is not None else None
     named = user.strip() or None
     target = safe_next(next)
-    wait = ctx.throttle.retry_after(address=address, account=named)
     principal = None
-    if wait is None:
-        principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
-        if principal is None or named not in (None, principal.actor):  # unknown, or someone else's token
-            ctx.throttle.failed(address=address, account=named)
-            return _login_form(request, ctx, 401, target, "That name and token are not one this server knows.")
-        wait = ctx.throttle.retry_after(address=None, account=principal.actor)
+    with ctx.throttle.lock:  # the check and the count together: a burst sent at once is counted one by one
+        wait = ctx.throttle.retry_after(address=address, account=named)
+        if wait is None:
+            principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
+            if principal is None or named not in (None, principal.actor):  # unknown, or someone else's token
+                ctx.throttle.failed(address=address, account=named)
+                return _login_form(request, ctx, 401, target, "That name and token are not one this server knows.")
+            wait = ctx.throttle.retry_after(address=address, account=principal.actor)
     if wait is not None or principal is None:
         refusal = throttled(wait or 1)
         again = _login_form(request, ctx, 429, target, f"{refusal.message} ({refusal.code}).")
         again.headers["Retry-After"] = str(wait or 1)
         return again
-    ctx.throttle.succeeded(account=principal.actor)
+    ctx.throttle.succeeded(address=address, account=principal.actor)
+    previous = ctx.sessions.read(request.cookies.get(SESSION_COOKIE))
+    if previous is not None:  # a login replaces this browser's session: a copy of the old cookie dies with it
+        ctx.sessions.end(previous)
     cookie, _row = ctx.sessions.open(principal)
     response = RedirectResponse(target, status_code=303)
     _cookie(response, ctx, SESSION_COOKIE, cookie, SESSION_SECONDS)

@@ -134,6 +134,8 @@ PROVIDER_ERROR_SUFFIX = "~provider_error"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 #: The longest value of a searchable input field that the task lists keep (`Workflow.search_values`).
 SEARCH_VALUE_LENGTH = 200
+#: What no search can carry (`q` refuses control characters): a value holding one is not indexed.
+_UNSEARCHABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,12 +518,16 @@ class Workflow:
         return [t for t in self.machine.triggers(state) if system or not all(a.system for a in self._table[(state, t)])]
 
     def search_values(self, input: Mapping[str, Any] | None) -> dict[str, str]:
-        """The searchable fields of a task's `input` that hold a value, as text: what the task lists index."""
+        """The searchable fields of a task's `input` that hold a value, as text: what the task lists index. A value
+        with a control character is left out: a search (`q`) never carries one, so it could never be found, and
+        PostgreSQL's text refuses a NUL (the task itself keeps its input whole)."""
         out: dict[str, str] = {}
         for name in self.searchable:
             value = (input or {}).get(name)
             if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
-                out[name] = str(value)[:SEARCH_VALUE_LENGTH]
+                text = str(value)[:SEARCH_VALUE_LENGTH]
+                if not _UNSEARCHABLE.search(text):
+                    out[name] = text
         return out
 
     def transitions(self) -> Iterable[tuple[str, Action]]:

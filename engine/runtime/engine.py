@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -390,18 +390,35 @@ class Engine:
         found = self.awaiting_approval(role=role, after=after, limit=limit)
         return [pending_view(definition, task) for definition, task in found]
 
-    def awaiting_approval(
-        self, *, role: str | None = None, after: str | None = None, limit: int | None = None
-    ) -> Iterator[tuple[Workflow, TaskState]]:
-        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition.
-        A task that moved between the store's read and its load is skipped, so a page may hold fewer than `limit`."""
-        waiting = [
+    def approvals_page(
+        self, *, role: str | None = None, after: str | None = None, limit: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of `approvals` and the task id the next page starts after (None at the end). The page is cut
+        where the store's list is, not where the loaded tasks are: a task skipped on this page (it moved, or its
+        version's code changed) does not end the list early."""
+        ids = self.store.blocked_in(self._approval_states(role), after=after, limit=limit + 1)
+        more = len(ids) > limit
+        ids = ids[:limit]
+        found = self._approval_tasks(ids, role)
+        return [pending_view(definition, task) for definition, task in found], (ids[-1] if more and ids else None)
+
+    def _approval_states(self, role: str | None) -> list[tuple[str, int, str]]:
+        return [
             (definition.name, definition.version, state.name)
             for definition in self.registry
             for state in definition.states
             if isinstance(state, Approval) and (role is None or state.role == role)
         ]
-        for task_id in self.store.blocked_in(waiting, after=after, limit=limit):
+
+    def awaiting_approval(
+        self, *, role: str | None = None, after: str | None = None, limit: int | None = None
+    ) -> Iterator[tuple[Workflow, TaskState]]:
+        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition.
+        A task that moved between the store's read and its load is skipped, so a page may hold fewer than `limit`."""
+        return self._approval_tasks(self.store.blocked_in(self._approval_states(role), after=after, limit=limit), role)
+
+    def _approval_tasks(self, task_ids: Iterable[str], role: str | None) -> Iterator[tuple[Workflow, TaskState]]:
+        for task_id in task_ids:
             try:
                 task = self.load(task_id)
             except Refused:
