@@ -41,6 +41,7 @@ from engine import (
     TaskState,
     Worker,
     adapter_from_spec,
+    redact_url,
     summarise,
 )
 from workflows import fakes
@@ -285,7 +286,7 @@ def run_demo(database_url: str, console: Console, model: str | None = None) -> D
     adapter = adapter_from_spec(model) if model else None
     console.print(
         Panel.fit(
-            f"[bold]Railyard demo[/] on {database_url}\n"
+            f"[bold]Railyard demo[/] on {redact_url(database_url)}\n"
             f"workflows: {', '.join(w.ref for w in registry)}\n"
             f"model: {model or 'scripted (no provider called)'}; roles: dana = refund_approver",
         )

@@ -246,6 +246,7 @@ _STATUS: dict[Code, int] = {
     Code.CONCURRENCY_CONFLICT: 409,
     Code.LEASE_LOST: 409,
     Code.APPROVAL_STALE: 409,
+    Code.DIGEST_AMBIGUOUS: 409,
     Code.TASK_NOT_AWAITING_APPROVAL: 409,
     Code.TASK_TERMINAL: 409,
     Code.TRIGGER_NOT_ALLOWED: 409,
@@ -264,6 +265,8 @@ _STATUS: dict[Code, int] = {
     Code.ACTOR_REQUIRED: 401,
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
+    Code.DIGEST_TOO_SHORT: 422,
+    Code.USAGE_INVALID: 422,
     Code.DOMAIN_INVALID: 422,
     Code.IDENTITY_OVERRIDE: 422,
     Code.MIGRATION_INVALID: 422,
@@ -297,9 +300,14 @@ _STATUS: dict[Code, int] = {
     # The server cannot serve right now: the database failed or has no schema.
     Code.DATABASE_ERROR: 503,
     Code.SCHEMA_MISSING: 503,
+    Code.DATABASE_UNREACHABLE: 503,
+    Code.DATABASE_NOT_FOUND: 503,
     # The server is misconfigured, or a log does not hold together: the operator's problem, not the caller's.
     Code.MODEL_NOT_CONFIGURED: 500,
     Code.CONFIG_INVALID: 500,
+    Code.DATABASE_URL_INVALID: 500,
+    Code.DATABASE_FILE_INVALID: 500,
+    Code.UNEXPECTED_ERROR: 500,
     Code.DEFINITION_INVALID: 500,
     Code.INTERNAL_ERROR: 500,
     Code.HASH_MISMATCH: 500,

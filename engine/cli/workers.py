@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from engine.cli import render
-from engine.cli.exits import fail, open_engine
+from engine.cli.exits import database_url, fail, open_engine, require_schema
 from engine.core.errors import RailyardError
 from engine.runtime import config
 
@@ -73,6 +73,7 @@ def worker(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for name in ("railyard.transitions", "railyard.worker"):
         logging.getLogger(name).setLevel(logging.INFO)
+    require_schema(database_url())  # a worker logs what fails on a claim and carries on: not for this
     with open_engine() as engine:
         try:
             adapter = adapter_from_spec(model) if model else None
@@ -111,6 +112,7 @@ def serve(
     """Serve the HTTP API and the back-office pages (bearer tokens from RAILYARD_TOKENS_FILE; see docs/api.md)."""
     from engine.api.app import serve as run_server
 
+    database_url()  # a URL that cannot be used, or a SQLite file that is not there: said before the server starts
     try:
         run_server(host, port)
     except RailyardError as error:
