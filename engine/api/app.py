@@ -56,6 +56,7 @@ from engine.api.views import STATIC, render
 from engine.core.errors import Code, RailyardError, Refused
 from engine.runtime import config
 from engine.runtime.engine import Engine
+from engine.store.database import check_url, require_database
 
 log = logging.getLogger("railyard.api")
 
@@ -353,6 +354,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
 
     tokens = load_tokens(tokens_file())
     limit = max_body()  # every setting is checked before anything is opened
+    require_database(check_url(config.database_url()))  # never a new, empty SQLite file at a mistyped path
     with Engine(config.database_url(), authoriser=tokens) as engine:
         app = create_app(
             engine,

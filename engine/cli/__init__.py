@@ -21,6 +21,7 @@ from engine.cli import admin, approvals, audit, tasks, workers
 from engine.cli.checkpoints import checkpoint_app
 from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
+from engine.cli.tokens import tokens_app
 
 __all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
 
@@ -36,6 +37,7 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True, cls=Group)
 app.add_typer(db_app, name="db")
 app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(tokens_app, name="tokens")
 
 #: Every command under its name, in the order `railyard --help` lists them.
 COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (

@@ -128,9 +128,12 @@ def demo(
     """Run the reference workflows' three scenarios on RAILYARD_DATABASE_URL, step by step, then replay them."""
     from engine.store.database import connection_errors
 
+    try:
+        _reference_workflows()  # first: without them, no database would do
+    except RailyardError as error:
+        fail(error)
     url = database_url()
     try:
-        _reference_workflows()
         from workflows.demo import run_demo
 
         with connection_errors(url):  # the fakes of the systems the demo calls connect on their own

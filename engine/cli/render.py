@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.audit.archive import ArchiveRun
+from engine.core.approvals import DIGEST_PREFIX
 from engine.core.canonical import format_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Header
@@ -292,14 +293,20 @@ def approvals(pending: list[dict[str, Any]], as_json: bool) -> None:
         prepared = p["prepared"] or {}
         call = f"{prepared.get('tool')} {compact(prepared.get('arguments'))}" if prepared else ""
         table.add_row(
-            p["task_id"], p["workflow"], p["state"], p["role"], p["started_by"], call, (p["digest"] or "")[:16]
+            p["task_id"],
+            p["workflow"],
+            p["state"],
+            p["role"],
+            p["started_by"],
+            call,
+            (p["digest"] or "")[:DIGEST_PREFIX],
         )
     out.print(table)
 
 
-def approving(prepared: Mapping[str, Any]) -> None:
-    """`approve` without --digest names the prepared call it approves, on stderr."""
-    note(f"approving prepared call {prepared['tool']} (digest {str(prepared['digest'])[:16]})")
+def approved(prepared: Mapping[str, Any]) -> None:
+    """`approve` without --digest names the prepared call it approved, on stderr."""
+    note(f"approved prepared call {prepared['tool']} (digest {str(prepared['digest'])[:DIGEST_PREFIX]})")
 
 
 # -- audit -----------------------------------------------------------------------------------------

@@ -112,7 +112,6 @@ def serve(
     """Serve the HTTP API and the back-office pages (bearer tokens from RAILYARD_TOKENS_FILE; see docs/api.md)."""
     from engine.api.app import serve as run_server
 
-    database_url()  # a URL that cannot be used, or a SQLite file that is not there: said before the server starts
     try:
         run_server(host, port)
     except RailyardError as error:
