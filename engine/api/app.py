@@ -56,6 +56,7 @@ from engine.api.views import STATIC, render
 from engine.core.errors import Code, RailyardError, Refused
 from engine.runtime import config
 from engine.runtime.engine import Engine
+from engine.store import migrations
 from engine.store.database import check_url, require_database
 
 log = logging.getLogger("railyard.api")
@@ -354,7 +355,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
 
     tokens = load_tokens(tokens_file())
     limit = max_body()  # every setting is checked before anything is opened
-    require_database(check_url(config.database_url()))  # never a new, empty SQLite file at a mistyped path
+    url = check_url(config.database_url())
+    require_database(url)  # never a new, empty SQLite file at a mistyped path
+    if migrations.current(url) is None:  # also says, now, which server did not answer and why
+        raise RailyardError("the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING)
     with Engine(config.database_url(), authoriser=tokens) as engine:
         app = create_app(
             engine,

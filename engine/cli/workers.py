@@ -53,6 +53,8 @@ def worker(
     from engine.providers import adapter_from_spec
     from engine.runtime.worker import Worker
 
+    require_schema(database_url())  # a worker logs what fails on a claim and carries on: not for this
+
     runner: Worker | None = None
     stopping = threading.Event()
 
@@ -73,7 +75,6 @@ def worker(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for name in ("railyard.transitions", "railyard.worker"):
         logging.getLogger(name).setLevel(logging.INFO)
-    require_schema(database_url())  # a worker logs what fails on a claim and carries on: not for this
     with open_engine() as engine:
         try:
             adapter = adapter_from_spec(model) if model else None
