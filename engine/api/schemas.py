@@ -349,9 +349,19 @@ def status_for(error: RailyardError) -> int:
     return PreconditionFailed.status if isinstance(error, PreconditionFailed) else status_of(error.code)
 
 
+#: Codes whose message names the server's own infrastructure (a host, a database user, a path): an HTTP caller gets
+#: the code, the operator reads the message in the server log, where the store logged it.
+_OPERATOR_ONLY = frozenset(
+    {Code.DATABASE_URL_INVALID, Code.DATABASE_UNREACHABLE, Code.DATABASE_NOT_FOUND, Code.DATABASE_FILE_INVALID}
+)
+
+
 def error_body(error: RailyardError) -> dict[str, Any]:
     """`{code, message, details}`, the shape the CLI prints too."""
-    return error.to_dict()
+    body = error.to_dict()
+    if error.code in _OPERATOR_ONLY:
+        body["message"] = "the server cannot use its database (the server log says why)"
+    return body
 
 
 def validation_body(exc: ValidationError | Any) -> dict[str, Any]:
