@@ -463,3 +463,12 @@ def test_approve_takes_the_digest_approvals_shows_and_prints_nothing_before_a_re
     assert json.loads(out)["state"] == "executing"
     code, out, _ = invoke("history", task_id, "--json")
     assert json.loads(out)[-1]["data"]["approval"]["digest"] == digest  # the whole digest is what is recorded
+
+
+def test_an_unknown_workflow_is_named_with_the_known_ones_and_the_closest(cli_env: str) -> None:
+    code, out, err = invoke("start", "refnd", "--as", "ann")
+    assert code == 1 and out == ""
+    assert err.startswith("WORKFLOW_UNKNOWN: no workflow named 'refnd' (did you mean refund?); the known ones are ")
+    assert "counter, " in err and " and " in err and "[" not in err  # in words, not a Python list
+    code, _, err = invoke("graph", "zzz")
+    assert code == 1 and "did you mean" not in err and "the known ones are" in err
