@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
@@ -76,7 +76,7 @@ def check_url(url: str) -> str:
     return url
 
 
-def _bad_url(problem: str) -> Any:
+def _bad_url(problem: str) -> NoReturn:
     raise RailyardError(f"RAILYARD_DATABASE_URL {problem}; expected {EXPECTED_FORMS}", code=Code.DATABASE_URL_INVALID)
 
 
@@ -136,7 +136,15 @@ def connection_problem(url: str, orig: BaseException | None) -> StoreError | Non
                 code=Code.DATABASE_NOT_FOUND,
             )
         return None
-    if not text.startswith(("connection failed", "failed to resolve host", "connection is bad", "connection timeout")):
+    # psycopg's wording for a connection that could not be made (3.1 says "connection to server ...", 3.2 prefixes it).
+    opening = (
+        "connection failed",
+        "connection to server",
+        "failed to resolve host",
+        "connection is bad",
+        "connection timeout",
+    )
+    if not text.startswith(opening):
         return None
     reason = re.sub(r"^.*failed: ", "", first).replace("FATAL:  ", "").strip()
     hint = " (is the server running on that host and accepting TCP/IP connections?)" if "refused" in reason else ""
