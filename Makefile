@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/agent_step.py
 	$(BIN)/python bench/workers.py
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/llm_bound.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/replay.py --quick
@@ -38,6 +39,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/agent_step.py --quick
 	$(BIN)/python bench/workers.py --quick
 	$(BIN)/python bench/checkpoint.py --quick
+	$(BIN)/python bench/llm_bound.py --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check engine workflows migrations tests bench tools

@@ -47,6 +47,7 @@ from engine import Engine, Registry, migrations
 from engine.audit.checkpoint import keygen
 
 TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
+EVENT_COLUMNS = "task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
 
 #: A subprocess that takes (or verifies) one checkpoint and prints its peak RSS in KiB.
 MEMORY_PROBE = """
@@ -63,11 +64,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def load_tasks(url: str, first: int, count: int) -> None:
-    """COPY `count` task rows (ids `first` ...), each at some seq with a hash, as a checkpoint sees them."""
+    """COPY `count` task rows (ids `first` ...), each at some seq with a hash, and the event at that seq with that
+    hash: what a checkpoint signs (the rows) and what its judgement reads back (the log at the head)."""
     with psycopg.connect(libpq(url)) as conn, conn.cursor() as cur:
         with cur.copy(f"COPY tasks ({TASK_COLUMNS}) FROM STDIN") as copy:
             for i in range(first, first + count):
-                digest = hashlib.sha256(str(i).encode()).hexdigest()
                 copy.write_row(
                     (
                         f"task-{i:08d}",
@@ -77,12 +78,33 @@ def load_tasks(url: str, first: int, count: int) -> None:
                         "counting",
                         "runnable",
                         1 + i % 40,
-                        digest,
+                        head_hash(i),
                         "2026-12-01T00:00:00Z",
                         "2026-12-01T00:00:00Z",
                     )
                 )
+        with cur.copy(f"COPY events ({EVENT_COLUMNS}) FROM STDIN") as copy:
+            for i in range(first, first + count):
+                seq = 1 + i % 40
+                copy.write_row(
+                    (
+                        f"task-{i:08d}",
+                        seq,
+                        "2026-12-01T00:00:00Z",
+                        "bench",
+                        "counting",
+                        "tick",
+                        "counting",
+                        "{}",
+                        "0" * 64,
+                        head_hash(i),
+                    )
+                )
         conn.commit()
+
+
+def head_hash(i: int) -> str:
+    return hashlib.sha256(str(i).encode()).hexdigest()
 
 
 def raw_scan(url: str) -> int:
@@ -130,7 +152,7 @@ def main() -> int:
                     assert raw_scan(url) == size
                     raw_s.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
-                    header, path = engine.checkpoint(key, Path(tmp) / f"cp-{size}-{r}")
+                    header, path, _ = engine.checkpoint(key, Path(tmp) / f"cp-{size}-{r}")
                     take_s.append(time.perf_counter() - t0)
                     assert header.tree_size == size
                     t0 = time.perf_counter()

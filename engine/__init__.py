@@ -68,6 +68,7 @@ from engine.providers import ScriptedModel, adapter_from_spec
 from engine.providers.scripted import call as scripted_call
 from engine.runtime import config
 from engine.runtime.engine import Engine, TaskView
+from engine.runtime.models import open_model
 from engine.runtime.registry import Registry
 from engine.runtime.roles import StaticRoles, roles_from_file
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
@@ -138,6 +139,7 @@ __all__ = [
     "event_code",
     "fold",
     "migrations",
+    "open_model",
     "redact_url",
     "roles_from_file",
     "scripted_call",

@@ -141,11 +141,12 @@ def test_an_error_inside_a_200_stream_is_a_provider_error_not_an_answer_nor_a_re
     eng: Engine, server: ProviderServer, wire: str
 ) -> None:
     if wire == "openai":
-        failure = json.dumps({"error": {"message": "Internal error while generating", "type": "server_error"}})
+        # The wording once made this RATE_LIMITED (retried); its fields say a server error.
+        failure = json.dumps({"error": {"message": "upstream overloaded", "type": "server_error", "code": 502}})
         server.reply(openai_stream(openai_chunk({"content": "Escalating the"}), failure))
         profile = "deepseek"
     else:
-        error = anthropic_event("error", error={"type": "api_error", "message": "Internal server error"})
+        error = anthropic_event("error", error={"type": "api_error", "message": "upstream overloaded"})
         start = anthropic_event(
             "message_start",
             message={

@@ -328,7 +328,10 @@ def test_openai_stream_accumulates_text_reasoning_and_tool_call_fragments(server
     [
         ({"message": "Internal error while generating", "type": "server_error"}, Code.PROVIDER_ERROR),
         ({"message": "Rate limit exceeded, slow down", "type": "rate_limit_exceeded"}, Code.RATE_LIMITED),
-        ({"message": "Thinking mode does not support this tool_choice"}, Code.TOOL_CHOICE_UNSUPPORTED),
+        (
+            {"message": "Thinking mode does not support this tool_choice", "type": "invalid_request_error"},
+            Code.PROVIDER_ERROR,  # a refused request, but this one forced nothing: its wording does not decide
+        ),
     ],
 )
 def test_openai_error_chunk_inside_a_200_stream_is_an_error_not_an_answer(
@@ -625,42 +628,173 @@ def test_anthropic_stream_cut_at_the_token_limit_is_truncated(server: ProviderSe
 
 # == Errors: both providers ===============================================
 
+FORCED = {"tools": (APPROVE,), "tool_choice": "required"}
+WITH_SCHEMA = {"response_schema": ResponseSchema("p", SCHEMA, "strict")}
+
+#: (status, message, the error's type / code / param, what the request carried, the code). The message never decides.
 HTTP_ERRORS = [
-    (400, "Thinking mode does not support this tool_choice", Code.TOOL_CHOICE_UNSUPPORTED),
-    (400, "Thinking may not be enabled when tool_choice forces tool use.", Code.TOOL_CHOICE_UNSUPPORTED),
-    (401, "Incorrect API key provided", Code.PROVIDER_AUTH),
-    (403, "Your account is not permitted", Code.PROVIDER_AUTH),
-    (429, "Too many requests, please slow down", Code.RATE_LIMITED),
-    (500, "The server had an error while processing your request", Code.PROVIDER_ERROR),
-    (503, "Service unavailable", Code.PROVIDER_ERROR),
-    (504, "Gateway timeout", Code.PROVIDER_TIMEOUT),
-    (400, "This model's maximum context length is 128000 tokens", Code.CONTEXT_OVERFLOW),
-    (400, "prompt is too long: 210000 tokens > 200000 maximum", Code.CONTEXT_OVERFLOW),
-    (400, "response_format json_schema is not supported by this model", Code.SCHEMA_UNSUPPORTED),
-    (400, "Invalid value for messages[1].role", Code.PROVIDER_ERROR),
+    (
+        400,
+        "Thinking mode does not support this tool_choice",
+        "invalid_request_error",
+        None,
+        None,
+        FORCED,
+        Code.TOOL_CHOICE_UNSUPPORTED,
+    ),
+    (
+        400,
+        "Thinking may not be enabled when tool_choice forces tool use.",
+        "invalid_request_error",
+        None,
+        None,
+        FORCED,
+        Code.TOOL_CHOICE_UNSUPPORTED,
+    ),
+    (400, "Invalid value", "invalid_request_error", None, "tool_choice", {}, Code.TOOL_CHOICE_UNSUPPORTED),
+    (400, "tool_choice is not supported", "invalid_request_error", None, None, {}, Code.PROVIDER_ERROR),
+    (401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key", None, FORCED, Code.PROVIDER_AUTH),
+    (403, "Your account is not permitted", "permission_error", None, None, {}, Code.PROVIDER_AUTH),
+    (429, "Too many requests, please slow down", "rate_limit_error", None, None, {}, Code.RATE_LIMITED),
+    (429, "Rate limit reached", "requests", "rate_limit_exceeded", None, {}, Code.RATE_LIMITED),
+    (500, "The server had an error while processing your request", "server_error", None, None, {}, Code.PROVIDER_ERROR),
+    (503, "upstream overloaded", "api_error", None, None, {}, Code.PROVIDER_ERROR),
+    (504, "Gateway timeout", None, None, None, {}, Code.PROVIDER_TIMEOUT),
+    (
+        400,
+        "This model's maximum context length is 128000 tokens",
+        "invalid_request_error",
+        "context_length_exceeded",
+        "messages",
+        FORCED,
+        Code.CONTEXT_OVERFLOW,
+    ),
+    (
+        413,
+        "Request exceeds the maximum allowed number of bytes",
+        "request_too_large",
+        None,
+        None,
+        {},
+        Code.CONTEXT_OVERFLOW,
+    ),
+    (
+        400,
+        "Invalid parameter",
+        "invalid_request_error",
+        None,
+        "response_format.json_schema",
+        {},
+        Code.SCHEMA_UNSUPPORTED,
+    ),
+    (
+        400,
+        "output_config.format: Extra inputs are not permitted",
+        "invalid_request_error",
+        None,
+        None,
+        WITH_SCHEMA,
+        Code.SCHEMA_UNSUPPORTED,
+    ),
+    (
+        400,
+        "Invalid value for messages[1].role",
+        "invalid_request_error",
+        None,
+        "messages[1].role",
+        FORCED,
+        Code.PROVIDER_ERROR,
+    ),
+    (400, "Invalid value for messages[1].role", "invalid_request_error", None, None, {}, Code.PROVIDER_ERROR),
 ]
 
 
-@pytest.mark.parametrize(("status", "message", "code"), HTTP_ERRORS)
+def error_body(message: str, type: str | None, code: str | int | None = None, param: str | None = None) -> Any:
+    """An error object carrying only the fields given (the shape both wires share under `error`)."""
+    fields = {"type": type, "code": code, "param": param}
+    return {"message": message, **{k: v for k, v in fields.items() if v is not None}}
+
+
+@pytest.mark.parametrize(("status", "message", "type", "code", "param", "sent", "expected"), HTTP_ERRORS)
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_openai_http_errors_map_to_codes_and_are_not_retried(
-    server: ProviderServer, status: int, message: str, code: Code, stream: bool
+def test_http_errors_are_classified_by_their_fields_and_are_not_retried(
+    server: ProviderServer,
+    wire: str,
+    stream: bool,
+    status: int,
+    message: str,
+    type: str | None,
+    code: str | None,
+    param: str | None,
+    sent: dict[str, Any],
+    expected: Code,
 ) -> None:
-    server.reply(openai_error(status, message), OK_OPENAI)
-    failure = fails(openai(server, stream=stream).complete, request())
-    assert (failure.code, failure.status, failure.raw) == (code, status, message)
+    body = {"error": error_body(message, type, code, param)}
+    if wire == "anthropic":
+        body["type"] = "error"
+    server.reply(Reply(status=status, body=body), OK_OPENAI if wire == "openai" else OK_ANTHROPIC)
+    adapter = openai(server, stream=stream) if wire == "openai" else anthropic(server, stream=stream)
+    failure = fails(adapter.complete, request(**sent))
+    assert (failure.code, failure.status, failure.raw) == (expected, status, message)
     assert len(server.requests) == 1  # the SDK's retries are off: the engine owns retries
 
 
-@pytest.mark.parametrize(("status", "message", "code"), HTTP_ERRORS)
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_anthropic_http_errors_map_to_codes_and_are_not_retried(
-    server: ProviderServer, status: int, message: str, code: Code, stream: bool
+#: Error objects inside a 200 stream, by their fields, and the code those fields mean.
+STREAM_FIELDS = [
+    ({"type": "server_error", "code": 502}, Code.PROVIDER_ERROR),
+    ({"type": "server_error", "code": "429"}, Code.RATE_LIMITED),
+    ({"type": "api_error"}, Code.PROVIDER_ERROR),
+    ({"type": "overloaded_error"}, Code.RATE_LIMITED),
+    ({"type": "rate_limit_exceeded"}, Code.RATE_LIMITED),
+    ({"type": "timeout_error"}, Code.PROVIDER_TIMEOUT),
+    ({"type": "invalid_request_error", "param": "tool_choice"}, Code.TOOL_CHOICE_UNSUPPORTED),
+    ({"status": "RESOURCE_EXHAUSTED", "code": 8}, Code.RATE_LIMITED),  # Google's shape
+    ({"status": "INTERNAL"}, Code.PROVIDER_ERROR),
+    ({}, Code.PROVIDER_ERROR),
+]
+#: Wordings that once chose codes by keyword: with the same fields, each must get the same code.
+WORDINGS = [
+    "upstream overloaded",
+    "Rate limit exceeded, slow down",
+    "Request timed out",
+    "This model's maximum context length is exceeded",
+    "Invalid API key",
+    "tool_choice is not supported",
+    "response_format json_schema is not supported",
+    "content filter triggered",
+]
+
+
+def _stream_with_error(wire: str, error: dict[str, Any]) -> Reply:
+    if wire == "openai":
+        return openai_stream(openai_chunk({"content": "Approving the"}), json.dumps({"error": error}))
+    return anthropic_stream(MESSAGE_START, *TEXT_SO_FAR, ("error", json.dumps({"type": "error", "error": error})))
+
+
+@pytest.mark.parametrize(("fields", "code"), STREAM_FIELDS)
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_stream_error_events_with_the_same_fields_get_the_same_code_whatever_they_say(
+    server: ProviderServer, wire: str, fields: dict[str, Any], code: Code
 ) -> None:
-    server.reply(anthropic_error(status, message), OK_ANTHROPIC)
-    failure = fails(anthropic(server, stream=stream).complete, request())
-    assert (failure.code, failure.status, failure.raw) == (code, status, message)
-    assert len(server.requests) == 1
+    adapter = openai(server, stream=True) if wire == "openai" else anthropic(server, stream=True)
+    for wording in WORDINGS:
+        server.reply(_stream_with_error(wire, {"message": wording, **fields}))
+        failure = fails(adapter.complete, request())
+        assert (failure.code, failure.status, failure.raw) == (code, 200, wording), wording
+    assert len(server.requests) == len(WORDINGS)  # one call each: nothing retried inside the adapter
+
+
+def test_a_provider_message_is_kept_for_people_with_credentials_masked(
+    server: ProviderServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    leaked = "Incorrect API key provided: sk-proj-abcdef0123456789. Find your key at https://example.test"
+    server.reply(openai_error(401, leaked, code="invalid_api_key"))
+    with caplog.at_level(logging.WARNING, logger="railyard.model"):
+        failure = fails(openai(server).complete, request())
+    assert failure.code == Code.PROVIDER_AUTH
+    assert failure.raw == "Incorrect API key provided: [redacted]. Find your key at https://example.test"
+    assert "sk-proj" not in caplog.text
 
 
 def test_anthropic_refusing_output_config_is_schema_unsupported(server: ProviderServer) -> None:

@@ -532,6 +532,8 @@ def test_heads_come_in_task_id_byte_order_and_event_hashes_are_read_back(store: 
         ("t-a", 2): logs["t-a"].events[1].hash,
         ("t-é", 3): logs["t-é"].events[2].hash,
     }
+    # The same heads with the log's own hash at each head's seq, in the same order.
+    assert [(h, logged) for h, logged in store.log_heads()] == [(h, h.hash) for h in heads]
 
 
 def test_the_last_checkpoint_noted_is_the_newest_and_a_file_is_noted_once(store: Store) -> None:

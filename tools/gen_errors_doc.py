@@ -21,6 +21,7 @@ from pathlib import Path
 from engine.api import STATUS_BY_CODE
 from engine.cli import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_REFUSED, EXIT_USAGE
 from engine.core.errors import CODE_REFERENCE, REPLAY_FINDINGS, Code
+from engine.core.model_errors import ERROR_TABLE, RAW_LIMIT
 
 START = "<!-- codes:start -->"
 END = "<!-- codes:end -->"
@@ -143,6 +144,45 @@ def render_table() -> str:
     return "\n".join(rows)
 
 
+PROVIDER_HEAD = """
+## How provider errors are classified
+
+A failed model call gets its code from what the provider says in fields, never
+from its message: the HTTP status, and the error object's `type`, `code` and
+`param` (OpenAI-compatible servers send all three under `error`; Anthropic sends
+`type`; Google's errors, from Gemini's OpenAI-compatible endpoint, name their kind
+in `status`, read as the `type`), the same for an HTTP error, an error object in a 200 body and an error
+event inside a 200 stream. For an error inside a 200, a numeric `code`
+(`"code": 502`) stands for the status. The first row that matches decides, in
+this order (`engine.core.model_errors.ERROR_TABLE`); when none does, the code is
+`PROVIDER_ERROR`. A `param` matches on its first segment
+(`response_format.json_schema` is `response_format`).
+
+The `request` rows apply to a refused request (status 400 or 422, or type
+`invalid_request_error` or `INVALID_ARGUMENT`) whose `param` names nothing else: of what the request
+carried, only a forced tool choice (a named tool or `required`) and a native
+schema are optional, so the refusal is of that shape and the forcing ladder moves
+below it (no repair spent). A refused request that carried neither is
+`PROVIDER_ERROR`. What a provider says only in prose is not read: Anthropic's
+400 "prompt is too long" has no field for it, so it is `PROVIDER_ERROR` (or, on
+a request that forced a tool, `TOOL_CHOICE_UNSUPPORTED`), not `CONTEXT_OVERFLOW`.
+
+The message is kept for people: control characters removed, anything that looks
+like a key masked (`[redacted]`), cut to {raw_limit} characters, and written only
+to the server log (`railyard.model`), never to an event.
+
+"""
+
+
+def render_classification() -> str:
+    """The provider-error table, one row per rule of `ERROR_TABLE`, in the order they are tried."""
+    rows = ["| field | values | code |", "| --- | --- | --- |"]
+    for rule in ERROR_TABLE:
+        values = ", ".join(f"`{v}`" for v in rule.values)
+        rows.append(f"| `{rule.field}` | {values} | `{rule.code}` |")
+    return "\n".join(rows)
+
+
 def render_document() -> str:
     classes = "\n".join(
         ["  | class | codes |", "  | --- | --- |", *(f"  | {name} | {codes} |" for name, codes in CLASSES)]
@@ -156,7 +196,8 @@ def render_document() -> str:
         audit_codes=_codes(code for code in Code if code in AUDIT_CODES),
         replay_findings=_codes(REPLAY_FINDINGS),
     )
-    return f"{head}{START}\n{render_table()}\n{END}\n"
+    classification = PROVIDER_HEAD.format(raw_limit=RAW_LIMIT) + render_classification()
+    return f"{head}{START}\n{render_table()}\n{END}\n{classification}\n"
 
 
 def regenerate(document: str) -> str:

@@ -40,7 +40,7 @@ from engine import (
     StaticRoles,
     TaskState,
     Worker,
-    adapter_from_spec,
+    open_model,
     redact_url,
     summarise,
 )
@@ -279,11 +279,13 @@ class DemoTasks:
     crashed_refund: str
 
 
-def run_demo(database_url: str, console: Console, model: str | None = None) -> DemoTasks:
+def run_demo(
+    database_url: str, console: Console, model: str | None = None, model_settings: Mapping[str, Any] | None = None
+) -> DemoTasks:
     fakes.bind(database_url)
     fakes.systems(database_url).reset()
     registry = Registry.from_modules(["workflows"])  # the reference workflows, whatever RAILYARD_WORKFLOWS says
-    adapter = adapter_from_spec(model) if model else None
+    adapter = open_model(model, model_settings) if model else None
     console.print(
         Panel.fit(
             f"[bold]Railyard demo[/] on {redact_url(database_url)}\n"

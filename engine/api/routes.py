@@ -523,8 +523,9 @@ def task_page_view(
     ctx: Ctx,
     session: PageSession,
     done: Annotated[str, Query(pattern="^(|approved|rejected)$")] = "",
+    internal: Annotated[bool, Query(description="Draw internal states (`~force`, `~handoff`) apart.")] = False,
 ) -> Response:
-    page = task_page(ctx.engine, task_id, session.principal)
+    page = task_page(ctx.engine, task_id, session.principal, internal=internal)
     return render(request, "task.html", session=session, page=page, done=done)
 
 

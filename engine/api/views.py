@@ -32,8 +32,10 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from pydantic import BaseModel
 
+from engine.api.route import Visit, task_route, visits_of
 from engine.api.tokens import Principal
 from engine.audit.reads import path_visits
 from engine.core.approvals import decision_role, pending_view, self_approval
@@ -316,6 +318,10 @@ class TaskPage:
     diagram: dict[str, Any]
     approval: ApprovalView | None
     input: list[Shown] = field(default_factory=list)
+    #: The route drawn (`engine.api.route`), the stays it lists, and whether internal states are shown apart.
+    route: Markup = field(default_factory=Markup)
+    visits: list[Visit] = field(default_factory=list)
+    internal: bool = False
 
 
 def why_not(principal: Principal, definition: Workflow, task: TaskState) -> str | None:
@@ -373,7 +379,7 @@ def inbox(engine: Engine, principal: Principal, role: str | None = None) -> list
     return out
 
 
-def task_page(engine: Engine, task_id: str, principal: Principal) -> TaskPage:
+def task_page(engine: Engine, task_id: str, principal: Principal, *, internal: bool = False) -> TaskPage:
     task = engine.load(task_id)
     definition = engine.definition_of(task)
     events = engine.events_of(task)
@@ -383,6 +389,9 @@ def task_page(engine: Engine, task_id: str, principal: Principal) -> TaskPage:
         diagram=task_diagram(definition, events),
         approval=approval_view(engine, definition, task, events, principal),
         input=display_arguments(task.input, schema_of(definition.input)),
+        route=task_route(definition, events, internal=internal),
+        visits=visits_of(events, internal=internal),
+        internal=internal,
     )
 
 

@@ -129,6 +129,19 @@ def _open_checked(ref: ArchiveRef, directory: Path) -> Path:
     return path
 
 
+def archived_hashes(ref: ArchiveRef, directory: Path) -> dict[tuple[str, int], str]:
+    """Every event hash of the file `ref` names, by (task id, seq), from a file whose sha256 is still the one on
+    the tombstone: what a checkpoint's judgement reads once per file, not once per task."""
+    path = _open_checked(ref, directory)
+    found: dict[tuple[str, int], str] = {}
+    with path.open("rb") as lines:
+        for raw in lines:
+            value = json.loads(raw)
+            if value.get("kind") == "event":
+                found[(str(value["task_id"]), int(value["seq"]))] = str(value["hash"])
+    return found
+
+
 def archived_events(ref: ArchiveRef, directory: Path) -> list[Event]:
     """The archived task's events, from a file whose sha256 is still the one on its tombstone."""
     path = _open_checked(ref, directory)

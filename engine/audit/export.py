@@ -90,7 +90,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
         value = json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _Unreadable(f"not UTF-8 JSON ({type(exc).__name__})") from None
     if not isinstance(value, dict):
         raise _Unreadable("not a JSON object")
@@ -156,6 +156,12 @@ def _int(value: Any) -> int:
     return value
 
 
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Unreadable(f"{value!r} is not a text")
+    return value
+
+
 def _instant(value: Any) -> Any:
     """A timestamp exactly as the export writes it; another spelling of the same instant is an edit too."""
     try:
@@ -177,8 +183,11 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck |
 
     `against`: a signed checkpoint the export is held to (`ExportCheck`): each task's log must reach the head
     the checkpoint committed to, with a proof line that verifies against its root; tasks it lists and the
-    export lacks are reported after the others.
+    export lacks are reported after the others. Without one, proof lines are still checked, against the roots
+    they name (`ExportCheck.unanchored`): never skipped.
     """
+    if against is None:
+        against = ExportCheck.unanchored()
     check: LogCheck | None = None
     legal: set[tuple[Any, ...]] = set()  # transitions found legal, remembered across the file's tasks
     created: Any = None
@@ -219,14 +228,11 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck |
                         f"line {number}: an event of task {event.task_id} under the task line of {check.task_id}",
                     )
                 check.event(event)
-                if against is not None:
-                    against.event(check.task_id, event)
+                against.event(check.task_id, event)
             elif kind == "proof":
-                if check is None or value.get("task_id") != check.task_id or against is None:
-                    if against is not None:
-                        raise _Unreadable("a proof line that follows no task line of its task")
-                else:
-                    against.proof_line(check, value)
+                if check is None or value.get("task_id") != check.task_id:
+                    raise _Unreadable("a proof line that follows no task line of its task")
+                against.proof_line(check, value)
             elif kind == "end":
                 ended = True
                 if check is not None:
@@ -255,53 +261,79 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck |
         yield _finish(check, created, against)
     if not ended:
         file_findings.append(Finding(Code.SEQ_GAP, 0, "the file ends without its end line: it was cut short"))
-    if against is not None:
-        yield from against.missing()
+    yield from against.missing()
     yield ReplayReport("", "", 0, tuple(file_findings))
 
 
 class ExportCheck:
-    """An export held to a signed checkpoint: the checkpoint's signed header and its heads (already verified),
-    and whether the export should hold every task the checkpoint lists (`complete`)."""
+    """What an export's proof lines are held to. Three ways, from strongest:
 
-    def __init__(self, header: Header, heads: dict[str, Head], *, complete: bool) -> None:
-        self.header, self.heads, self.complete = header, heads, complete
+    - `ExportCheck(header, heads, complete=...)`: a signed checkpoint and its heads (already verified): each
+      task it lists must reach its head with a proof line in its root, and (if `complete`) none may be missing;
+    - `ExportCheck(header, None, complete=False)`: a signed header alone (`head -1` of a checkpoint file):
+      each proof line must prove its head in the signed root; which tasks it lists cannot be told;
+    - `ExportCheck.unanchored()`: no checkpoint: each proof line is checked against the root it names, which
+      shows only that the export agrees with itself.
+
+    `proved` counts the proof lines read, `uncovered` the tasks that had none: what the caller says the check
+    did not reach.
+    """
+
+    def __init__(self, header: Header | None, heads: dict[str, Head] | None, *, complete: bool) -> None:
+        self.header, self.heads, self.complete = header, heads, complete and heads is not None
         self.seen: set[str] = set()
-        self._proved: set[str] = set()
-        #: Of the task being read: its last exported seq, and the hash of its event at the checkpointed seq.
-        self._last_seq, self._at_head = 0, ""
+        self.proved = self.uncovered = 0
+        self._proved: dict[str, Head] = {}
+        #: Of the task being read: its last exported seq, and its events' hashes by seq at the heads proved.
+        self._last_seq, self._hashes = 0, dict[int, str]()
+
+    @classmethod
+    def unanchored(cls) -> ExportCheck:
+        return cls(None, None, complete=False)
+
+    @property
+    def anchored(self) -> bool:
+        return self.header is not None
 
     def event(self, task_id: str, event: Event) -> None:
-        expected = self.heads.get(task_id)
         self._last_seq = max(self._last_seq, event.seq)
-        if expected is not None and event.seq == expected.seq:
-            self._at_head = event.hash
+        self._hashes[event.seq] = event.hash
 
     def proof_line(self, check: LogCheck, value: dict[str, Any]) -> None:
         _fields(value, ("task_id", "checkpoint", "tree_size", "index", "seq", "hash", "path"), "proof")
-        expected = self.heads.get(check.task_id)
-        head = Head(check.task_id, _int(value["seq"]), str(value["hash"]))
+        # Every field as exported, its type too: `3.0` for a tree size of 3 is an edit, as it is anywhere else.
+        head = Head(check.task_id, _int(value["seq"]), _text(value["hash"]))
+        given_size, given_root, index = _int(value["tree_size"]), _text(value["checkpoint"]), _int(value["index"])
+        expected = self.heads.get(check.task_id) if self.heads is not None else head
+        size, root = (self.header.tree_size, self.header.root) if self.header is not None else (given_size, given_root)
         path = value["path"]
         holds = (
             expected == head
-            and value["checkpoint"] == self.header.root
-            and value["tree_size"] == self.header.tree_size
+            and (given_root, given_size) == (root, size)
             and isinstance(path, list)
-            and inclusion_holds(head, _int(value["index"]), self.header, [str(p) for p in path])
+            and all(isinstance(p, str) for p in path)
+            and inclusion_holds(head, index, size, root, path)
         )
         if not holds:
-            check.add(Code.HEAD_REWRITTEN, head.seq, "its proof line does not prove its head in the checkpoint's root")
-        self._proved.add(check.task_id)
+            whose = "the checkpoint's root" if self.header is not None else "the root it names"
+            check.add(Code.HEAD_REWRITTEN, head.seq, f"its proof line does not prove its head in {whose}")
+        if check.task_id in self._proved:
+            check.add(Code.HEAD_REWRITTEN, head.seq, "it has a second proof line")
+        self._proved[check.task_id] = head
+        self.proved += 1
 
     def finish(self, check: LogCheck) -> None:
-        """The task's exported log against the head the checkpoint committed to."""
+        """The task's exported log against the head its proof line (or the checkpoint) committed to."""
         self.seen.add(check.task_id)
-        expected = self.heads.get(check.task_id)
-        last, at_head = self._last_seq, self._at_head
-        self._last_seq, self._at_head = 0, ""
+        proved = self._proved.pop(check.task_id, None)
+        expected = self.heads.get(check.task_id) if self.heads is not None else proved
+        last, hashes = self._last_seq, self._hashes
+        self._last_seq, self._hashes = 0, {}
+        if proved is None:
+            self.uncovered += 1
         if expected is None:
             return
-        if check.task_id not in self._proved:
+        if proved is None:
             check.add(Code.HEAD_REWRITTEN, expected.seq, "the checkpoint lists it, and the export has no proof line")
         if last < expected.seq:
             check.add(
@@ -309,11 +341,11 @@ class ExportCheck:
                 last,
                 f"its exported log ends at seq {last}; the checkpoint recorded seq {expected.seq}",
             )
-        elif at_head != expected.hash:
+        elif hashes.get(expected.seq) != expected.hash:
             check.add(Code.HEAD_REWRITTEN, expected.seq, f"event {expected.seq} is not the one the checkpoint recorded")
 
     def missing(self) -> Iterator[ReplayReport]:
-        if not self.complete:
+        if not self.complete or self.heads is None:
             return
         for task_id, head in self.heads.items():
             if task_id not in self.seen:
@@ -325,9 +357,8 @@ class ExportCheck:
                 )
 
 
-def _finish(check: LogCheck, created: Any, against: ExportCheck | None = None) -> ReplayReport:
-    if against is not None:
-        against.finish(check)
+def _finish(check: LogCheck, created: Any, against: ExportCheck) -> ReplayReport:
+    against.finish(check)
     first = check.first
     if created is not None and first is not None and first.at != created:
         check.add(

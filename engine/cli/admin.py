@@ -14,7 +14,7 @@ import typer
 
 from engine.cli import render
 from engine.cli.exits import database_url, fail, open_engine, registry
-from engine.cli.options import JsonFlag, VersionOpt
+from engine.cli.options import ExtraBodyOpt, JsonFlag, RetriesOpt, StreamOpt, TimeoutOpt, VersionOpt, model_options
 from engine.core.errors import Code, RailyardError
 
 
@@ -112,9 +112,13 @@ def providers(as_json: JsonFlag = False) -> None:
     """The capability profiles and the forcing rung each gets, with thinking off and on."""
     from engine.core.forcing import rung_table
     from engine.core.profiles import load_profiles
+    from engine.runtime.models import settings_for
 
     try:
         rows = rung_table(load_profiles())
+        for row in rows:  # what a model of the profile is called with here: the environment and the profiles file
+            settings, sources = settings_for(row["name"])
+            row["settings"], row["settings_from"] = settings.to_dict(), sources
     except RailyardError as error:
         fail(error)
     render.providers(rows, as_json)
@@ -124,11 +128,21 @@ def demo(
     model: Annotated[
         str | None, typer.Option("--model", help="openai:MODEL or anthropic:MODEL instead of the scripted answers.")
     ] = None,
+    timeout: TimeoutOpt = None,
+    retries: RetriesOpt = None,
+    stream: StreamOpt = None,
+    extra_body: ExtraBodyOpt = None,
 ) -> None:
     """Run the reference workflows' three scenarios on RAILYARD_DATABASE_URL, step by step, then replay them."""
     from engine.store.database import connection_errors
 
+    settings = model_options(timeout, retries, stream, extra_body)
     try:
+        if model is None and any(v is not None for v in settings.values()):
+            raise RailyardError(
+                "the timeout, retry, stream and extra-body options need --model: the scripted demo calls no provider",
+                code=Code.CONFIG_INVALID,
+            )
         _reference_workflows()  # first: without them, no database would do
     except RailyardError as error:
         fail(error)
@@ -137,7 +151,7 @@ def demo(
         from workflows.demo import run_demo
 
         with connection_errors(url):  # the fakes of the systems the demo calls connect on their own
-            run_demo(url, render.out, model=model)
+            run_demo(url, render.out, model=model, model_settings=settings)
     except RailyardError as error:
         fail(error)
 

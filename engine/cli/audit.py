@@ -12,8 +12,9 @@ import typer
 
 from engine.cli import render
 from engine.cli.exits import EXIT_AUDIT, fail, open_engine, registry
-from engine.cli.options import JsonFlag, instant
-from engine.core.errors import Code, RailyardError, Refused
+from engine.cli.options import JsonFlag, PublicKeys, instant
+from engine.core.chain import Finding
+from engine.core.errors import Code, IntegrityError, RailyardError, Refused
 from engine.core.replay import ReplayReport
 
 #: What `replay` and `export` read: one TASK, or --all of them narrowed by --workflow and --since.
@@ -46,9 +47,7 @@ def replay(
         Path | None,
         typer.Option("--checkpoint", help="With --all: also judge the database against this signed checkpoint."),
     ] = None,
-    public_key: Annotated[
-        str | None, typer.Option("--public-key", help="The checkpoint signer's public key (hex, or a file).")
-    ] = None,
+    public_key: PublicKeys | None = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Check task logs without calling any model or tool: hash chain, seq, legal transitions, row and snapshots.
@@ -60,7 +59,7 @@ def replay(
     from engine.audit.parallel import available_jobs
 
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since), ("--checkpoint", checkpoint))
-    if (checkpoint is None) != (public_key is None):
+    if (checkpoint is None) != (not public_key):
         raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
     if checkpoint is not None and (workflow is not None or since is not None):
         raise typer.BadParameter("a checkpoint covers every task: not with --workflow or --since")
@@ -73,7 +72,7 @@ def replay(
             found = not report.ok
         else:
             against = None
-            if checkpoint is not None and public_key is not None:
+            if checkpoint is not None and public_key:
                 header, judged = engine.judge_checkpoint(checkpoint, public_key)
                 against = (checkpoint, header, judged)
             reports = engine.replay_all(workflow=workflow, since=since_at, jobs=jobs)
@@ -97,7 +96,11 @@ def export(
         ),
     ] = None,
 ) -> None:
-    """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools."""
+    """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools.
+
+    With --checkpoint, the checkpoint's heads must hash to its root (CHECKPOINT_INVALID otherwise) before any
+    proof is drawn from it; its signature is the verifier's to check.
+    """
     from engine.audit.checkpoint import proofs, read
     from engine.audit.export import export_lines
 
@@ -106,7 +109,10 @@ def export(
     with open_engine() as engine:
         if task_id is not None and engine.store.row(task_id) is None:
             fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
-        proof_of = proofs(read(checkpoint)) if checkpoint is not None else None
+        try:
+            proof_of = proofs(read(checkpoint)) if checkpoint is not None else None
+        except RailyardError as error:
+            fail(error)
         items = engine.logs(None if task_id is None else [task_id], workflow=workflow, since=since_at)
         render.jsonl(export_lines(items, proof_of))
 
@@ -122,9 +128,7 @@ def verify_export_command(
             "--checkpoint", help="Also hold the export to this signed checkpoint.", exists=True, dir_okay=False
         ),
     ] = None,
-    public_key: Annotated[
-        str | None, typer.Option("--public-key", help="The checkpoint signer's public key (hex, or a file).")
-    ] = None,
+    public_key: PublicKeys | None = None,
     partial: Annotated[
         bool,
         typer.Option("--partial", help="With --checkpoint: the export holds some tasks only (no TASK_MISSING)."),
@@ -133,31 +137,41 @@ def verify_export_command(
 ) -> None:
     """Check an export offline, with only the file and the workflow definitions (RAILYARD_WORKFLOWS).
 
-    Every hash, the chain, seq, each transition's legality and each task's final state. With --checkpoint, also
-    that each task's log reaches the head the signed checkpoint committed to, with a proof line that verifies
-    against its root, and (unless --partial) that no task it lists is missing. Exit 3 on any finding.
+    Every hash, the chain, seq, each transition's legality and each task's final state, and each proof line
+    against the root it names. With --checkpoint, each task's log must also reach the head the signed
+    checkpoint committed to, with a proof line that verifies against its signed root, and (unless --partial)
+    no task it lists may be missing. The checkpoint may be its header line alone (`head -1 FILE`) with
+    --partial. Exit 3 on any finding.
     """
-    from engine.audit.checkpoint import load_public_key, read, verify_file
+    from engine.audit.checkpoint import Keys, Reading
     from engine.audit.export import ExportCheck, verify_export
 
-    if (checkpoint is None) != (public_key is None):
+    if (checkpoint is None) != (not public_key):
         raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
     definitions = registry()
-    against = None
+    against = ExportCheck.unanchored()
     try:
-        if checkpoint is not None and public_key is not None:
-            header, invalid = verify_file(checkpoint, load_public_key(public_key))
-            if invalid:
-                render.audit_totals(
-                    [], as_json, "verified", (checkpoint, header, [ReplayReport("", "", 0, tuple(invalid))])
-                )
-                raise typer.Exit(EXIT_AUDIT)
-            heads = {h.task_id: h for h in read(checkpoint).heads}
-            against = ExportCheck(header, heads, complete=not partial)
+        if checkpoint is not None and public_key:
+            with Reading(checkpoint, Keys.load(public_key)) as reading:
+                if reading.header_only and not partial:
+                    raise typer.BadParameter(
+                        "this checkpoint is its header alone: it proves heads, not which tasks it lists; add --partial",
+                        param_hint="--checkpoint",
+                    )
+                try:
+                    if reading.unsigned is not None:
+                        raise IntegrityError(f"{checkpoint.name}: {reading.unsigned}", code=Code.CHECKPOINT_INVALID)
+                    heads = None if reading.header_only else {h.task_id: h for h in reading.heads()}
+                except IntegrityError as error:
+                    invalid = ReplayReport("", "", 0, (Finding(Code.CHECKPOINT_INVALID, 0, error.message),))
+                    render.audit_totals([], as_json, "verified", (checkpoint, reading.header, [invalid]))
+                    raise typer.Exit(EXIT_AUDIT) from None
+            against = ExportCheck(reading.header, heads, complete=not partial)
     except RailyardError as error:
         fail(error)
     with path.open("rb") as lines:
         found = render.audit_totals(verify_export(lines, definitions.find, against), as_json, "verified")
+    render.proofs_reached(against)
     if found:
         raise typer.Exit(EXIT_AUDIT)
 

@@ -14,7 +14,7 @@ import typer
 from engine.audit.checkpoint import keygen as make_key
 from engine.cli import render
 from engine.cli.exits import EXIT_AUDIT, fail, open_engine
-from engine.cli.options import JsonFlag
+from engine.cli.options import JsonFlag, PublicKeys
 from engine.cli.shell import Command, Group
 from engine.core.errors import RailyardError
 
@@ -22,10 +22,6 @@ checkpoint_app = typer.Typer(
     cls=Group,
     help="Signed checkpoints of every task's head (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR).",
 )
-
-PublicKey = Annotated[
-    str, typer.Option("--public-key", help="The signer's public key: 64 hex digits, or a file holding it.")
-]
 
 
 @checkpoint_app.callback(invoke_without_command=True)
@@ -40,8 +36,8 @@ def checkpoint(
     if ctx.invoked_subcommand is not None:
         return
     with open_engine() as engine:
-        header, path = engine.checkpoint(directory=directory)
-    render.checkpoint_written(header, path, as_json)
+        taken = engine.checkpoint(directory=directory)
+    render.checkpoint_written(taken, as_json)
 
 
 @checkpoint_app.command("keygen", cls=Command)
@@ -58,15 +54,21 @@ def keygen(path: Annotated[Path, typer.Argument(help="The private key file to cr
 def verify(
     older: Annotated[Path, typer.Argument(help="The older checkpoint file.")],
     newer: Annotated[Path, typer.Argument(help="The newer checkpoint file.")],
-    public_key: PublicKey,
+    public_key: PublicKeys,
+    directory: Annotated[
+        list[Path] | None,
+        typer.Option("--dir", help="Where to look for the checkpoints between them (default: the two files' folders)."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Prove NEWER extends OLDER: both verify, and every task of OLDER is in NEWER at a head descending from it.
+    """Prove NEWER extends OLDER: both verify, NEWER's chain of predecessors reaches OLDER, and every task of OLDER
+    is in NEWER at a head descending from it.
 
-    Exit 3 with CHECKPOINT_INVALID or CHECKPOINT_NOT_EXTENDING findings otherwise.
+    Each checkpoint is checked with the key it names, among the --public-key ones (give the old and the new key
+    across a rotation). Exit 3 with CHECKPOINT_INVALID, CHECKPOINT_NOT_EXTENDING or ARCHIVE_MISSING findings.
     """
     with open_engine() as engine:
-        found = engine.checkpoint_extends(older, newer, public_key)
+        found = engine.checkpoint_extends(older, newer, public_key, directory or ())
     render.checkpoint_verdict(found, older, newer, as_json)
     if found:
         raise typer.Exit(EXIT_AUDIT)

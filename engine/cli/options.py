@@ -19,6 +19,13 @@ ExpectedSeq = Annotated[
     int | None, typer.Option("--expected-seq", help="Refuse (CONCURRENCY_CONFLICT) if the task moved past this seq.")
 ]
 VersionOpt = Annotated[int | None, typer.Option("--version", help="Version (default: newest).")]
+#: Who may have signed a checkpoint: each checkpoint names its key, so across a rotation give the old and the new.
+PublicKeys = Annotated[
+    list[str],
+    typer.Option(
+        "--public-key", help="A checkpoint signer's public key: 64 hex digits, or a file holding it (repeatable)."
+    ),
+]
 
 
 def parse_json(value: str | None, option: str) -> dict[str, Any] | None:
@@ -42,3 +49,48 @@ def instant(text: str | None, option: str) -> datetime | None:
         return parse_instant(text.strip())
     except ValueError:
         raise typer.BadParameter(f"{text!r} is neither a seq nor an ISO 8601 date or time", param_hint=option) from None
+
+
+# How a provider is called (`engine.core.model_settings`): each option beats its environment variable, which beats
+# the profiles file. Unset (None) leaves the setting to those layers.
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        help="Seconds each provider call may take (over RAILYARD_MODEL_TIMEOUT and the profiles file; default 60).",
+    ),
+]
+RetriesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--retries",
+        help="Calls made again after RATE_LIMITED or PROVIDER_TIMEOUT (over RAILYARD_MODEL_RETRIES and the profiles "
+        "file; default 2).",
+    ),
+]
+StreamOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--stream/--no-stream",
+        help="Ask for a streamed answer (over RAILYARD_MODEL_STREAM and the profiles file; default off).",
+    ),
+]
+ExtraBodyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--extra-body",
+        help="A JSON object merged into every request body (over RAILYARD_MODEL_EXTRA_BODY and the profiles file).",
+    ),
+]
+
+
+def model_options(
+    timeout: float | None, retries: int | None, stream: bool | None, extra_body: str | None
+) -> dict[str, Any]:
+    """The model settings the command line gives, by setting name (None: not given)."""
+    return {
+        "timeout_seconds": timeout,
+        "retries": retries,
+        "stream": stream,
+        "extra_body": parse_json(extra_body, "--extra-body"),
+    }

@@ -21,6 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.audit.archive import ArchiveRun
+from engine.audit.checkpoint import Taken
+from engine.audit.export import ExportCheck
 from engine.core.approvals import DIGEST_PREFIX
 from engine.core.canonical import format_instant
 from engine.core.chain import Finding
@@ -151,10 +153,13 @@ def fired(view: TaskView, as_json: bool) -> None:
         )
 
 
-def task(view: TaskView, point: Event | None, as_json: bool) -> None:
-    """`show`: where the task stands, or with `point` where it stood right after that event."""
+def task(view: TaskView, point: Event | None, as_json: bool, tokens: Mapping[str, int] | None = None) -> None:
+    """`show`: where the task stands, or with `point` where it stood right after that event; `tokens`: what its
+    model turns spent (`engine.core.budgets.token_totals`)."""
     if as_json:
         shown = view.to_dict()
+        if tokens is not None:
+            shown["tokens"] = dict(tokens)
         if point is not None:
             shown["as_of"] = {
                 "seq": point.seq,
@@ -191,7 +196,23 @@ def task(view: TaskView, point: Event | None, as_json: bool) -> None:
     table.add_row("input", compact(view.input))
     if point is not None:
         table.add_row("facts", compact(view.facts))
+    if tokens is not None and tokens["turns"]:
+        table.add_row("tokens", _tokens(tokens))
     out.print(table)
+
+
+def _tokens(t: Mapping[str, int]) -> str:
+    """`1,290 (1,234 in, 200 of them cached; 56 out, 10 reasoning) over 3 model turns`."""
+    turns = count(t["turns"], "model turn")
+    if not t["reported"]:
+        return f"not reported by the provider ({turns})"
+    parts = [f"{t['input_tokens']:,} in" + (f", {t['cached_tokens']:,} of them cached" if t["cached_tokens"] else "")]
+    parts.append(
+        f"{t['output_tokens']:,} out" + (f", {t['reasoning_tokens']:,} reasoning" if t["reasoning_tokens"] else "")
+    )
+    unreported = t["turns"] - t["reported"]
+    tail = f" over {turns}" + (f" ({unreported} reported none)" if unreported else "")
+    return f"{t['total_tokens']:,} ({'; '.join(parts)}){tail}"
 
 
 def history_table(events: Iterable[Event], title: str | None = None) -> Table:
@@ -396,17 +417,48 @@ def audit_totals(
     return found > 0
 
 
-def checkpoint_written(header: Header, path: Path, as_json: bool) -> None:
+def checkpoint_written(taken: Taken, as_json: bool) -> None:
+    header, path, unrecorded = taken
     if as_json:
-        print_json({"file": str(path), **header.to_dict()})
-        return
-    # The file on stdout, like `start` prints the task id (`CHECKPOINT=$(railyard checkpoint)`); the rest on stderr.
-    out.print(str(path), highlight=False, markup=False, soft_wrap=True)
-    err.print(
-        f"{count(header.tree_size, 'task')}, root {header.root}, taken {header.at}, key {header.key_id}",
-        highlight=False,
-        markup=False,
-    )
+        print_json({"file": str(path), **header.to_dict(), "recorded": unrecorded is None})
+    else:
+        # The file on stdout, like `start` prints the task id (`CHECKPOINT=$(railyard checkpoint)`); the rest on stderr.
+        out.print(str(path), highlight=False, markup=False, soft_wrap=True)
+        err.print(
+            f"{count(header.tree_size, 'task')}, root {header.root}, taken {header.at}, key {header.key_id}",
+            highlight=False,
+            markup=False,
+        )
+    if unrecorded is not None:
+        err.print(
+            f"warning: the checkpoint stands (the file is the checkpoint), but the database has no note of it: "
+            f"{unrecorded}",
+            highlight=False,
+            markup=False,
+        )
+
+
+def proofs_reached(against: ExportCheck) -> None:
+    """What `verify-export`'s proof checks did not reach, said on stderr so the verdict on stdout stays the
+    same document: proofs held to no signed root, tasks without a proof line."""
+    if not against.anchored and against.proved:
+        err.print(
+            f"note: {count(against.proved, 'proof line')} checked against the roots they name only; "
+            "add --checkpoint and --public-key to hold them to a signed checkpoint",
+            highlight=False,
+            markup=False,
+        )
+    elif against.anchored and against.uncovered:
+        listed = (
+            "the checkpoint does not list (no proof line)"
+            if against.heads is not None
+            else "without a proof line: from a checkpoint's header alone, whether it lists them cannot be told"
+        )
+        err.print(
+            f"note: {count(against.uncovered, 'task')} of the export {listed}; their logs are proven, not anchored",
+            highlight=False,
+            markup=False,
+        )
 
 
 def checkpoint_verdict(found: list[Finding], older: Path, newer: Path, as_json: bool) -> None:
@@ -479,6 +531,34 @@ def providers(rows: list[dict[str, Any]], as_json: bool) -> None:
                     ", ".join(r["tool_choice_thinking_on"]) or "(not sent)",
                     f"{r['rung_thinking_off']} / {r['rung_thinking_off_one_action']}",
                     f"{r['rung_thinking_on']} / {r['rung_thinking_on_one_action']}",
+                )
+                for r in rows
+            ),
+        )
+    )
+    if all("settings" in r for r in rows):
+        _provider_settings(rows)
+
+
+def _provider_settings(rows: list[dict[str, Any]]) -> None:
+    """How a model of each profile is called here, and which layer set each value that is not the default."""
+
+    def layers(r: dict[str, Any]) -> str:
+        given = [f"{k} ({v.replace('_', ' ')})" for k, v in r["settings_from"].items() if v != "default"]
+        return ", ".join(given) or "defaults"
+
+    out.print(
+        _table(
+            "How models are called (options > RAILYARD_MODEL_* > profiles file > default)",
+            ("profile", "timeout", "retries", "stream", "extra body", "set by"),
+            (
+                (
+                    r["name"],
+                    f"{r['settings']['timeout_seconds']:g} s",
+                    str(r["settings"]["retries"]),
+                    "on" if r["settings"]["stream"] else "off",
+                    compact(r["settings"]["extra_body"]) if r["settings"]["extra_body"] else "",
+                    layers(r),
                 )
                 for r in rows
             ),

@@ -14,11 +14,16 @@ from engine.cli.exits import open_engine
 from engine.cli.options import (
     ActorOpt,
     ExpectedSeq,
+    ExtraBodyOpt,
     JsonFlag,
     ReasonOpt,
+    RetriesOpt,
+    StreamOpt,
     TaskId,
+    TimeoutOpt,
     VersionOpt,
     instant,
+    model_options,
     parse_json,
 )
 from engine.core.events import Event
@@ -56,6 +61,8 @@ def show(
     as_json: JsonFlag = False,
 ) -> None:
     """Where a task stands (or stood, with --as-of): state, seq, status, the triggers it allows."""
+    from engine.core.budgets import token_totals
+
     point: Event | None = None
     with open_engine() as engine:
         if as_of is None:
@@ -67,7 +74,9 @@ def show(
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--as-of") from None
             view, point = engine.view(found.task), found.event
-    render.task(view, point, as_json)
+        # What its model turns spent, up to the point shown.
+        tokens = token_totals(e.data for e in engine.history(task_id) if point is None or e.seq <= point.seq)
+    render.task(view, point, as_json, tokens)
 
 
 def _point(text: str) -> tuple[int | None, datetime | None]:
@@ -176,13 +185,21 @@ def run(
     ] = None,
     thinking: Annotated[bool, typer.Option("--thinking", help="Ask the model to think (reasoning on).")] = False,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Stop after this many model turns.")] = 50,
+    timeout: TimeoutOpt = None,
+    retries: RetriesOpt = None,
+    stream: StreamOpt = None,
+    extra_body: ExtraBodyOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run model turns while the task is in an agent state; print each event they appended."""
-    from engine.providers import adapter_from_spec
+    from engine.runtime import config
+    from engine.runtime.models import open_model
 
+    settings = model_options(timeout, retries, stream, extra_body)
     with open_engine() as engine:
-        adapter = adapter_from_spec(model) if model else None
+        # Without options, a model named only by RAILYARD_MODEL is opened if a turn needs it (Engine does).
+        spec = model or (config.model_spec() if any(v is not None for v in settings.values()) else None)
+        adapter = open_model(spec, settings) if spec else None
         before = engine.get(task_id).seq
         task = engine.run(task_id, model=adapter, thinking=thinking, max_turns=max_turns)
         events = engine.store.events(task_id, after_seq=before)

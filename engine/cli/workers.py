@@ -10,6 +10,7 @@ import typer
 
 from engine.cli import render
 from engine.cli.exits import database_url, fail, open_engine, require_schema
+from engine.cli.options import ExtraBodyOpt, RetriesOpt, StreamOpt, TimeoutOpt, model_options
 from engine.core.errors import RailyardError
 from engine.runtime import config
 
@@ -38,6 +39,10 @@ def worker(
             help="Also sign a checkpoint of every head this often (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR).",
         ),
     ] = None,
+    timeout: TimeoutOpt = None,
+    retries: RetriesOpt = None,
+    stream: StreamOpt = None,
+    extra_body: ExtraBodyOpt = None,
 ) -> None:
     """Claim due tasks, advance each until it blocks or ends, release it; until SIGTERM or SIGINT.
 
@@ -50,7 +55,7 @@ def worker(
     import signal
     import threading
 
-    from engine.providers import adapter_from_spec
+    from engine.runtime.models import open_model
     from engine.runtime.worker import Worker
 
     require_schema(database_url())  # a worker logs what fails on a claim and carries on: not for this
@@ -76,8 +81,9 @@ def worker(
     for name in ("railyard.transitions", "railyard.worker"):
         logging.getLogger(name).setLevel(logging.INFO)
     with open_engine() as engine:
+        settings = model_options(timeout, retries, stream, extra_body)
         try:
-            adapter = adapter_from_spec(model) if model else None
+            adapter = open_model(model, settings) if model else None
         except RailyardError as error:
             fail(error)
         names = [w.strip() for w in workflows.split(",") if w.strip()] if workflows else None
@@ -93,7 +99,7 @@ def worker(
         try:
             runner.check_configuration()
             if runner.model is None and config.model_spec() is not None:
-                runner.model = engine.model = adapter_from_spec(str(config.model_spec()))  # a bad spec: exit 2 now
+                runner.model = engine.model = open_model(str(config.model_spec()), settings)  # a bad spec: exit 2 now
         except RailyardError as error:
             fail(error)
         listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"

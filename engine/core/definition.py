@@ -91,12 +91,24 @@ class Budgets:
 
     `repeats` bounds calls of one tool with the same normalised arguments: a model
     looping on `query_ticket` stops there, its steps kept in the log.
+
+    `tokens` caps the tokens (input plus output, as the provider reported them) of
+    all the task's model turns; `state_tokens` caps those of the turns in any one
+    agent state (its repairs included), over the whole task. Both are checked
+    before a turn: the turn that crosses a cap is kept, the next one is not made.
     """
 
     model_turns: int = 50
     tool_calls: int = 25
     repeats: int = 3
     deadline: timedelta | None = None
+    tokens: int | None = None
+    state_tokens: int | None = None
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether the fold keeps token counters for these budgets (only then: older snapshots stay equal)."""
+        return self.tokens is not None or self.state_tokens is not None
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -104,6 +116,9 @@ class Budgets:
             "tool_calls": self.tool_calls,
             "repeats": self.repeats,
             "deadline_seconds": self.deadline.total_seconds() if self.deadline is not None else None,
+            # Added later: present only when set, so the digests of definitions that do not use them stay put.
+            **({"tokens": self.tokens} if self.tokens is not None else {}),
+            **({"state_tokens": self.state_tokens} if self.state_tokens is not None else {}),
         }
 
 
@@ -578,6 +593,10 @@ def _validate(wf: Workflow) -> list[str]:
         problems.append(f"version {wf.version!r} must be an integer >= 1")
     if wf.input is not None and not _forbids_extra(wf.input):
         problems.append(f"input model {wf.input.__name__} must set extra='forbid'")
+    for budget in ("tokens", "state_tokens"):
+        cap = getattr(wf.budgets, budget)
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            problems.append(f"budget {budget} {cap!r} must be an integer >= 1 (or None: no cap)")
 
     names: dict[str, State] = {}
     for state in wf.states:

@@ -193,7 +193,8 @@ class Code(StrEnum):
     PROVIDER_ERROR = (
         "PROVIDER_ERROR",
         Category.PROVIDER,
-        "Any other provider failure, including an error event inside a 200 stream; not retried.",
+        "Any other provider failure (a server error, an error event inside a 200 stream whose fields name nothing"
+        " more specific; see the classification table below); not retried.",
     )
     # Tools
     TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED", Category.TOOL, "The tool is not one this state's actions may call."

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
-from engine.core.definition import CALL, MIGRATE, START, Status, Workflow
+from engine.core.definition import CALL, MIGRATE, START, Agent, Status, Workflow
 from engine.core.effects import is_open, next_cancel_request, next_effect
 from engine.core.errors import Code, IntegrityError
 from engine.core.events import Event
-from engine.core.payloads import PreparedCallData
+from engine.core.payloads import EventData, PreparedCallData
 from engine.core.records import quick_init
 from engine.core.visit import next_visit
 
@@ -244,6 +244,8 @@ class Fold:
         if trigger == MIGRATE:  # from here on the task is pinned to the version the event names
             self.version, self.digest = self.definition.version, self.definition.digest
         self.usage = count_usage(self.usage, event)
+        if self.definition.budgets.counts_tokens and "turn" in data:
+            self.usage = count_tokens(self.usage, self.definition, event)
         self.state, self.status, self.seq, self.last_hash = event.to_state, status, event.seq, event.hash
 
     def resync(self, seq: int, last_hash: str) -> None:
@@ -285,6 +287,31 @@ def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
         repeats[key] = int(repeats.get(key, 0)) + 1
         return {**usage, "calls": int(usage.get("calls", 0)) + 1, "repeats": repeats}
     return usage
+
+
+def count_tokens(usage: dict[str, Any], definition: Workflow, event: Event) -> dict[str, Any]:
+    """The token counters after a model turn: the task's, and the agent state's the turn was made in.
+
+    Kept only for definitions with a token budget, so tasks of other definitions fold (and snapshot) as before.
+    """
+    spent = turn_tokens(event.data)
+    if not spent:
+        return usage
+    source = event.from_state or ""
+    state = definition.state(source) if definition.has_state(source) else None
+    base = state.base if isinstance(state, Agent) else source
+    by_state = dict(usage.get("state_tokens", {}))
+    by_state[base] = int(by_state.get(base, 0)) + spent
+    return {**usage, "tokens": int(usage.get("tokens", 0)) + spent, "state_tokens": by_state}
+
+
+def turn_tokens(data: EventData) -> int:
+    """Input plus output tokens of a model turn, as the provider reported them (0 when it reported none)."""
+    turn = data.get("turn")
+    usage = turn.get("usage") if isinstance(turn, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    return sum(v for k, v in usage.items() if k in ("input_tokens", "output_tokens") and isinstance(v, int))
 
 
 #: The definition a task is pinned to, by (name, version, digest); refuses DEFINITION_MISSING / _CHANGED.

@@ -2,15 +2,27 @@
 
 Nothing is swallowed: an HTTP error, an error event inside a 200 stream, a
 timeout, a refusal by the content filter all raise `ModelError` with a code.
-Only the code reaches the public log; the raw text goes to the server log,
-cut to 200 characters, and never with the request body.
+
+The code is chosen from what the provider says in fields (the HTTP status, the
+error's `type`, `code` and `param`) and from what the request carried, through
+one table, `ERROR_TABLE`; never from the message. Messages are prose: the same
+failure is worded differently by every gateway, and wording matched by keyword
+once turned a `server_error` that said "upstream overloaded" into a retried
+`RATE_LIMITED`. The message is still kept, redacted and cut to 200 characters,
+for the server log; it never reaches the public log, nor does the request body.
+`docs/errors.md` prints the table from this module.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
+from typing import Literal
 
 from engine.core.errors import Category, Code
+from engine.core.model_interface import ModelRequest
+from engine.core.text import clean
 
 log = logging.getLogger("railyard.model")
 
@@ -20,6 +32,29 @@ PROVIDER_CODES = frozenset(code for code in Code if code.category is Category.PR
 RETRYABLE = frozenset({Code.RATE_LIMITED, Code.PROVIDER_TIMEOUT})
 #: The request's shape was refused: move one rung down the forcing ladder, never re-send it unchanged.
 REQUEST_SHAPE = frozenset({Code.TOOL_CHOICE_UNSUPPORTED, Code.SCHEMA_UNSUPPORTED})
+#: What the server log keeps of a provider's message.
+RAW_LIMIT = 200
+
+# Credentials a provider may echo in its message ("Incorrect API key provided: sk-...").
+_SECRET = re.compile(r"(?i)\b(?:sk-[\w-]{6,}|AIza[\w-]{20,}|bearer\s+[\w.~+/=-]{8,}|(?:api[_-]?key|token)=[^\s&]+)")
+
+
+def redact(text: str) -> str:
+    """`text` without control characters, key-like strings masked, cut to `RAW_LIMIT` characters."""
+    return _SECRET.sub("[redacted]", clean(text, 10 * RAW_LIMIT))[:RAW_LIMIT]
+
+
+def error_message(body: object, fallback: str) -> str:
+    """The provider's own error message (`error.message`), for people: never the request, never a code's reason."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str) and inner["message"]:
+            return str(inner["message"])
+        if isinstance(inner, str) and inner:
+            return inner
+    if isinstance(body, str) and body:
+        return body
+    return fallback
 
 
 class ModelError(Exception):
@@ -31,7 +66,10 @@ class ModelError(Exception):
         super().__init__(f"{code}")
         self.code = code
         self.status = status
-        self.raw = raw[:200]
+        self.raw = redact(raw)
+        #: Set by the runner that made the calls: how many it made, and the seconds they took, backoff included.
+        self.attempts = 1
+        self.seconds = 0.0
         log.warning("model error %s (status %s): %s", code, status, self.raw)
 
     @property
@@ -39,32 +77,120 @@ class ModelError(Exception):
         return self.code in RETRYABLE
 
 
-def classify(status: int | None, message: str) -> Code:
-    """Map an HTTP status and error text to a code: the one mapping every adapter uses."""
-    text = message.lower()
-    if status in (401, 403) or "api key" in text or "unauthorized" in text:
-        return Code.PROVIDER_AUTH
-    if status in (429, 529) or "rate limit" in text or "overloaded" in text:
-        return Code.RATE_LIMITED
-    if status in (408, 504) or "timed out" in text or "timeout" in text:
-        return Code.PROVIDER_TIMEOUT
-    if "tool_choice" in text or "tool choice" in text or "forces tool use" in text:
-        return Code.TOOL_CHOICE_UNSUPPORTED
-    if "context length" in text or "context window" in text or "maximum context" in text or "too long" in text:
-        return Code.CONTEXT_OVERFLOW
-    if any(
-        k in text
-        for k in (
-            "response_format",
-            "json_schema",
-            "json schema",
-            "structured output",
-            "output_config",
-            "output_format",
-            "output format",
-        )
-    ):
-        return Code.SCHEMA_UNSUPPORTED
-    if "content filter" in text or "content_filter" in text or "safety" in text:
-        return Code.CONTENT_FILTERED
+@dataclass(frozen=True, slots=True)
+class ErrorFields:
+    """What a provider says about a failure apart from its prose.
+
+    `status` is the HTTP status (200 for an error object inside a 200 body or
+    stream); `type`, `code` and `param` are the error object's own fields, as
+    OpenAI-compatible servers (`{"error": {"type", "code", "param"}}`) and
+    Anthropic (`{"type": "error", "error": {"type"}}`) send them.
+    """
+
+    status: int | None = None
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
+
+    @classmethod
+    def of(cls, body: object, status: int | None = None) -> ErrorFields:
+        """The fields of an error body (`{"error": {...}}`, or the error object itself); absent ones are None."""
+        inner = body.get("error", body) if isinstance(body, dict) else None
+        if not isinstance(inner, dict):
+            return cls(status)
+
+        def text(key: str) -> str | None:
+            value = inner.get(key)
+            return str(value) if isinstance(value, str | int) and not isinstance(value, bool) and value != "" else None
+
+        # Google's errors (Gemini's OpenAI-compatible endpoint) name their kind in `status` (`RESOURCE_EXHAUSTED`).
+        google = inner.get("status")
+        kind = text("type") or (google if isinstance(google, str) and google else None)
+        return cls(status, kind, text("code"), text("param"))
+
+    def effective_status(self) -> int | None:
+        """The HTTP status, or for an error inside a 200 the status its numeric `code` names (`"code": 502`)."""
+        if self.status not in (None, 200):
+            return self.status
+        if self.code is not None and self.code.isdigit() and 400 <= int(self.code) <= 599:
+            return int(self.code)
+        return self.status
+
+
+#: What a request may carry that a provider refuses by its shape (see `refusable`).
+Shape = Literal["forced_tool_choice", "response_schema"]
+Field = Literal["status", "type", "code", "param", "request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of the table: when `field` has one of `values`, the error is `code`."""
+
+    field: Field
+    values: tuple[str, ...]
+    code: Code
+
+
+#: The mapping, in order: the first rule that matches decides; nothing matches: PROVIDER_ERROR.
+#: `param` matches on its first segment (`response_format.json_schema` is `response_format`). `request` rules
+#: apply to a refused request (status 400 or 422, or type `invalid_request_error` or `INVALID_ARGUMENT`) whose
+#: `param` names nothing else: the provider refused this request, and of what it carried only these shapes are optional.
+ERROR_TABLE: tuple[Rule, ...] = (
+    Rule("status", ("401", "403"), Code.PROVIDER_AUTH),
+    Rule(
+        "type",
+        ("authentication_error", "permission_error", "invalid_api_key", "UNAUTHENTICATED", "PERMISSION_DENIED"),
+        Code.PROVIDER_AUTH,
+    ),
+    Rule("code", ("invalid_api_key", "invalid_authentication", "unauthorized"), Code.PROVIDER_AUTH),
+    Rule("status", ("413",), Code.CONTEXT_OVERFLOW),
+    Rule("type", ("request_too_large", "context_length_exceeded"), Code.CONTEXT_OVERFLOW),
+    Rule("code", ("context_length_exceeded", "string_above_max_length"), Code.CONTEXT_OVERFLOW),
+    Rule("code", ("content_filter", "content_policy_violation", "data_inspection_failed"), Code.CONTENT_FILTERED),
+    Rule(
+        "type",
+        ("rate_limit_error", "rate_limit_exceeded", "overloaded_error", "requests", "tokens", "RESOURCE_EXHAUSTED"),
+        Code.RATE_LIMITED,
+    ),
+    Rule("code", ("rate_limit_exceeded", "overloaded"), Code.RATE_LIMITED),
+    Rule("type", ("timeout_error", "DEADLINE_EXCEEDED"), Code.PROVIDER_TIMEOUT),
+    Rule("param", ("tool_choice",), Code.TOOL_CHOICE_UNSUPPORTED),
+    Rule("param", ("response_format", "output_config", "output_format"), Code.SCHEMA_UNSUPPORTED),
+    Rule("status", ("429", "529"), Code.RATE_LIMITED),
+    Rule("status", ("408", "504"), Code.PROVIDER_TIMEOUT),
+    Rule("request", ("forced_tool_choice",), Code.TOOL_CHOICE_UNSUPPORTED),
+    Rule("request", ("response_schema",), Code.SCHEMA_UNSUPPORTED),
+)
+
+
+def refusable(request: ModelRequest | None) -> frozenset[Shape]:
+    """The shapes in `request` a provider may refuse: a forced tool choice (named or `required`), a native schema."""
+    if request is None:
+        return frozenset()
+    shapes: set[Shape] = set()
+    if request.tool_choice not in (None, "auto", "none"):
+        shapes.add("forced_tool_choice")
+    if request.response_schema is not None:
+        shapes.add("response_schema")
+    return frozenset(shapes)
+
+
+def classify(fields: ErrorFields, sent: frozenset[Shape] = frozenset()) -> Code:
+    """The code of a provider error, from its fields and the shapes the request carried (`refusable`)."""
+    status = fields.effective_status()
+    param = re.split(r"[.\[]", fields.param, maxsplit=1)[0] if fields.param else None
+    refused_request = status in (400, 422) or fields.type in ("invalid_request_error", "INVALID_ARGUMENT")
+    observed = {
+        "status": str(status) if status is not None else None,
+        "type": fields.type,
+        "code": fields.code,
+        "param": param,
+    }
+    for rule in ERROR_TABLE:
+        if rule.field == "request":
+            if refused_request and param is None and any(shape in sent for shape in rule.values):
+                return rule.code
+            continue
+        if observed[rule.field] in rule.values:
+            return rule.code
     return Code.PROVIDER_ERROR

@@ -131,8 +131,26 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    input_tokens: int = 0
-    output_tokens: int = 0
+    """Token counts as the provider reported them; None where it reported nothing (never a guessed 0).
+
+    `input_tokens` is the whole prompt, cached part included (`cached_tokens`);
+    `output_tokens` the whole answer, reasoning included (`reasoning_tokens`).
+    """
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+    def to_dict(self) -> dict[str, int]:
+        """The counts reported, by name; empty when the provider reported none."""
+        counts = {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+        }
+        return {k: v for k, v in counts.items() if v is not None}
 
 
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "other"]

@@ -25,9 +25,13 @@ class Doc:
     carried_by: str = ""
 
 
-class TokenUsage(TypedDict):
-    input_tokens: Annotated[int, Doc("tokens the provider counted in the request")]
-    output_tokens: Annotated[int, Doc("tokens the provider counted in the answer")]
+class TokenUsage(TypedDict, total=False):
+    """The token counts the provider reported for one turn; a count it did not report is absent, never 0."""
+
+    input_tokens: Annotated[int, Doc("tokens the provider counted in the request, its cached part included")]
+    output_tokens: Annotated[int, Doc("tokens the provider counted in the answer, its reasoning included")]
+    cached_tokens: Annotated[int, Doc("of the input, the tokens read from the provider's prompt cache")]
+    reasoning_tokens: Annotated[int, Doc("of the output, the tokens of the model's reasoning")]
 
 
 class Turn(TypedDict):
@@ -42,8 +46,15 @@ class Turn(TypedDict):
         Annotated[str | None, Doc("what the turn ended in (`NO_ACTION`, `RATE_LIMITED`, ...); null: accepted")]
     ]
     messages: NotRequired[Annotated[list[dict[str, Any]], Doc("the messages this turn added to the conversation")]]
-    usage: NotRequired[Annotated[TokenUsage, Doc("token counts, when the provider answered")]]
-    attempts: NotRequired[Annotated[int, Doc("provider calls it took, when a retryable error was retried")]]
+    usage: NotRequired[Annotated[TokenUsage, Doc("token counts, when the provider answered and reported them")]]
+    attempts: NotRequired[
+        Annotated[int, Doc("provider calls it took: always when the turn failed, else when an error was retried")]
+    ]
+    seconds: NotRequired[
+        Annotated[
+            float, Doc("when the turn failed, the seconds its provider calls took, backoff between them included")
+        ]
+    ]
     errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
     demoted: NotRequired[Annotated[str, Doc("the request shape the provider refused, never sent again for this model")]]
 
@@ -169,11 +180,13 @@ class _StepKeys(TypedDict, total=False):
     # limits and failures
     code: Annotated[str, Doc("why the task was handed off", "`limit`")]
     budget: Annotated[
-        Literal["deadline", "model_turns", "tool_calls", "repeats"], Doc("the budget that ran out", "`limit`")
+        Literal["deadline", "model_turns", "tool_calls", "repeats", "tokens", "state_tokens"],
+        Doc("the budget that ran out", "`limit`"),
     ]
     used: Annotated[int, Doc("how much of it was used", "`limit`")]
     limit: Annotated[int, Doc("the workflow's limit", "`limit`")]
     tool: Annotated[str, Doc("the tool whose calls with the same arguments ran out", "`limit` on repeats")]
+    agent_state: Annotated[str, Doc("the agent state whose turns spent its tokens", "`limit` on state_tokens")]
     limit_seconds: Annotated[float, Doc("the deadline, in seconds from the start", "`limit` on the deadline")]
     error: Annotated[str, Doc("the exception class a failing step raised", "`limit` after repeated failures")]
     failures: Annotated[int, Doc("how many times the step failed", "`limit` after repeated failures")]

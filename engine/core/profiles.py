@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.core.errors import Code, RailyardError
+from engine.core.model_settings import SETTING_NAMES, check_setting
 
 NativeSchema = Literal["strict", "loose", "json_object", "none"]
 #: `named` is a tool_choice naming one tool; an empty set means the field must not be sent at all.
@@ -143,18 +144,35 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
 )
 
 
+def _profiles_file(path: str | None) -> dict[str, Any] | None:
+    """The profiles file at `path` (or RAILYARD_PROFILES_FILE) as TOML, or None when there is none."""
+    path = path or os.environ.get("RAILYARD_PROFILES_FILE") or None
+    if not path:
+        return None
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RailyardError(f"cannot read profiles file {path}: {exc}", code=Code.CONFIG_INVALID) from None
+
+
+def profile_settings(path: str | None = None) -> dict[str, dict[str, Any]]:
+    """The model settings (`engine.core.model_settings.SETTING_NAMES`) each profile of the file sets, checked."""
+    doc = _profiles_file(path) or {}
+    return {
+        name: {k: check_setting(k, v, f"profile {name}") for k, v in values.items() if k in SETTING_NAMES}
+        for name, values in doc.get("profiles", {}).items()
+    }
+
+
 def load_profiles(path: str | None = None) -> dict[str, CapabilityProfile]:
     """The built-in profiles, overridden or extended by the TOML file at `path` (or RAILYARD_PROFILES_FILE)."""
     profiles = {p.name: p for p in BUILTIN_PROFILES}
-    path = path or os.environ.get("RAILYARD_PROFILES_FILE") or None
-    if not path:
+    doc = _profiles_file(path)
+    if doc is None:
         return profiles
-    try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise RailyardError(f"cannot read profiles file {path}: {exc}", code=Code.CONFIG_INVALID) from None
     known = {f.name for f in fields(CapabilityProfile)} - {"name"}
     for name, values in doc.get("profiles", {}).items():
+        values = {k: v for k, v in values.items() if k not in SETTING_NAMES}  # read by `profile_settings`
         unknown = set(values) - known
         if unknown:
             raise RailyardError(f"profile {name}: unknown settings {sorted(unknown)}", code=Code.CONFIG_INVALID)

@@ -41,7 +41,7 @@ import anthropic
 import httpx2
 
 from engine.core.errors import Code
-from engine.core.model_errors import ModelError, classify
+from engine.core.model_errors import ErrorFields, ModelError, Shape, classify, error_message, refusable
 from engine.core.model_interface import (
     FinishReason,
     Message,
@@ -60,18 +60,6 @@ _STOP: dict[str, FinishReason] = {
     "max_tokens": "length",
     "model_context_window_exceeded": "length",
     "refusal": "content_filter",
-}
-#: HTTP statuses standing for the error types an `event: error` carries inside a 200 stream.
-_ERROR_TYPE_STATUS = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
 }
 
 
@@ -100,12 +88,18 @@ class AnthropicAdapter:
         max_retries: int = 0,
         max_tokens_default: int = 4096,
         thinking_budget: int = 2048,
+        extra_body: dict[str, Any] | None = None,
+        retries: int = 2,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.timeout = timeout
         self.stream = stream
         self.max_retries = max_retries
+        #: Merged into every request body as given (fields the engine does not know), like the OpenAI adapter's.
+        self.extra_body = dict(extra_body) if extra_body else None
+        #: The engine's retries of RATE_LIMITED and PROVIDER_TIMEOUT (`AgentRunner`); `max_retries` are the SDK's.
+        self.retries = retries
         self.max_tokens_default = max_tokens_default
         self.thinking_budget = thinking_budget
         self._api_key = api_key
@@ -122,12 +116,13 @@ class AnthropicAdapter:
             thinking_budget=self.thinking_budget,
         )
         client = self._get_client()
+        sent = refusable(request)
         try:
             if self.stream:
-                with client.messages.create(**payload) as events:  # closed however the reading ends
-                    return _read_stream(event.to_dict() for event in events)
-            message = client.messages.create(**payload)
-            return parse_message(message.to_dict())
+                with client.messages.create(**payload, extra_body=self.extra_body) as events:  # closed however it ends
+                    return _read_stream((event.to_dict() for event in events), sent)
+            message = client.messages.create(**payload, extra_body=self.extra_body)
+            return parse_message(message.to_dict(), sent)
         except ModelError:
             raise
         except anthropic.APITimeoutError as exc:
@@ -135,13 +130,13 @@ class AnthropicAdapter:
         except anthropic.APIConnectionError as exc:
             raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
         except anthropic.APIStatusError as exc:
-            # An `event: error` inside a 200 stream arrives here too, with status_code 200.
-            message, kind = _error_parts(exc.body, exc.api_message or exc.message)
-            status = exc.status_code if exc.status_code >= 400 else _ERROR_TYPE_STATUS.get(kind or "")
-            raise ModelError(_classify(status, message, kind), message, status=exc.status_code) from None
+            # An `event: error` inside a 200 stream arrives here too, with status_code 200: its type decides.
+            message = error_message(exc.body, exc.api_message or exc.message)
+            code = classify(ErrorFields.of(exc.body, exc.status_code), sent)
+            raise ModelError(code, message, status=exc.status_code) from None
         except anthropic.APIError as exc:
-            message, kind = _error_parts(exc.body, exc.message)
-            raise ModelError(_classify(None, message, kind), message) from None
+            message = error_message(exc.body, exc.message)
+            raise ModelError(classify(ErrorFields.of(exc.body), sent), message) from None
         except anthropic.AnthropicError as exc:
             code = Code.PROVIDER_AUTH if isinstance(exc, anthropic.CredentialsError) else Code.PROVIDER_ERROR
             raise ModelError(code, f"{type(exc).__name__}: {exc}") from None
@@ -273,15 +268,15 @@ def _tool_choice(choice: str, parallel: bool | None) -> dict[str, Any]:
 # -- response -------------------------------------------------------------
 
 
-def parse_message(body: dict[str, Any]) -> ModelResponse:
+def parse_message(body: dict[str, Any], sent: frozenset[Shape] = frozenset()) -> ModelResponse:
     """A non-streamed `message` body as a `ModelResponse`, or the `ModelError` it amounts to."""
     if body.get("type") == "error" or body.get("error"):
-        message, kind = _error_parts(body, "error object in a 200 response")
-        raise ModelError(_classify(_ERROR_TYPE_STATUS.get(kind or ""), message, kind), message, status=200)
+        message = error_message(body, "error object in a 200 response")
+        raise ModelError(classify(ErrorFields.of(body, 200), sent), message, status=200)
     return _finish(body.get("content") or [], body.get("stop_reason"), body.get("usage"))
 
 
-def _read_stream(events: Iterable[dict[str, Any]]) -> ModelResponse:
+def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = frozenset()) -> ModelResponse:
     """Accumulate stream events (content_block_start/delta/stop, message_delta) into one answer."""
     blocks: dict[int, dict[str, Any]] = {}
     partial_json: dict[int, list[str]] = {}
@@ -292,9 +287,8 @@ def _read_stream(events: Iterable[dict[str, Any]]) -> ModelResponse:
         kind = event.get("type")
         if kind == "error" or event.get("error"):
             # The SDK raises on `event: error`; this catches an error object under any other event name.
-            message, error_type = _error_parts(event, "error event in a 200 stream")
-            status = _ERROR_TYPE_STATUS.get(error_type or "")
-            raise ModelError(_classify(status, message, error_type), message, status=200)
+            message = error_message(event, "error event in a 200 stream")
+            raise ModelError(classify(ErrorFields.of(event, 200), sent), message, status=200)
         if kind == "message_start":
             usage.update((event.get("message") or {}).get("usage") or {})
         elif kind == "content_block_start":
@@ -380,41 +374,12 @@ def _usage(usage: dict[str, Any] | None) -> Usage:
     if not usage:
         return Usage()
     # Anthropic counts cached prompt tokens apart; the neutral input count is the whole prompt, as OpenAI's is.
-    prompt = sum(
-        int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    # It reports no separate count of thinking tokens: they are in `output_tokens`.
+    parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")]
+    counts = [p for p in parts if isinstance(p, int) and not isinstance(p, bool) and p >= 0]
+    output, cached = usage.get("output_tokens"), usage.get("cache_read_input_tokens")
+    return Usage(
+        input_tokens=sum(counts) if isinstance(parts[0], int) else None,
+        output_tokens=output if isinstance(output, int) and not isinstance(output, bool) else None,
+        cached_tokens=cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
     )
-    return Usage(input_tokens=prompt, output_tokens=int(usage.get("output_tokens") or 0))
-
-
-# -- errors ---------------------------------------------------------------
-
-
-def _error_parts(body: object, fallback: str) -> tuple[str, str | None]:
-    """The provider's error message and type (`error.message`, `error.type`), never the request."""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            message = inner.get("message")
-            kind = inner.get("type")
-            return (
-                message if isinstance(message, str) and message else fallback,
-                kind if isinstance(kind, str) else None,
-            )
-        if isinstance(inner, str) and inner:
-            return inner, None
-    if isinstance(body, str) and body:
-        return body, None
-    return fallback, None
-
-
-def _classify(status: int | None, message: str, kind: str | None) -> Code:
-    # The error type helps where the message alone is vague (`overloaded_error`, `rate_limit_error`).
-    code = classify(status, f"{message} {(kind or '').replace('_', ' ')}".strip())
-    text = message.lower()
-    if code == Code.PROVIDER_ERROR and status == 400 and any(k in text for k in _SCHEMA_HINTS):
-        # A model without native structured output refuses `output_config.format`: a rung down, not a failure.
-        return Code.SCHEMA_UNSUPPORTED
-    return code
-
-
-_SCHEMA_HINTS = ("output_config", "output_format", "output format")

@@ -27,7 +27,7 @@ import httpx2
 import openai
 
 from engine.core.errors import Code
-from engine.core.model_errors import ModelError, classify
+from engine.core.model_errors import ErrorFields, ModelError, Shape, classify, error_message, refusable
 from engine.core.model_interface import (
     FinishReason,
     Message,
@@ -70,12 +70,15 @@ class OpenAIAdapter:
         max_retries: int = 0,
         extra_body: dict[str, Any] | None = None,
         max_tokens_param: MaxTokensParam = "max_tokens",
+        retries: int = 2,
     ) -> None:
         self.model = model
         self.base_url = base_url
         self.timeout = timeout
         self.stream = stream
         self.max_retries = max_retries
+        #: The engine's retries of RATE_LIMITED and PROVIDER_TIMEOUT (`AgentRunner`); `max_retries` are the SDK's.
+        self.retries = retries
         self.extra_body = dict(extra_body) if extra_body else None
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self._api_key = api_key
@@ -89,12 +92,13 @@ class OpenAIAdapter:
             request = replace(request, model=self.model)
         payload = build_payload(request, stream=self.stream, max_tokens_param=self.max_tokens_param)
         client = self._get_client()
+        sent = refusable(request)
         try:
             if self.stream:
                 with client.chat.completions.create(**payload, extra_body=self.extra_body) as chunks:
-                    return _read_stream(chunk.to_dict() for chunk in chunks)  # closed however the reading ends
+                    return _read_stream((chunk.to_dict() for chunk in chunks), sent)  # closed however the reading ends
             completion = client.chat.completions.create(**payload, extra_body=self.extra_body)
-            return parse_completion(completion.to_dict())
+            return parse_completion(completion.to_dict(), sent)
         except ModelError:
             raise
         except openai.APITimeoutError as exc:
@@ -102,12 +106,13 @@ class OpenAIAdapter:
         except openai.APIConnectionError as exc:
             raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
         except openai.APIStatusError as exc:
-            message = _error_message(exc.body, exc.message)
-            raise ModelError(_classify(exc.status_code, message, exc.body), message, status=exc.status_code) from None
+            message = error_message(exc.body, exc.message)
+            code = classify(ErrorFields.of(exc.body, exc.status_code), sent)
+            raise ModelError(code, message, status=exc.status_code) from None
         except openai.APIError as exc:
             # Raised by the SDK for a `data: {"error": ...}` chunk inside a 200 stream.
-            message = _error_message(exc.body, exc.message)
-            raise ModelError(_classify(None, message, exc.body), message, status=200) from None
+            message = error_message(exc.body, exc.message)
+            raise ModelError(classify(ErrorFields.of(exc.body, 200), sent), message, status=200) from None
         except openai.OpenAIError as exc:
             raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}") from None
         except httpx2.TimeoutException:
@@ -210,12 +215,12 @@ def _response_format(schema: ResponseSchema) -> dict[str, Any]:
 # -- response -------------------------------------------------------------
 
 
-def parse_completion(body: dict[str, Any]) -> ModelResponse:
+def parse_completion(body: dict[str, Any], sent: frozenset[Shape] = frozenset()) -> ModelResponse:
     """A non-streamed `chat.completion` body as a `ModelResponse`, or the `ModelError` it amounts to."""
     if body.get("error"):
         # Some gateways answer 200 with an error object instead of a completion.
-        error = _error_message(body["error"], "error object in a 200 response")
-        raise ModelError(_classify(None, error, body["error"]), error, status=200)
+        error = error_message(body["error"], "error object in a 200 response")
+        raise ModelError(classify(ErrorFields.of(body["error"], 200), sent), error, status=200)
     choices = body.get("choices") or []
     if not choices:
         raise ModelError(Code.EMPTY_RESPONSE, "no choices in the response")
@@ -240,7 +245,7 @@ def parse_completion(body: dict[str, Any]) -> ModelResponse:
     )
 
 
-def _read_stream(chunks: Iterable[dict[str, Any]]) -> ModelResponse:
+def _read_stream(chunks: Iterable[dict[str, Any]], sent: frozenset[Shape] = frozenset()) -> ModelResponse:
     """Accumulate `chat.completion.chunk`s (text, reasoning, tool-call fragments by index) into one answer."""
     text: list[str] = []
     reasoning: list[str] = []
@@ -250,8 +255,8 @@ def _read_stream(chunks: Iterable[dict[str, Any]]) -> ModelResponse:
     usage: dict[str, Any] | None = None
     for chunk in chunks:
         if chunk.get("error"):
-            message = _error_message(chunk["error"], "error chunk in a 200 stream")
-            raise ModelError(_classify(None, message, chunk["error"]), message, status=200)
+            message = error_message(chunk["error"], "error chunk in a 200 stream")
+            raise ModelError(classify(ErrorFields.of(chunk["error"], 200), sent), message, status=200)
         if chunk.get("usage"):
             usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
@@ -347,34 +352,21 @@ def _reasoning(message: dict[str, Any]) -> str | None:
 
 
 def _usage(usage: dict[str, Any] | None) -> Usage:
+    """The counts the provider reported: cached prompt tokens from `prompt_tokens_details` (DeepSeek:
+    `prompt_cache_hit_tokens`), reasoning tokens from `completion_tokens_details`."""
     if not usage:
         return Usage()
+    prompt = usage.get("prompt_tokens_details") or {}
+    completion = usage.get("completion_tokens_details") or {}
+    cached = prompt.get("cached_tokens") if isinstance(prompt, dict) else None
     return Usage(
-        input_tokens=int(usage.get("prompt_tokens") or 0), output_tokens=int(usage.get("completion_tokens") or 0)
+        input_tokens=_count(usage.get("prompt_tokens")),
+        output_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(cached if cached is not None else usage.get("prompt_cache_hit_tokens")),
+        reasoning_tokens=_count(completion.get("reasoning_tokens") if isinstance(completion, dict) else None),
     )
 
 
-# -- errors ---------------------------------------------------------------
-
-
-def _error_message(body: object, fallback: str) -> str:
-    """The provider's own error message: `error.message` when the body has one, never the request."""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and isinstance(inner.get("message"), str) and inner["message"]:
-            return str(inner["message"])
-        if isinstance(inner, str) and inner:
-            return inner
-    if isinstance(body, str) and body:
-        return body
-    return fallback
-
-
-def _classify(status: int | None, message: str, body: object) -> Code:
-    # The error's `type`/`code` help where the message alone is vague (e.g. `context_length_exceeded`).
-    hints = ""
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict):
-            hints = " ".join(str(inner.get(k) or "") for k in ("type", "code")).replace("_", " ")
-    return classify(status, f"{message} {hints}".strip())
+def _count(value: object) -> int | None:
+    """A token count as reported, or None for a missing or malformed one (never a guessed 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

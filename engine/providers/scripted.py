@@ -7,7 +7,10 @@ A script is `{"turns": [...]}` (consumed in order) or `{"by_state": {"STATE": [.
     {"text": "..."}
     {"json": {...}}                                     # native structured output
     {"error": {"status": 400, "message": "..."}}        # a provider error, classified like a real one
+                                                        # (by status, and `type`, `code`, `param` if given)
 
+A turn may carry `"usage": {"input_tokens": N, "output_tokens": M}` (also `cached_tokens`,
+`reasoning_tokens`): the counts a provider would report with it.
 When the turns run out the model answers EMPTY_RESPONSE. Optional keys: `"profile"`
 (whose capabilities the script pretends to have, default `openai`) and `"model"`;
 on a turn, `"delay_seconds"` makes the answer take that long, like a slow provider
@@ -21,12 +24,13 @@ import json
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine.core.errors import Code, RailyardError
-from engine.core.model_errors import ModelError, classify
-from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
+from engine.core.model_errors import ErrorFields, ModelError, classify, refusable
+from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall, Usage
 
 _STATE_OF_PROMPT = re.compile(r"in state '([^']+)'")
 
@@ -74,7 +78,7 @@ class ScriptedModel:
         delay = float(turn.get("delay_seconds", 0))
         if delay > 0:
             time.sleep(delay)
-        return _answer(turn, len(self.requests))
+        return _answer(turn, len(self.requests), request)
 
     def _next(self, request: ModelRequest) -> dict[str, Any] | None:
         if self._by_state:
@@ -85,11 +89,20 @@ class ScriptedModel:
         return self._turns.pop(0) if self._turns else None
 
 
-def _answer(turn: dict[str, Any], n: int) -> ModelResponse:
+def _answer(turn: dict[str, Any], n: int, request: ModelRequest) -> ModelResponse:
+    answer = _content(turn, n, request)
+    reported = turn.get("usage")
+    if isinstance(reported, dict):  # the token counts a provider would report with this answer
+        counts = {k: v for k, v in reported.items() if k in Usage.__slots__ and isinstance(v, int)}
+        answer = replace(answer, usage=Usage(**counts))
+    return answer
+
+
+def _content(turn: dict[str, Any], n: int, request: ModelRequest) -> ModelResponse:
     if "error" in turn:
         error = turn["error"]
         status, message = error.get("status"), str(error.get("message", ""))
-        raise ModelError(classify(status, message), message, status=status)
+        raise ModelError(classify(ErrorFields.of(error, status), refusable(request)), message, status=status)
     if "tool_calls" in turn:
         calls = tuple(
             ToolCall(

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from engine.core.budgets import exceeded
 from engine.core.canonical import now
@@ -25,7 +26,7 @@ from engine.core.fold import TaskState
 from engine.core.forcing import MODE_OF_RUNG, build_request, choose_rung, demotion_key, model_actions
 from engine.core.model_errors import REQUEST_SHAPE, ModelError
 from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
-from engine.core.payloads import EventData, Turn
+from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
 from engine.runtime.port import TaskPort
@@ -62,7 +63,8 @@ class AgentRunner:
         self.engine = engine
         self.adapter = adapter
         self.thinking = thinking
-        self.retry = retry or RetryPolicy()
+        retries = getattr(adapter, "retries", None)  # the adapter's settings (`ModelSettings.retries`)
+        self.retry = retry or (RetryPolicy(attempts=1 + retries) if isinstance(retries, int) else RetryPolicy())
         provider = getattr(adapter, "profile", None) or adapter.provider
         self.profile = profile_for(provider, adapter.model, profiles if profiles is not None else load_profiles())
         self.actor = f"model:{adapter.provider}:{adapter.model}"
@@ -102,6 +104,7 @@ class AgentRunner:
             response, attempts = self._call(request)
         except ModelError as error:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
+            turn["attempts"], turn["seconds"] = error.attempts, error.seconds
             if error.code in REQUEST_SHAPE:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
                 # does not rule out (a refused forced tool choice rules out every forced form).
@@ -112,7 +115,8 @@ class AgentRunner:
         outcome = interpret(definition, task, response, rung, actor=self.actor)
         turn["code"] = str(outcome.code) if outcome.code else None
         turn["messages"] = [m.to_dict() for m in [*added, *outcome.messages]]
-        turn["usage"] = {"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
+        if usage := response.usage.to_dict():  # what the provider reported, and nothing when it reported nothing
+            turn["usage"] = cast(TokenUsage, usage)
         if attempts > 1:
             turn["attempts"] = attempts
         if outcome.errors:
@@ -129,13 +133,14 @@ class AgentRunner:
         return self.engine.commit_system(task, trigger, data, actor=self.actor)
 
     def _call(self, request: ModelRequest) -> tuple[ModelResponse, int]:
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             attempt += 1
             try:
                 return self.adapter.complete(request), attempt
             except ModelError as error:
                 if not error.retryable or attempt >= self.retry.attempts:
+                    error.attempts, error.seconds = attempt, round(time.monotonic() - started, 3)
                     raise
                 delay = self.retry.delay(attempt)
                 log.info(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
+
+from engine.core.errors import Code, RailyardError
+from engine.core.model_settings import check_setting
 
 DEFAULT_DATABASE_URL = "sqlite:///railyard.db"
 #: With RAILYARD_WORKFLOWS unset, the user's own `workflows` package, if the process can import one (the CLI
@@ -47,3 +52,40 @@ def signing_key() -> str | None:
 def checkpoint_dir() -> str:
     """RAILYARD_CHECKPOINT_DIR: where signed checkpoints are written, one file each (keep it off the database host)."""
     return os.environ.get("RAILYARD_CHECKPOINT_DIR") or DEFAULT_CHECKPOINT_DIR
+
+
+#: The environment variables of the model settings (`engine.core.model_settings`), by setting.
+MODEL_SETTING_VARIABLES = {
+    "timeout_seconds": "RAILYARD_MODEL_TIMEOUT",
+    "retries": "RAILYARD_MODEL_RETRIES",
+    "stream": "RAILYARD_MODEL_STREAM",
+    "extra_body": "RAILYARD_MODEL_EXTRA_BODY",
+}
+_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
+
+
+def model_settings() -> dict[str, Any]:
+    """The model settings the environment sets, as values (unset variables are left out); CONFIG_INVALID names the
+    variable whose text is not one, or whose value is out of the setting's range."""
+    found: dict[str, Any] = {}
+    for name, variable in MODEL_SETTING_VARIABLES.items():
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            if name == "timeout_seconds":
+                found[name] = float(raw)
+            elif name == "retries":
+                found[name] = int(raw)
+            elif name == "stream":
+                if raw.lower() not in _TRUE | _FALSE:
+                    raise ValueError(raw)
+                found[name] = raw.lower() in _TRUE
+            else:
+                found[name] = json.loads(raw)
+            found[name] = check_setting(name, found[name], variable)
+        except ValueError:
+            raise RailyardError(
+                f"{variable}={raw!r} is not a valid {name}", code=Code.CONFIG_INVALID, setting=variable
+            ) from None
+    return found

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -22,12 +22,20 @@ from pydantic import BaseModel
 
 from engine.audit import checkpoint as checkpoints
 from engine.audit import parallel as replay_jobs
-from engine.audit.archive import ArchiveRun, archive_ended, archived_events, replay_archived, replay_archives
+from engine.audit.archive import (
+    ArchiveRun,
+    archive_ended,
+    archived_events,
+    archived_hashes,
+    replay_archived,
+    replay_archives,
+)
+from engine.audit.checkpoint import Taken
 from engine.audit.reads import AsOf, replay_task, replay_tasks, state_as_of, task_logs, task_path
 from engine.core.approvals import DECISIONS, check_decision, full_digest, pending_view
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.core.chain import Finding
-from engine.core.checkpoints import Header, extends
+from engine.core.checkpoints import Head, Header, descends, extends
 from engine.core.decide import Decision, decide, validate_payload
 from engine.core.definition import CANCEL, MIGRATE, START, Agent, Approval, StateKind, Tool, Workflow
 from engine.core.effects import SETTLE, lands_until
@@ -39,16 +47,19 @@ from engine.core.payloads import EventData, Settled, event_code
 from engine.core.replay import ReplayReport
 from engine.core.summary import summarise
 from engine.core.timers import next_run_at
-from engine.providers import adapter_from_spec
 from engine.runtime import config
 from engine.runtime.agent import AgentRunner
 from engine.runtime.leases import current_epoch
+from engine.runtime.models import open_model
 from engine.runtime.registry import Registry
 from engine.runtime.roles import Authoriser, default_authoriser
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
 from engine.store import Loaded, Store, TaskRow, open_store
 
 log = logging.getLogger("railyard.engine")
+
+#: How many archive files' event hashes `_archived_hash` keeps (a checkpoint lists tasks in id order, not by file).
+ARCHIVE_FILES_KEPT = 8
 #: One line per transition (see `_log_transition`); `railyard worker` prints it at INFO.
 transitions_log = logging.getLogger("railyard.transitions")
 
@@ -115,6 +126,8 @@ class Engine:
         self.model = model
         #: Where archived task logs are (`railyard archive` writes them; load, history and replay read them).
         self.archive_dir = Path(archive_dir if archive_dir is not None else config.archive_dir())
+        #: Event hashes of the archive files last read (`_archived_hash`), by (file, sha256), oldest first.
+        self._archive_hashes: dict[tuple[str, str], dict[tuple[str, int], str]] = {}
         #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
         #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
         self.refused_shapes: set[str] = set()
@@ -325,7 +338,7 @@ class Engine:
                     "no model configured: set RAILYARD_MODEL (scripted:PATH, openai:MODEL, anthropic:MODEL)",
                     code=Code.MODEL_NOT_CONFIGURED,
                 )
-            self.model = adapter_from_spec(spec)
+            self.model = open_model(spec)
         return self.model
 
     def approve(
@@ -663,11 +676,9 @@ class Engine:
         return archive_ended(self.store, self.registry.find, before, self.archive_dir, batch=batch)
 
     # -- signed checkpoints (engine.audit.checkpoint) ---------------------------------------------------
-    def checkpoint(
-        self, key_file: str | Path | None = None, directory: str | Path | None = None
-    ) -> tuple[Header, Path]:
+    def checkpoint(self, key_file: str | Path | None = None, directory: str | Path | None = None) -> Taken:
         """Sign every task's head now and write the checkpoint to `directory` (RAILYARD_CHECKPOINT_DIR), with the key
-        in `key_file` (RAILYARD_SIGNING_KEY)."""
+        in `key_file` (RAILYARD_SIGNING_KEY). Its predecessor is the newest checkpoint in that directory."""
         key_path = key_file if key_file is not None else config.signing_key()
         if key_path is None:
             raise RailyardError(
@@ -677,38 +688,67 @@ class Engine:
         target = Path(directory if directory is not None else config.checkpoint_dir())
         return checkpoints.take(self.store, checkpoints.load_signing_key(Path(key_path)), target)
 
-    def judge_checkpoint(self, path: str | Path, public_key: str) -> tuple[Header, list[ReplayReport]]:
+    def judge_checkpoint(self, path: str | Path, public_keys: str | Sequence[str]) -> tuple[Header, list[ReplayReport]]:
         """The database against a signed checkpoint: a report per task that no longer holds what it committed to,
-        or one report (task id "") if the checkpoint itself does not verify with `public_key`."""
-        key = checkpoints.load_public_key(public_key)
-        return checkpoints.judge_store(self.store, Path(path), key, self._archived_hash)
+        or one report (task id "") if the checkpoint itself does not verify with one of `public_keys`."""
+        keys = checkpoints.Keys.load([public_keys] if isinstance(public_keys, str) else public_keys)
+        self._archive_hashes.clear()  # archive files are read afresh by each judgement
+        try:
+            return checkpoints.judge_store(self.store, Path(path), keys, self._archived_hash)
+        finally:
+            self._archive_hashes.clear()
 
-    def checkpoint_extends(self, older: str | Path, newer: str | Path, public_key: str) -> list[Finding]:
-        """Whether checkpoint `newer` extends `older`: both verify, and every task of `older` is in `newer` at a head
-        whose log (in this database, or its archive) holds the older head at its seq."""
-        key = checkpoints.load_public_key(public_key)
-        found = [*checkpoints.verify_file(Path(older), key)[1], *checkpoints.verify_file(Path(newer), key)[1]]
-        if found:
-            return found
-        old, new = checkpoints.read(Path(older)), checkpoints.read(Path(newer))
+    def checkpoint_extends(
+        self,
+        older: str | Path,
+        newer: str | Path,
+        public_keys: str | Sequence[str],
+        directories: Sequence[str | Path] = (),
+    ) -> list[Finding]:
+        """Whether checkpoint `newer` extends `older`: both verify (each with the key it names, among `public_keys`),
+        `newer`'s chain of predecessors reaches `older` (the files looked up in `directories`, default the two
+        files' own), and every task of `older` is in `newer` at a head whose log (in this database, or its
+        archive) holds the older head at its seq."""
+        keys = checkpoints.Keys.load([public_keys] if isinstance(public_keys, str) else public_keys)
+        try:
+            old, new = checkpoints.read(Path(older), keys), checkpoints.read(Path(newer), keys)
+        except IntegrityError as error:
+            if error.code is not Code.CHECKPOINT_INVALID:
+                raise
+            return [Finding(Code.CHECKPOINT_INVALID, 0, error.message)]
         if parse_instant(new.header.at) < parse_instant(old.header.at):
             return [Finding(Code.CHECKPOINT_NOT_EXTENDING, 0, "the newer checkpoint was taken before the older one")]
-        keys = [(h.task_id, h.seq) for h in (*old.heads, *new.heads)]
-        stored = self.store.event_hashes(keys)
+        places = [Path(d) for d in directories] or list(dict.fromkeys([Path(newer).parent, Path(older).parent]))
+        found = checkpoints.chain_findings(old.header, new.header, places, keys)
+        unreadable: list[Finding] = []
 
-        def hash_at(task_id: str, seq: int) -> str | None:
-            return stored.get((task_id, seq)) or self._archived_hash(task_id, seq)
+        def log_descends(a: Head, b: Head) -> bool:
+            try:
+                log = self.store.events(a.task_id, after_seq=a.seq - 1, upto_seq=b.seq) or [
+                    e for e in self._archived_events(a.task_id) if a.seq <= e.seq <= b.seq
+                ]
+            except IntegrityError as error:  # an archive file gone: said as such, not as a head that moved
+                unreadable.append(Finding(error.code, a.seq, f"task {a.task_id}: {error.message}"))
+                return True
+            return descends(log, a, b)
 
-        return extends(
-            old, new, lambda a, b: hash_at(a.task_id, a.seq) == a.hash and hash_at(b.task_id, b.seq) == b.hash
-        )
+        return [*found, *extends(old, new, log_descends), *unreadable]
 
     def _archived_hash(self, task_id: str, seq: int) -> str | None:
-        """The hash of event `seq` of an archived task, from its file; None if the task is not archived there."""
-        try:
-            return next((e.hash for e in self._archived_events(task_id) if e.seq == seq), None)
-        except IntegrityError:
+        """The hash of event `seq` of an archived task, from its file; None if the task is not archived. An archived
+        task whose file is gone or changed raises IntegrityError (ARCHIVE_MISSING, HASH_MISMATCH). The files last
+        read are kept, so judging a checkpoint reads each archive file once, not once per task."""
+        ref = self.store.archive_of(task_id)
+        if ref is None:
             return None
+        key = (ref.file, ref.sha256)
+        hashes = self._archive_hashes.pop(key, None)
+        if hashes is None:
+            hashes = archived_hashes(ref, self.archive_dir)
+        self._archive_hashes[key] = hashes  # the newest at the end
+        while len(self._archive_hashes) > ARCHIVE_FILES_KEPT:
+            self._archive_hashes.pop(next(iter(self._archive_hashes)))
+        return hashes.get((task_id, seq))
 
     def _archived_events(self, task_id: str) -> list[Event]:
         """The events of an archived task, from its file (checked against the sha256 on its row); [] if not archived."""

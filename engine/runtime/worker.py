@@ -360,8 +360,10 @@ class Worker:
         """Sign a checkpoint of every task's head every `every` seconds, the first one at once."""
         while True:
             try:
-                header, path = self.engine.checkpoint()
+                header, path, unrecorded = self.engine.checkpoint()
                 log.info("checkpoint %s: %s tasks, root %s", path.name, header.tree_size, header.root)
+                if unrecorded is not None:
+                    log.warning("checkpoint %s is not noted in the database: %s", path.name, unrecorded)
             except RailyardError as error:  # a missing key is the operator's to fix; the work goes on
                 log.error("checkpoint failed: %s: %s", error.code, error.message)
             except Exception:  # a full disk, a directory gone: logged, and tried again at the next interval

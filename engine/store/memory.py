@@ -493,6 +493,15 @@ class MemoryStore:
         found.sort(key=lambda h: h.task_id.encode())
         return iter(found)
 
+    def log_heads(self) -> Iterator[tuple[Head, str | None]]:
+        with self._lock:
+            found = [
+                (Head(t.task_id, t.seq, t.last_hash), next((e.hash for e in t.events if e.seq == t.seq), None))
+                for t in self._tasks.values()
+            ]
+        found.sort(key=lambda pair: pair[0].task_id.encode())
+        return iter(found)
+
     def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
         found: dict[tuple[str, int], str] = {}
         with self._lock:

@@ -184,6 +184,11 @@ class Store(Protocol):
         what a checkpoint commits to."""
         ...
 
+    def log_heads(self) -> Iterator[tuple[Head, str | None]]:
+        """`heads`, each with the hash of the event at the head's seq as the log holds it (None when it holds
+        none: an archived task, or a log cut under its row): what a checkpoint's judgement reads."""
+        ...
+
     def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
         """The hash of each (task_id, seq) event the database holds (archived logs are in their files)."""
         ...

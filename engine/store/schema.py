@@ -120,8 +120,9 @@ checkpoints = Table(
     Column("key_id", String(16), nullable=False),
 )
 
-#: A row here, inside the archiving transaction only, is how `railyard archive` says it is the one path allowed
-#: to delete events (migration 0007's triggers refuse every other UPDATE and DELETE on events and checkpoints).
+#: A row here, inside the archiving transaction only, is how `railyard archive` declares itself to migration
+#: 0007's triggers (which refuse every other UPDATE and DELETE on events and checkpoints). Whoever may insert here
+#: may declare it too: docs/operations.md says how to grant this table to the archiving role alone.
 archive_permits = Table(
     "archive_permits",
     metadata,

@@ -54,6 +54,7 @@ class Dialect(Protocol):
     RELEASE: str
     #: Every task's (task_id, seq, last_hash), ordered by the bytes of the task id: a checkpoint's leaves.
     HEADS: str
+    LOG_HEADS: str
 
     def shared(self, url: str) -> bool:
         """Whether another process can open the database at `url` (forked replay jobs open it anew)."""
@@ -540,6 +541,11 @@ class SqlStore:
         with self._errors(), self._audit_session() as (_fetch_all, stream):
             for task_id, seq, last_hash in stream(self.sql.HEADS, []):
                 yield Head(task_id, seq, last_hash)
+
+    def log_heads(self) -> Iterator[tuple[Head, str | None]]:
+        with self._errors(), self._audit_session() as (_fetch_all, stream):
+            for task_id, seq, last_hash, logged in stream(self.sql.LOG_HEADS, []):
+                yield Head(task_id, seq, last_hash), logged
 
     def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
         found: dict[tuple[str, int], str] = {}

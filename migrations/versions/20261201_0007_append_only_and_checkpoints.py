@@ -1,11 +1,13 @@
 """append-only events and checkpoints, enforced by the database; the checkpoints table
 
 Triggers refuse every UPDATE of `events` and `checkpoints`, and every DELETE of
-them, with a clear error. The one path allowed to delete events is `railyard
-archive`: inside its transaction it inserts a row into `archive_permits` (and
-removes it before committing), so the triggers let its deletes through. No other
-transaction can see that row. A database owner can still drop the triggers;
-signed checkpoints kept outside the database are what catch that.
+them, with a clear error. `railyard archive` gets past them by saying so: inside
+its transaction it inserts a row into `archive_permits` (and removes it before
+committing), so the triggers let its deletes through. No other transaction can
+see that row. It is a declaration, not a credential: a session that may insert
+into `archive_permits` can make it too (docs/operations.md says how to grant that
+table to the archiving role alone), and a database owner can drop the triggers;
+signed checkpoints kept outside the database are what catch those.
 
 Revision ID: 0007
 Revises: 0006
