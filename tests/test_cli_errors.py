@@ -222,7 +222,7 @@ def test_a_command_on_a_good_database_with_unknown_task_ids_refuses_with_a_code(
     path: tuple[str, ...], env: dict[str, str], files: dict[str, Path], tmp_path: Path
 ) -> None:
     if path[0] in LONG_RUNNING:
-        pytest.skip(f"{path[0]} runs until it is stopped on a good database")
+        pytest.skip(f"{path[0]} runs until stopped (or, the demo, for seconds) on a good database")
     url = f"sqlite:///{tmp_path / 'good.db'}"
     migrations.upgrade(url)
     argv = argv_for(path, ALL[path], files)
