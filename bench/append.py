@@ -9,7 +9,10 @@ On PostgreSQL, with 1 and 4 concurrent writers (processes, each on its own task)
 and, with 1 writer, a stateless read-then-write: raw (BEGIN; SELECT; UPDATE; INSERT; COMMIT)
 against `Engine.fire` (load, then append). On SQLite (WAL): sqlite3 by hand (BEGIN IMMEDIATE;
 UPDATE; INSERT; COMMIT) against the engine. Then `Engine.load` of a task with 10,000 events
-from its snapshot.
+from its snapshot. Last, what observability costs on SQLite, in this process: `Engine.transition`
+with nothing turned on (and neither opentelemetry nor prometheus_client imported: checked) against
+the same with metrics and traces on (the SDK's tracer provider, spans batched to an exporter that
+drops them).
 
 The raw baselines write what the engine writes: the tasks row (seq, state, status, last_hash,
 updated_at) and an events row with every column, its canonical JSON data and its sha256 chain
@@ -30,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import timeit
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +62,7 @@ from engine import (
     fold,
     migrations,
 )
+from engine.observability import hooks
 
 WRITERS = (1, 4)
 LOAD_EVENTS = 10_000
@@ -155,6 +160,53 @@ def _time_loads(eng: Engine, task_id: str, samples: int) -> dict[str, float]:
     }
 
 
+def measure_observability(url: str, plan: Plan) -> dict[str, Any]:
+    """Transitions per second on a held task, observability off and on, in interleaved rounds."""
+    libraries = {"opentelemetry", "prometheus_client"}
+    loaded = sorted(libraries & {m.split(".")[0] for m in sys.modules})
+    assert not loaded, f"imported before anything was turned on: {loaded}"
+    eng = tick_engine(url)
+    try:
+        task = eng.load(eng.start(BENCH_WORKFLOW.name, {}, actor=ACTOR))
+        off_loaded = sorted(libraries & {m.split(".")[0] for m in sys.modules})
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class Dropped(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(Dropped()))
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        n = 0
+        for _ in range(plan.rounds):
+            for mode in ("off", "on"):
+                hooks.disable()
+                if mode == "on":
+                    hooks.enable_metrics()
+                    hooks.enable_tracing(provider)
+                for deadline, timed in ((plan.warm_s, False), (plan.run_s, True)):
+                    done, t0 = 0, time.perf_counter()
+                    while time.perf_counter() - t0 < deadline:
+                        n += 1
+                        task = eng.transition(task, "tick", {"n": n}, actor=ACTOR)
+                        done += 1
+                    if timed:
+                        rates[mode].append(done / (time.perf_counter() - t0))
+        hooks.disable()
+        provider.shutdown()
+    finally:
+        eng.close()
+    # What "off" costs: the flag each hook point reads (two per transition a worker makes: the step and the append).
+    flag_ns = min(timeit.repeat("hooks.active", globals={"hooks": hooks}, number=1_000_000, repeat=5)) * 1000
+    return {
+        "libraries_imported_while_off": off_loaded,
+        "flag_check_ns": round(flag_ns, 1),
+        **{mode: {"median": round(statistics.median(r)), "rounds": [round(x) for x in r]} for mode, r in rates.items()},
+    }
+
+
 def _figure_line(label: str, fig: dict[str, Any]) -> str:
     spread = f"[{fig['min']}-{fig['max']}]"
     busy = "" if fig["machine_cpu_busy"] is None else f"{fig['machine_cpu_busy'] * 100:>5.0f} %"
@@ -184,6 +236,8 @@ def measure_all(plan: Plan, pg_url: str | None, sqlite_url: str) -> dict[str, An
     out["load"] = {"sqlite": measure_load(sqlite_url, plan)}
     if pg_url is not None:
         out["load"]["postgresql"] = measure_load(pg_url, plan)
+    print("  observability off and on ...", file=sys.stderr, flush=True)
+    out["observability"] = measure_observability(sqlite_url, plan)
     return out
 
 
@@ -212,6 +266,7 @@ def ratios_and_targets(
     sq = fig["sqlite"]
     ratio("sqlite_transition_vs_raw", sq["transition"], sq["naive"])
     ratio("sqlite_fire_vs_read_write", sq["fire"], sq["read_write"])
+    ratio("sqlite_observed_vs_plain", fig["observability"]["on"], fig["observability"]["off"])
 
     def ratio_target(name: str, threshold: float, note: str) -> dict[str, Any]:
         return target(name, ratios.get(name), ">=", threshold, note, per_round.get(name))
@@ -228,6 +283,18 @@ def ratios_and_targets(
             "sqlite_transition_vs_raw",
             0.3,
             "Engine.transition / raw sqlite3 (BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT), WAL",
+        ),
+        ratio_target(
+            "sqlite_observed_vs_plain",
+            0.7,
+            "Engine.transition with metrics and traces on / with nothing on, SQLite, one process",
+        ),
+        target(
+            "sqlite_libraries_imported_while_off",
+            len(fig["observability"]["libraries_imported_while_off"]),
+            "<",
+            1,
+            "opentelemetry and prometheus_client modules loaded while nothing is turned on",
         ),
         target(
             "pg_load_10k_ms",
@@ -278,6 +345,12 @@ def report(
             f"p95 {at['p95']}; {one['tail_events']} events past it: median {tail['median']}, p95 {tail['p95']}; "
             f"no snapshot (fold from zero): {one['fold_from_zero_ms']}"
         )
+    obs = fig["observability"]
+    print(
+        f"Observability (SQLite, Engine.transition, one process): off {obs['off']['median']}/s, "
+        f"metrics and traces on {obs['on']['median']}/s; libraries imported while off: "
+        f"{obs['libraries_imported_while_off'] or 'none'}; one flag check while off: {obs['flag_check_ns']} ns"
+    )
     print("Ratios (of the medians; in brackets the same ratio round by round, lowest to highest):")
     for name, value in ratios.items():
         print(f"    {name:<34} {value:5.2f}x  [{min(per_round[name]):.2f}-{max(per_round[name]):.2f}]")
@@ -341,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             "pg_4w_engine_transition": median("postgresql", "4", "transition"),
             "sqlite_engine_transition": median("sqlite", "transition"),
             "sqlite_engine_fire": median("sqlite", "fire"),
+            "sqlite_engine_transition_observed": median("observability", "on"),
             "pg_load_10k_ms": fig["load"]["postgresql"]["at_snapshot_ms"]["median"] if pg_url else None,
             "sqlite_load_10k_ms": fig["load"]["sqlite"]["at_snapshot_ms"]["median"],
         },
@@ -352,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             "pg_4w_raw_best": median("postgresql", "4", "best"),
             "sqlite_raw": median("sqlite", "naive"),
             "sqlite_raw_read_write": median("sqlite", "read_write"),
+            "sqlite_engine_transition_unobserved": median("observability", "off"),
         },
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "ratios_per_round": per_round,

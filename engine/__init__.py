@@ -7,7 +7,9 @@ The public surface a user reads first:
 - run it: `Engine` (`start`, `fire`, `cancel`, `get`, `history`, `load`, `transition`);
 - give it tools: `ToolCatalog`, `ToolDef`, `ToolKind`, `ToolInvocation`, `Reconciled`, `ToolFailed`,
   and the argument types `MinorUnits`, `CurrencyCode`, `Money`, `UtcTimestamp`;
-- branch on refusals: `Code` and the `RailyardError` family.
+- branch on refusals: `Code` and the `RailyardError` family;
+- observe it: `enable_tracing` (OpenTelemetry spans; the OTEL_* variables do it without code) and
+  `enable_metrics` (Prometheus).
 
 Everything a user or a workflow module needs is importable from here; the
 folders below are the layers (`engine.core` pure, `engine.store`, `engine.audit`,
@@ -64,6 +66,7 @@ from engine.core.tools import (
     ToolKind,
     UtcTimestamp,
 )
+from engine.observability.hooks import enable_metrics, enable_tracing
 from engine.providers import ScriptedModel, adapter_from_spec
 from engine.providers.scripted import call as scripted_call
 from engine.runtime import config
@@ -136,6 +139,8 @@ __all__ = [
     "canonical_json",
     "config",
     "decide",
+    "enable_metrics",
+    "enable_tracing",
     "event_code",
     "fold",
     "migrations",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine import Code, Engine, MemoryStore, ModelRequest, RailyardError, Registry, ScriptedModel, StaticRoles
-from engine.core.forcing import Rung, ladder
+from engine.core.forcing import RANK, Rung, escalation_path, ladder
 from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
 from engine.runtime.agent import AgentRunner, RetryPolicy
@@ -48,12 +48,15 @@ def test_free_text_three_times_then_a_valid_call(eng: Engine) -> None:
     )
     task = run(eng, task_id, model)
     assert task.state == "awaiting_approval"
+    # Each prose answer ignored the rung: restate (anthropic's order), then move down, a step per repair.
     assert trail(eng, task_id) == [
         ("repair", "assessing~force", "required", "NO_ACTION"),
         ("repair", "assessing~force", "required", "NO_ACTION"),
-        ("repair", "assessing~force", "required", "NO_ACTION"),
-        ("propose", "awaiting_approval", "required", None),
+        ("repair", "assessing~force", "auto_reminder", "NO_ACTION"),
+        ("propose", "awaiting_approval", "json_instructions", None),
     ]
+    steps = [e.data["turn"].get("escalated", {}).get("step") for e in eng.history(task_id)[1:]]
+    assert steps == ["reminder", "rung", "rung", None]
     last = eng.history(task_id)[-1]
     assert last.data["args"] == {"amount": 300, "reason": "damaged"}
     assert last.actor == "model:scripted:scripted"
@@ -66,7 +69,9 @@ def test_a_model_that_never_complies_is_handed_off_after_exactly_the_budget(eng:
     assert task.state == "assessing~handoff" and task.status == "blocked"
     assert [t[0] for t in trail(eng, task_id)] == ["repair", "repair", "repair", "hand_off"]
     assert eng.history(task_id)[-1].data["turn"]["code"] == "REPAIRS_EXHAUSTED"
-    assert eng.history(task_id)[-1].data["last_code"] == "NO_ACTION"
+    # Escalating ended on json_instructions, where prose is not JSON.
+    assert eng.history(task_id)[-1].data["last_code"] == "OUTPUT_NOT_JSON"
+    assert [t[2] for t in trail(eng, task_id)] == ["required", "required", "auto_reminder", "json_instructions"]
     assert undeclared(eng.history(task_id)) == []
     assert len(model.requests) == 4
     # An operator sends it back to the agent, with a fresh repair budget.
@@ -141,13 +146,22 @@ def test_refused_shapes_are_never_resent_unchanged(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
     shape = {"error": {"status": 400, "message": "tool_choice is not supported"}}
     schema = {"error": {"status": 400, "message": "response_format json_schema is not supported"}}
-    model = ScriptedModel([schema, shape, {"text": "{}"}], profile="openai")
-    run(eng, task_id, model, turns=3)
-    sent = [(r.response_schema is not None, r.tool_choice) for r in model.requests]
-    # A refused forced tool choice rules out every forced form: after the named tool, not `required` either.
-    assert sent[:3] == [(True, None), (False, "decide"), (False, "auto")]
-    assert len(set(map(repr, model.requests[:3]))) == 3
-    assert [t[0] for t in trail(eng, task_id)][:2] == ["demote", "demote"]
+    model = ScriptedModel([schema, schema, shape, {"text": "{}"}], profile="openai")
+    run(eng, task_id, model, turns=4)
+    sent = [
+        (r.response_schema.mode if r.response_schema else None, r.tool_choice, any(t.strict for t in r.tools))
+        for r in model.requests
+    ]
+    # A refused strict schema rules out strict schemas (the schema is sent again, loose; tools lose `strict`);
+    # a refused loose one rules out the rung; a refused forced tool choice every forced form, not `required` either.
+    assert sent[:4] == [("strict", None, False), ("loose", None, False), (None, "decide", False), (None, "auto", False)]
+    assert len(set(map(repr, model.requests[:4]))) == 4
+    assert [t[0] for t in trail(eng, task_id)][:3] == ["demote", "demote", "demote"]
+    assert [e.data["turn"].get("demoted") for e in eng.history(task_id)[1:4]] == [
+        "openai:scripted:plain:strict_schema",
+        "openai:scripted:plain:native_schema",
+        "openai:scripted:plain:named_tool",
+    ]
     assert eng.load(task_id).visit["repairs"] == 1  # only the bad answer spent one
 
 
@@ -194,9 +208,12 @@ def test_reminders_mark_each_change_of_mode_and_are_never_deleted(eng: Engine) -
     for before, after in itertools.pairwise(requests):
         assert after.messages[: len(before.messages)] == before.messages, "history was rewritten"
     reminders = [m.content for m in requests[-1].messages if "<system-reminder>" in m.content]
-    # required (tools: no reminder), then auto_reminder after the demotion: exactly one reminder.
-    assert len(reminders) == 1 and "Call exactly one of these tools" in reminders[0]
-    assert [r.tool_choice for r in requests] == ["required", "required", "auto", "auto"]
+    # required (tools: no reminder at first); prose restates it; auto_reminder after the demotion gets its own;
+    # prose again moves down to json_instructions, which gets the structured one. One per mode, one per restatement.
+    assert len(reminders) == 3
+    assert "Use the tools again" in reminders[0] and "Call exactly one of these tools" in reminders[1]
+    assert "only one JSON object" in reminders[2]
+    assert [r.tool_choice for r in requests] == ["required", "required", "auto", None]
 
 
 def test_a_resumed_task_rebuilds_the_same_conversation_without_calling_the_model_again(eng: Engine) -> None:
@@ -211,6 +228,83 @@ def test_a_resumed_task_rebuilds_the_same_conversation_without_calling_the_model
     assert len(resumed.requests) == 1
     expected_prefix = first.requests[-1].messages
     assert resumed.requests[0].messages[: len(expected_prefix)] == expected_prefix
+
+
+#: (profile, answer, code, whether it ignored the rung). The openai profile's first rung is native_schema
+#: (structured); anthropic's for refund is required (tools).
+COMPLIANCE = [
+    ("anthropic", {"text": "I would refund."}, "NO_ACTION", True),
+    ("anthropic", call("fly_to_the_moon"), "ACTION_UNKNOWN", True),
+    ("anthropic", call("approve"), "ACTION_NOT_ALLOWED", True),
+    ("anthropic", {"tool_calls": [{"name": "note", "arguments": "{not json"}]}, "OUTPUT_NOT_JSON", True),
+    ("openai", {"text": "I would refund."}, "OUTPUT_NOT_JSON", True),
+    ("openai", {"json": {"refund": 300}}, "OUTPUT_SCHEMA_INVALID", True),  # JSON that ignores the envelope
+    # Compliant but wrong: repaired on the same rung, no escalation.
+    ("anthropic", call("propose", amount=5), "OUTPUT_SCHEMA_INVALID", False),
+    ("anthropic", call("propose", amount=900, reason="x"), "DOMAIN_INVALID", False),
+    ("anthropic", {"tool_calls": [call("note", note="a")["tool_calls"][0]] * 2}, "MULTIPLE_ACTIONS", False),
+]
+
+
+@pytest.mark.parametrize(("profile", "answer", "code", "ignored"), COMPLIANCE)
+def test_only_an_answer_that_ignored_its_rung_escalates(
+    eng: Engine, profile: str, answer: dict[str, Any], code: str, ignored: bool
+) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    model = ScriptedModel([answer, {"text": "again"}], profile=profile)
+    run(eng, task_id, model, turns=2)
+    first = eng.history(task_id)[1].data["turn"]
+    assert (first["code"], "escalated" in first) == (code, ignored)
+    if ignored:
+        assert first["escalated"]["why"] == code and first["escalated"]["step"] == "reminder"
+        # The restatement is the last message of that turn, so the next request carries it.
+        assert model.requests[1].messages[-1].content == first["messages"][-1]["content"]
+        assert "<system-reminder>" in first["messages"][-1]["content"]
+    else:
+        assert not any("<system-reminder>" in m["content"] for m in first["messages"])
+
+
+@pytest.mark.parametrize("profile", [p.name for p in BUILTIN_PROFILES])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_escalation_never_climbs_back_and_never_exceeds_the_budget(eng: Engine, profile: str, thinking: bool) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    model = ScriptedModel([{"text": "no"}] * 10, profile=profile)
+    task = run(eng, task_id, model, thinking=thinking)
+    assert task.state == "assessing~handoff" and len(model.requests) == 4  # max_repairs 3: four attempts
+    turns = [e.data["turn"] for e in eng.history(task_id)[1:]]
+    ranks = [RANK[Rung(t["strategy"])] for t in turns]
+    assert ranks == sorted(ranks), "a visit only moves down the ladder"
+    assert all("escalated" in t for t in turns[:-1]) and "escalated" not in turns[-1]  # the hand-off has no next
+    # What `railyard providers` and docs/providers.md show is what the runner does.
+    shown = escalation_path(load_profiles()[profile], thinking, n_actions=3)
+    assert [t["strategy"] for t in turns] == [attempt.removesuffix("+reminder") for attempt in shown]
+    assert [t["escalated"]["step"] for t in turns[:-1]] == [
+        "reminder" if attempt.endswith("+reminder") else "rung" for attempt in shown[1:]
+    ]
+
+
+def test_a_resumed_task_escalates_from_where_its_log_left_it(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    run(eng, task_id, ScriptedModel([{"text": "no"}, {"text": "no"}], profile="anthropic"), turns=2)
+    # A restarted process: the rung escalation reached comes from the log, not from memory.
+    with Engine(store=eng.store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
+        resumed = ScriptedModel([call("give_up")], profile="anthropic")
+        AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
+    assert resumed.requests[0].tool_choice == "auto"  # auto_reminder, where the second prose answer moved it
+    assert [t[2] for t in trail(eng, task_id)] == ["required", "required", "auto_reminder"]
+
+
+def test_the_rung_that_worked_is_where_the_tasks_next_visit_starts_even_after_a_restart(eng: Engine) -> None:
+    task_id = eng.start("refund", ORDER, actor="ann", version=1)
+    # Prose twice moves the visit to auto_reminder, where `note` works: it re-enters `assessing`, a new visit.
+    first = ScriptedModel([{"text": "no"}, {"text": "no"}, call("note", note="checked")], profile="anthropic")
+    run(eng, task_id, first, turns=3)
+    assert eng.history(task_id)[-1].data["turn"]["worked"] == "anthropic:scripted:plain:auto_reminder"
+    with Engine(store=eng.store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
+        assert other.worked_rungs == set()
+        resumed = ScriptedModel([call("give_up")], profile="anthropic")
+        AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
+    assert [r.tool_choice for r in resumed.requests] == ["auto"]
 
 
 @pytest.mark.parametrize("profile", [p.name for p in BUILTIN_PROFILES])
@@ -267,6 +361,16 @@ def test_profiles_can_be_overridden_and_added(tmp_path: Any, monkeypatch: pytest
     profiles = load_profiles()
     assert profiles["anthropic"].native_schema == "strict"
     assert profiles["gateway"].tool_choices(False) == frozenset({"auto"})
+    path.write_text(
+        '[profiles.gateway]\nwire = "openai"\nmodels = ["gw-*"]\nreminder_role = "system"\nescalation = ["rung"]\n'
+        'always_thinking = ["gw-r*"]\nthinking_on = { reasoning_effort = "high" }\n',
+        encoding="utf-8",
+    )
+    gateway = load_profiles()["gateway"]
+    assert (gateway.reminder_role, gateway.escalation) == ("system", ("rung",))
+    assert gateway.thinks("gw-r1", False) and not gateway.thinks("gw-chat", False)
+    assert gateway.thinking_switch("gw-chat", True) == {"reasoning_effort": "high"}
+    assert gateway.thinking_switch("gw-chat", False) == {}
     path.write_text("[profiles.anthropic]\nnot_a_setting = 1\n", encoding="utf-8")
     with pytest.raises(RailyardError) as caught:
         load_profiles()

@@ -215,6 +215,33 @@ def test_run_drives_an_agent_state_with_a_scripted_model(cli_env: str, tmp_path:
     assert code == 0 and json.loads(out)["events"] == []
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        'escalation = ["pray"]',
+        "escalation = []",
+        'reminder_role = "assistant"',
+        'reminder_role = "system"',  # on the anthropic wire: its one system prompt is the cached prefix
+        'thinking_on = "high"',
+        'thinking_on_by_model = { "claude-x*" = "adaptive" }',
+    ],
+)
+def test_run_refuses_a_profiles_file_that_would_mislead_the_ladder_and_leaves_the_log_alone(
+    cli_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: str
+) -> None:
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(f"[profiles.anthropic]\n{settings}\n", encoding="utf-8")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"profile": "anthropic", "turns": [{"text": "hm"}]}), encoding="utf-8")
+    task_id = start_refund()
+    before = invoke("history", task_id, "--json")[1]
+    monkeypatch.setenv("RAILYARD_PROFILES_FILE", str(profiles))
+    code, _, err = invoke("run", task_id, "--model", f"scripted:{script}")
+    assert code == 2 and "CONFIG_INVALID" in err
+    assert invoke("providers")[0] == 2
+    assert invoke("history", task_id, "--json")[1] == before
+
+
 def test_run_refuses_a_bad_model_spec_and_a_missing_model(cli_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = start_refund()
     for spec in ("nonsense", "scripted:/no/such/file.json"):  # a configuration error: exit 2, like a usage error
@@ -233,6 +260,17 @@ def test_providers_lists_every_profile_and_its_rungs(cli_env: str) -> None:
     assert rows["anthropic"]["rung_thinking_on"] == "auto_reminder"
     assert rows["anthropic"]["rung_thinking_off_one_action"] == "named_tool"
     assert rows["minimax"]["tool_choice_thinking_off"] == []
+    # The escalation order each profile declares, and the attempts it makes of a model that ignores every rung.
+    assert rows["glm"]["reminder_role"] == "system" and rows["glm"]["escalation"] == ["reminder", "rung"]
+    assert rows["openai"]["escalation_thinking_off"] == [
+        "native_schema",
+        "native_schema+reminder",
+        "required",
+        "auto_reminder",
+    ]
+    assert rows["deepseek"]["thinking_on"] == {"thinking": {"type": "enabled"}}
+    code, text, _ = invoke("providers")
+    assert code == 0 and "Escalation after an ignored rung" in text
 
 
 def test_approvals_approve_and_reject_from_the_command_line(cli_env: str) -> None:

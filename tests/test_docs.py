@@ -223,6 +223,15 @@ def test_event_reference_is_generated_from_the_payload_types() -> None:
     )
 
 
+def test_providers_tables_are_generated_from_the_profiles() -> None:
+    """The rung, escalation and thinking tables of docs/providers.md are the built-in profiles' own."""
+    text = (REPO / "docs" / "providers.md").read_text(encoding="utf-8")
+    assert _tool("gen_providers_doc").regenerate(text) == text, (
+        "docs/providers.md's profile tables are out of date with engine.core.profiles: "
+        "run `python tools/gen_providers_doc.py`"
+    )
+
+
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'railyard.db'}"

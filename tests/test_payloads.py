@@ -66,6 +66,22 @@ def test_the_check_reports_undeclared_keys_wrong_types_and_missing_fields() -> N
             "model turn (required): NO_ACTION",
         ),
         (
+            "repair",
+            {
+                "turn": {
+                    "strategy": "native_schema",
+                    "model": "m",
+                    "profile": "p",
+                    "thinking": False,
+                    "mode": "structured",
+                    "code": "OUTPUT_NOT_JSON",
+                    "escalated": {"from": "native_schema", "to": "required", "step": "rung", "why": "OUTPUT_NOT_JSON"},
+                }
+            },
+            "OUTPUT_NOT_JSON",
+            "model turn (native_schema): OUTPUT_NOT_JSON; escalates to required",
+        ),
+        (
             "call",
             {"intent": INTENT, "attempt": 2, "requested_at": "2026-01-01T00:00:00Z"},
             None,

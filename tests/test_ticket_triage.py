@@ -84,7 +84,11 @@ def test_a_prose_answer_is_forced_into_a_ticket_decision(eng: Engine, profile: s
     else:
         assert forced.response_schema is not None and forced.tools == ()
         assert forced.response_schema.schema["properties"]["action"]["enum"] == ["decide"]
-    assert code in forced.messages[-1].content
+    # The error was fed back, then the rung's instruction restated in the role the profile's provider obeys.
+    assert code in forced.messages[-2].content
+    assert "<system-reminder>" in forced.messages[-1].content
+    assert forced.messages[-1].role == ("system" if profile == "openai" else "user")
+    assert repair["escalated"] == {"from": rung, "to": rung, "step": "reminder", "why": code}
 
 
 def test_a_decision_about_another_ticket_is_refused_and_repaired(eng: Engine) -> None:

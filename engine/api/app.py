@@ -27,6 +27,11 @@ Page form posts get the same limit (their 413 is the error page). A response
 given without reading the body closes the connection (`Connection: close`), so
 the server does not go on receiving what the client keeps sending.
 
+Beside the API and the pages, the probes an orchestrator and Prometheus call,
+outside /api and so without a token (they name no task and change nothing):
+`/healthz` (the process answers), `/readyz` (the database answers and its
+schema is at head, else 503) and `/metrics` (`engine.observability.metrics`).
+
 The server's own settings come from the environment (the engine's are in
 `engine.runtime.config`); `serve` checks every one of them before it opens
 anything.
@@ -37,10 +42,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections import deque
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -54,6 +61,7 @@ from engine.api.schemas import error_body, status_for, status_of, validation_bod
 from engine.api.tokens import TokenTable, load_tokens
 from engine.api.views import STATIC, render
 from engine.core.errors import Code, RailyardError, Refused
+from engine.observability import health, hooks
 from engine.runtime import config
 from engine.runtime.engine import Engine
 from engine.store import migrations
@@ -103,7 +111,29 @@ def create_app(
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handlers(app)
+    _probes(app, engine)
     return app
+
+
+def _probes(app: FastAPI, engine: Engine) -> None:
+    """/healthz, /readyz and /metrics: see the module's docstring and docs/api.md."""
+    from engine.observability import metrics
+
+    registry = hooks.enable_metrics().registry_for(engine.store)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> Response:
+        answer = await run_in_threadpool(health.readiness, engine.store)
+        return JSONResponse(answer.to_dict(), status_code=200 if answer.ready else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def scrape() -> Response:
+        body = await run_in_threadpool(metrics.exposition, registry)
+        return Response(body, media_type=metrics.CONTENT_TYPE)
 
 
 def _handlers(app: FastAPI) -> None:
@@ -350,15 +380,36 @@ def max_body() -> int:
     return int(raw)
 
 
+#: What `serve` refuses to start on: a URL or a file that can never be a Railyard database (a setting to fix).
+_UNUSABLE = frozenset({Code.DATABASE_URL_INVALID, Code.DATABASE_FILE_INVALID})
+
+
+def _check_database(url: str) -> None:
+    """Refuse a database setting that can never work; say on stderr, and serve anyway, what may yet be fixed.
+
+    A PostgreSQL server that is not up yet, or a schema whose migration has not run yet, is the state of a
+    rollout, not of this process's configuration: `/readyz` answers 503 until it is fixed, so a load balancer holds
+    traffic meanwhile, and the operator reads why here, in one coded line (never the password).
+    """
+    checked = check_url(url)
+    require_database(checked)  # never a new, empty SQLite file at a mistyped path
+    try:
+        problem = None if migrations.current(checked) is not None else Code.SCHEMA_MISSING
+        message = "the database has no Railyard schema; run `railyard db upgrade`"
+    except RailyardError as error:
+        if error.code in _UNUSABLE:
+            raise
+        problem, message = error.code, error.message
+    if problem is not None:
+        sys.stderr.write(f"{problem}: {message} (serving anyway: /readyz answers 503 until it is fixed)\n")
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
     import uvicorn
 
     tokens = load_tokens(tokens_file())
     limit = max_body()  # every setting is checked before anything is opened
-    url = check_url(config.database_url())
-    require_database(url)  # never a new, empty SQLite file at a mistyped path
-    if migrations.current(url) is None:  # also says, now, which server did not answer and why
-        raise RailyardError("the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING)
+    _check_database(config.database_url())
     with Engine(config.database_url(), authoriser=tokens) as engine:
         app = create_app(
             engine,

@@ -300,6 +300,7 @@ _STATUS: dict[Code, int] = {
     # The server cannot serve right now: the database failed or has no schema.
     Code.DATABASE_ERROR: 503,
     Code.SCHEMA_MISSING: 503,
+    Code.SCHEMA_NOT_AT_HEAD: 503,
     Code.DATABASE_UNREACHABLE: 503,
     Code.DATABASE_NOT_FOUND: 503,
     # The server is misconfigured, or a log does not hold together: the operator's problem, not the caller's.

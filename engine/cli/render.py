@@ -536,6 +536,22 @@ def providers(rows: list[dict[str, Any]], as_json: bool) -> None:
             ),
         )
     )
+    out.print(
+        _table(
+            "Escalation after an ignored rung (attempts of a model that ignores every one, several actions)",
+            ("profile", "reminder role", "order (the last repeats)", "attempts, thinking off", "attempts, thinking on"),
+            (
+                (
+                    r["name"],
+                    r["reminder_role"],
+                    ", ".join(r["escalation"]),
+                    " → ".join(r["escalation_thinking_off"]),
+                    " → ".join(r["escalation_thinking_on"]),
+                )
+                for r in rows
+            ),
+        )
+    )
     if all("settings" in r for r in rows):
         _provider_settings(rows)
 

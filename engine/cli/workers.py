@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -11,8 +12,9 @@ import typer
 from engine.cli import render
 from engine.cli.exits import database_url, fail, open_engine, require_schema
 from engine.cli.options import ExtraBodyOpt, RetriesOpt, StreamOpt, TimeoutOpt, model_options
-from engine.core.errors import RailyardError
+from engine.core.errors import Code, RailyardError
 from engine.runtime import config
+from engine.runtime.engine import Engine
 
 
 def worker(
@@ -43,6 +45,15 @@ def worker(
     retries: RetriesOpt = None,
     stream: StreamOpt = None,
     extra_body: ExtraBodyOpt = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65535,
+            help="Serve Prometheus metrics on this port at /metrics (interface: RAILYARD_METRICS_HOST, 127.0.0.1).",
+        ),
+    ] = None,
 ) -> None:
     """Claim due tasks, advance each until it blocks or ends, release it; until SIGTERM or SIGINT.
 
@@ -102,14 +113,30 @@ def worker(
                 runner.model = engine.model = open_model(str(config.model_spec()), settings)  # a bad spec: exit 2 now
         except RailyardError as error:
             fail(error)
+        stop_metrics = _serve_metrics(engine, metrics_port) if metrics_port is not None else None
         listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"
         render.note(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})")
         if once:
             runner.run_once()
         else:
             runner.run(stopping)
+        if stop_metrics is not None:
+            stop_metrics()
     counts = runner.counts.snapshot()
     render.note(f"{runner.name}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items()))
+
+
+def _serve_metrics(engine: Engine, port: int) -> Callable[[], None]:
+    """Record metrics from now on and serve them (and the task gauges of `engine`'s database) on `port`."""
+    from engine.observability import hooks, metrics
+
+    host = config.metrics_host()
+    try:
+        stop = metrics.serve(hooks.enable_metrics().registry_for(engine.store), host, port)
+    except OSError as exc:
+        fail(RailyardError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}", code=Code.CONFIG_INVALID))
+    render.note(f"metrics on http://{host}:{port}/metrics")
+    return stop
 
 
 def serve(

@@ -161,7 +161,8 @@ class Code(StrEnum):
     SCHEMA_UNSUPPORTED = (
         "SCHEMA_UNSUPPORTED",
         Category.PROVIDER,
-        "The provider refused native structured output; the ladder moves one rung down (no repair spent).",
+        "The provider refused a request's schema; a refused strict schema rules out strict schemas (the rung is"
+        " sent again, loose), a refused loose one moves the ladder one rung down (no repair spent).",
     )
     RATE_LIMITED = (
         "RATE_LIMITED",
@@ -330,6 +331,12 @@ class Code(StrEnum):
         "SCHEMA_MISSING",
         Category.CONFIG,
         "The database has no Railyard schema: run `railyard db upgrade`.",
+    )
+    SCHEMA_NOT_AT_HEAD = (
+        "SCHEMA_NOT_AT_HEAD",
+        Category.STORE,
+        "The database's schema is not at the revision this release's migrations end at (`/readyz` answers 503): "
+        "run `railyard db upgrade`, or, if a newer release migrated it, run that release.",
     )
     DATABASE_ERROR = (
         "DATABASE_ERROR",

@@ -11,15 +11,27 @@ request; nothing here calls a model. Rungs, highest first:
 5. `json_instructions`: no tools; the schema in the instructions, JSON mode where offered.
 
 A rung is skipped when the profile (with thinking on or off) does not allow it,
-and when this task already saw the provider refuse it (`demoted`).
+and when this task already saw the provider refuse it (`demoted`). A refused
+strict schema is a shape of its own (`STRICT_SCHEMA`): it rules out `strict`
+everywhere, not the rung.
+
+A provider that accepts a request and the model ignores it is the other way a
+rung fails: prose where a call or JSON was asked, a call of no offered tool,
+JSON that ignores the envelope. The next attempt then escalates (`escalate`), in
+the order the profile declares: restate the mode's reminder in the role the
+provider obeys, or move to the next rung down. A rung that finally worked after
+escalating is remembered (`worked`) like a refused one, so the next visit starts
+there.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -27,6 +39,7 @@ from engine.core.definition import Action, Agent, Workflow
 from engine.core.errors import Code
 from engine.core.fold import TaskState
 from engine.core.model_interface import Message, ModelRequest, ResponseSchema, ToolSpec
+from engine.core.payloads import Escalated
 from engine.core.profiles import CapabilityProfile
 from engine.core.tools.results import RESULT_NOTICE, wrap_error_for_model, wrap_for_model
 
@@ -49,9 +62,32 @@ MODE_OF_RUNG = {
 }
 
 
-def demotion_key(profile: CapabilityProfile, model: str, thinking: bool, rung: Rung) -> str:
-    """How a refused rung is remembered: per (profile, model, thinking)."""
+#: A rung's place on the ladder: a visit only ever moves down it.
+RANK = {rung: index for index, rung in enumerate(Rung)}
+
+
+#: Not a rung but a shape every rung may carry: a strict JSON schema (`response_format` strict, strict tools).
+STRICT_SCHEMA = "strict_schema"
+
+
+def demotion_key(profile: CapabilityProfile, model: str, thinking: bool, rung: Rung | str) -> str:
+    """How a refused rung (or `STRICT_SCHEMA`), or one that worked after escalating, is remembered: per
+    (profile, model, thinking)."""
     return f"{profile.name}:{model}:{'thinking' if thinking else 'plain'}:{rung}"
+
+
+def refused_shape(
+    profile: CapabilityProfile, model: str, thinking: bool, rung: Rung, request: ModelRequest, code: Code
+) -> str:
+    """What a request-shape refusal rules out: a schema refusal of a request that carried a strict schema rules
+    out strict schemas (the rung is sent again, loose, and strict tools lose `strict`); any other rules out the
+    rung (and its class, see `refused_with`)."""
+    strict = (request.response_schema is not None and request.response_schema.mode == "strict") or any(
+        tool.strict for tool in request.tools
+    )
+    if code is Code.SCHEMA_UNSUPPORTED and strict:
+        return demotion_key(profile, model, thinking, STRICT_SCHEMA)
+    return demotion_key(profile, model, thinking, rung)
 
 
 def ladder(profile: CapabilityProfile, thinking: bool, n_actions: int) -> list[Rung]:
@@ -79,10 +115,10 @@ def refused_with(rung: Rung) -> frozenset[Rung]:
     return next((group for group in REFUSED_TOGETHER if rung in group), frozenset({rung}))
 
 
-def choose_rung(
-    profile: CapabilityProfile, model: str, thinking: bool, n_actions: int, demoted: set[str] | list[str]
-) -> Rung:
-    """The highest rung the profile allows that no refusal so far rules out (each refusal rules out its class)."""
+def open_rungs(
+    profile: CapabilityProfile, model: str, thinking: bool, n_actions: int, demoted: Iterable[str]
+) -> list[Rung]:
+    """The ladder without the rungs a refusal so far rules out (each refusal rules out its class)."""
     refused = set(demoted)
     ruled_out = {
         other
@@ -90,10 +126,83 @@ def choose_rung(
         if demotion_key(profile, model, thinking, rung) in refused
         for other in refused_with(rung)
     }
-    for rung in ladder(profile, thinking, n_actions):
-        if rung not in ruled_out:
+    return [rung for rung in ladder(profile, thinking, n_actions) if rung not in ruled_out]
+
+
+def choose_rung(
+    profile: CapabilityProfile,
+    model: str,
+    thinking: bool,
+    n_actions: int,
+    demoted: Iterable[str],
+    start: Rung | None = None,
+) -> Rung:
+    """The highest open rung, no higher than `start` (where escalation, or what worked before, put the task)."""
+    floor = RANK[start] if start is not None else 0
+    for rung in open_rungs(profile, model, thinking, n_actions, demoted):
+        if RANK[rung] >= floor:
             return rung
     return Rung.JSON_INSTRUCTIONS
+
+
+def remembered_rung(profile: CapabilityProfile, model: str, thinking: bool, worked: Iterable[str]) -> Rung | None:
+    """Where a new visit starts: the lowest rung that worked after escalating for this (profile, model, thinking)."""
+    remembered = set(worked)
+    if not remembered:
+        return None
+    found = [rung for rung in Rung if demotion_key(profile, model, thinking, rung) in remembered]
+    return max(found, key=RANK.__getitem__, default=None)
+
+
+#: Codes that say the answer ignored the rung, whatever it was asked: no action (prose), not JSON, a call of a
+#: tool that was not offered. `OUTPUT_SCHEMA_INVALID` joins them on the structured rungs, where the schema was
+#: the instruction; with tools it is an ordinary mistake in the arguments, repaired on the same rung.
+IGNORED_THE_RUNG = frozenset({Code.NO_ACTION, Code.OUTPUT_NOT_JSON, Code.ACTION_UNKNOWN, Code.ACTION_NOT_ALLOWED})
+
+
+def ignored(code: Code | None, rung: Rung) -> bool:
+    """Whether an answer with `code` did not comply with `rung` (as opposed to a compliant answer that was wrong)."""
+    if code in IGNORED_THE_RUNG:
+        return True
+    return code is Code.OUTPUT_SCHEMA_INVALID and MODE_OF_RUNG[rung] == "structured"
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """What the next attempt changes after an ignored rung: `reminder` restates it, `rung` moves down."""
+
+    source: Rung
+    target: Rung
+    step: Literal["reminder", "rung"]
+    why: Code
+
+    def to_dict(self) -> Escalated:
+        return {"from": str(self.source), "to": str(self.target), "step": self.step, "why": str(self.why)}
+
+
+def escalate(
+    profile: CapabilityProfile,
+    model: str,
+    thinking: bool,
+    n_actions: int,
+    demoted: Iterable[str],
+    rung: Rung,
+    code: Code | None,
+    done: int,
+) -> Escalation | None:
+    """The escalation after an answer on `rung` that ended in `code`, or None when the answer complied.
+
+    `done` is how many escalations this visit already made: the profile's `escalation` order is followed
+    step by step and its last step repeats. A `rung` step at the bottom of the ladder restates instead.
+    """
+    if code is None or not ignored(code, rung):
+        return None
+    step = profile.escalation[min(done, len(profile.escalation) - 1)]
+    if step == "rung":
+        lower = [r for r in open_rungs(profile, model, thinking, n_actions, demoted) if RANK[r] > RANK[rung]]
+        if lower:
+            return Escalation(rung, lower[0], "rung", code)
+    return Escalation(rung, rung, "reminder", code)
 
 
 def model_actions(state: Agent) -> list[Action]:
@@ -187,6 +296,11 @@ def reminder(mode: str, actions: list[Action]) -> str:
     return f"<system-reminder>Use the tools again: call exactly one of {names}.</system-reminder>"
 
 
+def reminder_message(profile: CapabilityProfile, mode: str, actions: list[Action]) -> Message:
+    """A mode's reminder, in the role the provider obeys best (the profile's `reminder_role`)."""
+    return Message(profile.reminder_role, reminder(mode, actions))
+
+
 def build_request(
     definition: Workflow,
     task: TaskState,
@@ -194,8 +308,11 @@ def build_request(
     model: str,
     thinking: bool,
     rung: Rung,
+    demoted: Iterable[str] = (),
 ) -> tuple[ModelRequest, list[Message]]:
     """The request for this turn, and the messages this turn adds to the visit (a reminder, or none).
+
+    `demoted` are the shapes refused so far: once strict schemas were refused, none is sent strict.
 
     The visit's messages are replayed as they were recorded, so each request
     extends the previous one: nothing is ever deleted or reordered.
@@ -207,7 +324,7 @@ def build_request(
     added: list[Message] = []
     previous = task.visit.get("mode")
     if mode != previous and (mode != "tools" or previous is not None):
-        added.append(Message("user", reminder(mode, actions)))
+        added.append(reminder_message(profile, mode, actions))
     history = [Message.from_dict(m) for m in task.visit.get("messages", [])]
     messages = (
         Message("system", system_prompt(definition, state, actions)),
@@ -218,8 +335,9 @@ def build_request(
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str | None = None
     response_schema: ResponseSchema | None = None
+    strict = demotion_key(profile, model, thinking, STRICT_SCHEMA) not in set(demoted)
     if rung is Rung.NATIVE_SCHEMA:
-        mode_name = "strict" if profile.native_schema == "strict" else "loose"
+        mode_name = "strict" if profile.native_schema == "strict" and strict else "loose"
         response_schema = ResponseSchema("action", envelope_schema(actions), mode_name)  # type: ignore[arg-type]
     elif rung is Rung.JSON_INSTRUCTIONS:
         instructions = "<output_schema>\n" + json.dumps(envelope_schema(actions), sort_keys=True) + "\n</output_schema>"
@@ -230,7 +348,7 @@ def build_request(
         if profile.native_schema != "none":
             response_schema = ResponseSchema("action", {}, "json_object")
     else:
-        tools = tuple(tool_spec(a, strict=profile.strict_tools) for a in actions)
+        tools = tuple(tool_spec(a, strict=profile.strict_tools and strict) for a in actions)
         choices = profile.tool_choices(thinking)
         if rung is Rung.NAMED_TOOL:
             tool_choice = actions[0].name
@@ -246,6 +364,7 @@ def build_request(
         response_schema=response_schema,
         thinking=thinking,
         parallel_tool_calls=False if tools and profile.strict_tools else None,
+        thinking_switch=profile.thinking_switch(model, thinking),
     )
     return request, added
 
@@ -261,8 +380,60 @@ def rung_table(profiles: dict[str, CapabilityProfile]) -> list[dict[str, Any]]:
         for label, thinking in (("off", False), ("on", True)):
             row[f"rung_thinking_{label}"] = str(ladder(profile, thinking, n_actions=2)[0])
             row[f"rung_thinking_{label}_one_action"] = str(ladder(profile, thinking, n_actions=1)[0])
+            row[f"escalation_thinking_{label}"] = escalation_path(profile, thinking, n_actions=2)
         rows.append(row)
     return rows
+
+
+def escalation_path(profile: CapabilityProfile, thinking: bool, n_actions: int, max_repairs: int = 3) -> list[str]:
+    """The attempts a model that ignores every rung gets, the first and one per repair: `RUNG`, or
+    `RUNG+reminder` where the step restated the reminder on the same rung."""
+    rung = choose_rung(profile, "", thinking, n_actions, ())
+    path = [str(rung)]
+    for done in range(max_repairs):
+        step = escalate(profile, "", thinking, n_actions, (), rung, Code.NO_ACTION, done)
+        assert step is not None  # NO_ACTION always ignores the rung
+        rung = step.target
+        path.append(f"{rung}+reminder" if step.step == "reminder" else str(rung))
+    return path
+
+
+def escalation_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:
+    """Each profile's escalation order and what it makes of a model that ignores every rung (docs/providers.md)."""
+
+    def path(steps: list[str]) -> str:
+        return " → ".join(f"`{step}`" for step in steps)
+
+    lines = [
+        "| profile | reminder role | escalation order | attempts, thinking off | attempts, thinking on |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for profile in profiles.values():
+        order = ", ".join(f"`{step}`" for step in profile.escalation) + " (the last repeats)"
+        lines.append(
+            f"| `{profile.name}` | {profile.reminder_role} | {order} "
+            f"| {path(escalation_path(profile, False, 2))} | {path(escalation_path(profile, True, 2))} |"
+        )
+    return "\n".join(lines)
+
+
+def thinking_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:
+    """Each profile's thinking switch, as the body fields sent, and its always-thinking models (docs/providers.md)."""
+
+    def body(fields: dict[str, Any]) -> str:
+        return f"`{json.dumps(fields, sort_keys=True)}`" if fields else "(nothing sent)"
+
+    lines = [
+        "| profile | thinking on sends | thinking off sends | other forms, by model | always thinking |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for p in profiles.values():
+        by_model = "; ".join(f"`{pattern}`: {body(fields)}" for pattern, fields in p.thinking_on_by_model.items())
+        always = ", ".join(f"`{pattern}`" for pattern in p.always_thinking)
+        lines.append(
+            f"| `{p.name}` | {body(p.thinking_on)} | {body(p.thinking_off)} | {by_model or '-'} | {always or '-'} |"
+        )
+    return "\n".join(lines)
 
 
 def rung_table_markdown(profiles: dict[str, CapabilityProfile]) -> str:

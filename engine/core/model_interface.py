@@ -127,6 +127,8 @@ class ModelRequest:
     thinking: bool = False
     max_output_tokens: int | None = None
     parallel_tool_calls: bool | None = None
+    #: The provider's body fields that switch thinking on or off (the profile's), merged into the body as given.
+    thinking_switch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

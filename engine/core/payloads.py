@@ -34,13 +34,29 @@ class TokenUsage(TypedDict, total=False):
     reasoning_tokens: Annotated[int, Doc("of the output, the tokens of the model's reasoning")]
 
 
+#: An escalation's keys, in the functional syntax because one of them is a Python keyword.
+Escalated = TypedDict(
+    "Escalated",
+    {
+        "from": Annotated[str, Doc("the rung the answer ignored")],
+        "to": Annotated[str, Doc("the rung the next attempt uses (the same one when the step is `reminder`)")],
+        "step": Annotated[
+            Literal["reminder", "rung"],
+            Doc("`reminder`: the mode's reminder restated in the profile's role; `rung`: the next rung down"),
+        ],
+        "why": Annotated[str, Doc("the code that showed the rung was ignored (`NO_ACTION`, `OUTPUT_NOT_JSON`, ...)")],
+    },
+)
+Escalated.__doc__ = "What the next attempt changes after an answer that ignored the rung it was asked on."
+
+
 class Turn(TypedDict):
     """One model turn: how the engine asked, and what it made of the answer."""
 
     strategy: Annotated[str, Doc("the forcing rung the request used (`tool_choice_named`, `json_schema`, ...)")]
     model: Annotated[str, Doc("`provider:model` of the adapter that answered")]
     profile: Annotated[str, Doc("the capability profile the rung was chosen from")]
-    thinking: Annotated[bool, Doc("whether the request asked for extended thinking")]
+    thinking: Annotated[bool, Doc("whether the request thought: as asked, and always for a model that always thinks")]
     mode: Annotated[str, Doc("the structured-output mode of the rung")]
     code: NotRequired[
         Annotated[str | None, Doc("what the turn ended in (`NO_ACTION`, `RATE_LIMITED`, ...); null: accepted")]
@@ -57,6 +73,15 @@ class Turn(TypedDict):
     ]
     errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
     demoted: NotRequired[Annotated[str, Doc("the request shape the provider refused, never sent again for this model")]]
+    escalated: NotRequired[
+        Annotated[Escalated, Doc("on a `repair` after an answer that ignored the rung: what the next attempt changes")]
+    ]
+    worked: NotRequired[
+        Annotated[str, Doc("the rung that worked after escalating, where the next visit for this model starts")]
+    ]
+    thinking_switch: NotRequired[
+        Annotated[dict[str, Any], Doc("the provider's body fields that switched thinking on or off, as sent")]
+    ]
 
 
 class PreparedCallData(TypedDict):
@@ -215,6 +240,7 @@ class EventData(_StepKeys, _MigrationKeys, total=False):
 #: The nested records, in the order the reference lists them.
 RECORDS: tuple[type, ...] = (
     Turn,
+    Escalated,
     TokenUsage,
     PreparedCallData,
     Outcome,

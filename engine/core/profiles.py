@@ -12,14 +12,22 @@ a TOML file named by RAILYARD_PROFILES_FILE without a code change:
     wire = "openai"
     models = ["my-model-*"]
     tool_choice_thinking_off = ["auto"]
+
+Thinking is a request parameter: `thinking_on` / `thinking_off` are the body
+fields that switch it (`thinking_on_by_model` where a model takes another
+form), and a model matching `always_thinking` thinks whatever the flag says.
+`escalation` is the order of what the engine changes after an answer that
+ignored the rung it was asked on; `reminder_role` is the role its reminders
+take (`system` only where the wire and the provider accept one mid-conversation).
 """
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import os
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +38,11 @@ NativeSchema = Literal["strict", "loose", "json_object", "none"]
 #: `named` is a tool_choice naming one tool; an empty set means the field must not be sent at all.
 ChoiceMode = Literal["auto", "none", "required", "named"]
 ALL_MODES: frozenset[str] = frozenset({"auto", "none", "required", "named"})
+ReminderRole = Literal["system", "user"]
+#: What an escalation may change: restate the current mode's reminder, or move to the next rung of the ladder.
+ESCALATION_STEPS: frozenset[str] = frozenset({"reminder", "rung"})
+#: Restate first (it keeps the rung and costs nothing the provider could refuse), then force harder; the last repeats.
+DEFAULT_ESCALATION: tuple[str, ...] = ("reminder", "rung")
 
 
 @dataclass(frozen=True)
@@ -45,9 +58,33 @@ class CapabilityProfile:
     can_disable_thinking: bool = True
     reasoning_passback: bool = False
     description: str = ""
+    reminder_role: ReminderRole = "user"
+    escalation: tuple[str, ...] = DEFAULT_ESCALATION
+    always_thinking: tuple[str, ...] = ()
+    # Body fields, so unhashed: a profile is compared, never used as a key.
+    thinking_on: dict[str, Any] = field(default_factory=dict, hash=False)
+    thinking_off: dict[str, Any] = field(default_factory=dict, hash=False)
+    thinking_on_by_model: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
 
     def tool_choices(self, thinking: bool) -> frozenset[str]:
         return self.tool_choice_thinking_on if thinking else self.tool_choice_thinking_off
+
+    def thinks(self, model: str, requested: bool) -> bool:
+        """Whether a request to `model` thinks: as asked, except that a model that always thinks is never off.
+
+        Everything downstream (the ladder, what is remembered, the event) uses this value, so that a
+        reasoning model run without the flag is never sent a forced tool choice its thinking mode rejects.
+        """
+        return requested or any(fnmatch.fnmatchcase(model, pattern) for pattern in self.always_thinking)
+
+    def thinking_switch(self, model: str, thinking: bool) -> dict[str, Any]:
+        """The body fields that switch thinking on or off for `model` (a copy: adapters may merge into it)."""
+        if not thinking:
+            return copy.deepcopy(self.thinking_off)
+        for pattern, fields_on in self.thinking_on_by_model.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return copy.deepcopy(fields_on)
+        return copy.deepcopy(self.thinking_on)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -70,6 +107,9 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         schema_with_tools=True,
         strict_tools=True,
         description="strict json_schema; tool_choice required/named; no known thinking limit",
+        reminder_role="system",
+        always_thinking=("o1*", "o3*", "o4*", "*-thinking*"),
+        thinking_on={"reasoning_effort": "medium"},
     ),
     CapabilityProfile(
         "anthropic",
@@ -79,6 +119,13 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         tool_choice_thinking_on=NO_FORCING,
         reasoning_passback=True,
         description="extended thinking accepts only auto/none; thinking blocks passed back",
+        # Adaptive-only models refuse `enabled` and `disabled` alike: they always think.
+        always_thinking=("claude-opus-4-7*", "claude-mythos-*"),
+        thinking_on={"thinking": {"type": "enabled", "budget_tokens": 2048}},
+        thinking_on_by_model={
+            pattern: {"thinking": {"type": "adaptive"}}
+            for pattern in ("claude-opus-4-6*", "claude-sonnet-4-6*", "claude-opus-4-7*", "claude-mythos-*")
+        },
     ),
     CapabilityProfile(
         "gemini",
@@ -88,6 +135,10 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         schema_with_tools=False,
         reasoning_passback=True,
         description="response_schema; JSON output with function tools refused before Gemini 3",
+        always_thinking=("gemini-2.5-pro*", "gemini-3*", "*-thinking*"),
+        # Dynamic budget; no `include_thoughts`: through this wire the thoughts would arrive inside the content.
+        thinking_on={"extra_body": {"google": {"thinking_config": {"thinking_budget": -1}}}},
+        thinking_off={"extra_body": {"google": {"thinking_config": {"thinking_budget": 0}}}},
     ),
     CapabilityProfile(
         "deepseek",
@@ -97,6 +148,10 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         tool_choice_thinking_on=NO_FORCING,
         reasoning_passback=True,
         description="json_object only; 'Thinking mode does not support this tool_choice'",
+        reminder_role="system",
+        always_thinking=("deepseek-reasoner*", "deepseek-r1*"),
+        thinking_on={"thinking": {"type": "enabled"}},
+        thinking_off={"thinking": {"type": "disabled"}},
     ),
     CapabilityProfile(
         "qwen",
@@ -105,6 +160,9 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         native_schema="none",
         tool_choice_thinking_on=NO_FORCING,
         description="tool_choice required/object refused in thinking mode",
+        always_thinking=("qwq-*", "qwen*-thinking*"),
+        thinking_on={"enable_thinking": True},
+        thinking_off={"enable_thinking": False},
     ),
     CapabilityProfile(
         "glm",
@@ -114,6 +172,10 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         tool_choice_thinking_off=frozenset({"auto"}),
         tool_choice_thinking_on=frozenset({"auto"}),
         description="tool_choice supports only auto",
+        reminder_role="system",
+        always_thinking=("*-thinking*",),
+        thinking_on={"thinking": {"type": "enabled"}},
+        thinking_off={"thinking": {"type": "disabled"}},
     ),
     CapabilityProfile(
         "minimax",
@@ -123,6 +185,8 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         tool_choice_thinking_off=frozenset(),
         tool_choice_thinking_on=frozenset(),
         description="no tool_choice field at all; response_format silently ignored",
+        reminder_role="system",
+        always_thinking=("MiniMax-M*", "minimax-m*"),  # interleaved thinking, no switch
     ),
     CapabilityProfile(
         "mistral",
@@ -131,6 +195,7 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         native_schema="strict",
         schema_with_tools=False,
         description="json_schema; tool_choice any/required and named",
+        always_thinking=("magistral-*",),
     ),
     CapabilityProfile(
         "ollama",
@@ -140,6 +205,8 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         tool_choice_thinking_off=frozenset(),
         tool_choice_thinking_on=frozenset(),
         description="format/response_format without strict mode; tool_choice treated as unsupported",
+        # `reasoning_effort: "none"` would turn a thinking model off, but models that cannot think may refuse it.
+        thinking_on={"reasoning_effort": "medium"},
     ),
 )
 
@@ -177,15 +244,37 @@ def load_profiles(path: str | None = None) -> dict[str, CapabilityProfile]:
         if unknown:
             raise RailyardError(f"profile {name}: unknown settings {sorted(unknown)}", code=Code.CONFIG_INVALID)
         converted: dict[str, Any] = {
-            k: frozenset(v) if k.startswith("tool_choice") else tuple(v) if k == "models" else v
+            k: frozenset(v) if k.startswith("tool_choice") else tuple(v) if k in _TUPLES else v
             for k, v in values.items()
         }
         try:
             base = profiles.get(name) or CapabilityProfile(name=name, wire=converted.pop("wire"))
-            profiles[name] = replace(base, **converted)
-        except (KeyError, TypeError) as exc:
+            profiles[name] = _checked(replace(base, **converted))
+        except (KeyError, TypeError, ValueError) as exc:
             raise RailyardError(f"profile {name}: {exc}", code=Code.CONFIG_INVALID) from None
     return profiles
+
+
+_TUPLES = frozenset({"models", "escalation", "always_thinking"})
+
+
+def _checked(profile: CapabilityProfile) -> CapabilityProfile:
+    """A profile from a file, refused where a value could only mislead the ladder."""
+    if unknown := set(profile.escalation) - ESCALATION_STEPS:
+        raise ValueError(f"escalation steps {sorted(unknown)}; known: {sorted(ESCALATION_STEPS)}")
+    if not profile.escalation:
+        raise ValueError("escalation needs at least one step")
+    by_model = profile.thinking_on_by_model
+    if not isinstance(by_model, dict) or not all(
+        isinstance(sent, dict) for sent in (profile.thinking_on, profile.thinking_off, *by_model.values())
+    ):
+        raise ValueError("thinking_on, thinking_off and each thinking_on_by_model value are tables of body fields")
+    if profile.reminder_role not in ("system", "user"):
+        raise ValueError(f"reminder_role {profile.reminder_role!r}; known: system, user")
+    if profile.reminder_role == "system" and profile.wire == "anthropic":
+        # The Messages API has one top-level system prompt: a reminder there would rewrite the cached prefix.
+        raise ValueError("the anthropic wire takes no system message mid-conversation: reminder_role must be user")
+    return profile
 
 
 def profile_for(provider: str, model: str, profiles: dict[str, CapabilityProfile] | None = None) -> CapabilityProfile:

@@ -50,6 +50,9 @@ def _describe(trigger: str, actor: str, data: EventData, values: bool) -> str:
             if values and "args" in data:
                 return compact(data["args"])
             return f"{head}: proposed {proposal.get('action')}"
+        if (escalated := turn.get("escalated")) is not None:  # what the next attempt changes
+            nxt = "reminder restated" if escalated.get("step") == "reminder" else f"escalates to {escalated.get('to')}"
+            return f"{head}: {turn.get('code')}; {nxt}"
         return f"{head}: {turn.get('code')}" if turn.get("code") else head
     if (intent := data.get("intent")) is not None:
         arguments = f" {compact(intent.get('arguments'))}" if values else ""

@@ -10,7 +10,9 @@ messages of a visit (reminders, the model's calls, the errors fed back) are
 recorded in each turn's event, so a worker that resumes a task rebuilds the
 exact conversation, reminders included (provider prefix caches stay valid),
 without calling the model again. `demoted` outlives visits: a request shape a
-provider refused is not sent again for this task.
+provider refused is not sent again for this task; so does `worked`, the rungs
+that worked after escalating, where later visits start. Within a visit, `rung`
+is where escalation moved the task and `escalations` how many steps it took.
 """
 
 from __future__ import annotations
@@ -40,9 +42,14 @@ def next_visit(
     if trigger in _NOTES and to_state == from_state:
         return visit
     demoted = list(visit.get("demoted", []))  # a list of its own, for the visits that take it
+    worked = list(visit.get("worked", []))
     turn = data.get("turn")
     if turn and turn.get("demoted") and turn["demoted"] not in demoted:
         demoted.append(turn["demoted"])
+    if turn and turn.get("worked") and turn["worked"] not in worked:
+        worked.append(turn["worked"])
+    # Only when there is something: the visits of logs without escalations fold exactly as they always did.
+    remembered = {"worked": worked} if worked else {}
     if trigger in (REPAIR, DEMOTE):
         out = dict(visit)
         out["demoted"] = demoted
@@ -51,6 +58,9 @@ def next_visit(
         if turn:
             out["messages"] = [*visit.get("messages", []), *turn.get("messages", [])]
             out["mode"] = turn.get("mode", visit.get("mode"))
+            if escalated := turn.get("escalated"):
+                out["rung"] = escalated["to"]
+                out["escalations"] = int(visit.get("escalations", 0)) + 1
         return out
     if trigger == CALL:  # a tool's intent: one more attempt, pending until its outcome
         return {
@@ -63,7 +73,7 @@ def next_visit(
         return {**visit, "reconciles": int(visit.get("reconciles", 0)) + 1}
     target = definition.state(to_state)
     if isinstance(target, Agent):
-        return {"repairs": 0, "mode": None, "messages": [], "demoted": demoted}
+        return {"repairs": 0, "mode": None, "messages": [], "demoted": demoted, **remembered}
     if isinstance(target, Tool):
-        return {"calls": 0, "reconciles": 0, "pending": None, "demoted": demoted}
-    return {"demoted": demoted} if demoted else {}
+        return {"calls": 0, "reconciles": 0, "pending": None, "demoted": demoted, **remembered}
+    return {**({"demoted": demoted} if demoted else {}), **remembered}

@@ -17,9 +17,12 @@ forcing ladder did not ask for is added. Mapping choices:
 - An assistant's reasoning is sent back as a `thinking` block only when it has
   its signature; unsigned reasoning (from another provider) is dropped, since
   the API refuses a thinking block without one.
-- `thinking=True` sends `{"type": "enabled", "budget_tokens": thinking_budget}`;
-  `max_tokens` must exceed the budget, so when it does not the budget is added
-  on top of it (the answer keeps the room it asked for).
+- Thinking sends the request's `thinking_switch` `thinking` field (the
+  profile's: `enabled` with its budget, or `adaptive` on models that take it),
+  or `{"type": "enabled"}` for a bare `thinking=True`. `enabled` without a
+  `budget_tokens` gets `thinking_budget`; `max_tokens` must exceed the budget,
+  so when it does not the budget is added on top of it (the answer keeps the
+  room it asked for).
 - `response_schema` strict or loose sends `output_config.format` (json_schema;
   Anthropic enforces the schema either way); `json_object` has no Anthropic
   equivalent and raises `SCHEMA_UNSUPPORTED` before any call.
@@ -185,10 +188,13 @@ def build_payload(
         if request.response_schema.mode == "json_object":
             raise ModelError(Code.SCHEMA_UNSUPPORTED, "Anthropic has no json_object mode; send a schema")
         payload["output_config"] = {"format": {"type": "json_schema", "schema": request.response_schema.schema}}
-    if request.thinking:
-        payload["thinking"] = {"type": "enabled", "budget_tokens": thinking_budget}
-        if max_tokens <= thinking_budget:
-            payload["max_tokens"] = thinking_budget + max_tokens
+    thinking = request.thinking_switch.get("thinking") or ({"type": "enabled"} if request.thinking else None)
+    if thinking:
+        payload["thinking"] = dict(thinking)
+        if thinking.get("type") == "enabled":
+            payload["thinking"].setdefault("budget_tokens", thinking_budget)
+            if max_tokens <= payload["thinking"]["budget_tokens"]:
+                payload["max_tokens"] = payload["thinking"]["budget_tokens"] + max_tokens
     if stream:
         payload["stream"] = True
     return payload

@@ -8,8 +8,10 @@ so this adapter is also the way to reach those: point `base_url` (or
 The request is built as a plain dict exactly from the `ModelRequest`: a field
 the request leaves unset (`tool_choice=None`, `parallel_tool_calls=None`) is not
 sent at all, because the forcing ladder decided it and a provider that refuses
-a field must not see it. Provider-specific switches (DeepSeek/GLM thinking,
-`stream_options`) go in `extra_body`, merged into the body as given.
+a field must not see it. The request's thinking switch (the profile's fields:
+DeepSeek/GLM `thinking`, Qwen `enable_thinking`, OpenAI `reasoning_effort`,
+Gemini's `extra_body.google.thinking_config`) and the adapter's own
+`extra_body` (which wins on a clash) are merged into the body as given.
 
 The SDK's own retries are off by default: the engine owns retries and budgets.
 Every failure becomes a `ModelError`; its raw text is the provider's error
@@ -91,13 +93,14 @@ class OpenAIAdapter:
         if not request.model:
             request = replace(request, model=self.model)
         payload = build_payload(request, stream=self.stream, max_tokens_param=self.max_tokens_param)
+        extra_body = {**request.thinking_switch, **(self.extra_body or {})} or None
         client = self._get_client()
         sent = refusable(request)
         try:
             if self.stream:
-                with client.chat.completions.create(**payload, extra_body=self.extra_body) as chunks:
+                with client.chat.completions.create(**payload, extra_body=extra_body) as chunks:
                     return _read_stream((chunk.to_dict() for chunk in chunks), sent)  # closed however the reading ends
-            completion = client.chat.completions.create(**payload, extra_body=self.extra_body)
+            completion = client.chat.completions.create(**payload, extra_body=extra_body)
             return parse_completion(completion.to_dict(), sent)
         except ModelError:
             raise

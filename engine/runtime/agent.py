@@ -23,15 +23,28 @@ from engine.core.decide import Decision
 from engine.core.definition import DEMOTE, LIMIT, PROVIDER_ERROR, Agent
 from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
-from engine.core.forcing import MODE_OF_RUNG, build_request, choose_rung, demotion_key, model_actions
+from engine.core.forcing import (
+    MODE_OF_RUNG,
+    Rung,
+    build_request,
+    choose_rung,
+    demotion_key,
+    escalate,
+    model_actions,
+    refused_shape,
+    remembered_rung,
+    reminder_message,
+)
 from engine.core.model_errors import REQUEST_SHAPE, ModelError
 from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
 from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
+from engine.observability import hooks
 from engine.runtime.port import TaskPort
 
 log = logging.getLogger("railyard.agent")
+_RUNG_NAMES = frozenset(str(rung) for rung in Rung)
 
 
 @dataclass(frozen=True)
@@ -62,11 +75,12 @@ class AgentRunner:
     ) -> None:
         self.engine = engine
         self.adapter = adapter
-        self.thinking = thinking
         retries = getattr(adapter, "retries", None)  # the adapter's settings (`ModelSettings.retries`)
         self.retry = retry or (RetryPolicy(attempts=1 + retries) if isinstance(retries, int) else RetryPolicy())
         provider = getattr(adapter, "profile", None) or adapter.provider
         self.profile = profile_for(provider, adapter.model, profiles if profiles is not None else load_profiles())
+        #: As requested, except for a model that always thinks: the ladder, the memory and the event use this.
+        self.thinking = self.profile.thinks(adapter.model, thinking)
         self.actor = f"model:{adapter.provider}:{adapter.model}"
 
     def run(self, task: TaskState, *, max_turns: int = 50) -> TaskState:
@@ -91,8 +105,9 @@ class AgentRunner:
         if over is not None:
             return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
         refused = set(task.visit.get("demoted", [])) | self.engine.refused_shapes
-        rung = choose_rung(self.profile, self.adapter.model, self.thinking, len(model_actions(state)), refused)
-        request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung)
+        n_actions = len(model_actions(state))
+        rung = choose_rung(self.profile, self.adapter.model, self.thinking, n_actions, refused, self._start(task))
+        request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung, refused)
         turn: Turn = {
             "strategy": str(rung),
             "model": f"{self.adapter.provider}:{self.adapter.model}",
@@ -100,6 +115,8 @@ class AgentRunner:
             "thinking": self.thinking,
             "mode": MODE_OF_RUNG[rung],
         }
+        if request.thinking_switch:
+            turn["thinking_switch"] = request.thinking_switch
         try:
             response, attempts = self._call(request)
         except ModelError as error:
@@ -107,14 +124,41 @@ class AgentRunner:
             turn["attempts"], turn["seconds"] = error.attempts, error.seconds
             if error.code in REQUEST_SHAPE:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
-                # does not rule out (a refused forced tool choice rules out every forced form).
-                turn["demoted"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
+                # does not rule out (a refused forced tool choice rules out every forced form), or the same rung
+                # without `strict` when a strict schema was what the provider refused.
+                turn["demoted"] = refused_shape(
+                    self.profile, self.adapter.model, self.thinking, rung, request, error.code
+                )
                 self.engine.refused_shapes.add(turn["demoted"])  # other tasks on this process skip it too
                 return self._commit(task, DEMOTE, {"turn": turn})
             return self._commit(task, PROVIDER_ERROR, {"turn": turn})
         outcome = interpret(definition, task, response, rung, actor=self.actor)
         turn["code"] = str(outcome.code) if outcome.code else None
-        turn["messages"] = [m.to_dict() for m in [*added, *outcome.messages]]
+        messages = [*added, *outcome.messages]
+        if outcome.kind == "repair":
+            escalation = escalate(
+                self.profile,
+                self.adapter.model,
+                self.thinking,
+                n_actions,
+                refused,
+                rung,
+                outcome.code,
+                int(task.visit.get("escalations", 0)),
+            )
+            if escalation is not None:
+                turn["escalated"] = escalation.to_dict()
+                if escalation.step == "reminder":  # recorded with this turn: the next request carries it
+                    messages.append(reminder_message(self.profile, MODE_OF_RUNG[rung], model_actions(state)))
+        elif (
+            outcome.kind == "accept"
+            and task.visit.get("escalations")
+            and rung != choose_rung(self.profile, self.adapter.model, self.thinking, n_actions, refused)
+        ):
+            # Escalating found a rung this model follows: the next visit, and every task here, starts there.
+            turn["worked"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
+            self.engine.worked_rungs.add(turn["worked"])
+        turn["messages"] = [m.to_dict() for m in messages]
         if usage := response.usage.to_dict():  # what the provider reported, and nothing when it reported nothing
             turn["usage"] = cast(TokenUsage, usage)
         if attempts > 1:
@@ -128,6 +172,13 @@ class AgentRunner:
             return self.engine.commit(task, accepted, actor=self.actor)
         return self._commit(task, outcome.trigger, data)
 
+    def _start(self, task: TaskState) -> Rung | None:
+        """Where the ladder starts: where escalation moved this visit, else the rung that worked before."""
+        if (escalated := task.visit.get("rung")) in _RUNG_NAMES:  # a value this version does not know is ignored
+            return Rung(escalated)
+        worked = [*task.visit.get("worked", []), *self.engine.worked_rungs]
+        return remembered_rung(self.profile, self.adapter.model, self.thinking, worked)
+
     def _commit(self, task: TaskState, trigger: str, data: EventData) -> TaskState:
         """A sub-machine transition (repair, demote, hand_off, provider_error, limit)."""
         return self.engine.commit_system(task, trigger, data, actor=self.actor)
@@ -136,9 +187,14 @@ class AgentRunner:
         attempt, started = 0, time.monotonic()
         while True:
             attempt += 1
+            call_started = time.perf_counter() if hooks.active else 0.0  # this attempt's, for its span
             try:
-                return self.adapter.complete(request), attempt
+                response = self.adapter.complete(request)
             except ModelError as error:
+                if hooks.active:
+                    hooks.model_call(
+                        self.adapter.provider, self.adapter.model, self.profile.name, call_started, error=error
+                    )
                 if not error.retryable or attempt >= self.retry.attempts:
                     error.attempts, error.seconds = attempt, round(time.monotonic() - started, 3)
                     raise
@@ -151,3 +207,9 @@ class AgentRunner:
                     self.retry.attempts,
                 )
                 self.retry.sleep(delay)
+                continue
+            if hooks.active:
+                hooks.model_call(
+                    self.adapter.provider, self.adapter.model, self.profile.name, call_started, response=response
+                )
+            return response, attempt

@@ -36,6 +36,12 @@ def model_spec() -> str | None:
     return os.environ.get("RAILYARD_MODEL") or None
 
 
+def metrics_host() -> str:
+    """RAILYARD_METRICS_HOST: the interface `railyard worker --metrics-port` listens on (0.0.0.0 for a scraper on
+    another host); default 127.0.0.1."""
+    return os.environ.get("RAILYARD_METRICS_HOST") or "127.0.0.1"
+
+
 def archive_dir() -> str:
     """RAILYARD_ARCHIVE_DIR: where `railyard archive` writes, and replay reads, archived task logs."""
     return os.environ.get("RAILYARD_ARCHIVE_DIR") or DEFAULT_ARCHIVE_DIR

@@ -47,6 +47,7 @@ from engine.core.payloads import EventData, Settled, event_code
 from engine.core.replay import ReplayReport
 from engine.core.summary import summarise
 from engine.core.timers import next_run_at
+from engine.observability import hooks
 from engine.runtime import config
 from engine.runtime.agent import AgentRunner
 from engine.runtime.leases import current_epoch
@@ -119,6 +120,7 @@ class Engine:
     ) -> None:
         if snapshot_every < 1:
             raise ValueError("snapshot_every must be >= 1")
+        hooks.configure()  # the OTEL_* variables turn tracing on, once per process (before anything is opened)
         self.store: Store = store if store is not None else open_store(database_url or config.database_url())
         self.registry = registry if registry is not None else Registry.from_env()
         self.authoriser = authoriser if authoriser is not None else default_authoriser()
@@ -131,6 +133,8 @@ class Engine:
         #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
         #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
         self.refused_shapes: set[str] = set()
+        #: Rungs that worked after escalating for a (profile, model, thinking), remembered the same way.
+        self.worked_rungs: set[str] = set()
 
     def close(self) -> None:
         self.store.close()
@@ -180,6 +184,8 @@ class Engine:
             next_run_at=next_run_at(definition, first.to_state, at),
         )
         self.store.create(row, first)
+        if hooks.active:
+            hooks.transition(first, definition.name, definition.version, time.perf_counter())
         return task_id
 
     def fire(
@@ -261,15 +267,22 @@ class Engine:
         snapshot = None
         if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
             snapshot = (after.seq, after.last_hash, canonical_json(after.to_doc()))
-        self.store.append(
-            task.task_id,
-            task.seq,
-            [event],
-            status=str(after.status),
-            snapshot=snapshot,
-            next_run_at=next_run_at(definition, after.state, event.at),
-            lease_epoch=current_epoch(task.task_id),
-        )
+        try:
+            self.store.append(
+                task.task_id,
+                task.seq,
+                [event],
+                status=str(after.status),
+                snapshot=snapshot,
+                next_run_at=next_run_at(definition, after.state, event.at),
+                lease_epoch=current_epoch(task.task_id),
+            )
+        except ConcurrencyConflict:
+            if hooks.active:
+                hooks.conflict(task)
+            raise
+        if hooks.active:
+            hooks.transition(event, task.workflow, task.version, started)
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(event, (time.perf_counter() - started) * 1000)
         return after
@@ -284,7 +297,9 @@ class Engine:
 
     def step(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False) -> TaskState:
         """Run one model turn for a task in an agent state: exactly one event, whatever the model does."""
-        return AgentRunner(self, self._model(model), thinking=thinking).step(self.load(task_id))
+        runner = AgentRunner(self, self._model(model), thinking=thinking)
+        task = self.load(task_id)
+        return hooks.step(task, "agent", runner.step) if hooks.active else runner.step(task)
 
     def run(
         self,
@@ -321,11 +336,12 @@ class Engine:
                 break
             if isinstance(state, Agent):
                 agent = agent or AgentRunner(self, self._model(model), thinking=thinking)
-                task = agent.step(task)
+                step = agent.step
             elif isinstance(state, Tool):
-                task = tools.advance(task)
+                step = tools.advance
             else:
                 break
+            task = hooks.step(task, str(state.kind), step) if hooks.active else step(task)
         return task
 
     def _model(self, model: ModelAdapter | None) -> ModelAdapter:
@@ -574,6 +590,8 @@ class Engine:
             status=str(after.status),
             next_run_at=next_run_at(target, after.state, event.at),
         )
+        if hooks.active:
+            hooks.transition(event, target.name, target.version, time.perf_counter())
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(event, 0.0)
         return after
@@ -633,6 +651,14 @@ class Engine:
 
         With `jobs` > 1, a long log is checked in stretches by that many processes (`engine.audit.parallel`).
         """
+        if not hooks.active:
+            return self._replay(task_id, jobs)
+        started = time.perf_counter()
+        report = self._replay(task_id, jobs)
+        hooks.replayed(report, started)
+        return report
+
+    def _replay(self, task_id: str, jobs: int) -> ReplayReport:
         if jobs > 1:
             row = self.store.row(task_id)
             if row is not None and row.seq >= replay_jobs.LONG_LOG and replay_jobs.can_fork(self.store):
@@ -652,9 +678,10 @@ class Engine:
         """
         if jobs > 1 and replay_jobs.can_fork(self.store):
             reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow, since=since)
-            return self._then_archives(reports, workflow, since)
-        reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
-        return self._then_archives(reports, workflow, since)
+        else:
+            reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
+        reports = self._then_archives(reports, workflow, since)
+        return hooks.replays(reports) if hooks.active else reports
 
     def _then_archives(
         self, reports: Iterator[ReplayReport], workflow: str | None, since: datetime | None

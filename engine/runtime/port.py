@@ -23,6 +23,8 @@ class TaskPort(Protocol):
     authoriser: Authoriser
     #: Request shapes a provider refused (profile:model:thinking:rung), shared by the tasks of one process.
     refused_shapes: set[str]
+    #: Rungs that worked after escalating (profile:model:thinking:rung): where the next task starts.
+    worked_rungs: set[str]
 
     def load(self, task_id: str) -> TaskState: ...
 

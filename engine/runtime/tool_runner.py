@@ -26,6 +26,7 @@ happened).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from datetime import datetime
 
@@ -39,6 +40,7 @@ from engine.core.fold import TaskState
 from engine.core.payloads import Asserted, EventData
 from engine.core.tools.catalog import ToolDef, ToolKind
 from engine.core.tools.prepared import PreparedToolCall
+from engine.observability import hooks
 from engine.runtime.execute import ToolOutcome, execute, outcome_of, reconcile
 from engine.runtime.port import TaskPort
 
@@ -138,8 +140,13 @@ class ToolRunner:
         settle_after = lands_until(effect, tool.timeout, SETTLE_MARGIN_SECONDS)
         if settle_after is not None and now() < settle_after:
             raise AttemptInFlight(task.task_id, settle_after)
+        started = time.perf_counter() if hooks.active else 0.0
         answer = reconcile(tool, prepared.action_id)
         settled = outcome_of(answer)
+        if hooks.active:
+            code = str(answer.code) if answer.code is not None else None
+            seconds = time.perf_counter() - started
+            hooks.tool_call(task, tool.name, "reconcile", prepared.action_id, answer.outcome, code, seconds)
         if settled is None:  # not_found: it never happened; a new attempt with the same action id
             task = self._commit(
                 task, RECONCILE, {"reconciled": {"outcome": "not_found", "action_id": prepared.action_id}}, late=False
@@ -187,6 +194,11 @@ class ToolRunner:
             late=False,
         )
         outcome = execute(tool, prepared)
+        if hooks.active:
+            code = str(outcome.code) if outcome.code is not None else None
+            hooks.tool_call(
+                task, tool.name, "execute", prepared.action_id, outcome.outcome, code, outcome.duration_ms / 1000
+            )
         return self._outcome(task, outcome)
 
     def _outcome(

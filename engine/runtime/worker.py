@@ -40,6 +40,7 @@ from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData
 from engine.core.profiles import load_profiles
 from engine.core.rows import Claim, WorkerReport
+from engine.observability import hooks
 from engine.runtime import config
 from engine.runtime.engine import Engine
 from engine.runtime.leases import Lease, holding
@@ -213,6 +214,7 @@ class Worker:
         return len(claimed)
 
     def _claim(self, limit: int) -> list[Claim]:
+        started = time.perf_counter() if hooks.active else 0.0
         try:
             claimed = self.engine.store.claim(
                 self.name, limit=limit, lease_seconds=self.lease_seconds, workflows=self.workflows
@@ -223,6 +225,8 @@ class Worker:
         at = now()
         for claim in claimed:
             self.counts.claimed_one((at - claim.due_at).total_seconds() * 1000)
+        if hooks.active:
+            hooks.claimed(self.name, claimed, started, at)
         return claimed
 
     @contextmanager
@@ -270,6 +274,8 @@ class Worker:
             self.engine.store.postpone(task_id, claim.epoch, waiting.settle_after)
         except LeaseLost:
             self.counts.add("lease_losses")
+            if hooks.active:
+                hooks.lease_lost(task_id)
             log.warning("task %s: lease epoch %s taken over; stopping", task_id, claim.epoch)
         except ConcurrencyConflict:
             self.counts.add("conflicts")

@@ -205,7 +205,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("max_overflow", 16)
         # A host that drops packets would otherwise hold a command for the OS's TCP timeout (minutes).
         connect_args = kwargs.pop("connect_args", {})
-        connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+        if "connect_timeout" not in make_url(url).query:  # the URL's own ?connect_timeout= wins
+            connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
         return create_engine(url, isolation_level="AUTOCOMMIT", connect_args=connect_args, **kwargs)
     return create_engine(url, **kwargs)
 

@@ -6,7 +6,11 @@ and the SDK parses exactly the bytes a provider would send. Nothing is mocked
 and nothing leaves 127.0.0.1.
 
 A test scripts the replies in order (`server.reply(...)`); each POST takes the
-next one. Every request is recorded (`server.requests`, `server.bodies`).
+next one. A server that behaves like a model, answering from what it was sent
+(one that ignores `response_format`, one that obeys only system messages), is a
+function of the request body (`server.respond_with(...)`), used once the
+scripted replies run out. Every request is recorded (`server.requests`,
+`server.bodies`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import contextlib
 import json
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -228,6 +232,7 @@ class ProviderServer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._replies: deque[Reply] = deque()
+        self._responder: Callable[[Any], Reply] | None = None
         self.requests: list[Recorded] = []
         self._closing = threading.Event()
         server = self
@@ -276,11 +281,17 @@ class ProviderServer:
         with self._lock:
             self._replies.extend(replies)
 
+    def respond_with(self, responder: Callable[[Any], Reply] | None) -> None:
+        """Answer each POST with `responder(body)` once the scripted replies run out (None: stop)."""
+        with self._lock:
+            self._responder = responder
+
     def reset(self) -> None:
-        """Forget every request and unused reply: a server shared by several tests starts each one clean."""
+        """Forget every request, unused reply and responder: a server shared by several tests starts each clean."""
         with self._lock:
             self.requests.clear()
             self._replies.clear()
+            self._responder = None
 
     @property
     def bodies(self) -> list[Any]:
@@ -312,6 +323,9 @@ class ProviderServer:
             self.requests.append(request)
             if self._replies:
                 return self._replies.popleft()
+            responder = self._responder
+        if responder is not None:
+            return responder(request.body)
         return Reply(status=599, body={"error": {"message": "no reply scripted", "type": "test_error"}})
 
     def _send(self, handler: BaseHTTPRequestHandler, reply: Reply) -> None:
