@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from engine.api.tokens import hash_token, new_token, toml_entry
 from engine.cli import render
 from engine.cli.exits import fail
 from engine.cli.shell import Command, Group
@@ -28,6 +27,8 @@ def new(
     roles: Annotated[list[str] | None, typer.Option("--role", help="A role the token holds (repeat).")] = None,
 ) -> None:
     """Make a random token: print it once, then the [[token]] entry (its hash) to paste into the tokens file."""
+    from engine.api.tokens import hash_token, new_token, toml_entry  # not at import: engine.api loads the server
+
     if not actor.strip() or len(actor) > MAX_ACTOR_LENGTH:
         fail(RailyardError(f"--actor must be 1 to {MAX_ACTOR_LENGTH} characters", code=Code.USAGE_INVALID))
     token = new_token()
@@ -38,6 +39,8 @@ def new(
 @tokens_app.command("hash", cls=Command)
 def hash_command() -> None:
     """Print the sha256 of a token read from stdin (the form the tokens file stores)."""
+    from engine.api.tokens import hash_token
+
     token = sys.stdin.readline().strip()
     if not token:
         fail(RailyardError('no token on stdin: printf %s "$TOKEN" | railyard tokens hash', code=Code.USAGE_INVALID))
