@@ -88,7 +88,7 @@ def test_reads_and_writes_need_a_known_bearer_token(client: TestClient, headers:
         response = client.request(method, url, json=body, headers=headers)
         refused(response, 401, Code.ACTOR_REQUIRED)
         assert response.headers["WWW-Authenticate"] == "Bearer"
-    assert client.get("/api/tasks", headers=bearer("ann")).json() == []  # nothing was started
+    assert client.get("/api/tasks", headers=bearer("ann")).json()["tasks"] == []  # nothing was started
 
 
 def test_whoami_names_the_tokens_actor_and_roles(client: TestClient) -> None:
@@ -142,7 +142,7 @@ def test_start_records_the_tokens_actor_never_one_from_the_body(client: TestClie
         "/api/tasks", json={"workflow": "refund", "input": ORDER, "actor": "dana"}, headers=bearer("ann")
     )
     assert refused(sneaky, 422, Code.PAYLOAD_INVALID)["details"]["errors"][0]["loc"] == ["body", "actor"]
-    assert len(client.get("/api/tasks", headers=bearer("ann")).json()) == 1
+    assert len(client.get("/api/tasks", headers=bearer("ann")).json()["tasks"]) == 1
 
 
 def test_start_refusals(client: TestClient) -> None:
@@ -193,7 +193,7 @@ def test_the_task_list_filters_by_workflow_state_and_status(client: TestClient, 
     def ids(**query: str) -> set[str]:
         response = client.get("/api/tasks", params=query, headers=bearer("audrey"))
         assert response.status_code == 200, response.text
-        return {t["task_id"] for t in response.json()}
+        return {t["task_id"] for t in response.json()["tasks"]}
 
     assert ids() == {first, second, waiting}
     assert ids(workflow="counter") == {second}
@@ -526,18 +526,18 @@ def test_pending_approvals_show_the_prepared_call_and_filter_by_role(client: Tes
         json={"trigger": "propose", "payload": {"amount": 300, "reason": "r"}},
         headers=bearer("ann"),
     )
-    everything = client.get("/api/approvals", headers=bearer("bob")).json()
+    everything = client.get("/api/approvals", headers=bearer("bob")).json()["approvals"]
     assert {p["task_id"] for p in everything} == {shop, sample}
-    mine = client.get("/api/approvals", params={"role": "refund_approver"}, headers=bearer("dana")).json()
+    mine = client.get("/api/approvals", params={"role": "refund_approver"}, headers=bearer("dana")).json()["approvals"]
     assert [p["task_id"] for p in mine] == [shop]
     assert mine[0]["prepared"]["arguments"]["amount_cents"] == 4_000
     assert mine[0]["digest"] == mine[0]["prepared"]["digest"]
-    assert client.get("/api/approvals", params={"role": "nobody"}, headers=bearer("dana")).json() == []
+    assert client.get("/api/approvals", params={"role": "nobody"}, headers=bearer("dana")).json()["approvals"] == []
 
 
 def test_approve_with_the_digest_records_the_tokens_actor(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine)
-    digest = client.get("/api/approvals", headers=bearer("dana")).json()[0]["digest"]
+    digest = client.get("/api/approvals", headers=bearer("dana")).json()["approvals"][0]["digest"]
     response = client.post(
         f"/api/tasks/{task_id}/approve", json={"digest": digest, "comment": "photos ok"}, headers=bearer("dana")
     )
@@ -692,6 +692,8 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("POST", "/api/tasks/{task_id}/signal"),
         ("POST", "/api/tasks/{task_id}/cancel"),
         ("POST", "/api/tasks/{task_id}/settle"),
+        ("POST", "/api/tasks/{task_id}/fork"),
+        ("POST", "/api/tasks/{task_id}/redrive"),
         ("GET", "/api/tasks/{task_id}/replay"),
         ("GET", "/api/tasks/{task_id}/diagram"),
         ("GET", "/api/approvals"),

@@ -103,12 +103,16 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
     page.screenshot(path=str(SHOTS / "inbox.png"), full_page=True)
 
     card.locator("textarea[name=comment]").fill("Photos match the order; approved.")
-    card.locator("button:has-text('Approve')").click()
-    page.wait_for_url(f"**/tasks/{task_id}?done=approved")
+    approve = page.get_by_role("button", name=f"Approve shop refund of 40.00 EUR for task {task_id[:8]}…")
+    assert approve.count() == 1  # its accessible name says what it decides
+    approve.click()
+    page.wait_for_url(f"**/tasks/{task_id}")
     assert page.text_content("#task-state") == "executing"
+    assert page.text_content("#flash") == "Your decision (approved) is recorded."
 
     assert Worker(engine, listen=False, concurrency=1).run_once() == 1  # a worker runs the approved refund
-    page.reload()
+    page.reload()  # a reload is a GET: nothing is sent again, and the banner was shown once
+    assert page.locator("#flash").count() == 0
     assert page.text_content("#task-state") == "completed"
     assert page.text_content("#task-status") == "terminal"
     assert "Photos match the order; approved." in page.inner_text("table.timeline")
@@ -126,7 +130,8 @@ def test_an_approver_without_the_role_cannot_approve(page: Any, engine: Engine) 
     csrf = page.locator("form.who input[name=csrf]").get_attribute("value")
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
     response = page.request.post(f"/tasks/{task_id}/approve", form={"csrf": csrf, "digest": digest})
-    assert response.status == 403 and "APPROVAL_FORBIDDEN" in response.text()
+    assert response.status == 200 and response.url.endswith(f"/tasks/{task_id}")  # redirected to the task
+    assert "APPROVAL_FORBIDDEN" in response.text()
     page.goto(f"/tasks/{task_id}")
     assert page.text_content("#task-state") == "awaiting_approval"
 
@@ -147,3 +152,161 @@ def test_a_model_reason_containing_script_renders_as_text(page: Any, engine: Eng
     assert script in page.inner_text("main")
     assert page.evaluate("typeof window.pwned") == "undefined"
     assert page.dialogs == []
+
+
+def test_an_operator_pages_through_three_hundred_tasks(page: Any, engine: Engine) -> None:
+    started = {engine.start("counter", actor="ann") for _ in range(300)}
+    log_in(page, "olga")
+    page.click("nav >> text=Tasks")
+    page.wait_for_url("**/tasks")
+    assert page.text_content("#page-size") == "Newest first, 50 per page."
+    seen: list[str] = []
+    pages = 0
+    while True:
+        pages += 1
+        links = page.locator("table.tasks tbody a")
+        seen += [str(links.nth(i).get_attribute("href")).removeprefix("/tasks/") for i in range(links.count())]
+        if page.locator("#next-page").count() == 0:
+            break
+        page.click("#next-page")
+        page.wait_for_load_state()
+    assert pages == 6 and len(seen) == len(set(seen)) == 300 and set(seen) == started
+    assert page.locator("#last-page").is_visible() and page.locator("#first-page").is_visible()
+    assert all(page.locator("#state option").nth(i).inner_text().count("~") == 0 for i in range(5))
+
+
+def test_an_operator_searches_by_customer_id_and_returns_there_after_logging_in(page: Any, engine: Engine) -> None:
+    wanted = [engine.start("shop_refund", {"customer": "C-4711"}, actor="ann") for _ in range(3)]
+    for n in range(20):
+        engine.start("shop_refund", {"customer": f"C-{n:04d}"}, actor="ann")
+    page.goto("/tasks?q=C-4711")  # not logged in yet: the login brings the browser back here
+    page.wait_for_url("**/login?next=*")
+    page.fill("#user", "olga")
+    page.fill("#token", "tok-olga")
+    page.click("button:has-text('Log in')")
+    page.wait_for_url("**/tasks?q=C-4711")
+    assert page.input_value("#q") == "C-4711"
+    rows = page.locator("table.tasks tbody tr")
+    assert rows.count() == 3 and all("customer C-4711" in rows.nth(i).inner_text() for i in range(3))
+    shown = [str(page.locator("table.tasks tbody a").nth(i).get_attribute("href")) for i in range(3)]
+    assert shown == [f"/tasks/{t}" for t in wanted[::-1]]  # newest first
+    page.fill("#q", wanted[0][:8])  # a task id prefix finds the task too
+    page.click("button:has-text('Filter')")
+    page.wait_for_url("**/tasks?q=*")
+    assert page.locator("table.tasks tbody a").get_attribute("href") == f"/tasks/{wanted[0]}"
+    assert "ann" in page.inner_text("table.tasks tbody") and "UTC" in page.inner_text("table.tasks tbody")
+
+
+def test_at_390_px_log_out_is_on_screen_and_nothing_scrolls_sideways(
+    browser: Any, server: str, engine: Engine, tmp_path: Path
+) -> None:
+    to_approval(engine)
+    for n in range(60):
+        engine.start("shop_refund", {"customer": f"C-{n:04d}"}, actor="ann")
+    context = browser.new_context(base_url=server, viewport={"width": 390, "height": 844})
+    phone = context.new_page()
+    try:
+        phone.goto("/login")
+        assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+        phone.fill("#token", "tok-dana")
+        phone.click("button:has-text('Log in')")
+        phone.wait_for_url("**/inbox")
+        for url in ("/inbox", "/tasks", "/tasks?q=C-0001", "/tasks/no-such-task"):
+            phone.goto(url)
+            width = phone.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, (url, width)
+            logout = phone.locator("#logout")
+            box = logout.bounding_box()
+            assert logout.is_visible() and box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, url
+        phone.goto("/tasks")
+        phone.screenshot(path=str(tmp_path / "tasks-390.png"), full_page=True)  # to look at when it fails
+        phone.click("#logout")
+        phone.wait_for_url("**/login")
+    finally:
+        context.close()
+
+
+def test_focus_is_visible_on_the_controls(page: Any, engine: Engine) -> None:
+    log_in(page, "olga")
+    page.goto("/tasks")
+    page.focus("#q")
+    page.keyboard.press("Tab")  # keyboard focus: :focus-visible applies
+    style = page.evaluate(
+        "(() => { const s = getComputedStyle(document.activeElement); return [s.outlineStyle, s.outlineWidth]; })()"
+    )
+    assert style[0] != "none" and style[1] not in ("0px", ""), style
+
+
+#: Contrast and names of what a page draws, computed in the page (WCAG 2.2 relative luminance): every text run
+#: against the background it sits on (4.5:1; 3:1 for large text), every control's border against the background
+#: around it (3:1) unless its own fill is what stands out, and the name each control is announced by.
+AUDIT = """(() => {
+  const rgb = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const channel = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  const lum = ([r, g, b]) => 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b);
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const background = (el) => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length === 3 || c[3] > 0) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const shown = (el) => {
+    const r = el.getBoundingClientRect();
+    return r.width > 1 && r.height > 1 && getComputedStyle(el).visibility !== 'hidden';
+  };
+  const problems = [];
+  for (const el of document.querySelectorAll('body *')) {
+    if (!shown(el)) continue;
+    const s = getComputedStyle(el);
+    const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (text) {
+      const size = parseFloat(s.fontSize);
+      const large = size >= 24 || (size >= 18.66 && Number(s.fontWeight) >= 700);
+      const r = ratio(rgb(s.color), background(el));
+      const what = el.textContent.trim().slice(0, 30);
+      if (r < (large ? 3 : 4.5)) problems.push(`text ${el.tagName} "${what}": ${r.toFixed(2)}`);
+    }
+    if (el.matches('input:not([type=hidden]), select, textarea, button')) {
+      const around = background(el.parentElement);
+      const fill = rgb(s.backgroundColor);
+      const edge = Math.max(ratio(rgb(s.borderTopColor), around), ratio(fill, around));
+      if (edge < 3) problems.push(`control ${el.tagName}#${el.id}: ${edge.toFixed(2)}`);
+      const labelled = el.labels && el.labels.length ? el.labels[0].textContent.trim() : '';
+      const name = labelled || el.getAttribute('aria-label') || el.textContent.trim();
+      if (!name) problems.push(`control ${el.tagName}#${el.id} has no name`);
+    }
+  }
+  return problems;
+})()"""
+
+
+def test_each_page_passes_the_contrast_and_name_checks(browser: Any, server: str, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    engine.start("shop_refund", {"customer": "C-0042"}, actor="ann")
+    context = browser.new_context(base_url=server, viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    try:
+        tab.goto("/login")
+        assert tab.evaluate(AUDIT) == []
+        tab.fill("#token", "tok-dana")
+        tab.click("button:has-text('Log in')")
+        tab.wait_for_url("**/inbox")
+        for url in ("/inbox", "/tasks", "/tasks?q=C-0042", f"/tasks/{task_id}", "/tasks/no-such-task"):
+            tab.goto(url)
+            assert tab.evaluate(AUDIT) == [], url
+        tab.goto("/inbox")
+        tab.locator(f"#approval-{task_id} button.ok").click()  # the banner after a decision, too
+        tab.wait_for_url(f"**/tasks/{task_id}")
+        assert tab.locator("#flash").is_visible() and tab.evaluate(AUDIT) == []
+        # The checks can fail: the borders this page had before (1.37:1) and grey labels are found.
+        tab.goto("/tasks")
+        tab.evaluate(
+            "document.querySelectorAll('input, select').forEach((e) => { e.style.borderColor = '#d8dde2'; });"
+            "document.querySelectorAll('label').forEach((e) => { e.style.color = '#aaa'; });"
+        )
+        found = tab.evaluate(AUDIT)
+        assert any(p.startswith("control INPUT#q") for p in found) and any(p.startswith("text LABEL") for p in found)
+    finally:
+        context.close()

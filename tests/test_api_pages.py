@@ -1,16 +1,22 @@
-"""The back-office pages without a browser: login, sessions, CSRF, escaping, filters, refusals shown with codes."""
+"""The back-office pages without a browser: login, sessions, CSRF, origins, escaping, filters, refusals shown with
+codes after a redirect."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from engine import Engine
-from tests.support.api import make_api_engine, make_app, to_approval, to_open_write
+from engine.api import create_app
+from engine.api.auth import LOGIN_FAILURES_PER_ACCOUNT, LOGIN_FAILURES_PER_ADDRESS, LOGIN_WINDOW_SECONDS
+from tests.support.api import live_server, make_api_engine, make_app, to_approval, to_open_write, token_table
 
 SCRIPT = "<script>alert('reason')</script>"
 
@@ -49,20 +55,67 @@ def login(client: TestClient, who: str) -> str:
     return csrf_of(client.get("/inbox").text)
 
 
-def test_pages_need_a_session(client: TestClient) -> None:
-    for url in ("/inbox", "/tasks", "/tasks/abc"):
+def after_redirect(client: TestClient, response: Any, to: str) -> str:
+    """The page a command redirected to (Post/Redirect/Get), as the browser then loads it."""
+    assert response.status_code == 303, response.text
+    assert response.headers["location"] == to
+    page = client.get(to)
+    assert page.status_code == 200
+    return page.text
+
+
+def flash_of(html: str) -> str | None:
+    found = re.search(r'<p class="flash [a-z]+" role="(?:alert|status)" id="flash">(.*?)</p>', html, flags=re.S)
+    return found.group(1) if found else None
+
+
+def test_pages_need_a_session_and_send_the_browser_back_after_the_login(client: TestClient) -> None:
+    for url in ("/inbox", "/tasks", "/tasks/abc", "/tasks?state=review&q=C-1"):
         response = client.get(url)
-        assert response.status_code == 303 and response.headers["location"] == "/login"
+        assert response.status_code == 303 and response.headers["location"] == f"/login?next={quote(url, safe='')}"
     assert client.get("/").headers["location"] == "/inbox"
+    page = client.get("/login", params={"next": "/tasks?state=review&q=C-1"})
+    assert 'name="next" value="/tasks?state=review&amp;q=C-1"' in page.text
+    data = {"token": "tok-dana", "csrf": csrf_of(page.text), "next": "/tasks?state=review&q=C-1"}
+    response = client.post("/login", data=data)
+    assert response.status_code == 303 and response.headers["location"] == "/tasks?state=review&q=C-1"
 
 
-def test_login_sets_a_signed_httponly_samesite_strict_cookie(client: TestClient) -> None:
+@pytest.mark.parametrize(
+    "target",
+    [
+        "https://evil.example/",
+        "//evil.example/x",
+        "/\\evil.example",
+        "\\\\evil.example",
+        "javascript:alert(1)",
+        " /tasks",
+        "/tasks\nLocation: https://evil.example",
+        "/login",
+        "tasks",
+        "",
+    ],
+)
+def test_a_login_never_redirects_off_this_server(client: TestClient, target: str) -> None:
+    page = client.get("/login", params={"next": target})
+    assert 'name="next" value="/inbox"' in page.text  # the page does not even carry it
+    response = client.post("/login", data={"token": "tok-dana", "csrf": csrf_of(page.text), "next": target})
+    assert response.status_code == 303 and response.headers["location"] == "/inbox"
+
+
+def test_login_sets_an_httponly_samesite_strict_cookie_naming_a_server_side_session(
+    client: TestClient, engine: Engine
+) -> None:
     page = client.get("/login")
-    response = client.post("/login", data={"token": "tok-dana", "csrf": csrf_of(page.text)})
+    response = client.post("/login", data={"token": "tok-dana", "user": "dana", "csrf": csrf_of(page.text)})
     cookie = response.headers["set-cookie"]
     assert "railyard_session=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
-    assert "tok-dana" not in cookie
+    assert "tok-dana" not in cookie and "dana" not in cookie.split(";")[0]
     assert "dana" in client.get("/inbox").text
+    # The session is the database's, not the process's: a restarted server (another app) still knows it.
+    with TestClient(create_app(engine, token_table(), session_secret="another"), follow_redirects=False) as other:
+        other.cookies.set("railyard_session", client.cookies["railyard_session"])
+        assert 'id="actor">dana<' in other.get("/inbox").text
     client.cookies.clear()
     client.cookies.set("railyard_session", "forged.value.here")
     assert client.get("/inbox").status_code == 303
@@ -72,18 +125,57 @@ def test_a_wrong_token_or_a_missing_login_csrf_is_refused(client: TestClient) ->
     page = client.get("/login")
     wrong = client.post("/login", data={"token": "tok-nobody", "csrf": csrf_of(page.text)})
     assert wrong.status_code == 401 and "not one this server knows" in wrong.text
+    someone_elses = client.post("/login", data={"token": "tok-dana", "user": "erin", "csrf": csrf_of(wrong.text)})
+    assert someone_elses.status_code == 401 and "railyard_session" not in someone_elses.headers.get("set-cookie", "")
+    assert client.post("/login", data={"token": "tok-dana"}).status_code == 403  # no csrf field at all
     client.cookies.clear()
     assert client.post("/login", data={"token": "tok-dana", "csrf": "made-up"}).status_code == 403
 
 
-def test_a_post_without_the_sessions_csrf_token_is_refused(client: TestClient, engine: Engine) -> None:
+def test_a_post_without_the_sessions_csrf_token_is_refused_with_403_and_writes_nothing(
+    client: TestClient, engine: Engine
+) -> None:
     task_id = to_approval(engine)
     login(client, "dana")
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
-    for csrf in ("", "forged"):
-        response = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest})
-        assert response.status_code in (403, 422)
-    assert engine.get(task_id).state == "awaiting_approval"
+    before = engine.history(task_id)
+    for form in ({"csrf": "", "digest": digest}, {"csrf": "forged", "digest": digest}, {"digest": digest}):
+        response = client.post(f"/tasks/{task_id}/approve", data=form)
+        assert response.status_code == 403 and "FORBIDDEN" in response.text, form
+        assert f'href="/tasks/{task_id}" id="back"' in response.text and 'id="logout"' in response.text
+    # Missing with every other field missing too (a reject with no reason): still 403, not the schema's 422.
+    assert client.post(f"/tasks/{task_id}/reject", data={}).status_code == 403
+    assert client.post("/logout", data={}).status_code == 403
+    assert engine.history(task_id) == before
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},
+        {"Origin": "http://testserver.evil.example"},
+        {"Referer": "https://evil.example/page"},
+        {"Origin": "https://evil.example", "Referer": "http://testserver/tasks"},
+    ],
+)
+def test_a_post_from_a_foreign_origin_is_refused_even_with_a_valid_token(
+    client: TestClient, engine: Engine, headers: dict[str, str]
+) -> None:
+    task_id = to_approval(engine)
+    csrf = login(client, "dana")
+    digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+    before = engine.history(task_id)
+    data = {"csrf": csrf, "digest": digest, "seq": str(engine.load(task_id).seq)}
+    response = client.post(f"/tasks/{task_id}/approve", data=data, headers=headers)
+    assert response.status_code == 403 and "FORBIDDEN" in response.text
+    assert client.post("/logout", data={"csrf": csrf}, headers=headers).status_code == 403
+    page = client.get("/login")
+    login_form = {"token": "tok-dana", "csrf": csrf_of(page.text)}
+    assert client.post("/login", data=login_form, headers=headers).status_code == 403
+    assert engine.history(task_id) == before
+    same = client.post(f"/tasks/{task_id}/approve", data=data, headers={"Origin": "http://testserver"})
+    assert same.status_code == 303 and engine.get(task_id).state != "awaiting_approval"
 
 
 def test_the_inbox_shows_the_prepared_call_evidence_reason_and_history(client: TestClient, engine: Engine) -> None:
@@ -119,11 +211,41 @@ def test_approving_from_the_page_records_the_sessions_actor(client: TestClient, 
     response = client.post(
         f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest, "comment": "ok", "seq": str(seq)}
     )
-    assert response.status_code == 303 and response.headers["location"] == f"/tasks/{task_id}?done=approved"
+    html = after_redirect(client, response, f"/tasks/{task_id}")
+    assert flash_of(html) == "Your decision (approved) is recorded."
+    assert flash_of(client.get(f"/tasks/{task_id}").text) is None  # shown once: a reload does not repeat it
     last = engine.history(task_id)[-1]
     assert (last.actor, last.trigger, last.data["approval"]["comment"]) == ("dana", "approve", "ok")
     again = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest})  # a form without seq
-    assert again.status_code == 409 and "TASK_NOT_AWAITING_APPROVAL" in again.text
+    assert "TASK_NOT_AWAITING_APPROVAL" in (flash_of(after_redirect(client, again, f"/tasks/{task_id}")) or "")
+    assert [e.trigger for e in engine.history(task_id)].count("approve") == 1
+
+
+def test_the_recorded_banner_comes_from_the_server_not_the_url(client: TestClient, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    login(client, "erin")
+    for query in ("?done=rejected", "?done=approved", "?flash=Refund+sent"):
+        html = client.get(f"/tasks/{task_id}{query}").text
+        assert flash_of(html) is None and "is recorded" not in html and "Refund sent" not in html
+
+
+def test_a_refused_command_redirects_to_the_page_with_the_code_and_the_header(
+    client: TestClient, engine: Engine
+) -> None:
+    task_id = to_approval(engine)
+    csrf = login(client, "dana")
+    response = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": "0" * 64})
+    html = after_redirect(client, response, f"/tasks/{task_id}")
+    assert "APPROVAL_STALE" in (flash_of(html) or "") and 'role="alert"' in html
+    assert 'id="logout"' in html and engine.get(task_id).state == "awaiting_approval"
+    missing = client.get("/tasks/no-such-task")
+    assert missing.status_code == 404 and 'id="logout"' in missing.text  # the error page keeps the header
+    bad = client.post(f"/tasks/{task_id}/reject", data={"csrf": csrf, "reason": ""})  # a field that fails
+    assert "PAYLOAD_INVALID" in (flash_of(after_redirect(client, bad, f"/tasks/{task_id}")) or "")
+    assert engine.get(task_id).state == "awaiting_approval"
+    client.cookies.delete("railyard_session")  # without a session a command is sent to the login page
+    lost = client.post(f"/tasks/{task_id}/reject", data={"csrf": csrf, "reason": "x"})
+    assert lost.status_code == 303 and lost.headers["location"] == "/login"
 
 
 def test_every_decision_form_carries_the_seq_it_was_rendered_at(client: TestClient, engine: Engine) -> None:
@@ -145,8 +267,9 @@ def test_a_stale_form_is_refused_with_the_state_the_task_is_in_now(
     engine.signal(task_id, "cancel", {"reason": "customer withdrew"}, actor="ann")  # while the page was open
     fields = {"approve": {"digest": digest, "comment": "ok"}, "reject": {"reason": "no"}}[form]
     response = client.post(f"/tasks/{task_id}/{form}", data={"csrf": csrf, "seq": seq, **fields})
-    assert response.status_code == 409 and "CONCURRENCY_CONFLICT" in response.text
-    assert "&#39;cancelled&#39;" in response.text  # the state it is in now, named on the error page
+    shown = flash_of(after_redirect(client, response, f"/tasks/{task_id}")) or ""
+    assert "CONCURRENCY_CONFLICT" in shown
+    assert "&#39;cancelled&#39;" in shown  # the state it is in now, named in the refusal
     assert [e.trigger for e in engine.history(task_id)][-1] == "cancel" and engine.get(task_id).state == "cancelled"
 
 
@@ -157,8 +280,8 @@ def test_a_reject_form_left_open_while_another_approver_approved_is_stale(client
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
     engine.approve(task_id, actor="dana", prepared_digest=digest, expected_seq=int(seq))
     response = client.post(f"/tasks/{task_id}/reject", data={"csrf": csrf, "seq": seq, "reason": "duplicate"})
-    assert response.status_code == 409 and "CONCURRENCY_CONFLICT" in response.text
-    assert "&#39;executing&#39;" in response.text
+    shown = flash_of(after_redirect(client, response, f"/tasks/{task_id}")) or ""
+    assert "CONCURRENCY_CONFLICT" in shown and "&#39;executing&#39;" in shown
     assert [e.trigger for e in engine.history(task_id) if "approval" in e.data] == ["approve"]
     assert seqs_of(client.get(f"/tasks/{task_id}").text, task_id) == []  # nothing left to decide
 
@@ -183,7 +306,7 @@ def test_without_the_role_the_page_offers_no_buttons_and_the_server_refuses(clie
     assert "which you do not hold" in html and f'action="/tasks/{task_id}/approve"' not in html
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
     response = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest})
-    assert response.status_code == 403 and "APPROVAL_FORBIDDEN" in response.text
+    assert "APPROVAL_FORBIDDEN" in (flash_of(after_redirect(client, response, f"/tasks/{task_id}")) or "")
     assert engine.get(task_id).state == "awaiting_approval"
 
 
@@ -193,7 +316,8 @@ def test_an_auditor_session_cannot_decide(client: TestClient, engine: Engine) ->
     assert "read-only" in client.get(f"/tasks/{task_id}").text
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
     response = client.post(f"/tasks/{task_id}/approve", data={"csrf": csrf, "digest": digest})
-    assert response.status_code == 403 and "FORBIDDEN" in response.text
+    assert "FORBIDDEN" in (flash_of(after_redirect(client, response, f"/tasks/{task_id}")) or "")
+    assert engine.get(task_id).state == "awaiting_approval"
 
 
 def test_the_task_page_shows_timeline_path_and_diagram(client: TestClient, engine: Engine) -> None:
@@ -230,8 +354,58 @@ def test_the_task_list_filters(client: TestClient, engine: Engine) -> None:
     assert client.get("/tasks", params={"status": "<b>"}).status_code == 422
 
 
-def test_logout_ends_the_session(client: TestClient) -> None:
+def test_logout_ends_the_session_for_every_copy_of_its_cookie(client: TestClient, engine: Engine) -> None:
     csrf = login(client, "dana")
-    response = client.post("/logout", data={"csrf": csrf})
-    assert response.status_code == 303
-    assert client.get("/inbox").status_code == 303
+    copied = client.cookies["railyard_session"]
+    with TestClient(make_app(engine), follow_redirects=False) as thief:
+        thief.cookies.set("railyard_session", copied)
+        assert thief.get("/inbox").status_code == 200  # a copy works while the session lasts
+        response = client.post("/logout", data={"csrf": csrf})
+        assert response.status_code == 303 and response.headers["location"] == "/login"
+        assert client.get("/inbox").status_code == 303
+        after = thief.get("/inbox")
+        assert after.status_code == 303 and after.headers["location"].startswith("/login")
+        assert thief.post("/logout", data={"csrf": csrf}).status_code == 303  # no session: to the login page
+
+
+def test_failed_logins_are_limited_per_account_and_per_address(client: TestClient) -> None:
+    def attempt(token: str, user: str = "") -> int:
+        """A login from the test client's one address; its status (and the last answer in `answers`)."""
+        page = client.get("/login")
+        answers.append(client.post("/login", data={"token": token, "user": user, "csrf": csrf_of(page.text)}))
+        client.cookies.delete("railyard_session")
+        return int(answers[-1].status_code)
+
+    answers: list[Any] = []
+
+    for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
+        assert attempt("guess", "dana") == 401
+    assert attempt("tok-dana", "dana") == 429  # the right token, but the account is locked for the window
+    assert "LOGIN_THROTTLED" in answers[-1].text and "railyard_session" not in answers[-1].headers.get("set-cookie", "")
+    assert 0 < int(answers[-1].headers["Retry-After"]) <= LOGIN_WINDOW_SECONDS
+    assert attempt("tok-dana") == 429  # unnamed: the account is known once the token is
+    assert attempt("tok-erin", "erin") == 303  # another account is not locked
+    for _ in range(LOGIN_FAILURES_PER_ADDRESS - LOGIN_FAILURES_PER_ACCOUNT):
+        assert attempt("guess") == 401
+    assert attempt("tok-erin", "erin") == 429  # the address has spent its failures
+
+
+def test_over_a_real_server_a_copied_cookie_dies_at_logout_and_a_foreign_origin_is_refused(engine: Engine) -> None:
+    task_id = to_approval(engine)
+    with live_server(make_app(engine)) as base, httpx.Client(base_url=base, follow_redirects=False) as browser:
+        page = browser.get("/login")
+        logged_in = browser.post("/login", data={"token": "tok-dana", "user": "dana", "csrf": csrf_of(page.text)})
+        assert logged_in.status_code == 303
+        cookie = browser.cookies["railyard_session"]
+        csrf = csrf_of(browser.get("/inbox").text)
+        digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+        forged = browser.post(
+            f"/tasks/{task_id}/approve",
+            data={"csrf": csrf, "digest": digest},
+            headers={"Origin": "https://evil.example"},
+        )
+        assert forged.status_code == 403 and engine.get(task_id).state == "awaiting_approval"
+        with httpx.Client(base_url=base, follow_redirects=False, cookies={"railyard_session": cookie}) as copy:
+            assert copy.get("/inbox").status_code == 200
+            assert browser.post("/logout", data={"csrf": csrf}, headers={"Origin": base}).status_code == 303
+            assert copy.get("/inbox").headers["location"] == "/login?next=%2Finbox"

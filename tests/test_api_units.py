@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,13 @@ import httpx
 import pytest
 
 from engine import Code, Event, RailyardError, migrations
+from engine.api.auth import LoginThrottle
+from engine.api.routes import safe_next
 from engine.api.tokens import TokenTable, hash_token, load_tokens, parse_tokens, toml_entry
 from engine.api.views import display_arguments, format_money, model_reason
 from engine.core.payloads import as_event_data
 from engine.core.summary import summarise
+from engine.store import MemoryStore
 from tests.support.api import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -207,3 +210,43 @@ def test_serve_with_a_body_limit_that_is_not_a_number_refuses_to_start(tmp_path:
 def test_an_actor_with_tokens_of_different_roles_is_refused() -> None:
     with pytest.raises(RailyardError):
         TokenTable.from_tokens({"a": ("dana", {"x"}), "b": ("dana", {"y"})})
+
+
+def test_the_login_throttle_counts_failures_in_a_sliding_window() -> None:
+    t0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    clock = [t0]
+
+    def after(seconds: int) -> None:
+        clock[0] = t0 + timedelta(seconds=seconds)
+
+    store = MemoryStore()
+    throttle = LoginThrottle(store, per_account=2, per_address=3, window_seconds=60, clock=lambda: clock[0])
+    assert throttle.retry_after(address="10.0.0.1", account="dana") is None
+    throttle.failed(address="10.0.0.1", account="dana")
+    after(10)
+    throttle.failed(address="10.0.0.1", account="dana")
+    assert throttle.retry_after(address="10.0.0.2", account="dana") == 50  # the first failure leaves at 60 s
+    assert throttle.retry_after(address="10.0.0.1", account=None) is None  # two of the address's three
+    throttle.failed(address="10.0.0.1", account=None)
+    assert throttle.retry_after(address="10.0.0.1", account="erin") == 50
+    # Another server process over the same database sees the same failures.
+    other = LoginThrottle(store, per_account=2, per_address=3, window_seconds=60, clock=lambda: clock[0])
+    assert other.retry_after(address="10.0.0.9", account="dana") == 50
+    after(60)  # the first failure leaves the window: one of dana's two, one of the address's three
+    assert throttle.retry_after(address="10.0.0.2", account="dana") is None
+    assert throttle.retry_after(address="10.0.0.1", account=None) is None
+    throttle.failed(address="10.0.0.1", account="dana")
+    throttle.failed(address="10.0.0.1", account="dana")
+    assert throttle.retry_after(address=None, account="dana") == 60
+    assert throttle.retry_after(address="10.0.0.1", account=None) == 10  # the failures at 10 s leave at 70 s
+    throttle.succeeded(account="dana")  # a login clears the account's failures, not the address's
+    assert throttle.retry_after(address=None, account="dana") is None
+    assert throttle.retry_after(address="10.0.0.1", account="dana") == 10
+
+
+def test_a_next_target_is_kept_only_if_it_is_a_path_on_this_server() -> None:
+    assert safe_next("/tasks?state=review&q=C-1") == "/tasks?state=review&q=C-1"
+    assert safe_next("/tasks/1d1b#timeline") == "/tasks/1d1b#timeline"
+    for target in ("https://evil.example", "//evil.example", "/\\evil.example", "/%0d%0a", "/\tx", "/login?x=1", ""):
+        expected = "/%0d%0a" if target == "/%0d%0a" else "/inbox"  # percent-escapes are only text in a path
+        assert safe_next(target) == expected, target

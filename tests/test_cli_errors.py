@@ -104,6 +104,8 @@ def argv_for(path: tuple[str, ...], command: Any, files: dict[str, Path]) -> lis
         "state_map": "assessing=assessing",
         "before": "2020-01-01",
         "public_key": "00" * 32,
+        "at_seq": "1",
+        "to_state": "assessing",
     }
     argv = list(path)
     for param in command.params:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+import workflows as reference
 from engine import (
     Action,
     Agent,
@@ -223,3 +226,28 @@ def test_a_version_compiles_its_machine_when_first_needed_and_once() -> None:
     machine = lazy.machine
     assert lazy.machine is machine
     assert lazy.triggers("waiting") == ["done", "cancel"]
+
+
+def test_searchable_fields_are_fields_of_the_input_and_leave_the_digest_alone() -> None:
+    def lookup(**options: Any) -> Workflow:
+        states = [Wait("waiting", actions=[Action("finish", "done")]), Terminal("done")]
+        return Workflow("lookup", 1, states, **options)
+
+    with pytest.raises(DefinitionError) as caught:
+        lookup(input=OrderInput, searchable=("customer", "order_no"))
+    assert "searchable field 'order_no' is not a field of the input model" in str(caught.value)
+    with pytest.raises(DefinitionError):
+        lookup(searchable=("customer",))  # no input model at all
+    plain = lookup(input=OrderInput)
+    searchable = lookup(input=OrderInput, searchable=["customer", "balance"])
+    assert searchable.digest == plain.digest  # declaring them later needs no new version
+    assert searchable.searchable == ("customer", "balance")
+    assert searchable.search_values({"customer": "C-1", "balance": 40}) == {"customer": "C-1", "balance": "40"}
+    assert searchable.search_values({"customer": "", "balance": True}) == {}  # empty, and not a number
+    assert searchable.search_values({"customer": "x" * 500})["customer"] == "x" * 200
+    assert plain.search_values({"customer": "C-1"}) == {} and searchable.search_values(None) == {}
+
+
+def test_the_reference_workflows_declare_what_people_look_tasks_up_by() -> None:
+    assert reference.REFUND_V1.searchable == reference.REFUND_V2.searchable == ("customer_id", "order_id")
+    assert reference.TICKET_TRIAGE.searchable == ("ticket_id",) and reference.EXPENSE.searchable == ("employee",)

@@ -44,21 +44,24 @@ def test_upgrade_from_empty_to_head_and_back(empty_db: str) -> None:
         "workers",
         "checkpoints",
         "archive_permits",
+        "page_sessions",
+        "login_failures",
+        "task_fields",
         "alembic_version",
     }
-    assert migrations.current(empty_db) == "0007"
+    assert migrations.current(empty_db) == "0008"
     migrations.check(empty_db)  # raises if the metadata and the migrated schema differ
     migrations.downgrade(empty_db, "base")
     assert tables(empty_db) == {"alembic_version"}
     assert migrations.current(empty_db) is None
     migrations.upgrade(empty_db)  # and up again: downgrade left nothing behind
-    assert migrations.current(empty_db) == "0007"
+    assert migrations.current(empty_db) == "0008"
 
 
 def test_upgrade_is_idempotent(empty_db: str) -> None:
     migrations.upgrade(empty_db)
     migrations.upgrade(empty_db)
-    assert migrations.current(empty_db) == "0007"
+    assert migrations.current(empty_db) == "0008"
 
 
 @pytest.mark.parametrize("url", ["sqlite:///offline.db", "postgresql+psycopg://u@h/db"])

@@ -12,9 +12,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from contextlib import ExitStack
-from datetime import timedelta, timezone
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +29,7 @@ from engine.core.checkpoints import Header
 from engine.core.errors import Code
 from engine.core.rows import Claim, Snapshot, TaskRow, WorkerReport
 from engine.store import MemoryStore, SqlStore, Store, open_store
+from engine.store.protocol import PageSession, TaskQuery
 from tests.support.races import together
 from tests.support.stores import BACKENDS, T0, Log, opened, started, store_for
 
@@ -419,6 +422,123 @@ def test_lists_of_tasks_for_the_back_office(store: Store) -> None:
     assert [r.task_id for r in store.recent(workflow="refund", status="blocked", limit=1)] == ["t-1"]
     assert [r.task_id for r in store.recent(state="review")] == ["t-3", "t-0"]
     assert store.recent(workflow="refund")[0] == store.row("t-3")
+
+
+def listed(store: Store, **query: Any) -> list[str]:
+    return [t.row.task_id for t in store.list_tasks(TaskQuery(**query))]
+
+
+def test_task_lists_page_newest_first_with_no_task_twice_and_none_left_out(store: Store) -> None:
+    # Four tasks share each creation instant: the id breaks the tie, so the order is total and pages are stable.
+    ids = [f"t-{n:02d}" for n in range(22)]
+    for n, task_id in enumerate(ids):
+        log = Log(task_id)
+        store.create(replace(log.row(), created_at=T0 + timedelta(seconds=n // 4)), log.first)
+    newest_first = sorted(ids, key=lambda i: (int(i[2:]) // 4, i), reverse=True)
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        page = listed(store, after=after, limit=5)
+        seen += page
+        if len(page) < 5:
+            break
+        after = page[-1]
+        new = Log(f"u-{len(seen)}")  # a task created meanwhile, newer than all: it shifts no page
+        store.create(replace(new.row(), created_at=T0 + timedelta(hours=1)), new.first)
+    assert seen == newest_first
+    assert listed(store, limit=5) == [*sorted((f"u-{n}" for n in (5, 10, 15, 20)), reverse=True), "t-21"]
+    assert listed(store, after=newest_first[-2]) == [newest_first[-1]]
+    assert listed(store, limit=0) == []
+
+
+def test_task_lists_filter_by_workflow_state_status_starter_and_time_and_search_ids_and_fields(
+    store: Store,
+) -> None:
+    def make(task_id: str, *, seconds: int, workflow: str = "refund", status: str = "runnable", by: str = "ann",
+             fields: dict[str, str] | None = None) -> None:  # fmt: skip
+        log = Log(task_id, workflow=workflow)
+        first = replace(log.first, actor=by)
+        store.create(replace(log.row(status=status), created_at=T0 + timedelta(seconds=seconds)), first, fields)
+
+    make("a1b2-0001", seconds=0, fields={"customer_id": "C-100", "order_id": "O-1"})
+    make("a1b2-0002", seconds=1, status="blocked", by="bob", fields={"customer_id": "C-200"})
+    make("c3d4-0003", seconds=2, workflow="triage", fields={"ticket_id": "C-100"})
+    make("c3d4-0004", seconds=3, by="bob")
+    assert listed(store) == ["c3d4-0004", "c3d4-0003", "a1b2-0002", "a1b2-0001"]
+    assert listed(store, workflow="triage") == ["c3d4-0003"]
+    assert listed(store, status="blocked") == ["a1b2-0002"]
+    assert listed(store, started_by="bob") == ["c3d4-0004", "a1b2-0002"]
+    assert listed(store, states=["drafting"]) == listed(store) and listed(store, states=["review"]) == []
+    assert listed(store, created_from=T0 + timedelta(seconds=1), created_before=T0 + timedelta(seconds=3)) == [
+        "c3d4-0003",
+        "a1b2-0002",
+    ]
+    assert listed(store, id_prefix="a1b2") == ["a1b2-0002", "a1b2-0001"]
+    assert listed(store, id_prefix="a1b2-0001") == ["a1b2-0001"] and listed(store, id_prefix="ffff") == []
+    assert listed(store, field_value="C-100") == ["c3d4-0003", "a1b2-0001"]  # any searchable field
+    assert listed(store, field_value="C-1") == []  # values match whole
+    assert listed(store, id_prefix="c3d4", field_value="C-200") == ["c3d4-0004", "c3d4-0003", "a1b2-0002"]
+    assert listed(store, field_value="C-100", workflow="refund", started_by="ann") == ["a1b2-0001"]
+    [shown] = store.list_tasks(TaskQuery(id_prefix="a1b2-0001"))
+    assert (shown.started_by, shown.fields) == ("ann", {"customer_id": "C-100", "order_id": "O-1"})
+    assert shown.row == store.row("a1b2-0001")
+    assert store.list_tasks(TaskQuery(id_prefix="c3d4-0004"))[0].fields == {}
+
+
+def test_blocked_tasks_page_oldest_first_after_a_task(store: Store) -> None:
+    for n in range(7):
+        log = Log(f"b-{n}")
+        store.create(replace(log.row(status="blocked"), created_at=T0 + timedelta(seconds=7 - n)), log.first)
+    states = [("refund", 1, "drafting")]
+    oldest_first = [f"b-{n}" for n in range(6, -1, -1)]
+    assert store.blocked_in(states) == oldest_first
+    assert store.blocked_in(states, limit=3) == oldest_first[:3]
+    assert store.blocked_in(states, after=oldest_first[2], limit=3) == oldest_first[3:6]
+    assert store.blocked_in(states, after=oldest_first[-1]) == []
+
+
+def test_a_page_session_is_read_until_it_expires_or_ends_and_its_flash_is_shown_once(store: Store) -> None:
+    def session(id_hash: str, hours: int) -> PageSession:
+        return PageSession(id_hash, "h" * 64, "dana", "csrf-" + id_hash, T0, T0 + timedelta(hours=hours))
+
+    store.open_session(session("s1", 8))
+    store.open_session(session("s2", 1))
+    assert store.page_session("s1", T0) == session("s1", 8)
+    assert store.page_session("s2", T0 + timedelta(hours=1)) is None  # expired
+    assert store.page_session("nobody", T0) is None
+    assert store.take_flash("s1") is None
+    store.set_flash("s1", "first")
+    store.set_flash("s1", "Your decision (approved) is recorded.")
+    assert store.page_session("s1", T0) == replace(session("s1", 8), flash="Your decision (approved) is recorded.")
+    assert store.take_flash("s1") == "Your decision (approved) is recorded."
+    assert store.page_session("s1", T0) == session("s1", 8)
+    assert store.take_flash("s1") is None
+    store.end_session("s1")
+    assert store.page_session("s1", T0) is None
+    store.set_flash("s1", "to nobody")  # an ended session takes no message
+    assert store.take_flash("s1") is None
+    later = replace(session("s3", 8), created_at=T0 + timedelta(hours=2))
+    store.open_session(later)  # opening one forgets those already expired
+    assert store.page_session("s2", T0) is None and store.page_session("s3", T0 + timedelta(hours=2)) == later
+
+
+def test_failed_logins_are_read_per_key_within_the_window_and_forgotten_after_it(store: Store) -> None:
+    def at(seconds: int) -> datetime:
+        return T0 + timedelta(seconds=seconds)
+
+    store.note_login_failure(["account:dana", "address:10.0.0.1"], at(0), forget_before=at(-60))
+    store.note_login_failure(["account:dana"], at(0), forget_before=at(-60))  # the same instant twice: both count
+    store.note_login_failure(["address:10.0.0.1"], at(30), forget_before=at(-30))
+    assert store.login_failures(["account:dana", "address:10.0.0.1", "account:erin"], at(-1)) == {
+        "account:dana": [at(0), at(0)],
+        "address:10.0.0.1": [at(0), at(30)],
+    }
+    assert store.login_failures(["address:10.0.0.1"], at(0)) == {"address:10.0.0.1": [at(30)]}  # strictly after
+    assert store.login_failures([], at(-1)) == {}
+    store.clear_login_failures("account:dana")
+    assert store.login_failures(["account:dana", "address:10.0.0.1"], at(-1)) == {"address:10.0.0.1": [at(0), at(30)]}
+    store.note_login_failure([], at(90), forget_before=at(20))  # nothing to note; the old ones are forgotten
+    assert store.login_failures(["address:10.0.0.1"], at(-100)) == {"address:10.0.0.1": [at(30)]}
 
 
 def test_status_counts_per_workflow_and_status(store: Store) -> None:

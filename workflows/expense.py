@@ -47,6 +47,7 @@ EXPENSE = Workflow(
     version=1,
     description="An employee's expense claim, drafted by an agent and approved by a human.",
     input=ExpenseInput,
+    searchable=("employee",),
     states=[
         Agent(
             "drafting",

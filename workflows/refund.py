@@ -88,6 +88,7 @@ def _refund_workflow(
         version=version,
         description="Refund a customer's order: find it, check it, propose a refund, get it approved, pay it. " + note,
         input=RefundInput,
+        searchable=("customer_id", "order_id"),
         tools=tools,
         # A cancel that arrives while the payment is in flight waits for its outcome; if the money went out, a
         # refund approver sees it here instead of the task quietly ending `cancelled`.

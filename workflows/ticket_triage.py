@@ -149,6 +149,7 @@ TICKET_TRIAGE = Workflow(
     version=1,
     description="Triage one support ticket: read it, then escalate it, resolve it or ask the customer.",
     input=TriageInput,
+    searchable=("ticket_id",),
     tools=TICKET_TOOLS,
     states=[
         Agent(

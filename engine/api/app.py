@@ -45,6 +45,7 @@ import os
 import sys
 from collections import deque
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -59,7 +60,7 @@ from engine.api import routes
 from engine.api.auth import Context, LoginRequired, Signer, authenticate, bearer_token
 from engine.api.schemas import error_body, status_for, status_of, validation_body
 from engine.api.tokens import TokenTable, load_tokens
-from engine.api.views import STATIC, render
+from engine.api.views import STATIC, refused_command, render
 from engine.core.errors import Code, RailyardError, Refused
 from engine.observability import health, hooks
 from engine.runtime import config
@@ -152,13 +153,9 @@ def _handlers(app: FastAPI) -> None:
         body = validation_body(exc)
         if is_api(request.url.path):
             return JSONResponse(body, status_code=422)
-        return render(
-            request,
-            "error.html",
-            422,
-            session=None,
-            code=body["code"],
-            message="; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in body["details"]["errors"]),
+        message = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in body["details"]["errors"])
+        return refused_command(request, body["code"], message) or render(
+            request, "error.html", 422, session=None, code=body["code"], message=message
         )
 
     @app.exception_handler(StarletteHTTPException)
@@ -175,7 +172,10 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(LoginRequired)
     async def login_required(request: Request, _exc: LoginRequired) -> Response:
-        return RedirectResponse("/login", status_code=303)
+        # A page asked for comes back after the login (a POST's address is no page to come back to).
+        asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        back = f"/login?{urlencode({'next': asked})}" if request.method == "GET" and asked != "/" else "/login"
+        return RedirectResponse(back, status_code=303)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
@@ -194,7 +194,8 @@ HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it browsers send `Origin: null` on every form POST, and the pages check Origin.
+    "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cache-Control": "no-store",
 }

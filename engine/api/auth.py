@@ -1,32 +1,48 @@
-"""Who is calling: the bearer token of an API request, or the signed session cookie of a page.
+"""Who is calling: the bearer token of an API request, or the page session a login opened.
 
 The actor written to the log is always the one this module returns, never a
 field of the request; a token holding the `auditor` role may read but every
 write it attempts is refused (FORBIDDEN). Who holds which token and role is
 the tokens file's (`engine.api.tokens`).
 
-A person logs in to the pages once with their bearer token; the cookie then
-names the token by its hash (the token itself never leaves the login form) and
-is signed, so it cannot be forged or edited. Every form carries the session's
-CSRF token and a POST without the matching one is refused: SameSite=Strict
-already keeps other sites' forms from sending the cookie, the token covers
-browsers that do not.
+A person logs in to the pages once with their bearer token. The server opens a
+session in the database (`Store.open_session`) and the cookie holds only a
+random id, whose SHA-256 is the row's key; the token itself never leaves the
+login form. Logout deletes the row, so a copied cookie stops working at once,
+on every server process. The session holds the CSRF token every form must echo
+and the one flash message the next page shows.
+
+A page POST passes two checks before its form is even validated, so a forged
+one is 403 whatever else it lacks: the `Origin` (or, without one, the
+`Referer`) must be this server, and the form's `csrf` field must match the
+session's. SameSite=Strict already keeps other sites' forms from sending the
+cookie; these cover browsers that do not honour it. Failed logins are counted
+per client address and per account (`LoginThrottle`): past the limit, logins
+are refused with LOGIN_THROTTLED (429) until the window has passed.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
+import math
 import secrets
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from engine.api.tokens import AUDITOR, Principal, TokenTable
+from engine.api.tokens import AUDITOR, Principal, TokenTable, hash_token
+from engine.core.canonical import now
 from engine.core.errors import Code, Refused
 from engine.runtime.engine import Engine
+from engine.store.protocol import PageSession as StoredSession
+from engine.store.protocol import Store
 
 # -- the session cookies ---------------------------------------------------------------------------
 SESSION_COOKIE = "railyard_session"
@@ -35,29 +51,12 @@ SESSION_SECONDS = 8 * 3600
 LOGIN_SECONDS = 3600
 
 
-@dataclass(frozen=True, slots=True)
-class SessionData:
-    token_hash: str
-    csrf: str
-
-
 class Signer:
-    """Signs and checks the two cookies; a new random secret per process unless one is configured."""
+    """Signs and checks the login form's cookie; a new random secret per process unless one is configured."""
 
     def __init__(self, secret: str | None = None) -> None:
         key = secret or secrets.token_urlsafe(32)
-        self._session = URLSafeTimedSerializer(key, salt="railyard.session")
         self._login = URLSafeTimedSerializer(key, salt="railyard.login")
-
-    def session(self, token_hash: str) -> tuple[str, SessionData]:
-        data = SessionData(token_hash, secrets.token_urlsafe(24))
-        return self._session.dumps({"h": data.token_hash, "c": data.csrf}), data
-
-    def read_session(self, cookie: str | None) -> SessionData | None:
-        doc = _loads(self._session, cookie, SESSION_SECONDS)
-        if doc is None or not isinstance(doc.get("h"), str) or not isinstance(doc.get("c"), str):
-            return None
-        return SessionData(doc["h"], doc["c"])
 
     def login(self) -> tuple[str, str]:
         """A cookie and the CSRF token the login form must echo: no session exists yet to hold one."""
@@ -88,15 +87,150 @@ def same_token(expected: str | None, presented: str | None) -> bool:
 
 
 # -- what every handler needs ----------------------------------------------------------------------
+# -- failed logins -----------------------------------------------------------------------------------
+#: Failed logins allowed per account, and per client address, within `LOGIN_WINDOW_SECONDS`.
+LOGIN_FAILURES_PER_ACCOUNT = 5
+LOGIN_FAILURES_PER_ADDRESS = 20
+LOGIN_WINDOW_SECONDS = 15 * 60
+
+
+class LoginThrottle:
+    """Failed logins per account and per client address over a sliding window, kept by the store.
+
+    Past the limit, every login for that account (or from that address) is refused with LOGIN_THROTTLED, a
+    valid token included, until the oldest failure that counts leaves the window: guessing gets a fixed
+    number of tries per window. A success clears the account's failures, not the address's. The failures
+    are rows in the database (`Store.note_login_failure`), so every server process over it applies the
+    same limit, and a restart does not reset it.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        per_account: int = LOGIN_FAILURES_PER_ACCOUNT,
+        per_address: int = LOGIN_FAILURES_PER_ADDRESS,
+        window_seconds: float = LOGIN_WINDOW_SECONDS,
+        clock: Callable[[], datetime] = now,
+    ) -> None:
+        self._store = store
+        self._limits = {"account": per_account, "address": per_address}
+        self._window = timedelta(seconds=window_seconds)
+        self._clock = clock
+
+    def retry_after(self, *, address: str | None, account: str | None) -> int | None:
+        """Seconds until a login from `address` for `account` may be tried again (None: it may be now)."""
+        at = self._clock()
+        keys = _keys(address, account)
+        found = self._store.login_failures(list(keys), at - self._window)
+        waits = [
+            (failures[len(failures) - limit] + self._window - at).total_seconds()
+            for key, kind in keys.items()
+            if len(failures := found.get(key, [])) >= (limit := self._limits[kind])
+        ]
+        return max(1, math.ceil(max(waits))) if waits else None
+
+    def failed(self, *, address: str | None, account: str | None) -> None:
+        at = self._clock()
+        self._store.note_login_failure(list(_keys(address, account)), at, forget_before=at - self._window)
+
+    def succeeded(self, *, account: str) -> None:
+        self._store.clear_login_failures(f"account:{account}")
+
+
+def _keys(address: str | None, account: str | None) -> dict[str, str]:
+    """The keys a login's failures count against, and the kind of each."""
+    named = {"address": address, "account": account}
+    return {f"{kind}:{value}": kind for kind, value in named.items() if value}
+
+
+def throttled(retry_after: int) -> Refused:
+    return Refused(
+        f"too many failed logins: try again in {retry_after} seconds",
+        code=Code.LOGIN_THROTTLED,
+        retry_after=retry_after,
+    )
+
+
+# -- page sessions ---------------------------------------------------------------------------------
+class Sessions:
+    """Page sessions kept by the store: the cookie is a random id, the row is keyed by its SHA-256."""
+
+    def __init__(self, engine: Engine, seconds: int = SESSION_SECONDS) -> None:
+        self._store = engine.store
+        self.seconds = seconds
+
+    def open(self, principal: Principal) -> tuple[str, StoredSession]:
+        """A new session for `principal`: the cookie value to set, and the row kept."""
+        cookie = secrets.token_urlsafe(32)
+        at = now()
+        row = StoredSession(
+            hash_token(cookie),
+            principal.token_hash,
+            principal.actor,
+            secrets.token_urlsafe(24),
+            at,
+            at + timedelta(seconds=self.seconds),
+        )
+        self._store.open_session(row)
+        return cookie, row
+
+    def read(self, cookie: str | None) -> StoredSession | None:
+        if not cookie or len(cookie) > 200:
+            return None
+        return self._store.page_session(hash_token(cookie), now())
+
+    def end(self, row: StoredSession) -> None:
+        self._store.end_session(row.id_hash)
+
+    def flash(self, row: StoredSession, message: Flash) -> None:
+        self._store.set_flash(row.id_hash, json.dumps(message.to_dict()))
+
+    def take_flash(self, row: StoredSession) -> Flash | None:
+        raw = self._store.take_flash(row.id_hash)
+        return Flash.from_json(raw) if raw else None
+
+
+@dataclass(frozen=True, slots=True)
+class Flash:
+    """The one message the next page shows: what a POST did (`done`) or why it was refused (`refused`, with the
+    code), so the POST can answer with a redirect and a reload never sends it again."""
+
+    kind: str
+    text: str
+    code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "code": self.code}
+
+    @classmethod
+    def from_json(cls, raw: str) -> Flash | None:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+            return None
+        code = doc.get("code")
+        return cls(str(doc.get("kind", "done")), doc["text"], code if isinstance(code, str) else None)
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What every request handler needs, held once on the application: the engine, the tokens, the cookie signer."""
+    """What every request handler needs, held once on the application: the engine, the tokens, the login cookie
+    signer, the page sessions and the failed-login throttle."""
 
     engine: Engine
     tokens: TokenTable
     signer: Signer
     #: Set the cookies' Secure flag: on whenever the server is reached over HTTPS (a proxy in front of it).
     secure_cookies: bool = False
+    sessions: Sessions = field(init=False)
+    throttle: LoginThrottle = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sessions", Sessions(self.engine))
+        object.__setattr__(self, "throttle", LoginThrottle(self.engine.store))
 
 
 def context(request: Request) -> Context:
@@ -157,26 +291,88 @@ def api_writer(principal: Annotated[Principal, Depends(api_principal)]) -> Princ
 
 
 class LoginRequired(Exception):
-    """A page was asked for without a valid session: the browser is sent to the login page."""
+    """A page was asked for without a valid session: the browser is sent to the login page (and back after)."""
 
 
 class Session:
-    """A page request's principal and the CSRF token its forms must carry."""
+    """A page request's principal, the CSRF token its forms must carry, and its flash message."""
 
-    def __init__(self, principal: Principal, data: SessionData) -> None:
+    def __init__(self, principal: Principal, row: StoredSession, sessions: Sessions) -> None:
         self.principal = principal
-        self.csrf = data.csrf
+        self.row = row
+        self.csrf = row.csrf
+        self._sessions = sessions
+
+    def flash(self, message: Flash) -> None:
+        self._sessions.flash(self.row, message)
+
+    def take_flash(self) -> Flash | None:
+        # The session's read brought the flash along: most pages have none and then cost no write.
+        return self._sessions.take_flash(self.row) if self.row.flash is not None else None
 
 
-def page_session(request: Request, ctx: Annotated[Context, Depends(context)]) -> Session:
-    data = ctx.signer.read_session(request.cookies.get(SESSION_COOKIE))
-    principal = ctx.tokens.by_hash(data.token_hash) if data is not None else None
-    if data is None or principal is None:
+def current_session(request: Request) -> Session | None:
+    """The request's session, if its cookie names a live one and the token behind it is still in the file."""
+    ctx = context(request)
+    row = ctx.sessions.read(request.cookies.get(SESSION_COOKIE))
+    principal = ctx.tokens.by_hash(row.token_hash) if row is not None else None
+    if row is None or principal is None:
+        return None
+    return Session(principal, row, ctx.sessions)
+
+
+def page_session(request: Request) -> Session:
+    session = current_session(request)
+    if session is None:
         raise LoginRequired()
-    return Session(principal, data)
+    return session
+
+
+def forbidden_origin(request: Request) -> str | None:
+    """The foreign origin a POST came from (None: this server, or a client that names none). `Origin` decides
+    when sent; otherwise `Referer`. `Origin: null` (an opaque origin: a sandboxed frame, a data: URL) is foreign.
+    Same origin is the same host and port as the request's `Host` (a proxy in front must pass Host through)."""
+    host = request.headers.get("host", "")
+    origin = request.headers.get("origin")
+    claimed = origin if origin is not None else request.headers.get("referer")
+    if claimed is None:
+        return None
+    parts = urlsplit(claimed.strip())
+    if parts.scheme in ("http", "https") and parts.netloc and parts.netloc.lower() == host.lower():
+        return None
+    return claimed[:200]
+
+
+def refuse_foreign(request: Request) -> None:
+    foreign = forbidden_origin(request)
+    if foreign is not None:
+        raise Refused(
+            "this form was not sent from this server's pages: refused",
+            code=Code.FORBIDDEN,
+            reason="origin",
+            origin=foreign,
+        )
+
+
+async def page_post(request: Request) -> Session:
+    """A page POST from this server's own form: same origin, a live session, and the session's CSRF token.
+
+    Checked before the form's fields are validated, so a forged post is 403 even when it lacks every field."""
+    refuse_foreign(request)
+    session = page_session(request)
+    presented = (await request.form()).get("csrf")
+    if not same_token(session.csrf, presented if isinstance(presented, str) else None):
+        raise Refused(
+            "the form's CSRF token is missing or stale: reload the page and try again",
+            code=Code.FORBIDDEN,
+            reason="csrf",
+        )
+    return session
 
 
 Reader = Annotated[Principal, Depends(api_principal)]
 Writer = Annotated[Principal, Depends(api_writer)]
 PageSession = Annotated[Session, Depends(page_session)]
+#: A page POST that passed the origin and CSRF checks.
+PagePost = Annotated[Session, Depends(page_post)]
 Ctx = Annotated[Context, Depends(context)]

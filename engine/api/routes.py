@@ -20,13 +20,20 @@ An approval names the digest of the prepared call the approver reviewed; if the
 call changed since, the approval is refused (APPROVAL_STALE) rather than
 applied to something nobody saw. The approver's roles come from the tokens file.
 
-The pages are server-rendered, without JavaScript. Every POST carries the
-session's CSRF token; decisions are made by the same `Engine.approve` /
-`Engine.reject` the API calls, as the session's actor, and a refusal is shown
-with its code. Every decision form carries the seq the page was rendered at
-(`seq`): if the task moved since, the decision is refused (409
-CONCURRENCY_CONFLICT, naming the state it is in now) instead of landing on a
-task the person did not see.
+The lists (`GET /api/tasks`, `GET /api/approvals`, the /tasks page) are keyset
+pages with an opaque cursor naming the last task shown (`views.list_tasks`,
+`Store.list_tasks`): a stated page size, a stable order, a `next` link, and no
+task seen twice or skipped while others are created.
+
+The pages are server-rendered, without JavaScript. Every POST passes the
+origin and CSRF checks of `auth.page_post` before its fields are read;
+decisions are made by the same `Engine.approve` / `Engine.reject` the API
+calls, as the session's actor. Every command answers 303 (Post/Redirect/Get):
+what it did, or why it was refused with the code, is the session's flash on the
+page it redirects to, so a reload sends nothing again. Every decision form
+carries the seq the page was rendered at (`seq`): if the task moved since, the
+decision is refused (CONCURRENCY_CONFLICT, naming the state it is in now)
+instead of landing on a task the person did not see.
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
+from urllib.parse import urlencode, urlsplit
 
-from fastapi import APIRouter, Form, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Form, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from engine.api.auth import (
@@ -46,40 +54,52 @@ from engine.api.auth import (
     SESSION_SECONDS,
     Context,
     Ctx,
+    Flash,
+    PagePost,
     PageSession,
     Reader,
     Session,
     Writer,
+    context,
+    refuse_foreign,
     require_writer,
     same_token,
+    throttled,
 )
 from engine.api.schemas import (
     MAX_SEQ,
     NAME_PATTERN,
     STATE_PATTERN,
     TASK_ID_PATTERN,
+    ApprovalPage,
     ApproveRequest,
     CancelRequest,
     DiagramBody,
     EventBody,
-    PendingApproval,
+    ForkRequest,
     PreconditionFailed,
+    RedriveRequest,
     RejectRequest,
     ReplayBody,
     SettleRequest,
     SignalRequest,
     StartRequest,
     TaskBody,
-    TaskSummary,
+    TaskPage,
     WhoAmI,
     WorkflowBody,
     errors,
+    status_for,
 )
 from engine.api.views import (
     MAX_LIMIT,
+    PAGE_SIZE,
     TaskFilter,
+    decode_cursor,
+    encode_cursor,
     inbox,
     list_tasks,
+    public_states,
     render,
     task_diagram,
     task_page,
@@ -235,18 +255,75 @@ def start_task(body: StartRequest, ctx: Ctx, who: Writer, response: Response) ->
     return task_body(response, ctx.engine.get(task_id))
 
 
-@task_api.get("/tasks", response_model=list[TaskSummary], responses=errors(401, 422))
+#: The filters of a task list, the API's and the page's alike (the page sends empty fields for "any").
+WorkflowFilter = Annotated[str, Query(pattern=f"^$|{NAME_PATTERN}", description="Only tasks of this workflow.")]
+State = Annotated[
+    str,
+    Query(
+        pattern=f"^$|{STATE_PATTERN}",
+        description="Only tasks in this state; a public state matches its internal `~` sub-states too.",
+    ),
+]
+StatusFilter = Annotated[str, Query(pattern="^(|runnable|blocked|terminal)$", description="Only tasks of this status.")]
+#: Text filters: no control characters (PostgreSQL refuses NUL in a string; nobody types the others).
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+StartedBy = Annotated[str, Query(max_length=200, pattern=TEXT_PATTERN, description="Only tasks this actor started.")]
+CreatedFrom = Annotated[
+    str, Query(max_length=40, description="Created at or after: a date (UTC) or an ISO 8601 date-time.")
+]
+CreatedTo = Annotated[
+    str, Query(max_length=40, description="Created on or before this date (UTC), or before this ISO 8601 date-time.")
+]
+Search = Annotated[
+    str,
+    Query(
+        max_length=200,
+        pattern=TEXT_PATTERN,
+        description="A task id prefix, or the value of a searchable input field (a customer id).",
+    ),
+]
+Cursor = Annotated[str, Query(max_length=200, description="The `next_cursor` of the previous page.")]
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")]
+
+
+def list_link(path: str, params: dict[str, Any], cursor: str | None = None) -> str:
+    """A list's path and query with the filters given (empty ones left out) and, if any, the cursor."""
+    kept = {k: v for k, v in params.items() if v not in (None, "") and k != "cursor"}
+    if cursor:
+        kept["cursor"] = cursor
+    return f"{path}?{urlencode(kept)}" if kept else path
+
+
+def next_link(path: str, params: dict[str, Any], cursor: str | None) -> str | None:
+    """The next page's link: the same filters, the new cursor (None on the last page)."""
+    return list_link(path, params, cursor) if cursor else None
+
+
+@task_api.get("/tasks", response_model=TaskPage, responses=errors(401, 422))
 def tasks(
+    request: Request,
     ctx: Ctx,
     _who: Reader,
-    workflow: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
-    state: Annotated[str | None, Query(pattern=STATE_PATTERN)] = None,
-    status: Annotated[str | None, Query(pattern="^(runnable|blocked|terminal)$")] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
-) -> list[dict[str, Any]]:
-    """Tasks, most recently changed first, filtered by workflow, state and status."""
-    found = list_tasks(ctx.engine.store, TaskFilter(workflow, state, status, limit))
-    return [asdict(t) for t in found]
+    workflow: WorkflowFilter = "",
+    state: State = "",
+    status: StatusFilter = "",
+    started_by: StartedBy = "",
+    created_from: CreatedFrom = "",
+    created_to: CreatedTo = "",
+    q: Search = "",
+    cursor: Cursor = "",
+    limit: Limit = PAGE_SIZE,
+) -> dict[str, Any]:
+    """Tasks, newest first (by creation time, then id), a page at a time: follow `next` (or send `next_cursor`
+    as `cursor` with the same filters) until it is null. Tasks created meanwhile never shift a page."""
+    where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, limit)
+    found = list_tasks(ctx.engine, where)
+    return {
+        "tasks": [asdict(t) for t in found.tasks],
+        "limit": found.limit,
+        "next_cursor": found.next_cursor,
+        "next": next_link(request.url.path, {**asdict(where), "limit": found.limit}, found.next_cursor),
+    }
 
 
 @task_api.get("/tasks/{task_id}", response_model=TaskBody, responses=errors(401, 404, 409, 422, tagged=200))
@@ -310,6 +387,34 @@ def settle(
     return task_body(response, ctx.engine.view(task))
 
 
+@task_api.post(
+    "/tasks/{task_id}/fork",
+    status_code=201,
+    response_model=TaskBody,
+    responses=errors(401, 403, 404, 409, 413, 422, tagged=201),
+)
+def fork(task_id: TaskId, body: ForkRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
+    """Start a new task from this task's state as of `at_seq` (`railyard fork`); the source is only read. Refused
+    with 409 WRITE_WOULD_REPEAT where the fork could make a write the source made, or may make, a second time."""
+    new_id = ctx.engine.fork(task_id, body.at_seq, actor=who.actor, reason=body.reason, version=body.version)
+    response.headers["Location"] = f"/api/tasks/{new_id}"
+    return task_body(response, ctx.engine.get(new_id))
+
+
+@task_api.post("/tasks/{task_id}/redrive", response_model=TaskBody, responses=COMMAND_ERRORS)
+def redrive(
+    task_id: TaskId, body: RedriveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Send a handed-off or limit-state task back to an agent or tool state it was in (`railyard redrive`); its
+    budgets start again. The engine checks the role (the workflow's redrive, settle or cancel role)."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.redrive(
+            task_id, body.to_state, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq
+        )
+    return task_body(response, ctx.engine.view(task))
+
+
 @task_api.get("/tasks/{task_id}/replay", response_model=ReplayBody, responses=errors(401, 404, 422))
 def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
@@ -331,14 +436,29 @@ def task_diagram_body(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]
 
 
 # -- the API over approvals ------------------------------------------------------------------------
-@approval_api.get("/approvals", response_model=list[PendingApproval], responses=errors(401, 422))
+@approval_api.get("/approvals", response_model=ApprovalPage, responses=errors(401, 422))
 def approvals(
+    request: Request,
     ctx: Ctx,
     _who: Reader,
     role: Annotated[str | None, Query(max_length=200, description="Only decisions this role takes.")] = None,
-) -> list[dict[str, Any]]:
-    """Tasks waiting at an approval state, each with the prepared call and its digest."""
-    return ctx.engine.approvals(role=role)
+    cursor: Cursor = "",
+    limit: Limit = PAGE_SIZE,
+) -> dict[str, Any]:
+    """Tasks waiting at an approval state, oldest first, each with the prepared call and its digest; a page at
+    a time, like the task list."""
+    after = decode_cursor(cursor) if cursor else None
+    if after is not None and ctx.engine.store.row(after) is None:
+        raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
+    found = ctx.engine.approvals(role=role, after=after, limit=limit + 1)
+    page = found[:limit]
+    more = encode_cursor(page[-1]["task_id"]) if len(found) > limit and page else None
+    return {
+        "approvals": page,
+        "limit": limit,
+        "next_cursor": more,
+        "next": next_link(request.url.path, {"role": role, "limit": limit}, more),
+    }
 
 
 @approval_api.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=COMMAND_ERRORS)
@@ -421,10 +541,13 @@ def workflow_diagram_body(
 
 
 # -- the pages -------------------------------------------------------------------------------------
-Csrf = Annotated[str, Form(max_length=200)]
 #: The seq a decision form was rendered at. Optional only so a hand-made post still gets the engine's own refusal;
 #: the pages always send it.
 Seq = Annotated[int | None, Form(ge=1, le=MAX_SEQ)]
+#: Where to go after logging in: a path of this server, as `safe_next` accepts it.
+Next = Annotated[str, Form(max_length=2000)]
+#: Where a login goes when it was asked for nothing else (or for somewhere not on this server).
+HOME = "/inbox"
 
 
 def _cookie(response: Response, ctx: Context, name: str, value: str, max_age: int) -> None:
@@ -433,50 +556,104 @@ def _cookie(response: Response, ctx: Context, name: str, value: str, max_age: in
     )
 
 
-def _check_csrf(session: Session, presented: str) -> None:
-    if not same_token(session.csrf, presented):
-        raise Refused(
-            "the form's CSRF token is missing or stale: reload the page and try again",
-            code=Code.FORBIDDEN,
-            reason="csrf",
-        )
+def safe_next(target: str | None) -> str:
+    """`target` if it is a path on this server (`/tasks?state=x`), else HOME: a login never redirects off-site.
+
+    Refused: absolute URLs, scheme-relative `//host`, backslashes (`/\\host`, which browsers read as `//`),
+    control characters and whitespace, and the login and logout pages themselves."""
+    text = target or ""
+    if (
+        not text.startswith("/")
+        or text.startswith("//")
+        or "\\" in text
+        or any(ord(c) < 0x21 or ord(c) == 0x7F for c in text)
+    ):
+        return HOME
+    parts = urlsplit(text)
+    if parts.scheme or parts.netloc or parts.path in ("/login", "/logout"):
+        return HOME
+    return text
+
+
+@contextmanager
+def flashed(session: Session, done: str) -> Iterator[None]:
+    """Around a page command: what happened goes to the session's flash, shown by the page redirected to. A
+    refusal is shown there too (with its code), so the answer to every command is a redirect (Post/Redirect/Get)
+    and a reload never sends it again; a server failure (5xx) is still the error page."""
+    try:
+        yield
+    except RailyardError as error:
+        if status_for(error) >= 500:
+            raise
+        session.flash(Flash("refused", error.message, str(error.code)))
+    else:
+        session.flash(Flash("done", done))
 
 
 @pages.get("/")
 def home() -> Response:
-    return RedirectResponse("/inbox", status_code=303)
+    return RedirectResponse(HOME, status_code=303)
 
 
-@pages.get("/login", response_class=HTMLResponse)
-def login_page(request: Request, ctx: Ctx) -> Response:
+def _login_form(request: Request, ctx: Ctx, status: int, next_path: str, error: str | None) -> Response:
     cookie, csrf = ctx.signer.login()
-    response = render(request, "login.html", session=None, csrf=csrf, error=None)
+    response = render(request, "login.html", status, session=None, csrf=csrf, error=error, next=next_path)
     _cookie(response, ctx, LOGIN_COOKIE, cookie, LOGIN_SECONDS)
     return response
 
 
-@pages.post("/login")
-def login(request: Request, ctx: Ctx, token: Annotated[str, Form(max_length=500)], csrf: Csrf) -> Response:
-    if not same_token(ctx.signer.read_login(request.cookies.get(LOGIN_COOKIE)), csrf):
+@pages.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, ctx: Ctx, next: Annotated[str, Query(max_length=2000)] = "") -> Response:
+    return _login_form(request, ctx, 200, safe_next(next), None)
+
+
+async def login_post(request: Request) -> None:
+    """The login form's checks before its fields: this server's origin, and the login cookie's CSRF token."""
+    refuse_foreign(request)
+    presented = (await request.form()).get("csrf")
+    expected = context(request).signer.read_login(request.cookies.get(LOGIN_COOKIE))
+    if not same_token(expected, presented if isinstance(presented, str) else None):
         raise Refused("the login form expired: reload the page and try again", code=Code.FORBIDDEN, reason="csrf")
-    principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
-    if principal is None:
-        cookie, fresh = ctx.signer.login()
-        again = render(
-            request, "login.html", 401, session=None, csrf=fresh, error="That token is not one this server knows."
-        )
-        _cookie(again, ctx, LOGIN_COOKIE, cookie, LOGIN_SECONDS)
+
+
+@pages.post("/login", dependencies=[Depends(login_post)])
+def login(
+    request: Request,
+    ctx: Ctx,
+    token: Annotated[str, Form(max_length=500)],
+    user: Annotated[str, Form(max_length=200, pattern=TEXT_PATTERN)] = "",
+    next: Next = "",
+) -> Response:
+    """A failed login answers the form again (401, or 429 LOGIN_THROTTLED with Retry-After): it changed nothing
+    but the failure count, so a reload only tries again. A login redirects (303) to where it was asked for."""
+    address = request.client.host if request.client is not None else None
+    named = user.strip() or None
+    target = safe_next(next)
+    wait = ctx.throttle.retry_after(address=address, account=named)
+    principal = None
+    if wait is None:
+        principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
+        if principal is None or named not in (None, principal.actor):  # unknown, or someone else's token
+            ctx.throttle.failed(address=address, account=named)
+            return _login_form(request, ctx, 401, target, "That name and token are not one this server knows.")
+        wait = ctx.throttle.retry_after(address=None, account=principal.actor)
+    if wait is not None or principal is None:
+        refusal = throttled(wait or 1)
+        again = _login_form(request, ctx, 429, target, f"{refusal.message} ({refusal.code}).")
+        again.headers["Retry-After"] = str(wait or 1)
         return again
-    session_cookie, _data = ctx.signer.session(principal.token_hash)
-    response = RedirectResponse("/inbox", status_code=303)
-    _cookie(response, ctx, SESSION_COOKIE, session_cookie, SESSION_SECONDS)
+    ctx.throttle.succeeded(account=principal.actor)
+    cookie, _row = ctx.sessions.open(principal)
+    response = RedirectResponse(target, status_code=303)
+    _cookie(response, ctx, SESSION_COOKIE, cookie, SESSION_SECONDS)
     response.delete_cookie(LOGIN_COOKIE, path="/")
     return response
 
 
 @pages.post("/logout")
-def logout(session: PageSession, csrf: Csrf) -> Response:
-    _check_csrf(session, csrf)
+def logout(ctx: Ctx, session: PagePost) -> Response:
+    """Ends the session in the database: this cookie, and every copy of it, stops working now."""
+    ctx.sessions.end(session.row)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
@@ -497,22 +674,29 @@ def tasks_page(
     request: Request,
     ctx: Ctx,
     session: PageSession,
-    workflow: Annotated[str, Query(pattern=f"^$|{NAME_PATTERN}")] = "",
-    state: Annotated[str, Query(pattern=f"^$|{STATE_PATTERN}")] = "",
-    status: Annotated[str, Query(pattern="^(|runnable|blocked|terminal)$")] = "",
+    workflow: WorkflowFilter = "",
+    state: State = "",
+    status: StatusFilter = "",
+    started_by: StartedBy = "",
+    created_from: CreatedFrom = "",
+    created_to: CreatedTo = "",
+    q: Search = "",
+    cursor: Cursor = "",
 ) -> Response:
-    found = list_tasks(ctx.engine.store, TaskFilter(workflow or None, state or None, status or None, 200))
-    names = list(dict.fromkeys(wf.name for wf in ctx.engine.registry))
-    states = sorted({s.name for wf in ctx.engine.registry for s in wf.all_states})
+    where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, PAGE_SIZE)
+    found = list_tasks(ctx.engine, where)
+    chosen = {k: v for k, v in asdict(where).items() if k not in ("cursor", "limit")}
     return render(
         request,
         "tasks.html",
         session=session,
-        tasks=found,
-        workflows=names,
-        states=states,
+        found=found,
+        workflows=list(dict.fromkeys(wf.name for wf in ctx.engine.registry)),
+        states=public_states(ctx.engine.registry),
         statuses=[str(s) for s in Status],
-        chosen={"workflow": workflow, "state": state, "status": status},
+        chosen=chosen,
+        first=list_link("/tasks", chosen) if cursor else None,
+        next=next_link("/tasks", chosen, found.next_cursor),
     )
 
 
@@ -522,51 +706,46 @@ def task_page_view(
     task_id: TaskId,
     ctx: Ctx,
     session: PageSession,
-    done: Annotated[str, Query(pattern="^(|approved|rejected)$")] = "",
     internal: Annotated[bool, Query(description="Draw internal states (`~force`, `~handoff`) apart.")] = False,
 ) -> Response:
     page = task_page(ctx.engine, task_id, session.principal, internal=internal)
-    return render(request, "task.html", session=session, page=page, done=done)
+    return render(request, "task.html", session=session, page=page)
 
 
 @pages.post("/tasks/{task_id}/approve")
 def approve_page(
-    request: Request,
     task_id: TaskId,
     ctx: Ctx,
-    session: PageSession,
-    csrf: Csrf,
+    session: PagePost,
     digest: Annotated[str, Form(max_length=64)] = "",
     comment: Annotated[str, Form(max_length=2000)] = "",
     seq: Seq = None,
 ) -> Response:
-    _check_csrf(session, csrf)
-    require_writer(session.principal)
-    pre = precondition(None, seq)
-    with acting_on(ctx.engine, task_id, pre):
-        ctx.engine.approve(
-            task_id,
-            actor=session.principal.actor,
-            prepared_digest=digest or None,
-            comment=comment,
-            expected_seq=pre.expected_seq,
-        )
-    return RedirectResponse(f"/tasks/{task_id}?done=approved", status_code=303)
+    with flashed(session, "Your decision (approved) is recorded."):
+        require_writer(session.principal)
+        pre = precondition(None, seq)
+        with acting_on(ctx.engine, task_id, pre):
+            ctx.engine.approve(
+                task_id,
+                actor=session.principal.actor,
+                prepared_digest=digest or None,
+                comment=comment,
+                expected_seq=pre.expected_seq,
+            )
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
 
 
 @pages.post("/tasks/{task_id}/reject")
 def reject_page(
-    request: Request,
     task_id: TaskId,
     ctx: Ctx,
-    session: PageSession,
-    csrf: Csrf,
+    session: PagePost,
     reason: Annotated[str, Form(min_length=1, max_length=2000)],
     seq: Seq = None,
 ) -> Response:
-    _check_csrf(session, csrf)
-    require_writer(session.principal)
-    pre = precondition(None, seq)
-    with acting_on(ctx.engine, task_id, pre):
-        ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
-    return RedirectResponse(f"/tasks/{task_id}?done=rejected", status_code=303)
+    with flashed(session, "Your decision (rejected) is recorded."):
+        require_writer(session.principal)
+        pre = precondition(None, seq)
+        with acting_on(ctx.engine, task_id, pre):
+            ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)

@@ -111,6 +111,20 @@ class SettleRequest(_Request):
     expected_seq: int | None = _expected_seq()
 
 
+class ForkRequest(_Request):
+    at_seq: int = Field(ge=1, le=MAX_SEQ, description="The seq of the source's event the fork starts after.")
+    reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the fork's first event.")
+    version: int | None = Field(
+        default=None, ge=1, le=MAX_SEQ, description="The version it runs on; the newest if omitted."
+    )
+
+
+class RedriveRequest(_Request):
+    to_state: str = Field(pattern=STATE_PATTERN, description="An agent or tool state the task was in before.")
+    reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the log.")
+    expected_seq: int | None = _expected_seq()
+
+
 class ErrorBody(BaseModel):
     code: str | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
     message: str
@@ -163,6 +177,22 @@ class TaskSummary(BaseModel):
     seq: int
     created_at: str
     updated_at: str
+    started_by: str = Field(description="The actor who started the task.")
+    fields: dict[str, str] = Field(
+        description="The task's searchable input fields (the workflow's `searchable`), e.g. its customer id."
+    )
+
+
+class _Page(BaseModel):
+    limit: int = Field(description="The page size this answer used: at most this many items.")
+    next_cursor: str | None = Field(
+        description="Opaque: pass it as `cursor` (with the same filters) for the next page; null on the last page."
+    )
+    next: str | None = Field(description="The next page's path and query, ready to GET; null on the last page.")
+
+
+class TaskPage(_Page):
+    tasks: list[TaskSummary] = Field(description="Newest first, by creation time then task id.")
 
 
 class EventBody(BaseModel):
@@ -189,6 +219,10 @@ class PendingApproval(BaseModel):
     digest: str | None
     input: dict[str, Any]
     decisions: list[str]
+
+
+class ApprovalPage(_Page):
+    approvals: list[PendingApproval] = Field(description="Oldest first, by creation time then task id.")
 
 
 class WorkflowVersion(BaseModel):
@@ -263,6 +297,8 @@ _STATUS: dict[Code, int] = {
     Code.TOOL_FORBIDDEN: 403,
     # No actor: a missing or unknown bearer token (or session). Every write names its actor; so does every read here.
     Code.ACTOR_REQUIRED: 401,
+    # Too many failed page logins from an address or for an account: try again after Retry-After.
+    Code.LOGIN_THROTTLED: 429,
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
     Code.DIGEST_TOO_SHORT: 422,
@@ -270,6 +306,9 @@ _STATUS: dict[Code, int] = {
     Code.DOMAIN_INVALID: 422,
     Code.IDENTITY_OVERRIDE: 422,
     Code.MIGRATION_INVALID: 422,
+    Code.FORK_INVALID: 422,
+    Code.REDRIVE_INVALID: 422,
+    Code.WRITE_WOULD_REPEAT: 409,
     Code.TOOL_ARGUMENT_INVALID: 422,
     Code.TOOL_NOT_ALLOWED: 422,
     Code.TOOL_NOT_FOUND: 422,
@@ -316,6 +355,8 @@ _STATUS: dict[Code, int] = {
     Code.ILLEGAL_TRANSITION: 500,
     Code.INTENT_UNSETTLED: 500,
     Code.OUTCOME_WITHOUT_INTENT: 500,
+    Code.FORK_ORIGIN_MISMATCH: 500,
+    Code.FORK_ORIGIN_MISSING: 500,
     Code.STATE_MISMATCH: 500,
     Code.SNAPSHOT_MISMATCH: 500,
     Code.ARCHIVE_MISSING: 500,

@@ -8,7 +8,7 @@ text, and stays text: the Jinja2 environment autoescapes every template,
 whatever its name, and no template marks anything `|safe`.
 
 The display functions are pure. The task list reads the heads of the logs
-(`Store.recent`, one bounded round trip, newest first), never the events. The
+(`Store.list_tasks`, one keyset page, newest first), never the events. The
 diagrams are `CompiledMachine.graph(visits=...)`: each edge a task took is
 labelled with how often and drawn, with the states it touches, in the
 "previous" style; the pages show the Mermaid source as text (no renderer runs
@@ -21,31 +21,36 @@ answer is the one that counts.
 
 from __future__ import annotations
 
+import base64
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from fastapi import Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 from pydantic import BaseModel
 
+from engine.api.auth import Flash, Session, current_session
 from engine.api.route import Visit, task_route, visits_of
+from engine.api.schemas import TASK_ID_PATTERN
 from engine.api.tokens import Principal
 from engine.audit.reads import path_visits
 from engine.core.approvals import decision_role, pending_view, self_approval
 from engine.core.definition import Approval, Workflow
+from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import TaskState
 from engine.core.payloads import event_code
 from engine.core.summary import compact, summarise
 from engine.runtime.engine import Engine, TaskView
-from engine.store import Store
+from engine.store.protocol import TaskQuery
 
 # -- values in display form ------------------------------------------------------------------------
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
@@ -229,16 +234,34 @@ def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
     return Reason(argument, text, proposing.actor, proposing.seq)
 
 
-# -- the task list ---------------------------------------------------------------------------------
+# -- the task lists --------------------------------------------------------------------------------
+#: The page size of the task lists unless `limit` says otherwise, and the most a page may hold.
+PAGE_SIZE = 50
 MAX_LIMIT = 500
+#: What a search box entry must look like to be tried as a task id prefix too (task ids are UUIDs).
+_ID_PREFIX = re.compile(r"^[0-9a-fA-F-]{1,36}$")
+_CURSOR_PREFIX = "t1."
+#: What separates a state from its generated sub-states (`S~force`, `S~handoff`, `S~provider_error`).
+SUBSTATE = "~"
 
 
 @dataclass(frozen=True, slots=True)
 class TaskFilter:
+    """A task list request as the API and the page take it: every value as the caller sent it."""
+
     workflow: str | None = None
+    #: A public state matches its internal `~` sub-states too; a state named with `~` matches only itself.
     state: str | None = None
     status: str | None = None
-    limit: int = 100
+    started_by: str | None = None
+    #: A date (`2026-12-01`, UTC) or an ISO 8601 date-time: created at or after it.
+    created_from: str | None = None
+    #: A date: created on or before that day; a date-time: created before it.
+    created_to: str | None = None
+    #: A task id prefix, or the whole value of a searchable input field (a customer id, an order id).
+    q: str | None = None
+    cursor: str | None = None
+    limit: int = PAGE_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,16 +274,104 @@ class ListedTask:
     seq: int
     created_at: str
     updated_at: str
+    started_by: str
+    fields: dict[str, str]
 
 
-def list_tasks(store: Store, where: TaskFilter) -> list[ListedTask]:
-    rows = store.recent(
-        workflow=where.workflow, state=where.state, status=where.status, limit=max(1, min(where.limit, MAX_LIMIT))
+@dataclass(frozen=True, slots=True)
+class TaskList:
+    tasks: list[ListedTask]
+    limit: int
+    #: The cursor of the next page (None: this is the last one).
+    next_cursor: str | None
+
+
+def encode_cursor(task_id: str) -> str:
+    """Opaque to clients: the id of a page's last task, so the next page starts after it."""
+    return _CURSOR_PREFIX + base64.urlsafe_b64encode(task_id.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> str:
+    refused = Refused("the cursor is not one this server gave: start from the first page", code=Code.PAYLOAD_INVALID)
+    if not cursor.startswith(_CURSOR_PREFIX) or len(cursor) > 200:
+        raise refused
+    text = cursor.removeprefix(_CURSOR_PREFIX)
+    try:
+        task_id = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise refused from None
+    if not re.fullmatch(TASK_ID_PATTERN, task_id):
+        raise refused
+    return task_id
+
+
+def parse_when(text: str | None, *, end: bool) -> datetime | None:
+    """A filter bound in UTC: a date is its midnight (for `end`, the next day's); a naive date-time is UTC."""
+    if text is None or not text.strip():
+        return None
+    value = text.strip()
+    try:
+        if len(value) == 10:
+            day = date.fromisoformat(value)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC) + (timedelta(days=1) if end else timedelta())
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise Refused(
+            f"{value[:40]!r} is not a date (2026-12-01) or an ISO 8601 date-time", code=Code.PAYLOAD_INVALID
+        ) from None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def public_states(registry: Iterable[Workflow]) -> list[str]:
+    """The states people filter by: the declared ones (and `cancelled`, `limit_exceeded`), no internal `~` ones."""
+    return sorted({s.name for wf in registry for s in wf.states})
+
+
+def states_of(registry: Iterable[Workflow], state: str) -> tuple[str, ...]:
+    """A public state and its internal sub-states (`S~force`, ...): a task in one of them is, to a person, in S."""
+    if SUBSTATE in state:
+        return (state,)
+    inner = {s.name for wf in registry for s in wf.all_states if s.name.startswith(state + SUBSTATE)}
+    return (state, *sorted(inner))
+
+
+def list_tasks(engine: Engine, where: TaskFilter) -> TaskList:
+    """One page of tasks, newest first; one keyset query (and one for the page's fields) however many exist."""
+    limit = max(1, min(where.limit, MAX_LIMIT))
+    after = decode_cursor(where.cursor) if where.cursor else None
+    if after is not None and engine.store.row(after) is None:
+        raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
+    q = (where.q or "").strip()
+    query = TaskQuery(
+        workflow=where.workflow or None,
+        states=states_of(engine.registry, where.state) if where.state else (),
+        status=where.status or None,
+        started_by=(where.started_by or "").strip() or None,
+        created_from=parse_when(where.created_from, end=False),
+        created_before=parse_when(where.created_to, end=True),
+        id_prefix=q.lower() if _ID_PREFIX.match(q) else None,
+        field_value=q or None,
+        after=after,
+        limit=limit + 1,
     )
-    return [
-        ListedTask(r.task_id, r.workflow, r.version, r.state, r.status, r.seq, when(r.created_at), when(r.updated_at))
-        for r in rows
+    rows = engine.store.list_tasks(query)
+    shown = [
+        ListedTask(
+            t.row.task_id,
+            t.row.workflow,
+            t.row.version,
+            t.row.state,
+            t.row.status,
+            t.row.seq,
+            when(t.row.created_at),
+            when(t.row.updated_at),
+            t.started_by,
+            t.fields,
+        )
+        for t in rows[:limit]
     ]
+    more = len(rows) > limit
+    return TaskList(shown, limit, encode_cursor(shown[-1].task_id) if more and shown else None)
 
 
 # -- diagrams --------------------------------------------------------------------------------------
@@ -309,6 +420,13 @@ class ApprovalView:
     decisions: list[str]
     can_decide: bool
     why_not: str | None = None
+
+    @property
+    def subject(self) -> str:
+        """What a decision is about, for the buttons' accessible names: "refund of 40.00 EUR for task 1d1b2c3d…"."""
+        money = next((a.text for a in self.arguments if a.money), None)
+        what = self.workflow.partition("@")[0].replace("_", " ") + (f" of {money}" if money else "")
+        return f"{what} for task {self.task_id[:8]}…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,5 +527,43 @@ _env = jinja2.Environment(
 templates = Jinja2Templates(env=_env)
 
 
+_TASK_PATH = re.compile(r"^/tasks/([A-Za-z0-9][A-Za-z0-9_.:-]{0,63})/")
+
+
+def back_to(path: str) -> str | None:
+    """The page an error page links back to: the task a refused form (`/tasks/ID/approve`) was about."""
+    found = _TASK_PATH.match(path)
+    return f"/tasks/{found.group(1)}" if found else None
+
+
 def render(request: Request, name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+    """A page. A GET shows the session's flash message (and clears it); an error page keeps the header of the
+    session it was shown in and links back to the page it came from."""
+    if name == "error.html":
+        if values.get("session") is None:
+            values["session"] = _session_or_none(request)
+        values.setdefault("back", back_to(request.url.path))
+    session = values.get("session")
+    if "flash" not in values:
+        values["flash"] = session.take_flash() if isinstance(session, Session) and request.method == "GET" else None
     return templates.TemplateResponse(request, name, values, status_code=status_code)
+
+
+def refused_command(request: Request, code: str, message: str) -> Response | None:
+    """A page command refused after its origin and CSRF checks passed (its fields did not validate): the refusal
+    goes to the session's flash and the answer is a redirect to the task, like every other command's (None: not
+    a page command of a session, answer with the error page)."""
+    back = back_to(request.url.path)
+    session = _session_or_none(request) if request.method == "POST" and back is not None else None
+    if session is None or back is None:
+        return None
+    session.flash(Flash("refused", message, code))
+    return RedirectResponse(back, status_code=303)
+
+
+def _session_or_none(request: Request) -> Session | None:
+    """The session of a request being answered with an error: none if it has none, or the store is what failed."""
+    try:
+        return current_session(request)
+    except (RailyardError, AttributeError, KeyError):
+        return None

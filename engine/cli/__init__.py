@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from engine.cli import admin, approvals, audit, tasks, workers
+from engine.cli import admin, approvals, audit, forks, tasks, workers
 from engine.cli.checkpoints import checkpoint_app
 from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
@@ -49,6 +49,8 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("cancel", tasks.cancel),
     ("settle", tasks.settle),
     ("migrate", tasks.migrate),
+    ("fork", forks.fork),
+    ("redrive", forks.redrive),
     ("approvals", approvals.approvals),
     ("approve", approvals.approve),
     ("reject", approvals.reject),

@@ -11,7 +11,7 @@ caught.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
@@ -83,6 +83,11 @@ LIMIT = "limit"
 LIMIT_STATE = "limit_exceeded"
 #: An operator moved the task to another version of its workflow (`Engine.migrate`); the event names both.
 MIGRATE = "migrate"
+#: The first event of a task forked from another task's log at a seq (`Engine.fork`): it names the source, the
+#: seq and the hash there, and carries the state as of that seq. Not `start`: a start folds from the input alone.
+FORK = "fork"
+#: An operator sent a handed-off or limit-state task back to a state it visited (`Engine.redrive`).
+REDRIVE = "redrive"
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,8 @@ HANDOFF_SUFFIX = "~handoff"
 PROVIDER_ERROR_SUFFIX = "~provider_error"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+#: The longest value of a searchable input field that the task lists keep (`Workflow.search_values`).
+SEARCH_VALUE_LENGTH = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +433,12 @@ class Workflow:
     effect_after_cancel: str | None = None
     #: Who may record what they verified about a write whose outcome is unknown (`settle`); default `cancel_role`.
     settle_role: str | None = None
+    #: Input fields people look tasks up by (a customer id, an order id): the task lists show them and search them.
+    #: Presentation, not behaviour: not in the digest, so declaring them later needs no new version.
+    searchable: Sequence[str] = ()
+    #: Who may send a handed-off or limit-state task back to a state it visited (`redrive`); default `settle_role`,
+    #: else `cancel_role`.
+    redrive_role: str | None = None
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -440,6 +453,7 @@ class Workflow:
         if needs_limit and self.limit_state is None and not any(s.name == LIMIT_STATE for s in states):
             states.append(Wait(LIMIT_STATE, description="A budget ran out; a human decides (or cancels)."))
         object.__setattr__(self, "states", tuple(states))
+        object.__setattr__(self, "searchable", tuple(self.searchable))
         generated = [sub for s in states if type(s) is Agent for sub in agent_substates(s)]
         object.__setattr__(self, "_all", (*states, *generated))
         problems = _validate(self)
@@ -501,6 +515,15 @@ class Workflow:
         """The triggers a caller may fire in `state`, in declaration order (`system=True`: the engine's too)."""
         return [t for t in self.machine.triggers(state) if system or not all(a.system for a in self._table[(state, t)])]
 
+    def search_values(self, input: Mapping[str, Any] | None) -> dict[str, str]:
+        """The searchable fields of a task's `input` that hold a value, as text: what the task lists index."""
+        out: dict[str, str] = {}
+        for name in self.searchable:
+            value = (input or {}).get(name)
+            if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+                out[name] = str(value)[:SEARCH_VALUE_LENGTH]
+        return out
+
     def transitions(self) -> Iterable[tuple[str, Action]]:
         """Every (source, action) pair, built-ins included."""
         for (source, _trigger), actions in self._table.items():
@@ -523,7 +546,22 @@ class Workflow:
             # Added later: present only when set, so the digests of definitions that do not use them stay put.
             **({"effect_after_cancel": self.effect_after_cancel} if self.effect_after_cancel else {}),
             **({"settle_role": self.settle_role} if self.settle_role else {}),
+            **({"redrive_role": self.redrive_role} if self.redrive_role else {}),
         }
+
+    def redrive_sources(self) -> frozenset[str]:
+        """The states an operator may `redrive` from: where the engine hands a task to a person because its agent
+        or tool states could not go on (an agent's hand-off and provider-error states, a state named as an
+        agent's `on_exhausted`, the limit state). Approval and other wait states have their own triggers."""
+        out = {self.limit_state or LIMIT_STATE}
+        for state in self.states:
+            if isinstance(state, Agent):
+                out.update({state.exhausted_target, f"{state.name}{PROVIDER_ERROR_SUFFIX}"})
+        return frozenset(n for n in out if n in self._by_name and self._by_name[n].kind is not StateKind.TERMINAL)
+
+    def redrive_targets(self) -> frozenset[str]:
+        """The states a `redrive` may lead to: the declared agent and tool states."""
+        return frozenset(s.name for s in self.states if s.kind in (StateKind.AGENT, StateKind.TOOL))
 
 
 def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
@@ -593,6 +631,10 @@ def _validate(wf: Workflow) -> list[str]:
         problems.append(f"version {wf.version!r} must be an integer >= 1")
     if wf.input is not None and not _forbids_extra(wf.input):
         problems.append(f"input model {wf.input.__name__} must set extra='forbid'")
+    fields = set(wf.input.model_fields) if wf.input is not None else set()
+    problems.extend(
+        f"searchable field {n!r} is not a field of the input model" for n in wf.searchable if n not in fields
+    )
     for budget in ("tokens", "state_tokens"):
         cap = getattr(wf.budgets, budget)
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
@@ -693,6 +735,8 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
         RECONCILE,
         LIMIT,
         MIGRATE,
+        FORK,
+        REDRIVE,
         CANCEL_REQUESTED,
         SETTLE,
     }

@@ -277,6 +277,29 @@ class Code(StrEnum):
         "A migration to another version was refused: the same version, a state map naming states that do "
         "not exist, the task's current state not in the map, a terminal task, or no reason given.",
     )
+    # Forks and redrives (Engine.fork, Engine.redrive)
+    FORK_INVALID = (
+        "FORK_INVALID",
+        Category.TASK,
+        "A fork was refused: the seq is not in the source's log, the state there is terminal (nothing would run),"
+        " the target version lacks that state or fails the checks `migrate` makes, or no reason was given. The"
+        " source is unchanged and no task was created.",
+    )
+    REDRIVE_INVALID = (
+        "REDRIVE_INVALID",
+        Category.TASK,
+        "A redrive was refused: the task is not in a hand-off or limit state, the target is not an agent or tool"
+        " state the task has visited, a tool target has no prepared call for its tool, or no reason was given;"
+        " the log is unchanged.",
+    )
+    WRITE_WOULD_REPEAT = (
+        "WRITE_WOULD_REPEAT",
+        Category.TOOL,
+        "A fork or redrive was refused because it could make a write a second time: a write's outcome is open"
+        " there, or the log after that point holds a write that executed or may have (or, for a fork, a write"
+        " the still-running source may yet make). The message names the tool, the action id and the seq; fork"
+        " or redrive after that write's outcome is on record.",
+    )
     # Configuration and callers
     CONFIG_INVALID = (
         "CONFIG_INVALID",
@@ -326,6 +349,12 @@ class Code(StrEnum):
         Category.CALLER,
         "Every write names the actor who made it; an empty or over-long actor is refused.",
     )
+    LOGIN_THROTTLED = (
+        "LOGIN_THROTTLED",
+        Category.CALLER,
+        "Too many failed logins to the pages from this address or for this account: every login from it (or to"
+        " it) is refused until the window in Retry-After has passed, even with a valid token.",
+    )
     # The store
     SCHEMA_MISSING = (
         "SCHEMA_MISSING",
@@ -367,6 +396,18 @@ class Code(StrEnum):
         Category.INTEGRITY,
         "Replay found a write's outcome (succeeded or unknown) for an action id whose intent the log "
         "never recorded: the call was made outside the protocol, or its intent was removed.",
+    )
+    FORK_ORIGIN_MISMATCH = (
+        "FORK_ORIGIN_MISMATCH",
+        Category.INTEGRITY,
+        "Replay found a fork whose first event does not match its source: the source's log holds another hash"
+        " at the seq the fork names, or the state the fork carries is not the source's state as of that seq.",
+    )
+    FORK_ORIGIN_MISSING = (
+        "FORK_ORIGIN_MISSING",
+        Category.INTEGRITY,
+        "Replay found a fork whose source task is gone from the database and its archives (or ends before the"
+        " seq the fork names): where the fork came from cannot be proven.",
     )
     STATE_MISMATCH = (
         "STATE_MISMATCH",

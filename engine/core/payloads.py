@@ -163,11 +163,50 @@ class ApprovalRecord(TypedDict):
     digest: Annotated[str | None, Doc("the prepared call's digest they decided on")]
 
 
+class ForkOrigin(TypedDict):
+    """Where a fork came from: replay checks the source still holds this hash at this seq."""
+
+    task_id: Annotated[str, Doc("the source task")]
+    seq: Annotated[int, Doc("the seq of the source's event the fork starts after")]
+    hash: Annotated[str, Doc("that event's hash")]
+    workflow: Annotated[str, Doc("the `name@version` the source was on at that seq")]
+    digest: Annotated[str, Doc("that version's digest")]
+
+
+class Carried(TypedDict):
+    """The source's state as of the fork's seq, as its fold says (replay folds the source and compares)."""
+
+    state: Annotated[str, Doc("the state the source was in, where the fork starts")]
+    facts: Annotated[dict[str, Any], Doc("the accumulated context guards read")]
+    visit: Annotated[dict[str, Any], Doc("the current visit (an agent's conversation and repairs, a tool's attempts)")]
+    prepared: Annotated[PreparedCallData | None, Doc("the newest prepared call")]
+    prepared_by: Annotated[str | None, Doc("who proposed it")]
+    usage: Annotated[dict[str, Any], Doc("the budget counters")]
+    effect: Annotated[dict[str, Any] | None, Doc("the newest write and what it came to")]
+    started_by: Annotated[str, Doc("who started the source (separation of duties holds in the fork too)")]
+
+
 class _StepKeys(TypedDict, total=False):
     # start
-    workflow: Annotated[str, Doc("the `name@version` the task is pinned to", "`start`")]
-    digest: Annotated[str, Doc("that version's digest", "`start`")]
-    input: Annotated[dict[str, Any], Doc("the task's input, validated by the workflow's input model", "`start`")]
+    workflow: Annotated[str, Doc("the `name@version` the task is pinned to", "`start`, `fork`")]
+    digest: Annotated[str, Doc("that version's digest", "`start`, `fork`")]
+    input: Annotated[
+        dict[str, Any], Doc("the task's input, validated by the workflow's input model", "`start`, `fork`")
+    ]
+    # fork and redrive (operators)
+    forked_from: Annotated[ForkOrigin, Doc("the source task, seq and hash the fork starts from", "`fork`")]
+    carried: Annotated[Carried, Doc("the source's state as of that seq", "`fork`")]
+    reset: Annotated[
+        dict[str, Any],
+        Doc(
+            "the budget counters the event starts again, with the values they had (`started_at`: the deadline's "
+            "start; on `redrive` also `turns`, `calls`, `repeats` and, with token budgets, the token counts)",
+            "`fork`, `redrive`",
+        ),
+    ]
+    redrive_from_seq: Annotated[
+        int, Doc("the seq of the event that last entered the state the task is sent back to", "`redrive`")
+    ]
     # an action of the workflow (fired by a person, a caller or the model)
     args: Annotated[
         dict[str, Any],
@@ -227,7 +266,7 @@ _MigrationKeys = TypedDict(
         "to_version": Annotated[int, Doc("the version it moved to", "`migrate`")],
         "to_digest": Annotated[str, Doc("that version's digest", "`migrate`")],
         "state_map": Annotated[dict[str, str], Doc("old state to new state, as the operator gave it", "`migrate`")],
-        "reason": Annotated[str, Doc("why, in the operator's words", "`migrate`")],
+        "reason": Annotated[str, Doc("why, in the operator's words", "`migrate`, `fork`, `redrive`")],
     },
     total=False,
 )
@@ -252,6 +291,8 @@ RECORDS: tuple[type, ...] = (
     Risk,
     Proposal,
     ApprovalRecord,
+    ForkOrigin,
+    Carried,
 )
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -26,7 +26,7 @@ from engine.core.errors import Code, StoreError
 from engine.core.events import Event, with_stored_data
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.store.decode import audit_data, stored_data
-from engine.store.protocol import AUDIT_PAGE, Wakeups, conflict
+from engine.store.protocol import AUDIT_PAGE, ListedTask, PageSession, TaskQuery, Wakeups, conflict
 
 log = logging.getLogger("railyard.store")
 
@@ -67,6 +67,8 @@ class _Task:
     archived_at: datetime | None = None
     archive_file: str | None = None
     archive_sha256: str | None = None
+    started_by: str = ""
+    fields: dict[str, str] = field(default_factory=dict)
     events: list[_Stored] = field(default_factory=list)
     snapshots: dict[int, tuple[str, str]] = field(default_factory=dict)
 
@@ -137,12 +139,14 @@ class MemoryStore:
         self._tasks: dict[str, _Task] = {}
         self._workers: dict[str, tuple[WorkerReport, str]] = {}  # a report and its counts as text
         self._checkpoints: list[tuple[Header, str]] = []
+        self._sessions: dict[str, tuple[PageSession, str | None]] = {}  # a session and its pending flash
+        self._login_failures: list[tuple[str, datetime]] = []
 
     def close(self) -> None:
         """Nothing to release: the data stays as long as the store object does."""
 
     # -- writes ---------------------------------------------------------
-    def create(self, row: TaskRow, first: Event) -> None:
+    def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
         with self._lock:
             if row.task_id in self._tasks or first.task_id != row.task_id:
                 raise _refused(f"task {row.task_id} exists")
@@ -158,6 +162,8 @@ class MemoryStore:
                 utc(row.created_at),
                 utc(row.updated_at),
                 _utc_or_none(row.next_run_at),
+                started_by=first.actor,
+                fields=dict(fields or {}),
             )
             task.events.append(_stored(first))
             self._tasks[row.task_id] = task
@@ -457,14 +463,31 @@ class MemoryStore:
         found.sort(key=lambda r: r.updated_at, reverse=True)  # stable: ties stay in task id order
         return found[: max(limit, 0)]
 
-    def blocked_in(self, states: Sequence[tuple[str, int, str]]) -> list[str]:
+    def list_tasks(self, query: TaskQuery) -> list[ListedTask]:
+        with self._lock:
+            found = [t for t in self._tasks.values() if _selected(t, query)]
+            if query.after is not None:
+                last = self._tasks.get(query.after)
+                cut = (last.created_at, last.task_id) if last is not None else None
+                found = [t for t in found if cut is not None and (t.created_at, t.task_id) < cut]
+            found.sort(key=lambda t: (t.created_at, t.task_id), reverse=True)
+            return [ListedTask(t.row(), t.started_by, dict(sorted(t.fields.items()))) for t in found[: query.limit]]
+
+    def blocked_in(
+        self, states: Sequence[tuple[str, int, str]], *, after: str | None = None, limit: int | None = None
+    ) -> list[str]:
         wanted = set(states)
         with self._lock:
             found = [
                 t for t in self._tasks.values() if t.status == "blocked" and (t.workflow, t.version, t.state) in wanted
             ]
+            if after is not None:
+                last = self._tasks.get(after)
+                cut = (last.created_at, last.task_id) if last is not None else None
+                found = [t for t in found if cut is not None and (t.created_at, t.task_id) > cut]
         found.sort(key=lambda t: (t.created_at, t.task_id))
-        return [t.task_id for t in found]
+        ids = [t.task_id for t in found]
+        return ids if limit is None else ids[: max(limit, 0)]
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:
         at = utc(at or now())
@@ -523,6 +546,61 @@ class MemoryStore:
             ordered = sorted(self._checkpoints, key=lambda c: (parse_instant(c[0].at), c[0].tree_size))
         return ordered[-1] if ordered else None
 
+    # -- page sessions --------------------------------------------------
+    def open_session(self, session: PageSession) -> None:
+        with self._lock:
+            for key, (kept, _) in list(self._sessions.items()):
+                if kept.expires_at <= session.created_at:
+                    del self._sessions[key]
+            if session.id_hash in self._sessions:
+                raise _refused("the session exists")
+            self._sessions[session.id_hash] = (
+                replace(session, created_at=utc(session.created_at), expires_at=utc(session.expires_at), flash=None),
+                session.flash,
+            )
+
+    def page_session(self, id_hash: str, at: datetime) -> PageSession | None:
+        with self._lock:
+            kept = self._sessions.get(id_hash)
+        return replace(kept[0], flash=kept[1]) if kept is not None and kept[0].expires_at > utc(at) else None
+
+    def end_session(self, id_hash: str) -> None:
+        with self._lock:
+            self._sessions.pop(id_hash, None)
+
+    def set_flash(self, id_hash: str, message: str) -> None:
+        with self._lock:
+            kept = self._sessions.get(id_hash)
+            if kept is not None:
+                self._sessions[id_hash] = (kept[0], message)
+
+    def take_flash(self, id_hash: str) -> str | None:
+        with self._lock:
+            kept = self._sessions.get(id_hash)
+            if kept is None:
+                return None
+            self._sessions[id_hash] = (kept[0], None)
+            return kept[1]
+
+    # -- failed logins --------------------------------------------------
+    def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
+        with self._lock:
+            kept = [(k, t) for k, t in self._login_failures if t >= utc(forget_before)]
+            self._login_failures = kept + [(k, utc(at)) for k in keys]
+
+    def login_failures(self, keys: Sequence[str], after: datetime) -> dict[str, list[datetime]]:
+        wanted = set(keys)
+        found: dict[str, list[datetime]] = {}
+        with self._lock:
+            for key, at in sorted(self._login_failures, key=lambda f: f[1]):
+                if key in wanted and at > utc(after):
+                    found.setdefault(key, []).append(at)
+        return found
+
+    def clear_login_failures(self, key: str) -> None:
+        with self._lock:
+            self._login_failures = [(k, t) for k, t in self._login_failures if k != key]
+
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:
         """Insert or refresh a worker's row; a refresh changes what a heartbeat changes, not who the worker is."""
@@ -577,6 +655,23 @@ def _insert(log: list[_Stored], e: _Stored) -> None:
 
 def _found(task: _Task | None) -> tuple[int, int] | None:
     return (task.seq, task.lease_epoch) if task is not None else None
+
+
+def _selected(t: _Task, q: TaskQuery) -> bool:
+    """Whether the task passes every filter of `q` (the SQL store's WHERE clause, in Python)."""
+    searched = bool(q.id_prefix) or bool(q.field_value)
+    found = bool(q.id_prefix and t.task_id.startswith(q.id_prefix)) or bool(
+        q.field_value and q.field_value in t.fields.values()
+    )
+    return (
+        (not q.workflow or t.workflow == q.workflow)
+        and (not q.states or t.state in q.states)
+        and (not q.status or t.status == q.status)
+        and (not q.started_by or t.started_by == q.started_by)
+        and (q.created_from is None or t.created_at >= utc(q.created_from))
+        and (q.created_before is None or t.created_at < utc(q.created_before))
+        and (not searched or found)
+    )
 
 
 def _utc_or_none(at: datetime | None) -> datetime | None:

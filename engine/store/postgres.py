@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Table
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import ColumnElement, Executable
 
 from engine.core.canonical import canonical_json, now, utc
 from engine.core.events import Event
@@ -278,3 +278,10 @@ def audit_session(
                     yield from rows
 
         yield (lambda sql, params: pg.execute(sql, params).fetchall()), stream
+
+
+# -- the task lists ----------------------------------------------------------------------------------
+def id_prefix(column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+    """LIKE 'prefix%', served by ix_tasks_task_id_pattern (varchar_pattern_ops) whatever the collation."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return column.like(escaped + "%", escape="\\")

@@ -10,7 +10,8 @@ optimistic concurrency: `engine.store.sql.SqlStore` over SQLite or PostgreSQL,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, Self
 
@@ -21,6 +22,54 @@ from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, Worke
 
 #: Audit reads: task rows per keyset page (what parallel replay hands to a job).
 AUDIT_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class TaskQuery:
+    """Which tasks a back-office list wants, newest first by (created_at, task_id): a keyset page of them.
+
+    Every filter given must hold. `id_prefix` and `field_value` are the search box: a task matches when its id
+    starts with `id_prefix` or one of its searchable input fields equals `field_value` (either, if both are
+    given). `after` is the id of the last task of the previous page: the page holds the tasks after it in that
+    order, so a task created meanwhile never shifts a page, and none is seen twice.
+    """
+
+    workflow: str | None = None
+    #: Any of these states (empty: any state).
+    states: Sequence[str] = ()
+    status: str | None = None
+    started_by: str | None = None
+    #: Created at or after this instant.
+    created_from: datetime | None = None
+    #: Created strictly before this instant.
+    created_before: datetime | None = None
+    id_prefix: str | None = None
+    field_value: str | None = None
+    after: str | None = None
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ListedTask:
+    """A task as the lists show it: its row, who started it, and its searchable input fields."""
+
+    row: TaskRow
+    started_by: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PageSession:
+    """A logged-in page session as the store keeps it: the cookie's id is never stored, only its SHA-256."""
+
+    id_hash: str
+    token_hash: str
+    actor: str
+    csrf: str
+    created_at: datetime
+    expires_at: datetime
+    #: The message waiting for the next page, as read with the session (`take_flash` clears it).
+    flash: str | None = None
 
 
 class Wakeups(Protocol):
@@ -42,8 +91,9 @@ class Store(Protocol):
     def close(self) -> None: ...
 
     # -- writes ---------------------------------------------------------
-    def create(self, row: TaskRow, first: Event) -> None:
-        """Insert a new task and its `start` event together, or neither."""
+    def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
+        """Insert a new task and its `start` event together, or neither; the first event's actor is its starter,
+        and `fields` are its searchable input fields (`Workflow.search_values`)."""
         ...
 
     def repin(
@@ -170,12 +220,53 @@ class Store(Protocol):
         """Task rows, most recently changed first, at most `limit`."""
         ...
 
-    def blocked_in(self, states: Sequence[tuple[str, int, str]]) -> list[str]:
-        """Blocked tasks standing in one of `states` (workflow, version, state), oldest first."""
+    def list_tasks(self, query: TaskQuery) -> list[ListedTask]:
+        """One keyset page of the tasks `query` selects, newest first by (created_at, task_id), at most `limit`."""
+        ...
+
+    def blocked_in(
+        self, states: Sequence[tuple[str, int, str]], *, after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Blocked tasks standing in one of `states` (workflow, version, state), oldest first by (created_at,
+        task_id); with `after` (a task id), only those after it in that order; at most `limit`."""
         ...
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:
         """Per workflow and status: how many tasks, how many of them leased, and the oldest due time."""
+        ...
+
+    # -- page sessions --------------------------------------------------
+    def open_session(self, session: PageSession) -> None:
+        """Keep a new page session (and forget the ones that expired before it was opened)."""
+        ...
+
+    def page_session(self, id_hash: str, at: datetime) -> PageSession | None:
+        """The session with this id hash, if it exists and has not expired at `at`."""
+        ...
+
+    def end_session(self, id_hash: str) -> None:
+        """Forget the session: every copy of its cookie stops working at once."""
+        ...
+
+    def set_flash(self, id_hash: str, message: str) -> None:
+        """The message the session's next page shows (replacing one not shown yet)."""
+        ...
+
+    def take_flash(self, id_hash: str) -> str | None:
+        """The session's pending message, cleared in the same step: it is shown once."""
+        ...
+
+    # -- failed logins --------------------------------------------------
+    def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
+        """Record one failed login at `at` under each key, and forget every failure before `forget_before`."""
+        ...
+
+    def login_failures(self, keys: Sequence[str], after: datetime) -> dict[str, list[datetime]]:
+        """The failures recorded under each key (that has any) after `after`, oldest first."""
+        ...
+
+    def clear_login_failures(self, key: str) -> None:
+        """Forget the failures recorded under `key` (a login to that account went through)."""
         ...
 
     # -- worker reports -------------------------------------------------

@@ -54,8 +54,17 @@ tasks = Table(
     Column("archived_at", DateTime(timezone=True), nullable=True),
     Column("archive_file", String(300), nullable=True),
     Column("archive_sha256", String(64), nullable=True),
-    Index("ix_tasks_status", "status"),
+    # Who started the task (the actor of its first event), for the lists' starter filter (migration 0008).
+    Column("started_by", String(200), nullable=False, server_default=""),
     Index("ix_tasks_workflow_version", "workflow", "version"),
+    # The task lists page newest first by (created_at, task_id), filtered or not (migration 0008).
+    Index("ix_tasks_created", "created_at", "task_id"),
+    Index("ix_tasks_status_created", "status", "created_at", "task_id"),
+    Index("ix_tasks_workflow_created", "workflow", "created_at", "task_id"),
+    Index("ix_tasks_started_by_created", "started_by", "created_at", "task_id"),
+    # A task id prefix search is `LIKE 'p%'`, which a PostgreSQL btree serves only with pattern ops when the
+    # database collation is not C; on SQLite it is a second index on task_id, written once per task.
+    Index("ix_tasks_task_id_pattern", "task_id", postgresql_ops={"task_id": "varchar_pattern_ops"}),
     # What a claim scans: the unfinished tasks by due time, however many finished ones the table holds.
     Index(
         "ix_tasks_due",
@@ -63,6 +72,43 @@ tasks = Table(
         postgresql_where=text("status <> 'terminal'"),
         sqlite_where=text("status <> 'terminal'"),
     ),
+)
+
+#: A task's searchable input fields (`Workflow.searchable`), written with the task: what the lists show and search.
+task_fields = Table(
+    "task_fields",
+    metadata,
+    Column("task_id", String(64), ForeignKey("tasks.task_id"), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("value", String(200), nullable=False),
+    Index("ix_task_fields_value", "value", "task_id"),
+)
+
+#: A page session per login: the cookie holds a random id, this row its SHA-256. Logout deletes the row, so a
+#: copied cookie stops working at once; `flash` is the one message the next page shows (then it is cleared).
+page_sessions = Table(
+    "page_sessions",
+    metadata,
+    Column("id_hash", String(64), primary_key=True),
+    Column("token_hash", String(64), nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("csrf", String(64), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("flash", Text, nullable=True),
+    Index("ix_page_sessions_expires_at", "expires_at"),
+)
+
+#: Failed page logins, one row per key a failure counts against (`account:NAME`, `address:IP`), so that every
+#: server process over the database applies the same limit; rows older than the window are forgotten.
+login_failures = Table(
+    "login_failures",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(300), nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Index("ix_login_failures_key_at", "key", "at"),
+    Index("ix_login_failures_at", "at"),
 )
 
 #: The append-only log. `data` is the canonical JSON text that was hashed, byte for byte.

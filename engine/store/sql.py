@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row, Table, case, delete, func, insert, select, tuple_, update
+from sqlalchemy import Connection, Row, Select, Table, case, delete, func, insert, select, tuple_, union_all, update
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import ColumnElement, Executable
 
 from engine.core.canonical import canonical_json, format_instant, now, parse_instant, utc
 from engine.core.checkpoints import Head, Header
@@ -31,8 +31,18 @@ from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, Worke
 from engine.store import postgres, sqlite
 from engine.store.database import connection_problem, make_engine, reading, writing
 from engine.store.decode import audit_data, audit_instant, read_instant, stored_data
-from engine.store.protocol import AUDIT_PAGE, conflict
-from engine.store.schema import archive_permits, checkpoints, events, snapshots, tasks, workers
+from engine.store.protocol import AUDIT_PAGE, ListedTask, PageSession, TaskQuery, conflict
+from engine.store.schema import (
+    archive_permits,
+    checkpoints,
+    events,
+    login_failures,
+    page_sessions,
+    snapshots,
+    task_fields,
+    tasks,
+    workers,
+)
 from engine.store.wakeups import Listener
 
 log = logging.getLogger("railyard.store")
@@ -90,6 +100,10 @@ class Dialect(Protocol):
 
     def audit_session(self, raw: Any) -> AbstractContextManager[tuple[FetchAll, Stream]]: ...
 
+    def id_prefix(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+        """`column` starts with `prefix`, in the form this database's index on the column serves."""
+        ...
+
 
 #: The dialect modules by SQLAlchemy's backend name.
 DIALECTS: dict[str, Dialect] = {"sqlite": sqlite, "postgresql": postgres}
@@ -114,11 +128,14 @@ class SqlStore:
         self.engine.dispose()
 
     # -- writes ---------------------------------------------------------
-    def create(self, row: TaskRow, first: Event) -> None:
-        """Insert a new task and its `start` event together, or neither."""
+    def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
+        """Insert a new task and its `start` event together, or neither; its starter and searchable fields too."""
         with self._errors(), self._writer() as conn:
-            conn.execute(insert(tasks).values(**_row_values(row)))
+            conn.execute(insert(tasks).values(**_row_values(row), started_by=first.actor))
             conn.execute(insert(events).values(**_event_values(first)))
+            if fields:
+                rows = [{"task_id": row.task_id, "name": k, "value": v} for k, v in fields.items()]
+                conn.execute(insert(task_fields), rows)
 
     def repin(
         self,
@@ -603,7 +620,56 @@ class SqlStore:
         with self._errors(), self._reader() as conn:
             return [_task_row(r) for r in conn.execute(query)]
 
-    def blocked_in(self, states: Sequence[tuple[str, int, str]]) -> list[str]:
+    def list_statement(self, query: TaskQuery) -> Select[Any]:
+        """The SELECT `list_tasks` runs (tests read its plan)."""
+        where: list[ColumnElement[bool]] = []
+        if query.workflow:
+            where.append(tasks.c.workflow == query.workflow)
+        if query.states:
+            where.append(tasks.c.state.in_(list(query.states)))
+        if query.status:
+            where.append(tasks.c.status == query.status)
+        if query.started_by:
+            where.append(tasks.c.started_by == query.started_by)
+        if query.created_from is not None:
+            where.append(tasks.c.created_at >= query.created_from)
+        if query.created_before is not None:
+            where.append(tasks.c.created_at < query.created_before)
+        found: list[Select[Any]] = []
+        if query.field_value:
+            found.append(select(task_fields.c.task_id).where(task_fields.c.value == query.field_value))
+        if query.id_prefix:
+            by_id = tasks.alias("by_id")
+            found.append(select(by_id.c.task_id).where(self.sql.id_prefix(by_id.c.task_id, query.id_prefix)))
+        if found:
+            where.append(tasks.c.task_id.in_(union_all(*found) if len(found) > 1 else found[0]))
+        if query.after is not None:
+            where.append(_keyset(query.after, before=True))
+        return (
+            select(tasks)
+            .where(*where)
+            .order_by(tasks.c.created_at.desc(), tasks.c.task_id.desc())
+            .limit(max(query.limit, 0))
+        )
+
+    def list_tasks(self, query: TaskQuery) -> list[ListedTask]:
+        """One keyset page, newest first: each filter is a column of an index that ends in (created_at, task_id),
+        so a page costs `limit` index entries however many tasks the table holds; a search starts from the
+        field values' index and the task id's pattern index instead, and sorts only what it found."""
+        statement = self.list_statement(query)
+        with self._errors(), self._reader() as conn:
+            rows = conn.execute(statement).all()
+            ids = [r.task_id for r in rows]
+            found: dict[str, dict[str, str]] = {}
+            if ids:
+                named = select(task_fields).where(task_fields.c.task_id.in_(ids)).order_by(task_fields.c.name)
+                for f in conn.execute(named):
+                    found.setdefault(f.task_id, {})[f.name] = f.value
+        return [ListedTask(_task_row(r), r.started_by, found.get(r.task_id, {})) for r in rows]
+
+    def blocked_in(
+        self, states: Sequence[tuple[str, int, str]], *, after: str | None = None, limit: int | None = None
+    ) -> list[str]:
         """Blocked tasks standing in one of `states` (workflow, version, state), oldest first: the approvals inbox
         reads these instead of loading every blocked task to find out where it stands."""
         if not states:
@@ -615,6 +681,10 @@ class SqlStore:
             )
             .order_by(tasks.c.created_at, tasks.c.task_id)
         )
+        if after is not None:
+            query = query.where(_keyset(after, before=False))
+        if limit is not None:
+            query = query.limit(max(limit, 0))
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
@@ -645,6 +715,73 @@ class SqlStore:
             }
             for r in rows
         ]
+
+    # -- page sessions --------------------------------------------------
+    def open_session(self, session: PageSession) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(delete(page_sessions).where(page_sessions.c.expires_at <= session.created_at))
+            conn.execute(
+                insert(page_sessions).values(
+                    id_hash=session.id_hash,
+                    token_hash=session.token_hash,
+                    actor=session.actor,
+                    csrf=session.csrf,
+                    created_at=session.created_at,
+                    expires_at=session.expires_at,
+                    flash=session.flash,
+                )
+            )
+
+    def page_session(self, id_hash: str, at: datetime) -> PageSession | None:
+        query = select(page_sessions).where(page_sessions.c.id_hash == id_hash, page_sessions.c.expires_at > at)
+        with self._errors(), self._reader() as conn:
+            r = conn.execute(query).first()
+        if r is None:
+            return None
+        return PageSession(r.id_hash, r.token_hash, r.actor, r.csrf, utc(r.created_at), utc(r.expires_at), r.flash)
+
+    def end_session(self, id_hash: str) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(delete(page_sessions).where(page_sessions.c.id_hash == id_hash))
+
+    def set_flash(self, id_hash: str, message: str) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(update(page_sessions).where(page_sessions.c.id_hash == id_hash).values(flash=message))
+
+    def take_flash(self, id_hash: str) -> str | None:
+        # Read and clear in one write transaction: two pages loading at once cannot both show it.
+        with self._errors(), self._writer() as conn:
+            message = conn.execute(
+                select(page_sessions.c.flash).where(page_sessions.c.id_hash == id_hash).with_for_update()
+            ).scalar()
+            if message is not None:
+                conn.execute(update(page_sessions).where(page_sessions.c.id_hash == id_hash).values(flash=None))
+        return message
+
+    # -- failed logins --------------------------------------------------
+    def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(delete(login_failures).where(login_failures.c.at < forget_before))
+            if keys:
+                conn.execute(insert(login_failures), [{"key": k, "at": at} for k in keys])
+
+    def login_failures(self, keys: Sequence[str], after: datetime) -> dict[str, list[datetime]]:
+        if not keys:
+            return {}
+        query = (
+            select(login_failures.c.key, login_failures.c.at)
+            .where(login_failures.c.key.in_(list(keys)), login_failures.c.at > after)
+            .order_by(login_failures.c.at, login_failures.c.id)
+        )
+        found: dict[str, list[datetime]] = {}
+        with self._errors(), self._reader() as conn:
+            for r in conn.execute(query):
+                found.setdefault(r.key, []).append(utc(r.at))
+        return found
+
+    def clear_login_failures(self, key: str) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(delete(login_failures).where(login_failures.c.key == key))
 
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:
@@ -737,6 +874,15 @@ def _store_error(orig: BaseException | None, dbapi: Any, url: str) -> StoreError
     if "no such table" in text or ("relation" in text and "does not exist" in text):
         return StoreError("the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING)
     return StoreError(f"database error ({type(orig).__name__})", code=Code.DATABASE_ERROR)
+
+
+def _keyset(after: str, *, before: bool) -> ColumnElement[bool]:
+    """Rows before (or after) task `after` in (created_at, task_id) order; its created_at is read by the same
+    statement, so a cursor is just a task id."""
+    created = select(tasks.c.created_at).where(tasks.c.task_id == after).scalar_subquery()
+    mine = tuple_(tasks.c.created_at, tasks.c.task_id)
+    theirs = tuple_(created, after)
+    return mine < theirs if before else mine > theirs
 
 
 def _row_values(row: TaskRow) -> dict[str, Any]:

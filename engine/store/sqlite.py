@@ -17,9 +17,9 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Table
+from sqlalchemy import Boolean, Table
 from sqlalchemy.dialects.sqlite import insert
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import ColumnElement, Executable
 
 from engine.core.canonical import canonical_json, now, utc
 from engine.core.events import Event
@@ -285,3 +285,10 @@ def audit_session(
         yield (lambda sql, params: cur.execute(sql, params).fetchall()), stream
     finally:
         cur.execute("ROLLBACK")
+
+
+# -- the task lists ----------------------------------------------------------------------------------
+def id_prefix(column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
+    """GLOB, not LIKE: it is case-sensitive, so SQLite serves it from the task id's index (LIKE it would scan)."""
+    escaped = "".join(f"[{c}]" if c in "*?[]" else c for c in prefix)
+    return column.op("GLOB", return_type=Boolean)(escaped + "*")

@@ -64,4 +64,7 @@ def truncate(url: str) -> None:
     with psycopg.connect(libpq(url), autocommit=True) as conn:
         # As the database's owner: the append-only guard (migration 0007) refuses TRUNCATE too.
         conn.execute("SET session_replication_role = replica")
-        conn.execute("TRUNCATE snapshots, events, tasks, workers, checkpoints, archive_permits")
+        conn.execute(
+            "TRUNCATE snapshots, events, task_fields, tasks, workers, checkpoints, archive_permits, page_sessions, "
+            "login_failures"
+        )

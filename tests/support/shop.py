@@ -183,6 +183,7 @@ def make_workflow(ledger: Ledger, budgets: Budgets | None = None) -> Workflow:
         name="shop_refund",
         version=1,
         input=ShopInput,
+        searchable=("customer",),
         tools=make_catalog(ledger),
         budgets=budgets or Budgets(),
         states=[
