@@ -17,7 +17,7 @@ import pytest
 from engine import Code, Event, RailyardError, migrations
 from engine.api.auth import LoginThrottle
 from engine.api.routes import safe_next
-from engine.api.tokens import TokenTable, hash_token, load_tokens, main, parse_tokens, toml_entry
+from engine.api.tokens import TokenTable, hash_token, load_tokens, parse_tokens, toml_entry
 from engine.api.views import display_arguments, format_money, model_reason
 from engine.core.payloads import as_event_data
 from engine.core.summary import summarise
@@ -73,9 +73,14 @@ def test_an_unreadable_tokens_file_is_a_config_error(tmp_path: Path) -> None:
     assert caught.value.code is Code.CONFIG_INVALID
 
 
-def test_the_token_helper_makes_a_token_and_its_entry(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["new", "--actor", "dana", "--role", "refund_approver"]) == 0
-    printed = capsys.readouterr().out
+def test_the_token_helper_makes_a_token_and_its_entry() -> None:
+    from typer.testing import CliRunner
+
+    from engine.cli import app
+
+    made = CliRunner().invoke(app, ["tokens", "new", "--actor", "dana", "--role", "refund_approver"])
+    assert made.exit_code == 0 and made.stderr == ""
+    printed = made.stdout
     token = printed.split(": ", 1)[1].split("\n", 1)[0]
     import tomllib
 

@@ -280,6 +280,7 @@ _STATUS: dict[Code, int] = {
     Code.CONCURRENCY_CONFLICT: 409,
     Code.LEASE_LOST: 409,
     Code.APPROVAL_STALE: 409,
+    Code.DIGEST_AMBIGUOUS: 409,
     Code.TASK_NOT_AWAITING_APPROVAL: 409,
     Code.TASK_TERMINAL: 409,
     Code.TRIGGER_NOT_ALLOWED: 409,
@@ -300,6 +301,8 @@ _STATUS: dict[Code, int] = {
     Code.LOGIN_THROTTLED: 429,
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
+    Code.DIGEST_TOO_SHORT: 422,
+    Code.USAGE_INVALID: 422,
     Code.DOMAIN_INVALID: 422,
     Code.IDENTITY_OVERRIDE: 422,
     Code.MIGRATION_INVALID: 422,
@@ -337,9 +340,14 @@ _STATUS: dict[Code, int] = {
     Code.DATABASE_ERROR: 503,
     Code.SCHEMA_MISSING: 503,
     Code.SCHEMA_NOT_AT_HEAD: 503,
+    Code.DATABASE_UNREACHABLE: 503,
+    Code.DATABASE_NOT_FOUND: 503,
     # The server is misconfigured, or a log does not hold together: the operator's problem, not the caller's.
     Code.MODEL_NOT_CONFIGURED: 500,
     Code.CONFIG_INVALID: 500,
+    Code.DATABASE_URL_INVALID: 500,
+    Code.DATABASE_FILE_INVALID: 500,
+    Code.UNEXPECTED_ERROR: 500,
     Code.DEFINITION_INVALID: 500,
     Code.INTERNAL_ERROR: 500,
     Code.HASH_MISMATCH: 500,
@@ -383,9 +391,19 @@ def status_for(error: RailyardError) -> int:
     return PreconditionFailed.status if isinstance(error, PreconditionFailed) else status_of(error.code)
 
 
+#: Codes whose message names the server's own infrastructure (a host, a database user, a path): an HTTP caller gets
+#: the code, the operator reads the message in the server log, where the store logged it.
+_OPERATOR_ONLY = frozenset(
+    {Code.DATABASE_URL_INVALID, Code.DATABASE_UNREACHABLE, Code.DATABASE_NOT_FOUND, Code.DATABASE_FILE_INVALID}
+)
+
+
 def error_body(error: RailyardError) -> dict[str, Any]:
     """`{code, message, details}`, the shape the CLI prints too."""
-    return error.to_dict()
+    body = error.to_dict()
+    if error.code in _OPERATOR_ONLY:
+        body["message"] = "the server cannot use its database (the server log says why)"
+    return body
 
 
 def validation_body(exc: ValidationError | Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from engine.audit.archive import (
 )
 from engine.audit.checkpoint import Taken
 from engine.audit.reads import AsOf, origin_check, replay_task, replay_tasks, state_as_of, task_logs, task_path
-from engine.core.approvals import DECISIONS, check_decision, pending_view
+from engine.core.approvals import DECISIONS, check_decision, full_digest, pending_view
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Head, Header, descends, extends
@@ -446,12 +446,23 @@ class Engine:
         definition = self.definition_of(task)
         if verdict == "reject" and digest is None and task.prepared:
             digest = task.prepared["digest"]
+        if digest is not None and task.prepared and digest != task.prepared["digest"]:
+            digest = full_digest(digest, task.prepared["digest"], self._prepared_digests(task.task_id))
         check = check_decision(definition, task, verdict, actor=actor, roles=roles, digest=digest, comment=comment)
         action = definition.candidates(task.state, check.trigger)[0]
         payload = _comment_payload(action.args, comment)
         decision = decide(definition, task, check.trigger, payload, actor=actor, roles=roles)
         decision = replace(decision, data={**decision.data, "approval": check.record})
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
+
+    def _prepared_digests(self, task_id: str) -> set[str]:
+        """Every call the task prepared, by digest: what a digest prefix must not also name."""
+        found = set()
+        for event in self.history(task_id):
+            prepared = event.data.get("prepared")
+            if isinstance(prepared, dict) and isinstance(prepared.get("digest"), str):
+                found.add(prepared["digest"])
+        return found
 
     def cancel(self, task_id: str, actor: str, reason: str, *, expected_seq: int | None = None) -> TaskState:
         """Stop the task: to `cancelled` from any non-terminal state, decided on the state it is in now.
