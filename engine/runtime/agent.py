@@ -82,6 +82,8 @@ class AgentRunner:
         #: As requested, except for a model that always thinks: the ladder, the memory and the event use this.
         self.thinking = self.profile.thinks(adapter.model, thinking)
         self.actor = f"model:{adapter.provider}:{adapter.model}"
+        #: Per task: a shape demoted on a refusal whose fields did not name it, shared once the next call is answered.
+        self._unconfirmed: dict[str, str] = {}
 
     def run(self, task: TaskState, *, max_turns: int = 50) -> TaskState:
         for _ in range(max_turns):
@@ -122,16 +124,28 @@ class AgentRunner:
         except ModelError as error:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
             turn["attempts"], turn["seconds"] = error.attempts, error.seconds
-            if error.code in REQUEST_SHAPE:
+            if error.usage is not None and (spent := error.usage.to_dict()):  # answered, then failed: it counts
+                turn["usage"] = cast(TokenUsage, spent)
+            self._unconfirmed.pop(task.task_id, None)  # failed again without the shape: that refusal was not it
+            shape = refused_shape(self.profile, self.adapter.model, self.thinking, rung, request, error.code)
+            if error.code in REQUEST_SHAPE and shape not in refused:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
-                # does not rule out (a refused forced tool choice rules out every forced form), or the same rung
-                # without `strict` when a strict schema was what the provider refused.
-                turn["demoted"] = refused_shape(
-                    self.profile, self.adapter.model, self.thinking, rung, request, error.code
-                )
-                self.engine.refused_shapes.add(turn["demoted"])  # other tasks on this process skip it too
+                # does not rule out (a refused forced tool choice rules out every forced form), the same rung
+                # without `strict` when a strict schema was what the provider refused, or the bottom rung without
+                # JSON mode. A shape already refused is never demoted again: the request went without it, so the
+                # refusal was about something else, and the turn is a provider error (no loop to the turn budget).
+                turn["demoted"] = shape
+                if error.named:
+                    self.engine.refused_shapes.add(shape)  # other tasks on this process skip it too
+                else:
+                    # The error's fields did not name the shape: only this task skips it, until the same request
+                    # without the shape is answered (`_unconfirmed`), which shows the shape was what was refused.
+                    turn["shared"] = False
+                    self._unconfirmed[task.task_id] = shape
                 return self._commit(task, DEMOTE, {"turn": turn})
             return self._commit(task, PROVIDER_ERROR, {"turn": turn})
+        if (confirmed := self._unconfirmed.pop(task.task_id, None)) is not None:
+            self.engine.refused_shapes.add(confirmed)  # answered without the shape: the refusal was the shape's
         outcome = interpret(definition, task, response, rung, actor=self.actor)
         turn["code"] = str(outcome.code) if outcome.code else None
         messages = [*added, *outcome.messages]
@@ -145,6 +159,7 @@ class AgentRunner:
                 rung,
                 outcome.code,
                 int(task.visit.get("escalations", 0)),
+                outcome.errors,
             )
             if escalation is not None:
                 turn["escalated"] = escalation.to_dict()
