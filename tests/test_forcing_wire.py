@@ -532,6 +532,7 @@ def test_the_thinking_switch_wins_over_an_extra_body_and_the_event_records_what_
     extra: dict[str, Any],
     sent: dict[str, Any],
 ) -> None:
+    model_: Any
     if wire == "anthropic":
         server.reply(anthropic_message(text_block("?")))
         model_ = AnthropicAdapter(model, base_url=server.anthropic_base_url, api_key="t", timeout=5, extra_body=extra)

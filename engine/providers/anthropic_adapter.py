@@ -56,6 +56,7 @@ from engine.core.model_interface import (
     ToolSpec,
     Usage,
 )
+from engine.providers.deadline import deadline, within
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -124,8 +125,9 @@ class AnthropicAdapter:
         sent = refusable(request)
         try:
             if self.stream:
+                until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
                 with client.messages.create(**payload, extra_body=self.extra_body) as events:  # closed however it ends
-                    return _read_stream((event.to_dict() for event in events), sent)
+                    return _read_stream(within((e.to_dict() for e in events), until), sent)
             message = client.messages.create(**payload, extra_body=self.extra_body)
             return parse_message(message.to_dict(), sent)
         except ModelError:

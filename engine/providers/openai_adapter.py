@@ -42,6 +42,7 @@ from engine.core.model_interface import (
     Usage,
 )
 from engine.core.profiles import with_switch
+from engine.providers.deadline import deadline, within
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -100,8 +101,9 @@ class OpenAIAdapter:
         sent = refusable(request)
         try:
             if self.stream:
-                with client.chat.completions.create(**payload, extra_body=extra_body) as chunks:
-                    return _read_stream((chunk.to_dict() for chunk in chunks), sent)  # closed however the reading ends
+                until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
+                with client.chat.completions.create(**payload, extra_body=extra_body) as chunks:  # closed at any end
+                    return _read_stream(within((c.to_dict() for c in chunks), until), sent)
             completion = client.chat.completions.create(**payload, extra_body=extra_body)
             return parse_completion(completion.to_dict(), sent)
         except ModelError:
