@@ -572,3 +572,26 @@ def test_deprecated_profile_settings_still_load(tmp_path: Any) -> None:
     path = tmp_path / "profiles.toml"
     path.write_text("[profiles.glm]\nschema_with_tools = true\nreasoning_passback = true\n", encoding="utf-8")
     assert load_profiles(str(path))["glm"].schema_with_tools is True
+
+
+def test_a_refusal_confirmed_across_separate_steps_of_one_engine_reaches_its_other_tasks(
+    eng: Engine, server: ProviderServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Engine.step` makes a runner per turn (as the API's step does): the confirmation is the engine's."""
+    path = tmp_path / "profiles.toml"
+    path.write_text('[profiles.anthropic]\ntool_choice_thinking_on = ["auto", "none", "required", "named"]\n')
+    monkeypatch.setenv("RAILYARD_PROFILES_FILE", str(path))
+
+    def respond(body: dict[str, Any]) -> Reply:
+        if body.get("tool_choice", {}).get("type") == "tool":
+            return anthropic_refusal("Thinking may not be enabled when tool_choice forces tool use.")
+        return anthropic_message(tool_use_block("tu_1", "decide", DECISION), stop_reason="tool_use")
+
+    server.respond_with(respond)
+    model = adapter(server, "claude-opus-4-6", wire="anthropic")
+    first = eng.start("triage", TICKET, actor="ann")
+    eng.step(first, model=model, thinking=True)
+    assert eng.step(first, model=model, thinking=True).state == "decided"
+    second = eng.start("triage", TICKET, actor="ann")
+    assert eng.step(second, model=model, thinking=True).state == "decided"
+    assert [b["tool_choice"]["type"] for b in server.bodies] == ["tool", "auto", "auto"]

@@ -82,8 +82,6 @@ class AgentRunner:
         #: As requested, except for a model that always thinks: the ladder, the memory and the event use this.
         self.thinking = self.profile.thinks(adapter.model, thinking)
         self.actor = f"model:{adapter.provider}:{adapter.model}"
-        #: Per task: a shape demoted on a refusal whose fields did not name it, shared once the next call is answered.
-        self._unconfirmed: dict[str, str] = {}
 
     def run(self, task: TaskState, *, max_turns: int = 50) -> TaskState:
         for _ in range(max_turns):
@@ -126,7 +124,8 @@ class AgentRunner:
             turn["attempts"], turn["seconds"] = error.attempts, error.seconds
             if error.usage is not None and (spent := error.usage.to_dict()):  # answered, then failed: it counts
                 turn["usage"] = cast(TokenUsage, spent)
-            self._unconfirmed.pop(task.task_id, None)  # failed again without the shape: that refusal was not it
+            # A call that fails after an unconfirmed refusal does not confirm it: the shape stays this task's alone.
+            self.engine.unconfirmed_shapes.pop(task.task_id, None)
             shape = refused_shape(self.profile, self.adapter.model, self.thinking, rung, request, error.code)
             if error.code in REQUEST_SHAPE and shape not in refused:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
@@ -139,12 +138,12 @@ class AgentRunner:
                     self.engine.refused_shapes.add(shape)  # other tasks on this process skip it too
                 else:
                     # The error's fields did not name the shape: only this task skips it, until the same request
-                    # without the shape is answered (`_unconfirmed`), which shows the shape was what was refused.
+                    # without the shape is answered (`unconfirmed_shapes`), which shows the shape was what was refused.
                     turn["shared"] = False
-                    self._unconfirmed[task.task_id] = shape
+                    self.engine.unconfirmed_shapes[task.task_id] = shape
                 return self._commit(task, DEMOTE, {"turn": turn})
             return self._commit(task, PROVIDER_ERROR, {"turn": turn})
-        if (confirmed := self._unconfirmed.pop(task.task_id, None)) is not None:
+        if (confirmed := self.engine.unconfirmed_shapes.pop(task.task_id, None)) is not None:
             self.engine.refused_shapes.add(confirmed)  # answered without the shape: the refusal was the shape's
         outcome = interpret(definition, task, response, rung, actor=self.actor)
         turn["code"] = str(outcome.code) if outcome.code else None
