@@ -160,6 +160,7 @@ def test_the_rung_that_worked_is_where_the_next_task_starts(eng: Engine, server:
     # One request, on the rung that worked: no prose answer, no repair.
     assert [rung_sent(b) for b in server.bodies[asked:]] == ["named_tool"]
     assert [e.trigger for e in eng.history(second)] == ["start", "decide"]
+    assert eng.history(second)[1].data["turn"]["learned"] == ["openai:gpt-4.1:plain:named_tool"]
     # Thinking on is another (profile, model, thinking): it starts at the top again.
     third = eng.start("triage", TICKET, actor="ann")
     AgentRunner(eng, adapter(server, "gpt-4.1"), thinking=True, retry=NO_SLEEP).run(eng.load(third))
@@ -494,6 +495,9 @@ def test_a_named_tool_refused_in_thinking_mode_is_followed_by_a_turn_that_forces
     assert runner.run(eng.load(second)).state == "decided"
     assert len(server.bodies) == 3 and not forced(server.bodies[2])
     assert [e.trigger for e in eng.history(second)] == ["start", "decide"]
+    # Its log says why it started unforced: what the first task found.
+    assert eng.history(second)[1].data["turn"]["learned"] == [f"{profile}:{model}:thinking:named_tool"]
+    assert "learned" not in eng.history(first)[2].data["turn"]  # the first task's own log explains its own turns
 
 
 CLASHES = [

@@ -90,6 +90,15 @@ class Turn(TypedDict):
     worked: NotRequired[
         Annotated[str, Doc("the rung that worked after escalating, where the next visit for this model starts")]
     ]
+    learned: NotRequired[
+        Annotated[
+            list[str],
+            Doc(
+                "what other tasks of this process found for this model (refused shapes, rungs that worked) "
+                "that moved this turn's request from the one the task's own log would make"
+            ),
+        ]
+    ]
     thinking_switch: NotRequired[
         Annotated[
             dict[str, Any],

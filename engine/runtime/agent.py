@@ -25,6 +25,7 @@ from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
 from engine.core.forcing import (
     MODE_OF_RUNG,
+    STRICT_SCHEMA,
     Rung,
     build_request,
     choose_rung,
@@ -115,6 +116,8 @@ class AgentRunner:
             "thinking": self.thinking,
             "mode": MODE_OF_RUNG[rung],
         }
+        if learned := self._learned(task, n_actions, rung):
+            turn["learned"] = learned
         if request.thinking_switch:
             turn["thinking_switch"] = request.thinking_switch
         try:
@@ -186,11 +189,27 @@ class AgentRunner:
             return self.engine.commit(task, accepted, actor=self.actor)
         return self._commit(task, outcome.trigger, data)
 
-    def _start(self, task: TaskState) -> Rung | None:
-        """Where the ladder starts: where escalation moved this visit, else the rung that worked before."""
+    def _learned(self, task: TaskState, n_actions: int, rung: Rung) -> list[str]:
+        """What other tasks of this process found (refused shapes, rungs that worked) that changed this turn's
+        request from the one the task's own log would make: so its log says why it did not start at the top."""
+        prefix = demotion_key(self.profile, self.adapter.model, self.thinking, "")
+        own_refused, own_worked = set(task.visit.get("demoted", [])), set(task.visit.get("worked", []))
+        taught = (self.engine.refused_shapes - own_refused) | (self.engine.worked_rungs - own_worked)
+        mine = sorted(key for key in taught if key.startswith(prefix))
+        if not mine:
+            return []
+        alone = choose_rung(
+            self.profile, self.adapter.model, self.thinking, n_actions, own_refused, self._start(task, shared=False)
+        )
+        strict = demotion_key(self.profile, self.adapter.model, self.thinking, STRICT_SCHEMA) in mine
+        return mine if alone != rung or strict else []
+
+    def _start(self, task: TaskState, *, shared: bool = True) -> Rung | None:
+        """Where the ladder starts: where escalation moved this visit, else the rung that worked before (for this
+        task, and with `shared` for any task of the process)."""
         if (escalated := task.visit.get("rung")) in _RUNG_NAMES:  # a value this version does not know is ignored
             return Rung(escalated)
-        worked = [*task.visit.get("worked", []), *self.engine.worked_rungs]
+        worked = [*task.visit.get("worked", []), *(self.engine.worked_rungs if shared else ())]
         return remembered_rung(self.profile, self.adapter.model, self.thinking, worked)
 
     def _commit(self, task: TaskState, trigger: str, data: EventData) -> TaskState:
