@@ -103,7 +103,7 @@ class AnthropicAdapter:
         self.max_retries = max_retries
         #: Merged into every request body (fields the engine does not know), like the OpenAI adapter's; except
         #: `thinking`, which is the request's own (`--thinking`), so the recorded `thinking_switch` is what was sent.
-        self.extra_body = {k: v for k, v in extra_body.items() if k != "thinking"} or None if extra_body else None
+        self.extra_body = ({k: v for k, v in extra_body.items() if k != "thinking"} or None) if extra_body else None
         #: The engine's retries of RATE_LIMITED and PROVIDER_TIMEOUT (`AgentRunner`); `max_retries` are the SDK's.
         self.retries = retries
         self.max_tokens_default = max_tokens_default
