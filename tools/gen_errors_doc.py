@@ -167,6 +167,14 @@ below it (no repair spent). A refused request that carried neither is
 400 "prompt is too long" has no field for it, so it is `PROVIDER_ERROR` (or, on
 a request that forced a tool, `TOOL_CHOICE_UNSUPPORTED`), not `CONTEXT_OVERFLOW`.
 
+A shape code from a `request` row is weaker than one from a `param` row: the
+error did not say the shape was the problem. It demotes the rung for the task
+that saw it only (`turn.shared: false`); the task's next call, sent without the
+shape, decides: answered, every later task of the process skips the shape too;
+refused again, it is `PROVIDER_ERROR` and nothing else changes. So one task's
+unrelated 400 never takes forced tool choice away from the others. See
+[providers](providers.md#the-rungs).
+
 The message is kept for people: control characters removed, anything that looks
 like a key masked (`[redacted]`), cut to {raw_limit} characters, and written only
 to the server log (`railyard.model`), never to an event.

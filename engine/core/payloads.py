@@ -53,7 +53,7 @@ Escalated.__doc__ = "What the next attempt changes after an answer that ignored 
 class Turn(TypedDict):
     """One model turn: how the engine asked, and what it made of the answer."""
 
-    strategy: Annotated[str, Doc("the forcing rung the request used (`tool_choice_named`, `json_schema`, ...)")]
+    strategy: Annotated[str, Doc("the forcing rung the request used (`native_schema`, `named_tool`, `required`, ...)")]
     model: Annotated[str, Doc("`provider:model` of the adapter that answered")]
     profile: Annotated[str, Doc("the capability profile the rung was chosen from")]
     thinking: Annotated[bool, Doc("whether the request thought: as asked, and always for a model that always thinks")]
@@ -72,15 +72,38 @@ class Turn(TypedDict):
         ]
     ]
     errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
-    demoted: NotRequired[Annotated[str, Doc("the request shape the provider refused, never sent again for this model")]]
+    demoted: NotRequired[
+        Annotated[str, Doc("the request shape the provider refused, not sent again for this task and model")]
+    ]
+    shared: NotRequired[
+        Annotated[
+            bool,
+            Doc(
+                "with `demoted`, false when the error's fields did not name the shape: other tasks of the process "
+                "keep sending it until this task's next call, sent without it, is answered"
+            ),
+        ]
+    ]
     escalated: NotRequired[
         Annotated[Escalated, Doc("on a `repair` after an answer that ignored the rung: what the next attempt changes")]
     ]
     worked: NotRequired[
         Annotated[str, Doc("the rung that worked after escalating, where the next visit for this model starts")]
     ]
+    learned: NotRequired[
+        Annotated[
+            list[str],
+            Doc(
+                "what other tasks of this process found for this model (refused shapes, rungs that worked) "
+                "that moved this turn's request from the one the task's own log would make"
+            ),
+        ]
+    ]
     thinking_switch: NotRequired[
-        Annotated[dict[str, Any], Doc("the provider's body fields that switched thinking on or off, as sent")]
+        Annotated[
+            dict[str, Any],
+            Doc("the provider's body fields that switched thinking on or off, as sent (they win over an extra body)"),
+        ]
     ]
 
 

@@ -136,6 +136,9 @@ class Engine:
         self.refused_shapes: set[str] = set()
         #: Rungs that worked after escalating for a (profile, model, thinking), remembered the same way.
         self.worked_rungs: set[str] = set()
+        #: By task id: a shape refused by an error that did not name it, waiting for the task's next call to
+        #: confirm it (answered without it) before `refused_shapes` gets it (`AgentRunner.step`).
+        self.unconfirmed_shapes: dict[str, str] = {}
 
     def close(self) -> None:
         self.store.close()
