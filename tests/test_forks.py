@@ -88,6 +88,12 @@ def approve(eng: Engine, task_id: str) -> str:
     return str(prepared["action_id"])
 
 
+def ended(eng: Engine, task_id: str) -> None:
+    """Stop a fork that is not needed any more, so its source may be forked again (two forks never run at once)."""
+    if not eng.load(task_id).terminal:
+        eng.cancel(task_id, actor="olga", reason="this re-run is done")
+
+
 def seq_of(eng: Engine, task_id: str, trigger: str) -> int:
     return next(e.seq for e in eng.history(task_id) if e.trigger == trigger)
 
@@ -150,6 +156,7 @@ def test_a_fork_at_several_seqs_carries_the_state_there_and_both_tasks_replay_cl
             assert eng.run(fork, max_turns=1).state == "collecting_information"
             assert eng.load(fork).facts["tool:query_order"]["order_id"] == "O-1001"
         assert eng.replay(fork).ok, eng.replay(fork).findings
+        ended(eng, fork)
     assert eng.history(source) == before  # the source is only read
     assert all(report.ok for report in eng.replay_all()), [r.findings for r in eng.replay_all() if not r.ok]
     assert books.payments.requests() == []
@@ -159,16 +166,21 @@ def test_a_fork_goes_on_to_its_own_end_and_a_fork_of_a_fork_replays_clean(eng: E
     source = rejected_by_the_model(eng)
     at = seq_of(eng, source, "assess_eligibility")  # in `eligible`, where the model rejected
     fork = eng.fork(source, at, actor="olga", reason="the rejection was wrong", version=1)
+    # While the fork runs, neither it nor its source may be forked: two re-runs could each make their own refund.
+    running = refused(lambda: eng.fork(fork, 1, actor="olga", reason="and once more", version=1))
+    assert running.code is Code.FORK_INVALID and "still running" in running.message
+    sibling = refused(lambda: eng.fork(source, at, actor="olga", reason="a second re-run", version=1))
+    assert sibling.code is Code.WRITE_WOULD_REPEAT and fork in sibling.message
+    model = ScriptedModel([refund(12_999)], profile="anthropic")
+    assert eng.run(fork, model=model).state == "awaiting_approval"
+    ended(eng, fork)  # cancelled before anyone approved: nothing was paid
     again = eng.fork(fork, 1, actor="olga", reason="and once more", version=1)
     assert eng.history(again)[0].data["forked_from"]["task_id"] == fork
     assert eng.get(again).state == "eligible"
-    model = ScriptedModel([refund(12_999)], profile="anthropic")
-    assert eng.run(fork, model=model).state == "awaiting_approval"
-    # Now the fork holds a prepared refund it may still pay: a fork of it from before the proposal would too.
-    assert refused(lambda: eng.fork(fork, 1, actor="olga", reason="x")).code is Code.WRITE_WOULD_REPEAT
     for task_id in (source, fork, again):
         assert eng.replay(task_id).ok, eng.replay(task_id).findings
     assert all(r.ok for r in eng.replay_all(jobs=2))
+    assert books.payments.requests() == []
 
 
 def test_a_fork_runs_on_the_newest_version_unless_it_names_one(eng: Engine) -> None:
@@ -179,41 +191,44 @@ def test_a_fork_runs_on_the_newest_version_unless_it_names_one(eng: Engine) -> N
     assert eng.history(newest)[0].data["workflow"] == "refund@2"
     assert eng.history(newest)[0].data["forked_from"]["workflow"] == "refund@1"
     assert eng.replay(newest).ok, eng.replay(newest).findings
+    ended(eng, newest)
     assert eng.get(eng.fork(source, at, actor="olga", reason="on v1", version=1)).version == 1
 
 
 def test_a_refund_cannot_be_forked_before_its_payment_and_can_after_its_outcome_is_on_record(
     eng: Engine, books: fakes.Systems
 ) -> None:
-    # Awaiting approval, the source holds the prepared refund and may still pay it: a fork would too.
+    # Awaiting approval, the source is running: it may still pay, and a fork would too.
     task_id = eng.start("refund", DAMAGED, actor="ann", version=1)
     to_approval(eng, task_id)
     waiting = eng.get(task_id).seq
     error = refused(lambda: eng.fork(task_id, waiting, actor="olga", reason="try again"))
+    assert error.code is Code.FORK_INVALID and "still running" in error.message
     action_id = eng.load(task_id).prepared["action_id"]  # type: ignore[index]
-    assert error.code is Code.WRITE_WOULD_REPEAT
-    assert "payments_refund" in error.message and action_id in error.message and "still running" in error.message
 
-    # The provider pays, and the answer is lost: the outcome is unknown.
+    # The provider pays, and the answer is lost: the outcome is unknown. An approver verifies with the provider
+    # that it paid, and the source ends with the payment on record.
     approve(eng, task_id)
     books.arm("payments.refund", "lost_reply")
     assert eng.run(task_id).state == "retryable_failure"
     assert books.payments.executions() == {action_id: 1}
+    unknown = eng.get(task_id).seq
+    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard, refund R-1")
+    settled = eng.get(task_id).seq
+    eng.fire(task_id, "retry_refund", actor="dana")
+    assert eng.run(task_id).state == "completed"
     before = heads(eng)
-    for seq in range(1, eng.get(task_id).seq + 1):  # before the payment, or at its open outcome: refused
+    for seq in range(1, unknown + 1):  # before the payment, or at its open outcome: refused
         error = refused(lambda seq=seq: eng.fork(task_id, seq, actor="olga", reason="try again"))
         assert error.code is Code.WRITE_WOULD_REPEAT, (seq, error)
         assert action_id in error.message
-    unknown = eng.get(task_id).seq
     assert "is unknown at seq" in refused(lambda: eng.fork(task_id, unknown, actor="olga", reason="x")).message
     assert heads(eng) == before  # nothing was created, the source did not move
 
-    # An approver verifies with the provider that it paid: the outcome is on record. A fork from there carries
-    # it, and the fork's retry records the payment without sending it again.
-    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard, refund R-1")
-    settled = eng.get(task_id).seq
+    # From the seq the outcome was put on record, a fork carries it, and its retry records the payment without
+    # sending it again.
     fork = eng.fork(task_id, settled, actor="olga", reason="finish it in a fresh task")
-    assert eng.load(fork).effect == eng.load(task_id).effect
+    assert eng.load(fork).effect["status"] == "executed"  # type: ignore[index]
     eng.fire(fork, "retry_refund", actor="erin")
     assert eng.run(fork).state == "completed"
     last = eng.history(fork)[-1]
@@ -286,6 +301,7 @@ def limited(flow: Engine) -> str:
 
 def test_a_fork_to_a_version_without_the_state_is_refused_as_migrate_would_be(flow: Engine) -> None:
     task_id = flow.start("flow", actor="ann", version=1)
+    flow.cancel(task_id, actor="olga", reason="start again on a new version")
     error = refused(lambda: flow.fork(task_id, 1, actor="olga", reason="onto v2"))
     assert error.code is Code.FORK_INVALID and "flow@2 does not have: working" in error.message
     assert flow.get(flow.fork(task_id, 1, actor="olga", reason="onto v1", version=1)).state == "working"
@@ -480,6 +496,9 @@ def test_fork_and_redrive_on_the_command_line_with_their_exit_codes(
     assert code == EXIT_OK
     fork = out.strip()
     assert cli.history(fork)[0].data["forked_from"]["task_id"] == source
+    code, _, err = invoke("fork", source, "--at", "5", "--as", "olga", "--reason", "again")
+    assert code == EXIT_REFUSED and "WRITE_WOULD_REPEAT" in err  # its first fork is still running
+    cli.cancel(fork, actor="olga", reason="done with it")
     code, out, _ = invoke("fork", source, "--at", "5", "--as", "olga", "--reason", "again", "--json")
     shown = json.loads(out)
     assert code == EXIT_OK and shown["task_id"] not in (source, fork)
@@ -518,10 +537,14 @@ def test_fork_and_redrive_over_http_with_their_statuses(db_url: str) -> None:
     tokens = token_table()
     with Engine(db_url, Registry([FLOW_V1, FLOW_V2]), authoriser=tokens) as engine:
         task_id = limited(engine)
+        gone = limited(engine)
+        engine.cancel(gone, actor="olga", reason="given up")  # a fork is of a task that ended
         app = create_app(engine, tokens, session_secret="test-secret")
         with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+            running = http.post(f"/api/tasks/{task_id}/fork", json={"at_seq": 1, "reason": "x"}, headers=bearer("olga"))
+            assert (running.status_code, running.json()["code"]) == (422, "FORK_INVALID")
             forked = http.post(
-                f"/api/tasks/{task_id}/fork",
+                f"/api/tasks/{gone}/fork",
                 json={"at_seq": 1, "reason": "start over", "version": 1},
                 headers=bearer("olga"),
             )
@@ -529,7 +552,7 @@ def test_fork_and_redrive_over_http_with_their_statuses(db_url: str) -> None:
             body = forked.json()
             assert forked.headers["Location"] == f"/api/tasks/{body['task_id']}"
             assert (body["state"], body["seq"], body["version"]) == ("working", 1, 1)
-            assert engine.history(body["task_id"])[0].data["forked_from"]["task_id"] == task_id
+            assert engine.history(body["task_id"])[0].data["forked_from"]["task_id"] == gone
 
             before = heads(engine)
             bad = http.post(f"/api/tasks/{task_id}/fork", json={"at_seq": 99, "reason": "x"}, headers=bearer("olga"))
@@ -560,10 +583,10 @@ def test_a_fork_is_checked_against_its_source_in_the_archive_and_a_lost_archive_
     with Engine(db_url, registry, authoriser=StaticRoles(reference.ROLES), archive_dir=tmp_path) as engine:
         source = rejected_by_the_model(engine)
         at = seq_of(engine, source, "assess_eligibility")
-        waiting = engine.fork(source, at, actor="olga", reason="again", version=1)  # stays in `eligible`
-        ended = engine.fork(source, at, actor="olga", reason="and again", version=1)
+        ended = engine.fork(source, at, actor="olga", reason="again", version=1)
         model = ScriptedModel([call("reject", reason="Still wear, not transit damage.")], profile="anthropic")
         assert engine.run(ended, model=model).state == "rejected"
+        waiting = engine.fork(source, at, actor="olga", reason="and again", version=1)  # stays in `eligible`
         engine.archive(now() + timedelta(seconds=1))
         assert engine.store.archive_of(source) is not None and engine.store.archive_of(ended) is not None
         assert engine.store.events(source) == [] and engine.store.archive_of(waiting) is None
@@ -641,3 +664,23 @@ def test_no_fork_of_a_paid_refund_at_any_seq_pays_it_again(eng: Engine, books: f
         ("executing", "completed"),
     ]
     assert books.payments.executions() == {action_id: 1}
+
+
+def test_a_running_task_is_never_forked_and_a_second_fork_waits_for_the_first_to_end_unpaid(
+    eng: Engine, books: fakes.Systems
+) -> None:
+    """From an attacker's review: a fork of a task that goes on, or two forks of one source, could each reach a
+    refund neither had prepared when it was forked, and each would pay it."""
+    running = eng.start("refund", DAMAGED, actor="ann", version=1)
+    early = refused(lambda: eng.fork(running, 1, actor="olga", reason="a second try alongside"))
+    assert early.code is Code.FORK_INVALID and "still running" in early.message
+
+    source = rejected_by_the_model(eng)
+    at = seq_of(eng, source, "assess_eligibility")
+    first = eng.fork(source, at, actor="olga", reason="the rejection was wrong", version=1)
+    assert eng.run(first, model=ScriptedModel([refund(6_000)], profile="anthropic")).state == "awaiting_approval"
+    action_id = approve(eng, first)
+    assert eng.run(first).state == "completed"
+    second = refused(lambda: eng.fork(source, at, actor="olga", reason="once more", version=1))
+    assert second.code is Code.WRITE_WOULD_REPEAT and first in second.message and action_id in second.message
+    assert books.payments.executions() == {action_id: 1}  # one refund for the one request

@@ -24,6 +24,10 @@ from engine.core.events import Event
 from engine.core.fold import TaskState
 from engine.core.payloads import Carried, EventData, ForkOrigin
 
+#: The searchable field a fork's task row carries (no workflow declares it: `~` is not a field name): the
+#: source's task id, so the next fork of the same source finds the earlier ones (`Engine._sibling_hazard`).
+FORKED_FROM = "~forked_from"
+
 #: A write's statuses that say it executed, or may have: such a write must not be made again.
 EXECUTED_OR_MAY = frozenset({"pending", "unknown", "succeeded", "executed"})
 

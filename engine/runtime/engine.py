@@ -42,7 +42,15 @@ from engine.core.effects import SETTLE, lands_until
 from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, Refused
 from engine.core.events import Event, seal
 from engine.core.fold import TaskState, apply, fold, initial, pinned_at_start, predates_effects
-from engine.core.forks import fork_data, last_entry, redrive_problem, repeat_hazard, writes
+from engine.core.forks import (
+    EXECUTED_OR_MAY,
+    FORKED_FROM,
+    fork_data,
+    last_entry,
+    redrive_problem,
+    repeat_hazard,
+    writes,
+)
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData, Settled, event_code
 from engine.core.replay import OriginCheck, ReplayReport
@@ -57,6 +65,7 @@ from engine.runtime.registry import Registry
 from engine.runtime.roles import Authoriser, default_authoriser
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
 from engine.store import Loaded, Store, TaskRow, open_store
+from engine.store.protocol import TaskQuery
 
 log = logging.getLogger("railyard.engine")
 
@@ -647,6 +656,13 @@ class Engine:
             raise invalid("a reason is required")
         if isinstance(at_seq, bool) or not isinstance(at_seq, int) or not 1 <= at_seq <= row.seq:
             raise invalid(f"the task has events 1 to {row.seq}")
+        if row.status != "terminal":
+            # A source that goes on and a fork of it could both reach a write neither has prepared yet: each
+            # would make its own, and both would be paid. A task that is stuck is sent back with `redrive`.
+            raise invalid(
+                f"the task is still running (in {row.state!r}): a fork and its source would both go on; fork a task "
+                "that has ended (cancel it first), or send a stuck one back with `railyard redrive`"
+            )
         source = self.as_of(task_id, seq=at_seq)
         if source.terminal:
             raise invalid(f"the task was in terminal state {source.state!r} there: nothing would run; fork earlier")
@@ -654,8 +670,8 @@ class Engine:
             writes(self._events(task_id), at_seq),
             at_seq,
             source.prepared["action_id"] if source.prepared else None,
-            source_live=row.status != "terminal",
-        )
+            source_live=False,
+        ) or self._sibling_hazard(task_id)
         if hazard is not None:
             raise Refused(
                 f"cannot fork task {task_id} at seq {at_seq}: {hazard}", code=Code.WRITE_WOULD_REPEAT, task_id=task_id
@@ -695,12 +711,29 @@ class Engine:
                 next_run_at=next_run_at(target, task.state, at),
             ),
             first,
+            fields={FORKED_FROM: task_id},  # how the next fork of the same source finds this one
         )
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(first, 0.0)
         if hooks.active:
             hooks.transition(first, target.name, target.version, time.perf_counter())
         return new_id
+
+    def _sibling_hazard(self, source_id: str) -> str | None:
+        """Why another fork of `source_id` could make a write twice: a fork of it that is still running (both
+        could reach the same write, or each its own), or one that made a write (a second fork would make it, or
+        its twin, again). None when every earlier fork ended without making one."""
+        found = self.store.list_tasks(TaskQuery(field_value=source_id, limit=500))
+        for fork in (t for t in found if t.fields.get(FORKED_FROM) == source_id):
+            if fork.row.status != "terminal":
+                return f"fork {fork.row.task_id} of this task is still running: two forks would both go on"
+            made = [w for w in writes(self._events(fork.row.task_id), 1) if w.status in EXECUTED_OR_MAY]
+            if made:
+                return (
+                    f"fork {fork.row.task_id} of this task made {made[0].where()}, {made[0].status}: another fork "
+                    "would make it, or its twin, again"
+                )
+        return None
 
     def redrive(
         self, task_id: str, to_state: str, *, actor: str, reason: str, expected_seq: int | None = None
@@ -741,6 +774,18 @@ class Engine:
                 actor=actor,
             )
         assert entered is not None
+        if isinstance(definition.state(to_state), Tool):
+            # The checks on the way into a tool state (an approval of this very call, its deadline, who may
+            # approve) were made for the call the task held then: going back runs only that call.
+            then = self.as_of(task_id, seq=entered).prepared
+            was = then["action_id"] if then is not None else None
+            held = task.prepared["action_id"] if task.prepared is not None else None
+            if was != held:
+                raise refuse(
+                    f"the call it holds now (action {held}) is not the one it held when it last entered {to_state!r} "
+                    f"at seq {entered} (action {was}): what let that one in (an approval) was not given for this "
+                    "one; redrive to the agent state instead"
+                )
         hazard = repeat_hazard(
             writes(events, entered), entered, task.prepared["action_id"] if task.prepared else None, source_live=False
         )
