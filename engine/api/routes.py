@@ -86,21 +86,27 @@ from engine.api.schemas import (
     TaskPage,
     WhoAmI,
     WorkflowBody,
+    WorkQueueBody,
     errors,
     status_for,
 )
 from engine.api.views import (
     MAX_LIMIT,
     PAGE_SIZE,
+    WORK_MAX_LIMIT,
+    WORK_PAGE_SIZE,
     TaskFilter,
+    WorkKind,
+    WorkPage,
     decode_cursor,
     encode_cursor,
-    inbox,
     list_tasks,
+    payload_from_form,
     public_states,
     render,
     task_diagram,
     task_page,
+    work_queue,
     workflow_diagram,
 )
 from engine.core.approvals import DECISIONS
@@ -431,6 +437,50 @@ def approvals(
     }
 
 
+def work_body(queue: WorkPage) -> dict[str, Any]:
+    return {
+        "items": [
+            {
+                "task_id": w.task_id,
+                "workflow": w.workflow,
+                "state": w.state,
+                "kind": str(w.kind),
+                "seq": w.seq,
+                "started_by": w.started_by,
+                "created_at": w.created_at.isoformat(),
+                "waiting_since": w.waiting_since.isoformat(),
+                "deadline": w.deadline.isoformat() if w.deadline is not None else None,
+                "at_deadline": w.at_deadline,
+                "triggers": [b.trigger for b in w.buttons],
+            }
+            for w in queue.items
+        ],
+        "counts": [
+            {"kind": str(c.kind), "workflow": c.workflow, "yours": c.yours, "others": c.others} for c in queue.counts
+        ],
+        "limit": queue.limit,
+        "next_cursor": queue.next_cursor,
+    }
+
+
+@approval_api.get("/work", response_model=WorkQueueBody, responses=errors(401, 422))
+def work(
+    request: Request,
+    ctx: Ctx,
+    who: Reader,
+    kind: KindFilter = "",
+    workflow: WorkflowFilter = "",
+    cursor: Cursor = "",
+    limit: WorkLimit = WORK_PAGE_SIZE,
+) -> dict[str, Any]:
+    """Every task waiting on a trigger the token's actor may fire (approvals, hand-offs, failures to retry,
+    limits reached, effects after a cancel, waits on a person), oldest first, a page at a time, with the counts
+    per kind and workflow; tasks waiting on roles the token lacks are only counted."""
+    queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, cursor=cursor, limit=limit)
+    params = {"kind": kind, "workflow": workflow, "limit": queue.limit}
+    return {**work_body(queue), "next": next_link(request.url.path, params, queue.next_cursor)}
+
+
 @approval_api.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=COMMAND_ERRORS)
 def approve(
     task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
@@ -629,14 +679,34 @@ def logout(ctx: Ctx, session: PagePost) -> Response:
     return response
 
 
+#: The work queue's filters, the page's and the API's alike (empty: any).
+KindFilter = Annotated[str, Query(pattern="^(|" + "|".join(WorkKind) + ")$", description="Only work of this kind.")]
+WorkLimit = Annotated[int, Query(ge=1, le=WORK_MAX_LIMIT, description="Page size.")]
+
+
 @pages.get("/inbox", response_class=HTMLResponse)
 def inbox_page(
-    request: Request, ctx: Ctx, session: PageSession, role: Annotated[str | None, Query(max_length=200)] = None
+    request: Request,
+    ctx: Ctx,
+    session: PageSession,
+    kind: KindFilter = "",
+    workflow: WorkflowFilter = "",
+    cursor: Cursor = "",
 ) -> Response:
-    items = inbox(ctx.engine, session.principal, role or None)
-    mine = [i for i in items if i.can_decide]
-    others = [i for i in items if not i.can_decide]
-    return render(request, "inbox.html", session=session, mine=mine, others=others, role=role or "")
+    """Every task waiting on a trigger this person may fire, oldest first, a page at a time; the ones waiting
+    on roles they lack are only counted."""
+    queue = work_queue(ctx.engine, session.principal, kind=kind, workflow=workflow, cursor=cursor)
+    chosen = {"kind": kind, "workflow": workflow}
+    return render(
+        request,
+        "inbox.html",
+        session=session,
+        queue=queue,
+        chosen=chosen,
+        workflows=list(dict.fromkeys(wf.name for wf in ctx.engine.registry)),
+        first=list_link("/inbox", chosen) if cursor else None,
+        next=next_link("/inbox", chosen, queue.next_cursor),
+    )
 
 
 @pages.get("/tasks", response_class=HTMLResponse)
@@ -718,4 +788,36 @@ def reject_page(
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+
+
+async def trigger_form(request: Request) -> dict[str, str]:
+    """The posted form's text fields (the page's CSRF check has read and cached it already)."""
+    return {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+
+
+@pages.post("/tasks/{task_id}/fire")
+def fire_page(
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PagePost,
+    form: Annotated[dict[str, str], Depends(trigger_form)],
+    trigger: Annotated[str, Form(pattern=NAME_PATTERN)],
+    seq: Seq = None,
+) -> Response:
+    """Any human trigger the state allows but an approval's decisions (those post to /approve and /reject, with
+    the digest shown): its payload is the form's `arg.*` fields, typed by the action's model."""
+    with flashed(session, f"Done: {trigger.replace('_', ' ')} is recorded."):
+        require_writer(session.principal)
+        if trigger in DECISIONS:
+            raise Refused(
+                f"{trigger!r} is an approval decision: use its own form", code=Code.TRIGGER_NOT_ALLOWED, trigger=trigger
+            )
+        task = ctx.engine.load(task_id)
+        definition = ctx.engine.definition_of(task)
+        candidates = definition.candidates(task.state, trigger)
+        payload = payload_from_form(candidates[0].args if candidates else None, form)
+        pre = precondition(None, seq)
+        with acting_on(ctx.engine, task_id, pre):
+            ctx.engine.fire(task_id, trigger, payload, actor=session.principal.actor, expected_seq=pre.expected_seq)
     return RedirectResponse(f"/tasks/{task_id}", status_code=303)

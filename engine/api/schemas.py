@@ -211,6 +211,34 @@ class ApprovalPage(_Page):
     approvals: list[PendingApproval] = Field(description="Oldest first, by creation time then task id.")
 
 
+class WorkItemBody(BaseModel):
+    task_id: str
+    workflow: str = Field(description="`name@version`.")
+    state: str
+    kind: Literal["approval", "handoff", "failure", "limit", "cancel_review", "wait"] = Field(
+        description="Why it waits on a person."
+    )
+    seq: int = Field(description="The seq to send back (If-Match or expected_seq) with a command.")
+    started_by: str
+    created_at: str = Field(description="ISO 8601.")
+    waiting_since: str = Field(description="ISO 8601: when it came to this state.")
+    deadline: str | None = Field(description="ISO 8601, or null: no deadline.")
+    at_deadline: str | None = Field(description="What happens at the deadline.")
+    triggers: list[str] = Field(description="The triggers the caller may fire here (the engine checks again).")
+
+
+class WorkCountBody(BaseModel):
+    kind: str
+    workflow: str
+    yours: int = Field(description="Waiting on a trigger the caller may fire.")
+    others: int = Field(description="Waiting on roles the caller does not hold (not listed).")
+
+
+class WorkQueueBody(_Page):
+    items: list[WorkItemBody] = Field(description="Oldest first, by creation time then task id.")
+    counts: list[WorkCountBody] = Field(description="Every task waiting on a person, by kind and workflow.")
+
+
 class WorkflowVersion(BaseModel):
     version: int
     ref: str
