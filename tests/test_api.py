@@ -684,6 +684,7 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("GET", "/api/tasks/{task_id}/replay"),
         ("GET", "/api/tasks/{task_id}/diagram"),
         ("GET", "/api/approvals"),
+        ("GET", "/api/work"),
         ("POST", "/api/tasks/{task_id}/approve"),
         ("POST", "/api/tasks/{task_id}/reject"),
         ("GET", "/api/workflows"),
