@@ -118,7 +118,7 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
     assert page.locator("#flash").count() == 0
     assert page.text_content("#task-state") == "completed"
     assert page.text_content("#task-status") == "terminal"
-    assert "Photos match the order; approved." in page.inner_text("table.timeline")
+    assert "Photos match the order; approved." in page.inner_text("ol.timeline")
     page.screenshot(path=str(SHOTS / "task.png"), full_page=True)
     assert [e.actor for e in engine.history(task_id) if e.trigger == "approve"] == ["dana"]
 

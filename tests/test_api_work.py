@@ -222,3 +222,43 @@ def test_the_work_api_is_bounded_and_pages_oldest_first_without_repeats(client: 
     login(client, "dana")
     html = client.get("/inbox").text
     assert html.count('class="card approval"') == 30 and 'id="last-page"' in html
+
+
+def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_words(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    task_id = eng.start("refund", DAMAGED, actor="ann")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+            refund(15_000),  # over the balance: refused, fed back, repaired
+            refund(12_999),
+        ],
+        profile="anthropic",
+    )
+    assert eng.run(task_id, model=model).state == "awaiting_approval"
+    csrf = login(client, "dana")
+    digest = eng.load(task_id).prepared["digest"]  # type: ignore[index]
+    seq = str(eng.load(task_id).seq)
+    approved = client.post(
+        f"/tasks/{task_id}/approve", data={"csrf": csrf, "seq": seq, "digest": digest, "comment": "photo checked"}
+    )
+    assert "approved" in flash(client, approved, task_id)
+    books.arm("payments.refund", "lost_reply")  # the provider paid; its answer never came back
+    assert eng.run(task_id).state == "retryable_failure"
+    eng.fire(task_id, "retry_refund", actor="dana")
+    assert eng.run(task_id).state == "completed"
+    html = client.get(f"/tasks/{task_id}").text
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    assert "In eligible" in text and "In awaiting_approval" in text and "In executing" in text  # grouped by stay
+    assert "refused with DOMAIN_INVALID, fed back: within_refundable_balance: amount 15000 exceeds" in text
+    assert "the model answered, refused: propose_refund(" in text  # the refused answer itself
+    assert "approve by dana as refund_approver: photo checked" in text
+    assert f"decided on the prepared call with digest {digest}" in text
+    assert "TOOL_REMOTE_ERROR" in text
+    assert "recovered: the answer of the call" in text and "asked the remote what became of that action id" in text
+    assert html.count("mark-recovered") == 1 and html.count("mark-repair") == 1
+    assert html.count('<details class="raw">') == len(eng.history(task_id))  # the raw JSON, one click away

@@ -49,6 +49,7 @@ from engine.core.definition import (
     CANCEL,
     HANDOFF_SUFFIX,
     LIMIT_STATE,
+    MIGRATE,
     PROVIDER_ERROR_SUFFIX,
     Agent,
     Approval,
@@ -57,12 +58,12 @@ from engine.core.definition import (
     Wait,
     Workflow,
 )
-from engine.core.effects import SETTLE
+from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import TaskState
 from engine.core.payloads import event_code
-from engine.core.summary import compact, summarise
+from engine.core.summary import compact, details, summarise
 from engine.runtime.engine import Engine, TaskView
 from engine.store.protocol import TaskQuery
 
@@ -166,10 +167,29 @@ class Row:
     to_state: str
     code: str | None
     summary: str
+    #: The sentences under the line (`engine.core.summary.details`), the event as JSON, and a mark for the steps
+    #: a reader looks for (`recovered`, `repair`, `approval`, `cancel`, `migration`), if it is one.
+    details: list[str] = field(default_factory=list)
+    raw: str = ""
+    mark: str | None = None
 
 
 #: How much of an event's summary the timeline and the inbox show.
 TIMELINE_WIDTH = 160
+
+
+def _mark(e: Event) -> str | None:
+    if e.data.get("reconciled") is True or "settled" in e.data:
+        return "recovered"
+    if "approval" in e.data:
+        return "approval"
+    if e.trigger in (CANCEL, CANCEL_REQUESTED):
+        return "cancel"
+    if e.trigger == MIGRATE:
+        return "migration"
+    if e.trigger == "repair":
+        return "repair"
+    return None
 
 
 def timeline(events: Iterable[Event]) -> list[Row]:
@@ -183,9 +203,37 @@ def timeline(events: Iterable[Event]) -> list[Row]:
             e.to_state,
             event_code(e.data),
             summarise(e, TIMELINE_WIDTH),
+            details(e),
+            json.dumps(e.to_dict(), indent=2, ensure_ascii=False, default=str),
+            _mark(e),
         )
         for e in events
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Stay:
+    """One visit to a state, as the timeline groups it: the events that happened while the task was there (its
+    internal `~` states are part of it), the last of which took it elsewhere."""
+
+    state: str
+    rows: list[Row]
+
+    @property
+    def span(self) -> str:
+        first, last = self.rows[0], self.rows[-1]
+        return f"seq {first.seq}" if first is last else f"seq {first.seq} to {last.seq}"
+
+
+def stays(rows: Iterable[Row]) -> list[Stay]:
+    out: list[Stay] = []
+    for row in rows:
+        where = row.from_state.split(SUBSTATE)[0] if row.from_state else "started"
+        if out and out[-1].state == where:
+            out[-1].rows.append(row)
+        else:
+            out.append(Stay(where, [row]))
+    return out
 
 
 def path_of(events: Iterable[Event]) -> tuple[list[dict[str, Any]], Counter[tuple[str, str, str]], str | None]:
@@ -1027,4 +1075,4 @@ def work_of(
 
 
 #: What every template may call: the one time format, and the names of the kinds of work.
-_env.globals.update(when=when, kinds=KIND_LABELS)
+_env.globals.update(when=when, kinds=KIND_LABELS, stays=stays)
