@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from html import unescape
 from typing import Any
 
 import pytest
@@ -55,6 +56,11 @@ def flash(client: TestClient, response: Any, task_id: str) -> str:
     assert response.status_code == 303 and response.headers["location"] == f"/tasks/{task_id}", response.text
     found = re.search(r'id="flash">(.*?)</p>', client.get(f"/tasks/{task_id}").text, flags=re.S)
     return found.group(1) if found else ""
+
+
+def words(html: str) -> str:
+    """A page's text as a reader sees it: tags dropped, entities decoded, white space folded."""
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html)))
 
 
 def refund_at_approval(eng: Engine) -> str:
@@ -252,7 +258,7 @@ def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_w
     eng.fire(task_id, "retry_refund", actor="dana")
     assert eng.run(task_id).state == "completed"
     html = client.get(f"/tasks/{task_id}").text
-    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    text = words(html)
     assert "In eligible" in text and "In awaiting_approval" in text and "In executing" in text  # grouped by stay
     assert "refused with DOMAIN_INVALID, fed back: within_refundable_balance: amount 15000 exceeds" in text
     assert "the model answered, refused: propose_refund(" in text  # the refused answer itself
@@ -262,3 +268,39 @@ def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_w
     assert "recovered: the answer of the call" in text and "asked the remote what became of that action id" in text
     assert html.count("mark-recovered") == 1 and html.count("mark-repair") == 1
     assert html.count('<details class="raw">') == len(eng.history(task_id))  # the raw JSON, one click away
+
+
+def test_decision_cards_show_what_each_reference_workflow_declares_and_a_default_otherwise(
+    client: TestClient, eng: Engine
+) -> None:
+    approval, ticket = refund_at_approval(eng), ticket_queued(eng)
+    expense_in_review(eng)
+    login(client, "dana")
+    text = words(client.get(f"/tasks/{approval}").text)
+    assert "Refund 129.99 EUR to C-100 for order O-1001" in text
+    assert "the customer's message My laptop arrived with a cracked screen." in text
+    assert "order total 129.99 EUR" in text and "still refundable 129.99 EUR" in text  # money, not 12999
+    assert re.search(r"query_order returned \(read at 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", text)
+    assert re.search(r"proposed by model:scripted:scripted at 20\d\d-", text)
+    assert re.search(r"deadline 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC ?, then it goes to needs_human", text)
+    assert (
+        "Approve: to executing: runs payments_refund (a write)" in text and "Reject: ends the task as rejected" in text
+    )
+    text = words(client.get("/inbox").text)
+    assert "Expense of 123.45 EUR by eve: Train to the customer visit" in text
+    assert "the employee's limit 500.00 EUR" in text
+    login(client, "sam")
+    text = words(client.get(f"/tasks/{ticket}").text)
+    assert "Ticket T-5001:" in text and "why it was escalated" in text and "not on record" not in text
+
+
+def test_a_workflow_without_a_card_gets_the_default(db_url: str, tmp_path: Any) -> None:
+    from tests.support.api import make_api_engine, make_app, to_approval
+
+    with make_api_engine(db_url, tmp_path) as engine, TestClient(make_app(engine), follow_redirects=False) as c:
+        task_id = to_approval(engine)
+        page = c.get("/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf and c.post("/login", data={"token": "tok-dana", "csrf": csrf.group(1)}).status_code == 303
+        html = c.get(f"/tasks/{task_id}").text
+        assert "shop refund waiting in awaiting_approval" in html and "<caption>Inputs</caption>" in html

@@ -53,6 +53,7 @@ from engine.core.definition import (
     PROVIDER_ERROR_SUFFIX,
     Agent,
     Approval,
+    CardField,
     StateKind,
     Tool,
     Wait,
@@ -125,6 +126,8 @@ class Shown:
     name: str
     text: str
     money: bool = False
+    #: A page of this server the value links to (a task), if it is one.
+    link: str | None = None
 
 
 def display_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> list[Shown]:
@@ -254,13 +257,27 @@ class Evidence:
 
     tool: str
     fields: list[Shown]
+    #: When it was read: the time of the event that recorded the result (an approver sees how old it is).
+    read_at: str | None = None
 
 
-def evidence(facts: Mapping[str, Any]) -> list[Evidence]:
+def evidence(
+    facts: Mapping[str, Any], events: Iterable[Event] = (), definition: Workflow | None = None
+) -> list[Evidence]:
+    """Each tool's latest result, with its money shown as money (the result model says which fields are) and
+    the time it was read."""
+    read: dict[str, str] = {}
+    for e in events:
+        result = e.data.get("tool_result")
+        if result is not None:
+            read[str(result.get("tool"))] = when(e.at)
+    tools = definition.tools if definition is not None else None
     out = []
     for key, value in facts.items():
         if key.startswith("tool:") and isinstance(value, Mapping):
-            out.append(Evidence(key.removeprefix("tool:"), display_arguments(value)))
+            name = key.removeprefix("tool:")
+            model = tools.get(name).result if tools is not None and name in tools else None
+            out.append(Evidence(name, display_arguments(value, schema_of(model)), read.get(name)))
     return out
 
 
@@ -272,6 +289,7 @@ class Reason:
     text: list[str] = field(default_factory=list)
     proposed_by: str | None = None
     seq: int | None = None
+    at: str | None = None
 
 
 def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
@@ -293,7 +311,7 @@ def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
         for m in messages
         if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content")
     ]
-    return Reason(argument, text, proposing.actor, proposing.seq)
+    return Reason(argument, text, proposing.actor, proposing.seq, when(proposing.at))
 
 
 # -- the task lists --------------------------------------------------------------------------------
@@ -484,6 +502,8 @@ class ApprovalView:
     why_not: str | None = None
     #: Exactly the triggers this person may fire here, each with its form (`buttons`).
     buttons: list[Button] = field(default_factory=list)
+    #: What the workflow declares this decision shows first (or the default: the input).
+    card: Card | None = None
 
     @property
     def subject(self) -> str:
@@ -551,7 +571,8 @@ def approval_view(
             if prepared
             else proposed_arguments(definition, task, events)
         ),
-        evidence=evidence(task.facts),
+        evidence=evidence(task.facts, events, definition),
+        card=decision_card(definition, task, events),
         reason=model_reason(events, digest),
         timeline=timeline(events),
         decisions=pending["decisions"],
@@ -939,6 +960,7 @@ class WorkItem:
     buttons: list[Button]
     #: The full decision card, for approvals.
     approval: ApprovalView | None = None
+    card: Card | None = None
 
     #: How long it has waited, as people say it (when the page was drawn).
     waited: str = ""
@@ -1070,8 +1092,78 @@ def work_of(
         fields=display_arguments(task.input, schema_of(definition.input)),
         buttons=buttons(definition, task, principal),
         approval=approval,
+        card=decision_card(definition, task, events),
         waited=ago(at - row.updated_at),
     )
+
+
+# -- decision cards: what a workflow declares a decision shows -------------------------------------
+@dataclass(frozen=True, slots=True)
+class Card:
+    title: str
+    facts: list[Shown]
+    inputs: list[Shown]
+    evidence: list[Shown]
+    #: False: the workflow declares no card for the state, and this is the default (its input).
+    declared: bool
+
+
+_ABSENT = object()
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+
+
+def _read(path: str, sources: Mapping[str, Any]) -> Any:
+    """The value at `path` (`input.customer_id`, `facts.tool:query_order.total`), or _ABSENT."""
+    value: Any = sources
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return _ABSENT
+        value = value[part]
+    return value
+
+
+def card_value(f: CardField, sources: Mapping[str, Any]) -> Shown:
+    """One field of a card in display form; a value not on record says so rather than showing `null`."""
+    label = f.label or f.name.replace("_", " ")
+    value = _read(f.path, sources)
+    if value is _ABSENT or value is None:
+        return Shown(label, "not on record")
+    if f.format == "money" and isinstance(value, int) and not isinstance(value, bool):
+        currency = f.currency if _CURRENCY.match(f.currency) else _read(f.currency, sources)
+        if isinstance(currency, str):
+            return Shown(label, format_money(value, currency), money=True)
+    if f.format == "date" and isinstance(value, str):
+        try:
+            return Shown(label, when(datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)))
+        except ValueError:
+            pass
+    if f.format == "task" and isinstance(value, str) and re.fullmatch(TASK_ID_PATTERN, value):
+        return Shown(label, value, link=f"/tasks/{value}")
+    return Shown(label, value if isinstance(value, str) and f.format != "json" else compact(value))
+
+
+def decision_card(definition: Workflow, task: TaskState, events: list[Event]) -> Card:
+    """The card the workflow declares for the task's state, read from the task; without one, a default: a title
+    naming the workflow and the state, and the input (the prepared call and the evidence are always shown)."""
+    declared = definition.cards.get(task.state)
+    if declared is None:
+        title = f"{definition.name.replace('_', ' ')} waiting in {task.state}"
+        return Card(title, [], display_arguments(task.input, schema_of(definition.input)), [], False)
+    step: Any = {}
+    for e in reversed(events):
+        if e.to_state == task.state and isinstance(e.data.get("args"), Mapping):
+            step = e.data["args"]
+            break
+    prepared: Mapping[str, Any] = task.prepared["arguments"] if task.prepared else {}
+    sources = {"input": task.input, "prepared": prepared, "facts": task.facts, "args": step}
+    shown = {f.name: (f, card_value(f, sources)) for f in declared.fields}
+    title = re.sub(
+        r"{([^{}]*)}", lambda m: shown[m.group(1)][1].text if m.group(1) in shown else m.group(0), declared.title
+    )
+    by = {
+        section: [v for f, v in shown.values() if f.section == section] for section in ("facts", "inputs", "evidence")
+    }
+    return Card(title, by["facts"], by["inputs"], by["evidence"], True)
 
 
 #: What every template may call: the one time format, and the names of the kinds of work.
