@@ -46,6 +46,7 @@ from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Form, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.routing import APIRoute
 
 from engine.api.auth import (
     LOGIN_COOKIE,
@@ -110,14 +111,62 @@ from engine.api.views import (
     workflow_diagram,
 )
 from engine.core.approvals import DECISIONS
+from engine.core.canonical import format_instant
 from engine.core.definition import Status, Workflow
 from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
 from engine.runtime.engine import Engine, TaskView
 from engine.runtime.registry import Registry
 
-task_api = APIRouter(prefix="/api", tags=["tasks"])
-approval_api = APIRouter(prefix="/api", tags=["approvals"])
-workflow_api = APIRouter(prefix="/api", tags=["workflows"])
+#: What a generated client names each operation (`client.approve_task(...)`): a verb and the thing it acts on.
+#: A route not listed is named after its function.
+OPERATION_IDS = {
+    "whoami": "who_am_i",
+    "tasks": "list_tasks",
+    "history": "get_task_history",
+    "signal": "signal_task",
+    "cancel": "cancel_task",
+    "settle": "settle_task",
+    "replay": "replay_task",
+    "task_diagram_body": "get_task_diagram",
+    "approvals": "list_approvals",
+    "approve": "approve_task",
+    "reject": "reject_task",
+    "work": "list_work",
+    "workflows": "list_workflows",
+    "workflow": "get_workflow",
+    "workflow_diagram_body": "get_workflow_diagram",
+}
+
+
+def operation_id(route: APIRoute) -> str:
+    name = getattr(route.endpoint, "__name__", route.name)
+    return OPERATION_IDS.get(name, name)
+
+
+def known_query(request: Request) -> None:
+    """Refuse a query parameter the endpoint does not take (422 PAYLOAD_INVALID): a misspelt filter
+    (`?stat=blocked`) would otherwise be ignored, and the answer look like the one asked for."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    known = {p.alias for p in route.dependant.query_params}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise Refused(
+            f"unknown query parameter {', '.join(repr(u[:40]) for u in unknown[:5])}: this endpoint takes "
+            + (", ".join(sorted(known)) or "none"),
+            code=Code.PAYLOAD_INVALID,
+            unknown=[u[:40] for u in unknown[:5]],
+        )
+
+
+def api_router(tag: str) -> APIRouter:
+    return APIRouter(
+        prefix="/api", tags=[tag], generate_unique_id_function=operation_id, dependencies=[Depends(known_query)]
+    )
+
+
+task_api, approval_api, workflow_api = api_router("tasks"), api_router("approvals"), api_router("workflows")
 pages = APIRouter(include_in_schema=False)
 #: Every router, in the order the application includes them.
 ROUTERS = (task_api, approval_api, workflow_api, pages)
@@ -242,6 +291,13 @@ def moved(engine: Engine, task_id: str, conflict: ConcurrencyConflict, pre: Prec
     return RailyardError(message, code=Code.CONCURRENCY_CONFLICT, **details)
 
 
+def one_name(body: dict[str, Any]) -> dict[str, Any]:
+    """A body naming its workflow the one way the API does: `workflow` (the name) and `version`, never the
+    `name@version` the CLI prints."""
+    name, _, version = str(body["workflow"]).partition("@")
+    return {**body, "workflow": name, "version": int(version)} if version.isdigit() else body
+
+
 # -- the API over tasks ----------------------------------------------------------------------------
 @task_api.get("/me", response_model=WhoAmI, responses=errors(401))
 def whoami(who: Reader) -> dict[str, Any]:
@@ -323,7 +379,10 @@ def tasks(
     where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, limit)
     found = list_tasks(ctx.engine, where)
     return {
-        "tasks": [asdict(t) for t in found.tasks],
+        "tasks": [
+            {**asdict(t), "created_at": format_instant(t.created_at), "updated_at": format_instant(t.updated_at)}
+            for t in found.tasks
+        ],
         "limit": found.limit,
         "next_cursor": found.next_cursor,
         "next": next_link(request.url.path, {**asdict(where), "limit": found.limit}, found.next_cursor),
@@ -396,7 +455,7 @@ def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
     legal in its pinned definition, and that the fold matches the stored state. `ok` is false with findings."""
     report: dict[str, Any] = ctx.engine.replay(task_id).to_dict()
-    return report
+    return one_name(report)
 
 
 @task_api.get(
@@ -426,7 +485,7 @@ def approvals(
     after = decode_cursor(cursor) if cursor else None
     if after is not None and ctx.engine.store.row(after) is None:
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    found = ctx.engine.approvals(role=role, after=after, limit=limit + 1)
+    found = [one_name(a) for a in ctx.engine.approvals(role=role, after=after, limit=limit + 1)]
     page = found[:limit]
     more = encode_cursor(page[-1]["task_id"]) if len(found) > limit and page else None
     return {
@@ -442,14 +501,15 @@ def work_body(queue: WorkPage) -> dict[str, Any]:
         "items": [
             {
                 "task_id": w.task_id,
-                "workflow": w.workflow,
+                "workflow": w.workflow.partition("@")[0],
+                "version": w.version,
                 "state": w.state,
                 "kind": str(w.kind),
                 "seq": w.seq,
                 "started_by": w.started_by,
-                "created_at": w.created_at.isoformat(),
-                "waiting_since": w.waiting_since.isoformat(),
-                "deadline": w.deadline.isoformat() if w.deadline is not None else None,
+                "created_at": format_instant(w.created_at),
+                "waiting_since": format_instant(w.waiting_since),
+                "deadline": format_instant(w.deadline) if w.deadline is not None else None,
                 "at_deadline": w.at_deadline,
                 "triggers": [b.trigger for b in w.buttons],
             }

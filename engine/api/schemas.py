@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -111,8 +111,17 @@ class SettleRequest(_Request):
     expected_seq: int | None = _expected_seq()
 
 
+#: A time as the API writes it: ISO 8601 in UTC (`2026-12-01T06:23:18.123456Z`), kept as the text the log holds
+#: (an event's `at` is hashed as written), declared `format: date-time` for clients.
+DateTime = Annotated[str, Field(json_schema_extra={"format": "date-time"}, examples=["2026-12-01T06:23:18.123456Z"])]
+#: What a state is, and what a task's status is: the same closed sets as `engine.StateKind` and `engine.Status`.
+StateKindName = Literal["agent", "tool", "approval", "wait", "terminal"]
+StatusName = Literal["runnable", "blocked", "terminal"]
+WorkKindName = Literal["approval", "handoff", "failure", "limit", "cancel_review", "wait"]
+
+
 class ErrorBody(BaseModel):
-    code: str | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
+    code: Code | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
     message: str
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -121,7 +130,7 @@ class CancelRequested(BaseModel):
     actor: str
     reason: str
     seq: int = Field(description="The event that recorded the request.")
-    at: str
+    at: DateTime
 
 
 class Unsettled(BaseModel):
@@ -139,8 +148,8 @@ class TaskBody(BaseModel):
     version: int
     digest: str
     state: str
-    kind: str
-    status: str
+    kind: StateKindName
+    status: StatusName
     seq: int = Field(description='The ETag of the response is this seq in double quotes ("7").')
     allowed: list[str]
     input: dict[str, Any]
@@ -159,10 +168,10 @@ class TaskSummary(BaseModel):
     workflow: str
     version: int
     state: str
-    status: str
+    status: StatusName
     seq: int
-    created_at: str
-    updated_at: str
+    created_at: DateTime
+    updated_at: DateTime
     started_by: str = Field(description="The actor who started the task.")
     fields: dict[str, str] = Field(
         description="The task's searchable input fields (the workflow's `searchable`), e.g. its customer id."
@@ -184,7 +193,7 @@ class TaskPage(_Page):
 class EventBody(BaseModel):
     task_id: str
     seq: int
-    at: str
+    at: DateTime
     actor: str
     from_state: str | None
     trigger: str
@@ -197,6 +206,7 @@ class EventBody(BaseModel):
 class PendingApproval(BaseModel):
     task_id: str
     workflow: str
+    version: int
     state: str
     role: str
     started_by: str
@@ -213,22 +223,21 @@ class ApprovalPage(_Page):
 
 class WorkItemBody(BaseModel):
     task_id: str
-    workflow: str = Field(description="`name@version`.")
+    workflow: str
+    version: int
     state: str
-    kind: Literal["approval", "handoff", "failure", "limit", "cancel_review", "wait"] = Field(
-        description="Why it waits on a person."
-    )
+    kind: WorkKindName = Field(description="Why it waits on a person.")
     seq: int = Field(description="The seq to send back (If-Match or expected_seq) with a command.")
     started_by: str
-    created_at: str = Field(description="ISO 8601.")
-    waiting_since: str = Field(description="ISO 8601: when it came to this state.")
-    deadline: str | None = Field(description="ISO 8601, or null: no deadline.")
+    created_at: DateTime
+    waiting_since: DateTime = Field(description="When it came to this state.")
+    deadline: DateTime | None = Field(description="Null: no deadline.")
     at_deadline: str | None = Field(description="What happens at the deadline.")
     triggers: list[str] = Field(description="The triggers the caller may fire here (the engine checks again).")
 
 
 class WorkCountBody(BaseModel):
-    kind: str
+    kind: WorkKindName
     workflow: str
     yours: int = Field(description="Waiting on a trigger the caller may fire.")
     others: int = Field(description="Waiting on roles the caller does not hold (not listed).")
@@ -273,6 +282,7 @@ class DiagramBody(BaseModel):
 class ReplayBody(BaseModel):
     task_id: str
     workflow: str
+    version: int
     events: int
     ok: bool
     findings: list[dict[str, Any]]

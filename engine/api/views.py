@@ -352,8 +352,8 @@ class ListedTask:
     state: str
     status: str
     seq: int
-    created_at: str
-    updated_at: str
+    created_at: datetime
+    updated_at: datetime
     started_by: str
     fields: dict[str, str]
 
@@ -443,8 +443,8 @@ def list_tasks(engine: Engine, where: TaskFilter) -> TaskList:
             t.row.state,
             t.row.status,
             t.row.seq,
-            when(t.row.created_at),
-            when(t.row.updated_at),
+            t.row.created_at,
+            t.row.updated_at,
             t.started_by,
             t.fields,
         )
