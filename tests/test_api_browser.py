@@ -341,6 +341,12 @@ def test_an_approver_and_an_operator_work_the_queue_in_the_reference_workflows(b
             tab = context.new_page()
             try:
                 log_in(tab, "dana")
+                assert tab.evaluate(AUDIT) == []  # names, labels and contrast of the generated forms
+                for path in ("/inbox", f"/tasks/{failed}", f"/tasks/{ticket}"):
+                    tab.goto(path)
+                    assert tab.evaluate("document.documentElement.scrollWidth") <= 1280, path
+                    assert tab.evaluate(AUDIT) == [], path
+                tab.goto("/inbox")
                 assert tab.locator(f"#work-{failed}").is_visible() and tab.locator(f"#approval-{expense}").is_visible()
                 assert tab.locator(f"#work-{ticket}").count() == 0
                 card = tab.locator(f"#approval-{expense}")

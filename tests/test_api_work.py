@@ -304,3 +304,29 @@ def test_a_workflow_without_a_card_gets_the_default(db_url: str, tmp_path: Any) 
         assert csrf and c.post("/login", data={"token": "tok-dana", "csrf": csrf.group(1)}).status_code == 303
         html = c.get(f"/tasks/{task_id}").text
         assert "shop refund waiting in awaiting_approval" in html and "<caption>Inputs</caption>" in html
+
+
+def test_an_operator_settles_an_open_write_through_its_generated_form(db_url: str, tmp_path: Any) -> None:
+    from tests.support.api import make_api_engine, make_app, to_open_write
+
+    with make_api_engine(db_url, tmp_path) as engine, TestClient(make_app(engine), follow_redirects=False) as c:
+        task_id = to_open_write(engine)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', c.get("/login").text)
+        assert csrf and c.post("/login", data={"token": "tok-olga", "csrf": csrf.group(1)}).status_code == 303
+        html = c.get(f"/tasks/{task_id}").text
+        form = re.search(
+            r'<form method="post" action="/tasks/[^"]+/fire" class="trigger trigger-settle">.*?</form>', html, re.S
+        )
+        assert form, html
+        assert '<select id="settle-outcome-' in form.group(0) and '<option value="not_executed">' in form.group(0)
+        page_csrf = re.search(r'name="csrf" value="([^"]+)"', html)
+        assert page_csrf
+        data = {"csrf": page_csrf.group(1), "seq": str(engine.load(task_id).seq), "trigger": "settle"}
+        bad = c.post(f"/tasks/{task_id}/fire", data={**data, "arg.outcome": "maybe", "arg.evidence": "x"})
+        assert "PAYLOAD_INVALID" in flash(c, bad, task_id) and engine.get(task_id).unsettled is not None
+        done = c.post(
+            f"/tasks/{task_id}/fire", data={**data, "arg.outcome": "not_executed", "arg.evidence": "PSP ticket 42"}
+        )
+        assert "settle is recorded" in flash(c, done, task_id)
+        last = engine.history(task_id)[-1]
+        assert (last.actor, last.trigger, last.data["settled"]["outcome"]) == ("olga", "settle", "not_executed")
