@@ -112,7 +112,8 @@ def test_the_queue_holds_every_kind_of_work_for_the_roles_held_and_counts_the_re
     assert ticket not in html  # sam's, not dana's: counted, not drawn
     assert "1 more wait on roles which you do not hold" in html
     body = client.get("/api/work", headers={"Authorization": "Bearer tok-dana"}).json()
-    assert [i["task_id"] for i in body["items"]] == [approval, failure, expense]  # oldest first
+    # Nearest deadline first (the refund's 48 h, the expense's 72 h), then those without one, oldest first.
+    assert [i["task_id"] for i in body["items"]] == [approval, expense, failure]
     kinds = {i["task_id"]: (i["kind"], i["triggers"]) for i in body["items"]}
     assert kinds[failure] == ("failure", ["retry_refund", "give_up", "cancel"])
     assert kinds[expense] == ("approval", ["approve", "send_back", "cancel"])  # no reject: expense has none

@@ -534,7 +534,8 @@ def work(
     limit: WorkLimit = WORK_PAGE_SIZE,
 ) -> dict[str, Any]:
     """Every task waiting on a trigger the token's actor may fire (approvals, hand-offs, failures to retry,
-    limits reached, effects after a cancel, waits on a person), oldest first, a page at a time, with the counts
+    limits reached, effects after a cancel, waits on a person), nearest deadline first and then oldest, a page
+    at a time, with the counts
     per kind and workflow; tasks waiting on roles the token lacks are only counted."""
     queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, cursor=cursor, limit=limit)
     params = {"kind": kind, "workflow": workflow, "limit": queue.limit}
@@ -753,8 +754,8 @@ def inbox_page(
     workflow: WorkflowFilter = "",
     cursor: Cursor = "",
 ) -> Response:
-    """Every task waiting on a trigger this person may fire, oldest first, a page at a time; the ones waiting
-    on roles they lack are only counted."""
+    """Every task waiting on a trigger this person may fire, nearest deadline first and then oldest, a page at a
+    time; the ones waiting on roles they lack are only counted."""
     queue = work_queue(ctx.engine, session.principal, kind=kind, workflow=workflow, cursor=cursor)
     chosen = {"kind": kind, "workflow": workflow}
     return render(

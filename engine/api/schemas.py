@@ -244,7 +244,9 @@ class WorkCountBody(BaseModel):
 
 
 class WorkQueueBody(_Page):
-    items: list[WorkItemBody] = Field(description="Oldest first, by creation time then task id.")
+    items: list[WorkItemBody] = Field(
+        description="Nearest deadline first (none: last), then oldest, by creation time then task id."
+    )
     counts: list[WorkCountBody] = Field(description="Every task waiting on a person, by kind and workflow.")
 
 

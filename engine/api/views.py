@@ -1013,8 +1013,9 @@ def work_queue(
     cursor: str | None = None,
     limit: int = WORK_PAGE_SIZE,
 ) -> WorkPage:
-    """One page of the tasks waiting on this person, oldest first (by creation, then id), with the counts per
-    kind and workflow. Tasks waiting on roles the person lacks are counted, never loaded or drawn."""
+    """One page of the tasks waiting on this person, nearest deadline first, then oldest (by creation, then id),
+    with the counts per kind and workflow. Tasks waiting on roles the person lacks are counted, never loaded or
+    drawn."""
     limit = max(1, min(limit, WORK_MAX_LIMIT))
     after = decode_cursor(cursor) if cursor else None
     if after is not None and engine.store.row(after) is None:
@@ -1031,7 +1032,7 @@ def work_queue(
         for d, s, k, mine in states
         if mine and (not kind or k == kind) and (not workflow or d.name == workflow)
     ]
-    ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1)
+    ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1, by_deadline=True)
     at = datetime.now(UTC)
     items = []
     for task_id in ids[:limit]:
