@@ -78,6 +78,8 @@ def test_the_document_declares_enums_and_date_time_formats(client: TestClient) -
     assert "cancel_review" in schemas["WorkItemBody"]["properties"]["kind"]["enum"]
     for model, name in (("TaskSummary", "created_at"), ("EventBody", "at"), ("WorkItemBody", "waiting_since")):
         assert schemas[model]["properties"][name]["format"] == "date-time", (model, name)
+    for model in ("StartRequest", "SignalRequest", "CancelRequest", "ApproveRequest", "RejectRequest", "SettleRequest"):
+        assert schemas[model]["examples"], model
     for model in ("TaskBody", "TaskSummary", "PendingApproval", "WorkItemBody", "ReplayBody", "DiagramBody"):
         assert {"workflow", "version"} <= set(schemas[model]["properties"]), model
 

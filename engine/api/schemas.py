@@ -47,6 +47,17 @@ class _Request(BaseModel):
 
 
 class StartRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "workflow": "refund",
+                    "input": {"customer_id": "C-100", "order_id": "O-1001", "message": "It arrived broken."},
+                }
+            ]
+        },
+    )
     workflow: str = Field(pattern=NAME_PATTERN, description="Workflow name.")
     version: int | None = Field(default=None, ge=1, le=2**31 - 1, description="Version; the newest if omitted.")
     input: dict[str, Any] | None = Field(default=None, description="The task input, checked against the workflow's.")
@@ -70,6 +81,9 @@ def _expected_seq() -> Any:
 
 
 class SignalRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"trigger": "retry_refund", "payload": {}, "expected_seq": 9}]}
+    )
     trigger: str = Field(pattern=NAME_PATTERN, description="A trigger the task's current state allows.")
     payload: dict[str, Any] | None = Field(default=None, description="The trigger's arguments.")
     expected_seq: int | None = _expected_seq()
@@ -81,11 +95,18 @@ class SignalRequest(_Request):
 
 
 class CancelRequest(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"reason": "The customer withdrew."}]})
     reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the log.")
     expected_seq: int | None = _expected_seq()
 
 
 class ApproveRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"digest": "0c99c2817f45c22a" * 4, "comment": "Photo checked.", "expected_seq": 8}]
+        },
+    )
     digest: str | None = Field(
         max_length=64,
         description="The digest of the prepared call the approver reviewed (null only if the task has none).",
@@ -95,11 +116,18 @@ class ApproveRequest(_Request):
 
 
 class RejectRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "Outside the return window."}]}
+    )
     reason: str = Field(min_length=1, max_length=MAX_TEXT, description="Why; recorded with the decision.")
     expected_seq: int | None = _expected_seq()
 
 
 class SettleRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"outcome": "not_executed", "evidence": "PSP dashboard: no refund R-17"}]},
+    )
     outcome: Literal["executed", "not_executed"] = Field(
         description="What the operator established happened to the unsettled write call."
     )
