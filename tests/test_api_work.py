@@ -331,3 +331,27 @@ def test_an_operator_settles_an_open_write_through_its_generated_form(db_url: st
         assert "settle is recorded" in flash(c, done, task_id)
         last = engine.history(task_id)[-1]
         assert (last.actor, last.trigger, last.data["settled"]["outcome"]) == ("olga", "settle", "not_executed")
+
+
+def test_the_queue_filters_by_how_long_a_task_has_waited(client: TestClient, eng: Engine) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import text
+
+    from tests.support.stores import sql_store
+
+    old, new = expense_in_review(eng, "eve"), expense_in_review(eng, "finn")
+    two_days_ago = datetime.now(UTC) - timedelta(days=2)
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("UPDATE tasks SET updated_at = :at WHERE task_id = :id"), {"at": two_days_ago, "id": old})
+    auth = {"Authorization": "Bearer tok-dana"}
+
+    def ids(**params: str) -> list[str]:
+        return [i["task_id"] for i in client.get("/api/work", params=params, headers=auth).json()["items"]]
+
+    assert ids() == [old, new] and ids(older_than="1d") == [old] and ids(older_than="3d") == []
+    assert client.get("/api/work", params={"older_than": "2h"}, headers=auth).status_code == 422
+    login(client, "dana")
+    html = client.get("/inbox", params={"older_than": "1d"}).text
+    assert f'id="approval-{old}"' in html and new not in html and 'value="1d" selected' in html
+    assert re.search(r"waiting 2 d 0 h", words(html))

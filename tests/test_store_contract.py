@@ -505,9 +505,16 @@ def test_blocked_tasks_page_nearest_deadline_first_then_oldest(store: Store) -> 
         at = T0 + timedelta(seconds=n)
         seconds = due.get(f"b-{n}")
         deadline = T0 + timedelta(seconds=seconds) if seconds is not None else None
-        store.create(replace(log.row(status="blocked"), created_at=at, next_run_at=deadline), log.first)
+        store.create(replace(log.row(status="blocked"), created_at=at, updated_at=at, next_run_at=deadline), log.first)
     states = [("refund", 1, "drafting")]
     order = ["b-3", "b-4", "b-5", "b-2", "b-0", "b-1"]
+    # Waiting since before T0 + 2.5 s: b-0, b-1, b-2 (their last event is that old), in either order.
+    assert store.blocked_in(states, waiting_before=T0 + timedelta(seconds=2.5)) == ["b-0", "b-1", "b-2"]
+    assert store.blocked_in(states, by_deadline=True, waiting_before=T0 + timedelta(seconds=2.5)) == [
+        "b-2",
+        "b-0",
+        "b-1",
+    ]
     assert store.blocked_in(states, by_deadline=True) == order
     pages, after = [], None
     while True:

@@ -92,6 +92,7 @@ from engine.api.schemas import (
     status_for,
 )
 from engine.api.views import (
+    AGES,
     MAX_LIMIT,
     PAGE_SIZE,
     WORK_MAX_LIMIT,
@@ -530,6 +531,7 @@ def work(
     who: Reader,
     kind: KindFilter = "",
     workflow: WorkflowFilter = "",
+    older_than: OlderThan = "",
     cursor: Cursor = "",
     limit: WorkLimit = WORK_PAGE_SIZE,
 ) -> dict[str, Any]:
@@ -537,8 +539,8 @@ def work(
     limits reached, effects after a cancel, waits on a person), nearest deadline first and then oldest, a page
     at a time, with the counts
     per kind and workflow; tasks waiting on roles the token lacks are only counted."""
-    queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, cursor=cursor, limit=limit)
-    params = {"kind": kind, "workflow": workflow, "limit": queue.limit}
+    queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor, limit=limit)
+    params = {"kind": kind, "workflow": workflow, "older_than": older_than, "limit": queue.limit}
     return {**work_body(queue), "next": next_link(request.url.path, params, queue.next_cursor)}
 
 
@@ -743,6 +745,12 @@ def logout(ctx: Ctx, session: PagePost) -> Response:
 #: The work queue's filters, the page's and the API's alike (empty: any).
 KindFilter = Annotated[str, Query(pattern="^(|" + "|".join(WorkKind) + ")$", description="Only work of this kind.")]
 WorkLimit = Annotated[int, Query(ge=1, le=WORK_MAX_LIMIT, description="Page size.")]
+OlderThan = Annotated[
+    str,
+    Query(
+        pattern="^(|" + "|".join(AGES) + ")$", description="Only work waiting (since its last event) longer than this."
+    ),
+]
 
 
 @pages.get("/inbox", response_class=HTMLResponse)
@@ -752,12 +760,15 @@ def inbox_page(
     session: PageSession,
     kind: KindFilter = "",
     workflow: WorkflowFilter = "",
+    older_than: OlderThan = "",
     cursor: Cursor = "",
 ) -> Response:
     """Every task waiting on a trigger this person may fire, nearest deadline first and then oldest, a page at a
     time; the ones waiting on roles they lack are only counted."""
-    queue = work_queue(ctx.engine, session.principal, kind=kind, workflow=workflow, cursor=cursor)
-    chosen = {"kind": kind, "workflow": workflow}
+    queue = work_queue(
+        ctx.engine, session.principal, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor
+    )
+    chosen = {"kind": kind, "workflow": workflow, "older_than": older_than}
     return render(
         request,
         "inbox.html",

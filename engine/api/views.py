@@ -689,6 +689,9 @@ KIND_LABELS = {
     WorkKind.CANCEL_REVIEW: "Effects after a cancel",
     WorkKind.WAIT: "Waiting on a person",
 }
+#: The ages the queue can be filtered by: waiting (since its last event) longer than this.
+AGES = {"1h": timedelta(hours=1), "4h": timedelta(hours=4), "1d": timedelta(days=1), "3d": timedelta(days=3)}
+AGE_LABELS = {"1h": "an hour", "4h": "4 hours", "1d": "a day", "3d": "3 days"}
 #: The queue's page size, and the most an API page may hold: each item is a task loaded from its log.
 WORK_PAGE_SIZE = 50
 WORK_MAX_LIMIT = 100
@@ -1010,6 +1013,7 @@ def work_queue(
     *,
     kind: str | None = None,
     workflow: str | None = None,
+    older_than: str | None = None,
     cursor: str | None = None,
     limit: int = WORK_PAGE_SIZE,
 ) -> WorkPage:
@@ -1032,8 +1036,9 @@ def work_queue(
         for d, s, k, mine in states
         if mine and (not kind or k == kind) and (not workflow or d.name == workflow)
     ]
-    ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1, by_deadline=True)
     at = datetime.now(UTC)
+    waiting_before = at - AGES[older_than] if older_than else None
+    ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1, by_deadline=True, waiting_before=waiting_before)
     items = []
     for task_id in ids[:limit]:
         item = work_item(engine, task_id, principal, at)
@@ -1168,4 +1173,4 @@ def decision_card(definition: Workflow, task: TaskState, events: list[Event]) ->
 
 
 #: What every template may call: the one time format, and the names of the kinds of work.
-_env.globals.update(when=when, kinds=KIND_LABELS, stays=stays)
+_env.globals.update(when=when, kinds=KIND_LABELS, stays=stays, ages=AGE_LABELS)

@@ -480,8 +480,10 @@ class MemoryStore:
         after: str | None = None,
         limit: int | None = None,
         by_deadline: bool = False,
+        waiting_before: datetime | None = None,
     ) -> list[str]:
         wanted = set(states)
+        before = utc(waiting_before) if waiting_before is not None else None
 
         def key(t: _Task) -> tuple[datetime, datetime, str]:
             due = (t.next_run_at or NO_DEADLINE) if by_deadline else NO_DEADLINE
@@ -489,7 +491,11 @@ class MemoryStore:
 
         with self._lock:
             found = [
-                t for t in self._tasks.values() if t.status == "blocked" and (t.workflow, t.version, t.state) in wanted
+                t
+                for t in self._tasks.values()
+                if t.status == "blocked"
+                and (t.workflow, t.version, t.state) in wanted
+                and (before is None or t.updated_at < before)
             ]
             if after is not None:
                 last = self._tasks.get(after)

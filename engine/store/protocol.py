@@ -233,10 +233,12 @@ class Store(Protocol):
         after: str | None = None,
         limit: int | None = None,
         by_deadline: bool = False,
+        waiting_before: datetime | None = None,
     ) -> list[str]:
         """Blocked tasks standing in one of `states` (workflow, version, state), oldest first by (created_at,
         task_id); with `by_deadline`, nearest deadline (`next_run_at`) first and those without one last, then
-        oldest first. With `after` (a task id), only those after it in that order; at most `limit`."""
+        oldest first. With `after` (a task id), only those after it in that order; with `waiting_before`, only
+        those whose last event (`updated_at`) is older; at most `limit`."""
         ...
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:

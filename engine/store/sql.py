@@ -688,6 +688,7 @@ class SqlStore:
         after: str | None = None,
         limit: int | None = None,
         by_deadline: bool = False,
+        waiting_before: datetime | None = None,
     ) -> list[str]:
         """Blocked tasks standing in one of `states` (workflow, version, state), oldest first (or nearest deadline
         first): the work queue reads these instead of loading every blocked task to find out where it stands."""
@@ -696,6 +697,8 @@ class SqlStore:
         query = select(tasks.c.task_id).where(
             tasks.c.status == "blocked", tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states))
         )
+        if waiting_before is not None:
+            query = query.where(tasks.c.updated_at < waiting_before)
         if by_deadline:
             # No deadline sorts last: a far-off instant stands in for it, so the keyset stays one tuple comparison.
             due = func.coalesce(tasks.c.next_run_at, literal(NO_DEADLINE, type_=tasks.c.next_run_at.type))
