@@ -198,6 +198,11 @@ def test_cancel_from_a_task_page_and_a_trigger_the_role_lacks_is_refused(client:
         f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "resolve", "arg.note": "x"}
     )
     assert "FORBIDDEN" in flash(client, refused, task_id) and eng.get(task_id).state == "human_queue"
+    before = len(eng.history(task_id))
+    for trigger in ("expired", "hand_off", "approve", "no-such"):  # the engine's own, a decision, a bad name
+        forged = client.post(f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": trigger})
+        assert re.search(r"FORBIDDEN|TRIGGER_NOT_ALLOWED|PAYLOAD_INVALID", flash(client, forged, task_id)), trigger
+    assert len(eng.history(task_id)) == before  # nothing written
     stale = client.post(
         f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": "1", "trigger": "cancel", "arg.reason": "dup"}
     )
