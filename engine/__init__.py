@@ -78,7 +78,7 @@ from engine.runtime.registry import Registry
 from engine.runtime.roles import StaticRoles, roles_from_file
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS
 from engine.runtime.worker import Worker
-from engine.store import MemoryStore, SqlStore, Store, migrations
+from engine.store import MemoryStore, SqlStore, Store, migrations, redact_url
 
 # A library logs; the application decides where logs go. Without this, Python's last-resort
 # handler would print raw database messages to a user's terminal.
@@ -149,6 +149,7 @@ __all__ = [
     "fold",
     "migrations",
     "open_model",
+    "redact_url",
     "roles_from_file",
     "scripted_call",
     "sha256_hex",

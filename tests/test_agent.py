@@ -550,3 +550,22 @@ def test_a_refused_shape_is_remembered_for_the_next_task_too(eng: Engine) -> Non
     assert run(eng, second, model).state == "decided"
     # The forced class is ruled out at once, for the next task too: neither the named tool nor `required`.
     assert [r.tool_choice for r in model.requests] == ["decide", "auto", "auto"]
+
+
+def test_a_well_formed_envelope_with_a_bad_value_is_repaired_on_the_same_rung(eng: Engine) -> None:
+    """The structured rung was obeyed: a wrong amount is an ordinary mistake, not a reason to leave native_schema."""
+    bad = {"json": {"action": "propose", "arguments": {"amount": 0, "reason": "damaged"}}}
+    good = {"json": {"action": "propose", "arguments": {"amount": 30, "reason": "damaged"}}}
+    task_id = eng.start("refund", {"customer": "c1", "balance": 500}, actor="ann")
+    run(eng, task_id, ScriptedModel([bad, bad, good], profile="openai"), turns=3)
+    turns = [e.data["turn"] for e in eng.history(task_id)[1:4]]
+    assert [(t["strategy"], t["code"]) for t in turns] == [
+        ("native_schema", "OUTPUT_SCHEMA_INVALID"),
+        ("native_schema", "OUTPUT_SCHEMA_INVALID"),
+        ("native_schema", None),
+    ]
+    assert not any("escalated" in t or "worked" in t for t in turns)
+    # An answer that is not the envelope at all did ignore the rung: that one escalates.
+    other = eng.start("refund", {"customer": "c1", "balance": 500}, actor="ann")
+    run(eng, other, ScriptedModel([{"json": {"amount": 30}}, good], profile="openai"), turns=2)
+    assert eng.history(other)[1].data["turn"]["escalated"]["why"] == "OUTPUT_SCHEMA_INVALID"

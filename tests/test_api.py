@@ -669,6 +669,17 @@ def test_a_database_without_the_schema_is_a_503(tmp_path: Path) -> None:
         refused(client.get("/api/tasks", headers=bearer("bob")), 503, Code.SCHEMA_MISSING)
 
 
+def test_a_database_that_does_not_answer_is_a_503_that_names_no_host_or_user() -> None:
+    url = "postgresql+psycopg://railyard_app:pw-h3@127.0.0.1:1/railyard"
+    with (
+        Engine(url, Registry([]), authoriser=token_table()) as away,
+        TestClient(create_app(away, token_table())) as client,
+    ):
+        body = refused(client.get("/api/tasks", headers=bearer("bob")), 503, Code.DATABASE_UNREACHABLE)
+    for detail in ("127.0.0.1", "railyard_app", "pw-h3"):  # in the server's log, not in the caller's answer
+        assert detail not in str(body), body
+
+
 # -- the rest of HTTP ---------------------------------------------------------------------
 def test_unknown_routes_and_methods_answer_json_without_a_code(client: TestClient) -> None:
     response = client.get("/api/nothing-here", headers=bearer("ann"))
@@ -688,6 +699,8 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("POST", "/api/tasks/{task_id}/signal"),
         ("POST", "/api/tasks/{task_id}/cancel"),
         ("POST", "/api/tasks/{task_id}/settle"),
+        ("POST", "/api/tasks/{task_id}/fork"),
+        ("POST", "/api/tasks/{task_id}/redrive"),
         ("GET", "/api/tasks/{task_id}/replay"),
         ("GET", "/api/tasks/{task_id}/diagram"),
         ("GET", "/api/approvals"),

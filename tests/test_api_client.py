@@ -36,6 +36,8 @@ OPERATIONS = {
     ("POST", "/api/tasks/{task_id}/cancel"): ("cancel_task", "tasks"),
     ("POST", "/api/tasks/{task_id}/settle"): ("settle_task", "tasks"),
     ("GET", "/api/tasks/{task_id}/replay"): ("replay_task", "tasks"),
+    ("POST", "/api/tasks/{task_id}/fork"): ("fork_task", "tasks"),
+    ("POST", "/api/tasks/{task_id}/redrive"): ("redrive_task", "tasks"),
     ("GET", "/api/tasks/{task_id}/diagram"): ("get_task_diagram", "tasks"),
     ("GET", "/api/approvals"): ("list_approvals", "approvals"),
     ("POST", "/api/tasks/{task_id}/approve"): ("approve_task", "approvals"),

@@ -3,6 +3,7 @@ searchable input fields (the reference refund's customer and order ids), and the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,8 +16,9 @@ from engine import Code, Engine, Registry, ScriptedModel
 from engine.api import create_app
 from engine.store import SqlStore
 from engine.store.protocol import TaskQuery
-from tests.support.api import bearer, make_api_engine, make_app, to_approval, token_table
+from tests.support.api import SETTLED_BY_OPERATORS, bearer, make_api_engine, make_app, to_approval, token_table
 from tests.support.postgres import truncate
+from tests.support.shop import Ledger, make_workflow
 from tests.support.stores import T0, Log
 from workflows import EXPENSE, REFUND_V2, TICKET_TRIAGE
 
@@ -176,6 +178,53 @@ def test_the_approvals_list_is_bounded_and_pages_oldest_first(engine: Engine, cl
     assert third["next"] is None and third["next_cursor"] is None
     assert "role=refund_approver" in get(client, "/api/approvals", role="refund_approver", limit=1)["next"]
     assert len(get(client, "/api/approvals")["approvals"]) == 7 and get(client, "/api/approvals")["limit"] == 50
+
+
+def test_a_task_left_off_a_page_of_approvals_does_not_end_the_list(db_url: str, tmp_path: Path) -> None:
+    """One of the waiting tasks cannot be loaded (its version's code changed without a new version): the page it
+    falls on is short, and the list still goes on to the tasks after it."""
+    with make_api_engine(db_url, tmp_path) as engine:
+        waiting = [to_approval(engine) for _ in range(2)]
+        changed = to_approval(engine, workflow=SETTLED_BY_OPERATORS)
+        waiting += [to_approval(engine) for _ in range(2)]
+    shop = make_workflow(Ledger(tmp_path / "ledger.db"))
+    edited = dataclasses.replace(shop, name=SETTLED_BY_OPERATORS, settle_role="somebody_else")
+    tokens = token_table()
+    with (
+        Engine(db_url, Registry([shop, edited]), authoriser=tokens) as engine,
+        TestClient(create_app(engine, tokens, session_secret="s")) as client,
+    ):
+        for limit in (1, 2, 3):
+            seen, page = [], get(client, "/api/approvals", limit=limit)
+            while True:
+                seen += [p["task_id"] for p in page["approvals"]]
+                if page["next"] is None:
+                    break
+                page = client.get(page["next"], headers=bearer("audrey")).json()
+            assert seen == waiting and changed not in seen, limit
+
+
+def test_dates_past_the_calendars_ends_are_refused_not_a_server_error(client: TestClient) -> None:
+    bad = [("created_to", "9999-12-31")]  # the day after it, which the bound is, is past the calendar
+    for bound in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "20261201", "2026-W48"):
+        bad += [("created_from", bound), ("created_to", bound)]
+    for name, bound in bad:
+        refused(client.get("/api/tasks", params={name: bound}, headers=bearer("audrey")), Code.PAYLOAD_INVALID)
+    assert get(client, "/api/tasks", created_from="9999-12-31")["tasks"] == []  # a day that exists: no task yet
+
+
+def test_a_searchable_value_with_a_control_character_starts_its_task_and_is_not_indexed(
+    reference: tuple[Engine, TestClient],
+) -> None:
+    """PostgreSQL's text refuses a NUL: the task starts with its input whole, and the value is not searchable
+    (a search can never carry a control character)."""
+    engine, client = reference
+    for employee in ("a\x00b", "a\tb"):
+        task_id = engine.start("expense", {"employee": employee, "limit_cents": 5000}, actor="ann")
+        assert engine.load(task_id).input["employee"] == employee
+        assert get(client, "/api/tasks", q=task_id[:8])["tasks"][0]["task_id"] == task_id
+    plain = engine.start("expense", {"employee": "zed", "limit_cents": 5000}, actor="ann")
+    assert [t["task_id"] for t in get(client, "/api/tasks", q="zed")["tasks"]] == [plain]  # not a hex id prefix
 
 
 def test_every_list_query_is_served_by_an_index_on_postgresql(pg_database: str) -> None:

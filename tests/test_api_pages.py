@@ -4,7 +4,9 @@ codes after a redirect."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -368,26 +370,59 @@ def test_logout_ends_the_session_for_every_copy_of_its_cookie(client: TestClient
         assert thief.post("/logout", data={"csrf": csrf}).status_code == 303  # no session: to the login page
 
 
-def test_failed_logins_are_limited_per_account_and_per_address(client: TestClient) -> None:
-    def attempt(token: str, user: str = "") -> int:
-        """A login from the test client's one address; its status (and the last answer in `answers`)."""
-        page = client.get("/login")
-        answers.append(client.post("/login", data={"token": token, "user": user, "csrf": csrf_of(page.text)}))
-        client.cookies.delete("railyard_session")
+def test_failed_logins_are_limited_per_account_and_per_address(client: TestClient, engine: Engine) -> None:
+    def attempt(token: str, user: str = "", via: TestClient = client) -> int:
+        """A login from one address; its status (and the last answer in `answers`)."""
+        page = via.get("/login")
+        answers.append(via.post("/login", data={"token": token, "user": user, "csrf": csrf_of(page.text)}))
+        via.cookies.delete("railyard_session")
         return int(answers[-1].status_code)
 
     answers: list[Any] = []
 
     for _ in range(LOGIN_FAILURES_PER_ACCOUNT):
-        assert attempt("guess", "dana") == 401
-    assert attempt("tok-dana", "dana") == 429  # the right token, but the account is locked for the window
+        assert attempt("guess", "Dana") == 401  # the name in any letter case
+    assert attempt("tok-dana", "dana") == 429  # the right token, but the account is locked from this address
     assert "LOGIN_THROTTLED" in answers[-1].text and "railyard_session" not in answers[-1].headers.get("set-cookie", "")
     assert 0 < int(answers[-1].headers["Retry-After"]) <= LOGIN_WINDOW_SECONDS
     assert attempt("tok-dana") == 429  # unnamed: the account is known once the token is
+    # From anywhere else, dana logs in: whoever typed her name five times cannot lock her out.
+    with TestClient(make_app(engine), follow_redirects=False, client=("10.9.9.9", 50000)) as elsewhere:
+        assert attempt("tok-dana", "dana", elsewhere) == 303
     assert attempt("tok-erin", "erin") == 303  # another account is not locked
     for _ in range(LOGIN_FAILURES_PER_ADDRESS - LOGIN_FAILURES_PER_ACCOUNT):
         assert attempt("guess") == 401
     assert attempt("tok-erin", "erin") == 429  # the address has spent its failures
+
+
+def test_a_burst_of_logins_sent_at_once_is_counted_one_by_one(engine: Engine) -> None:
+    """Sixty wrong tokens from one address at the same moment over a real server: no more than the limit are
+    tried; the rest are throttled."""
+    with live_server(make_app(engine)) as base:
+        forms = []
+        for _ in range(60):
+            browser = httpx.Client(base_url=base, follow_redirects=False)
+            forms.append((browser, csrf_of(browser.get("/login").text)))
+        start = threading.Barrier(len(forms))
+
+        def guess(pair: tuple[httpx.Client, str]) -> int:
+            browser, csrf = pair
+            start.wait()
+            return browser.post("/login", data={"token": "guess", "csrf": csrf}).status_code
+
+        with ThreadPoolExecutor(len(forms)) as pool:
+            statuses = list(pool.map(guess, forms))
+        for browser, _ in forms:
+            browser.close()
+    assert statuses.count(401) == LOGIN_FAILURES_PER_ADDRESS and statuses.count(429) == 60 - LOGIN_FAILURES_PER_ADDRESS
+
+
+def test_a_login_replaces_the_browsers_session(client: TestClient) -> None:
+    login(client, "dana")
+    dana = client.cookies["railyard_session"]
+    login(client, "erin")
+    with TestClient(client.app, follow_redirects=False, cookies={"railyard_session": dana}) as copy:
+        assert copy.get("/inbox").status_code == 303  # dana's earlier session ended when erin logged in here
 
 
 def test_over_a_real_server_a_copied_cookie_dies_at_logout_and_a_foreign_origin_is_refused(engine: Engine) -> None:

@@ -17,7 +17,7 @@ import pytest
 from engine import Code, Event, RailyardError, migrations
 from engine.api.auth import LoginThrottle
 from engine.api.routes import safe_next
-from engine.api.tokens import TokenTable, hash_token, load_tokens, main, parse_tokens, toml_entry
+from engine.api.tokens import TokenTable, hash_token, load_tokens, parse_tokens, toml_entry
 from engine.api.views import display_arguments, format_money, model_reason
 from engine.core.payloads import as_event_data
 from engine.core.summary import summarise
@@ -73,9 +73,14 @@ def test_an_unreadable_tokens_file_is_a_config_error(tmp_path: Path) -> None:
     assert caught.value.code is Code.CONFIG_INVALID
 
 
-def test_the_token_helper_makes_a_token_and_its_entry(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["new", "--actor", "dana", "--role", "refund_approver"]) == 0
-    printed = capsys.readouterr().out
+def test_the_token_helper_makes_a_token_and_its_entry() -> None:
+    from typer.testing import CliRunner
+
+    from engine.cli import app
+
+    made = CliRunner().invoke(app, ["tokens", "new", "--actor", "dana", "--role", "refund_approver"])
+    assert made.exit_code == 0 and made.stderr == ""
+    printed = made.stdout
     token = printed.split(": ", 1)[1].split("\n", 1)[0]
     import tomllib
 
@@ -219,24 +224,25 @@ def test_the_login_throttle_counts_failures_in_a_sliding_window() -> None:
     assert throttle.retry_after(address="10.0.0.1", account="dana") is None
     throttle.failed(address="10.0.0.1", account="dana")
     after(10)
-    throttle.failed(address="10.0.0.1", account="dana")
-    assert throttle.retry_after(address="10.0.0.2", account="dana") == 50  # the first failure leaves at 60 s
+    throttle.failed(address="10.0.0.1", account="DANA")  # a name in any letter case is the same account
+    assert throttle.retry_after(address="10.0.0.1", account="dana") == 50  # the first failure leaves at 60 s
+    # The account is locked from that address only: whoever typed the name cannot lock its owner out elsewhere.
+    assert throttle.retry_after(address="10.0.0.2", account="dana") is None
     assert throttle.retry_after(address="10.0.0.1", account=None) is None  # two of the address's three
     throttle.failed(address="10.0.0.1", account=None)
-    assert throttle.retry_after(address="10.0.0.1", account="erin") == 50
+    assert throttle.retry_after(address="10.0.0.1", account="erin") == 50  # the address has spent its three
     # Another server process over the same database sees the same failures.
     other = LoginThrottle(store, per_account=2, per_address=3, window_seconds=60, clock=lambda: clock[0])
-    assert other.retry_after(address="10.0.0.9", account="dana") == 50
+    assert other.retry_after(address="10.0.0.1", account="dana") == 50
     after(60)  # the first failure leaves the window: one of dana's two, one of the address's three
-    assert throttle.retry_after(address="10.0.0.2", account="dana") is None
-    assert throttle.retry_after(address="10.0.0.1", account=None) is None
-    throttle.failed(address="10.0.0.1", account="dana")
-    throttle.failed(address="10.0.0.1", account="dana")
-    assert throttle.retry_after(address=None, account="dana") == 60
-    assert throttle.retry_after(address="10.0.0.1", account=None) == 10  # the failures at 10 s leave at 70 s
-    throttle.succeeded(account="dana")  # a login clears the account's failures, not the address's
-    assert throttle.retry_after(address=None, account="dana") is None
-    assert throttle.retry_after(address="10.0.0.1", account="dana") == 10
+    assert throttle.retry_after(address="10.0.0.1", account="dana") is None
+    throttle.failed(address="10.0.0.3", account="dana")
+    throttle.failed(address="10.0.0.3", account="dana")
+    assert throttle.retry_after(address="10.0.0.3", account="dana") == 60
+    throttle.succeeded(address="10.0.0.3", account="dana")  # clears dana's count from there, not the address's
+    assert throttle.retry_after(address="10.0.0.3", account="dana") is None
+    throttle.failed(address="10.0.0.3", account=None)
+    assert throttle.retry_after(address="10.0.0.3", account=None) == 60
 
 
 def test_a_next_target_is_kept_only_if_it_is_a_path_on_this_server() -> None:

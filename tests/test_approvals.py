@@ -151,3 +151,23 @@ def test_the_inbox_lists_tasks_at_approval_gates_oldest_first_and_loads_no_other
     assert [p["state"] for p in eng.approvals(role="approver")] == ["awaiting_approval"] * 2 + ["escalation_review"]
     assert eng.approvals(role="operator") == []
     assert parked not in loaded  # blocked elsewhere: never loaded to find out
+
+
+def test_a_digest_prefix_names_the_call_only_when_it_is_long_enough_and_unique() -> None:
+    from engine.core.approvals import DIGEST_PREFIX, full_digest
+
+    current, earlier = "ab" * 32, "ab" * 6 + "cd" * 26
+    assert full_digest(current[:DIGEST_PREFIX], current) == current
+    assert full_digest(current, current, {earlier}) == current
+    assert full_digest("0" * DIGEST_PREFIX, current) == "0" * DIGEST_PREFIX  # not the call: check_decision says stale
+    assert full_digest(None, current) is None
+    for named, code in ((current[: DIGEST_PREFIX - 1], Code.DIGEST_TOO_SHORT), (current[:4], Code.DIGEST_TOO_SHORT)):
+        with pytest.raises(RailyardError) as caught:
+            full_digest(named, current)
+        assert caught.value.code is code
+    both = "ab" * 6  # 12 characters that begin both digests
+    assert earlier.startswith(both) and current.startswith(both)
+    with pytest.raises(RailyardError) as caught:
+        full_digest(both, current, {earlier, current})
+    assert caught.value.code is Code.DIGEST_AMBIGUOUS
+    assert full_digest("ab" * 7, current, {earlier, current}) == current  # one more character: unique again

@@ -83,9 +83,9 @@ def test_replay_all_reads_each_archive_file_once(eng: Engine, monkeypatch: pytes
     opened: list[str] = []
     check = archive._check_file
 
-    def counted(path: Any, lookup: Any) -> Any:
+    def counted(path: Any, lookup: Any, origin: Any = None) -> Any:
         opened.append(path.name)
-        return check(path, lookup)
+        return check(path, lookup, origin)
 
     monkeypatch.setattr(archive, "_check_file", counted)
     reports = [r for r in eng.replay_all() if r.task_id in ended]

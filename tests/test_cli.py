@@ -457,3 +457,56 @@ def test_graph_highlights_a_tasks_path(cli_env: str) -> None:
     assert code == 0 and 'awaiting_approval -> executing [label="approve (1x)" color=blue' in out
     assert invoke("graph", "counter", "--task", task_id)[0] == 2
     assert invoke("graph", "refund", "--task", "missing-task")[0] == 1
+
+
+def test_approve_takes_the_digest_approvals_shows_and_prints_nothing_before_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference refund at its approval of a prepared payment: `approvals` shows the first 12 characters of
+    the digest, and `approve --digest` with them approves that call; fewer is DIGEST_TOO_SHORT, 12 that are not
+    the call's APPROVAL_STALE, each alone on stderr with the log unchanged."""
+    from engine import Engine, Registry, ScriptedModel, StaticRoles
+    from workflows import fakes
+    from workflows.scripts import REFUND_WRONG_ITEM_INPUT, refund_wrong_item
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    roles = tmp_path / "roles.toml"
+    roles.write_text('[users]\ndana = ["refund_approver"]\n', encoding="utf-8")
+    for name, value in {"RAILYARD_DATABASE_URL": url, "RAILYARD_WORKFLOWS": "workflows"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RAILYARD_ROLES_FILE", str(roles))
+    assert invoke("db", "upgrade")[0] == 0
+    fakes.bind(url)
+    fakes.systems(url).reset()
+    with Engine(url, Registry.from_modules(["workflows"]), authoriser=StaticRoles({})) as eng:
+        task_id = eng.start("refund", REFUND_WRONG_ITEM_INPUT, actor="portal")
+        eng.run(task_id, model=ScriptedModel(refund_wrong_item(eng.get(task_id).version)))
+        prepared = eng.load(task_id).prepared
+        assert prepared is not None and eng.get(task_id).state == "awaiting_approval"
+        seq = eng.get(task_id).seq
+    digest = str(prepared["digest"])
+
+    code, out, _ = invoke("approvals")
+    assert code == 0 and digest[:12] in out and digest[:13] not in out
+    for named, refusal in ((digest[:11], "DIGEST_TOO_SHORT"), ("0" * 12, "APPROVAL_STALE")):
+        code, out, err = invoke("approve", task_id, "--as", "dana", "--digest", named)
+        assert code == 1 and out == "" and err.startswith(f"{refusal}: ") and err.count("\n") == 1, err
+    code, out, err = invoke("approve", task_id, "--as", "nobody")  # no --digest: still nothing before the refusal
+    assert code == 1 and err.startswith("APPROVAL_FORBIDDEN: ") and err.count("\n") == 1, err
+    code, out, _ = invoke("show", task_id, "--json")
+    assert json.loads(out)["seq"] == seq  # every refusal left the log as it was
+
+    code, out, err = invoke("approve", task_id, "--as", "dana", "--digest", digest[:12], "--json")
+    assert code == 0, err
+    assert json.loads(out)["state"] == "executing"
+    code, out, _ = invoke("history", task_id, "--json")
+    assert json.loads(out)[-1]["data"]["approval"]["digest"] == digest  # the whole digest is what is recorded
+
+
+def test_an_unknown_workflow_is_named_with_the_known_ones_and_the_closest(cli_env: str) -> None:
+    code, out, err = invoke("start", "refnd", "--as", "ann")
+    assert code == 1 and out == ""
+    assert err.startswith("WORKFLOW_UNKNOWN: no workflow named 'refnd' (did you mean refund?); the known ones are ")
+    assert "counter, " in err and " and " in err and "[" not in err  # in words, not a Python list
+    code, _, err = invoke("graph", "zzz")
+    assert code == 1 and "did you mean" not in err and "the known ones are" in err

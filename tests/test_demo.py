@@ -6,14 +6,21 @@ The assertions read the task logs and the fake provider's books, never the print
 from __future__ import annotations
 
 import io
+import os
+import shlex
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from engine import Engine, Registry
 from tests.support.payloads import undeclared
+from tests.support.postgres import truncate
 from tests.support.reference import steps
+from tests.test_docs import blocks, without_comment
 from workflows import fakes
 from workflows.demo import run_demo
 
@@ -58,3 +65,59 @@ def test_the_demo_scenarios(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Non
         assert all(eng.replay(t).ok for t in (tasks.refund, tasks.ticket, tasks.crashed_refund))
         for task_id in (tasks.refund, tasks.ticket, tasks.crashed_refund):
             assert undeclared(eng.history(task_id)) == []
+
+
+REPO = Path(__file__).resolve().parent.parent
+RAILYARD = Path(sys.executable).parent / "railyard"
+
+
+def railyard(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    """The installed `railyard`, run in the clone as `make demo` runs it, on `url` and the project's workflows."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
+    return subprocess.run(
+        [str(RAILYARD), *args],
+        cwd=REPO,
+        env={**env, "RAILYARD_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_the_readme_follow_up_shows_what_make_demo_leaves(tmp_path: Path) -> None:
+    """`make demo` (db upgrade, then demo) on a fresh SQLite file, then the README's `console demo` block: each
+    command succeeds, and prints exactly the output the README shows under it."""
+    url = f"sqlite:///{tmp_path / 'railyard.db'}"
+    for step in (["db", "upgrade"], ["demo"]):
+        done = railyard(*step, url=url)
+        assert done.returncode == 0, done.stderr
+    [block] = [b for b in blocks(REPO / "README.md") if b.lang == "console" and b.option("demo")]
+    shown: dict[str, list[str]] = {}
+    command = ""
+    for line in block.text.splitlines():
+        if line.startswith("$ "):
+            command = without_comment(line[2:]).strip()
+            shown[command] = []
+        else:
+            shown[command].append(line)
+    assert "railyard replay --all" in shown
+    for command, expected in shown.items():
+        argv = shlex.split(command)
+        assert argv[0] == "railyard"
+        done = railyard(*argv[1:], url=url)
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        if expected:
+            assert done.stdout.splitlines() == expected, command
+
+
+def test_the_demo_never_prints_the_database_password(pg_database: str) -> None:
+    """The demo's header names the database it runs on, with the password replaced by `***`."""
+    truncate(pg_database)
+    secret = "s3cret-demo-password"
+    url = pg_database.replace("://postgres@", f"://postgres:{secret}@")
+    assert secret in url
+    done = railyard("demo", url=url)
+    assert done.returncode == 0, done.stderr
+    assert "Railyard demo" in done.stdout and "postgres:***@" in done.stdout
+    assert secret not in done.stdout + done.stderr

@@ -7,7 +7,17 @@ from typing import Any
 import pytest
 
 from engine import Code
-from engine.core.model_errors import ERROR_TABLE, ErrorFields, ModelError, Rule, classify, redact
+from engine.core.model_errors import (
+    ERROR_TABLE,
+    ErrorFields,
+    ModelError,
+    Rule,
+    Shape,
+    classify,
+    failure,
+    names_shape,
+    redact,
+)
 
 
 def _matching(rule: Rule, value: str) -> tuple[ErrorFields, frozenset[Any]]:
@@ -74,3 +84,25 @@ def test_the_message_kept_for_people_is_cleaned_masked_and_cut() -> None:
     assert "sk-live" not in kept and "abcdefghijklmnop" not in kept and "s3cr3t" not in kept
     assert kept.startswith("bad key [redacted][31m; [redacted]; url?[redacted]&x=1 ")
     assert ModelError(Code.PROVIDER_AUTH, text).raw == kept
+
+
+NAMED = [
+    # (the error's fields, whether they name the refused shape themselves)
+    (ErrorFields(400, "invalid_request_error", None, "tool_choice"), True),
+    (ErrorFields(400, "invalid_request_error", None, "response_format.json_schema"), True),
+    (ErrorFields(400, "invalid_request_error", None, "output_config"), True),
+    (ErrorFields(400, "invalid_request_error"), False),  # every Anthropic 400: "prompt is too long" included
+    (ErrorFields(400, "invalid_request_error", None, "messages[0]"), False),
+    (ErrorFields(422, None, None, None), False),
+]
+
+
+@pytest.mark.parametrize(("fields", "named"), NAMED)
+def test_only_a_param_that_names_the_shape_makes_a_refusal_every_tasks(fields: ErrorFields, named: bool) -> None:
+    """A shape refusal found from the request alone stays the task's (docs/errors.md); one the fields name is shared."""
+    forced: frozenset[Shape] = frozenset({"forced_tool_choice"})
+    assert names_shape(fields) is named
+    error = failure(fields, forced, "message")
+    assert error.named is named
+    if named or fields.param is None:
+        assert error.code in (Code.TOOL_CHOICE_UNSUPPORTED, Code.SCHEMA_UNSUPPORTED)

@@ -20,9 +20,13 @@ from engine.cli import app
 from tests.support.provider_server import (
     ProviderServer,
     Reply,
+    anthropic_event,
     anthropic_message,
+    anthropic_stream,
     anthropic_stream_of,
+    openai_chunk,
     openai_completion,
+    openai_stream,
     tool_use_block,
 )
 
@@ -99,6 +103,55 @@ def test_a_hung_provider_with_a_timeout_from_the_environment_ends_within_the_ret
     assert (turn["code"], turn["attempts"]) == ("PROVIDER_TIMEOUT", 2)
     assert 4.0 <= turn["seconds"] <= took
     assert history(task_id)[-1]["data"]["turn"] == turn
+
+
+MESSAGE_START = anthropic_event(
+    "message_start",
+    message={
+        "id": "m1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude",
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    },
+)
+#: A chunk every 0.6 s for over 6 s: each read is well inside a 1.5 s timeout, the call is not.
+TRICKLES = {
+    "openai:gpt-4.1": openai_stream(
+        *(openai_chunk({"content": ""}) for _ in range(10)),
+        openai_chunk({"content": "hi"}, finish_reason="stop"),
+        event_delay=0.6,
+    ),
+    "anthropic:claude-sonnet-4-5": anthropic_stream(
+        MESSAGE_START,
+        anthropic_event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+        *(
+            anthropic_event("content_block_delta", index=0, delta={"type": "text_delta", "text": "."})
+            for _ in range(10)
+        ),
+        anthropic_event("message_stop"),
+        event_delay=0.6,
+    ),
+}
+
+
+@pytest.mark.parametrize("model", sorted(TRICKLES))
+def test_a_stream_that_trickles_is_cut_at_the_calls_deadline_not_left_to_run(
+    server: ProviderServer, model: str
+) -> None:
+    server.reply(TRICKLES[model])
+    task_id = start_ticket()
+    began = time.monotonic()
+    code, _, err = invoke("run", task_id, "--model", model, "--stream", "--timeout", "1.5", "--retries", "0")
+    took = time.monotonic() - began
+    assert code == 0, err
+    turn = history(task_id)[-1]["data"]["turn"]
+    assert (turn["code"], turn["attempts"]) == ("PROVIDER_TIMEOUT", 1)
+    # Cut at the first chunk after 1.5 s (a read itself waits at most 1.5 s): under 2 x timeout, not 6.6 s.
+    assert 1.5 <= turn["seconds"] < 3.0 and took < 6.0
+    assert len(server.requests) == 1
 
 
 def test_a_provider_error_that_is_not_retried_records_one_attempt_and_its_time(

@@ -330,7 +330,7 @@ def test_readyz_is_503_when_the_database_does_not_answer() -> None:
     url = f"postgresql+psycopg://railyard:secret@127.0.0.1:{port}/railyard?connect_timeout=2"
     with Engine(url, Registry([])) as engine, live_server(create_app(engine, TokenTable.from_tokens({}))) as base:
         status, body = probe(base, "/readyz")
-        assert (status, body["status"], body["code"]) == (503, "not ready", str(Code.DATABASE_ERROR))
+        assert (status, body["status"], body["code"]) == (503, "not ready", str(Code.DATABASE_UNREACHABLE))
         assert "secret" not in json.dumps(body)
         assert probe(base, "/healthz")[0] == 200
         samples = scrape(base)

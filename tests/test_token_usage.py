@@ -275,3 +275,30 @@ def test_show_says_when_the_provider_reported_no_usage(cli: ProviderServer) -> N
     code, task_id, _ = invoke("start", "triage", "--input", json.dumps(TICKET), "--as", "ann")
     code, out, _ = invoke("show", task_id.strip())
     assert code == 0 and "tokens" not in out  # no model turn yet: nothing to total
+
+
+FAILED_ANSWERS = [
+    # (wire, an answer that arrived and still failed, its code, what the turn records)
+    ("openai", openai_completion(text="The answer is", finish_reason="length", usage=(5000, 4096)), "TRUNCATED", 9096),
+    ("openai", openai_completion(text="", finish_reason="content_filter", usage=(80, 3)), "CONTENT_FILTERED", 83),
+    ("openai", openai_completion(text="  ", usage=(70, 2)), "EMPTY_RESPONSE", 72),
+    ("anthropic", anthropic_message(stop_reason="max_tokens", usage=(4000, 2048)), "TRUNCATED", 6048),
+    ("anthropic", anthropic_message(stop_reason="refusal", usage=(90, 1)), "CONTENT_FILTERED", 91),
+]
+
+
+@pytest.mark.parametrize(("wire", "reply", "code", "tokens"), FAILED_ANSWERS)
+def test_an_answer_that_failed_still_records_its_usage_and_counts_against_the_budget(
+    eng: Engine, server: ProviderServer, wire: str, reply: Reply, code: str, tokens: int
+) -> None:
+    """The provider charged for a truncated, filtered or empty answer: the turn says so and the budget counts it."""
+    server.reply(reply)
+    task_id = eng.start("capped", TICKET, actor="ann")
+    model = anthropic(server) if wire == "anthropic" else openai(server)
+    task = AgentRunner(eng, model, retry=NO_SLEEP).step(eng.load(task_id))
+    last = eng.history(task_id)[-1]
+    assert (last.trigger, last.data["turn"]["code"]) == ("provider_error", code)
+    usage = last.data["turn"]["usage"]
+    assert usage["input_tokens"] + usage["output_tokens"] == tokens
+    assert task.usage["tokens"] == tokens  # over the workflow's 100: a retry would stop at the budget
+    assert not eng.replay(task_id).findings

@@ -39,7 +39,11 @@ CLASSES = (
         "`details['state']`): where the task is now, when a human command found it moved. "
         "Its subclass `LeaseLost`: `LEASE_LOST`",
     ),
-    ("`StoreError`", "`DATABASE_ERROR`, `SCHEMA_MISSING`"),
+    (
+        "`StoreError`",
+        "`DATABASE_ERROR`, `SCHEMA_MISSING`, and on connecting `DATABASE_UNREACHABLE`, `DATABASE_NOT_FOUND`, "
+        "`DATABASE_FILE_INVALID`",
+    ),
     (
         "`IntegrityError`",
         "a stored log that does not hold together: `HASH_MISMATCH`, `SEQ_GAP`, `STATE_MISMATCH`, "
@@ -49,7 +53,8 @@ CLASSES = (
     (
         "`RailyardError` itself",
         "`CONFIG_INVALID` (an unreadable roles, profiles or tokens file, a workflow module "
-        "that does not import, a bad model spec)",
+        "that does not import, a bad model spec), `DATABASE_URL_INVALID`, `DATABASE_NOT_FOUND` (checked before "
+        "connecting)",
     ),
 )
 
@@ -73,10 +78,12 @@ renamed or reused, and messages may change.
 
 - **CLI**: the code and the message are printed on stderr as `CODE: message`.
   The exit status is {exit_audit} for {audit_codes} (a log that does not hold
-  together), {exit_usage} for {config_codes} (the process is set up wrong, like a
-  usage error) and {exit_refused} for every other code. `replay` and
-  `verify-export` exit {exit_audit} on any finding. Usage errors (a missing
-  argument, `--payload` that is not a JSON object) exit {exit_usage} and carry no code. See
+  together), {exit_usage} for {config_codes} (the process is set up wrong, or the
+  command was typed wrong) and {exit_refused} for every other code. `replay` and
+  `verify-export` exit {exit_audit} on any finding. A usage error (a missing
+  argument, an unknown option, `--payload` that is not a JSON object) is
+  `USAGE_INVALID`. No traceback reaches the terminal: an error Railyard does not
+  expect is one `UNEXPECTED_ERROR` line (`RAILYARD_DEBUG=1` shows the traceback). See
   [operations](operations.md#cli-exit-codes).
 - **HTTP API**: the same JSON body, with the status in the table below
   (`engine.api.STATUS_BY_CODE`); see [the API](api.md#errors).
@@ -159,6 +166,14 @@ below it (no repair spent). A refused request that carried neither is
 `PROVIDER_ERROR`. What a provider says only in prose is not read: Anthropic's
 400 "prompt is too long" has no field for it, so it is `PROVIDER_ERROR` (or, on
 a request that forced a tool, `TOOL_CHOICE_UNSUPPORTED`), not `CONTEXT_OVERFLOW`.
+
+A shape code from a `request` row is weaker than one from a `param` row: the
+error did not say the shape was the problem. It demotes the rung for the task
+that saw it only (`turn.shared: false`); the task's next call, sent without the
+shape, decides: answered, every later task of the process skips the shape too;
+refused again, it is `PROVIDER_ERROR` and nothing else changes. So one task's
+unrelated 400 never takes forced tool choice away from the others. See
+[providers](providers.md#the-rungs).
 
 The message is kept for people: control characters removed, anything that looks
 like a key masked (`[redacted]`), cut to {raw_limit} characters, and written only

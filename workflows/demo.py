@@ -41,6 +41,7 @@ from engine import (
     TaskState,
     Worker,
     open_model,
+    redact_url,
     summarise,
 )
 from workflows import fakes
@@ -287,7 +288,7 @@ def run_demo(
     adapter = open_model(model, model_settings) if model else None
     console.print(
         Panel.fit(
-            f"[bold]Railyard demo[/] on {database_url}\n"
+            f"[bold]Railyard demo[/] on {redact_url(database_url)}\n"
             f"workflows: {', '.join(w.ref for w in registry)}\n"
             f"model: {model or 'scripted (no provider called)'}; roles: dana = refund_approver",
         )

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections import deque
 from typing import Any
 from urllib.parse import urlencode
@@ -64,6 +65,8 @@ from engine.core.errors import Code, RailyardError, Refused
 from engine.observability import health, hooks
 from engine.runtime import config
 from engine.runtime.engine import Engine
+from engine.store import migrations
+from engine.store.database import check_url, require_database
 
 log = logging.getLogger("railyard.api")
 
@@ -89,8 +92,9 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
 ) -> FastAPI:
     """The application over `engine`. Its authoriser should be `tokens` (what `railyard serve` builds), so the
-    roles the engine checks are the roles the tokens file gives; `session_secret` signs the page cookies (a
-    random one per process if None: sessions then end when the server restarts); `max_body` is the largest
+    roles the engine checks are the roles the tokens file gives; `session_secret` signs the login form's cookie
+    (its CSRF token; a random one per process if None: a login form opened before a restart must be reloaded).
+    Sessions are rows in the database and outlive a restart; `max_body` is the largest
     request body read, in bytes (`railyard serve` takes it from RAILYARD_API_MAX_BODY)."""
     if max_body < 1:
         raise ValueError(f"max_body must be a positive number of bytes, not {max_body}")
@@ -356,7 +360,8 @@ def tokens_file() -> str:
 
 
 def session_secret() -> str | None:
-    """RAILYARD_SESSION_SECRET signs page sessions; unset, each process makes its own (sessions end on restart)."""
+    """RAILYARD_SESSION_SECRET signs the login form's cookie; unset, each process makes its own (a login form opened
+    before a restart, or served by another process, must be reloaded). Sessions themselves are database rows."""
     return os.environ.get("RAILYARD_SESSION_SECRET") or None
 
 
@@ -378,11 +383,36 @@ def max_body() -> int:
     return int(raw)
 
 
+#: What `serve` refuses to start on: a URL or a file that can never be a Railyard database (a setting to fix).
+_UNUSABLE = frozenset({Code.DATABASE_URL_INVALID, Code.DATABASE_FILE_INVALID})
+
+
+def _check_database(url: str) -> None:
+    """Refuse a database setting that can never work; say on stderr, and serve anyway, what may yet be fixed.
+
+    A PostgreSQL server that is not up yet, or a schema whose migration has not run yet, is the state of a
+    rollout, not of this process's configuration: `/readyz` answers 503 until it is fixed, so a load balancer holds
+    traffic meanwhile, and the operator reads why here, in one coded line (never the password).
+    """
+    checked = check_url(url)
+    require_database(checked)  # never a new, empty SQLite file at a mistyped path
+    try:
+        problem = None if migrations.current(checked) is not None else Code.SCHEMA_MISSING
+        message = "the database has no Railyard schema; run `railyard db upgrade`"
+    except RailyardError as error:
+        if error.code in _UNUSABLE:
+            raise
+        problem, message = error.code, error.message
+    if problem is not None:
+        sys.stderr.write(f"{problem}: {message} (serving anyway: /readyz answers 503 until it is fixed)\n")
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
     import uvicorn
 
     tokens = load_tokens(tokens_file())
     limit = max_body()  # every setting is checked before anything is opened
+    _check_database(config.database_url())
     with Engine(config.database_url(), authoriser=tokens) as engine:
         app = create_app(
             engine,

@@ -27,6 +27,7 @@ import hmac
 import json
 import math
 import secrets
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -95,13 +96,18 @@ LOGIN_WINDOW_SECONDS = 15 * 60
 
 
 class LoginThrottle:
-    """Failed logins per account and per client address over a sliding window, kept by the store.
+    """Failed logins per client address, and per account from that address, over a sliding window, kept by the
+    store.
 
-    Past the limit, every login for that account (or from that address) is refused with LOGIN_THROTTLED, a
-    valid token included, until the oldest failure that counts leaves the window: guessing gets a fixed
-    number of tries per window. A success clears the account's failures, not the address's. The failures
-    are rows in the database (`Store.note_login_failure`), so every server process over it applies the
-    same limit, and a restart does not reset it.
+    Past a limit, logins from that address (for that account) are refused with LOGIN_THROTTLED, a valid token
+    included, until the oldest failure that counts leaves the window. The account's count is kept per address
+    so that a stranger who knows a name cannot lock its owner out from everywhere: failures from one address
+    only ever stop that address. Tokens are random, so guessing is stopped by the address limit, not by naming
+    an account. A success clears that account's failures from that address, not the address's. The failures
+    are rows in the database (`Store.note_login_failure`), so every server process over it applies the same
+    limit and a restart does not reset it; within a process the check and the count are taken together, so a
+    burst of logins sent at once cannot slip past it (across processes a burst may overshoot by the number of
+    processes).
     """
 
     def __init__(
@@ -117,6 +123,8 @@ class LoginThrottle:
         self._limits = {"account": per_account, "address": per_address}
         self._window = timedelta(seconds=window_seconds)
         self._clock = clock
+        #: Held by a login from its check to its count (`routes.login`): one at a time in this process.
+        self.lock = threading.Lock()
 
     def retry_after(self, *, address: str | None, account: str | None) -> int | None:
         """Seconds until a login from `address` for `account` may be tried again (None: it may be now)."""
@@ -134,14 +142,21 @@ class LoginThrottle:
         at = self._clock()
         self._store.note_login_failure(list(_keys(address, account)), at, forget_before=at - self._window)
 
-    def succeeded(self, *, account: str) -> None:
-        self._store.clear_login_failures(f"account:{account}")
+    def succeeded(self, *, address: str | None, account: str) -> None:
+        self._store.clear_login_failures(_account_key(account, address))
+
+
+def _account_key(account: str, address: str | None) -> str:
+    """An account's failures from one address; a name in any letter case is the same account."""
+    return f"account:{account.casefold()}@{address or '-'}"
 
 
 def _keys(address: str | None, account: str | None) -> dict[str, str]:
     """The keys a login's failures count against, and the kind of each."""
-    named = {"address": address, "account": account}
-    return {f"{kind}:{value}": kind for kind, value in named.items() if value}
+    keys = {f"address:{address}": "address"} if address else {}
+    if account:
+        keys[_account_key(account, address)] = "account"
+    return keys
 
 
 def throttled(retry_after: int) -> Refused:

@@ -77,7 +77,9 @@ from engine.api.schemas import (
     CancelRequest,
     DiagramBody,
     EventBody,
+    ForkRequest,
     PreconditionFailed,
+    RedriveRequest,
     RejectRequest,
     ReplayBody,
     SettleRequest,
@@ -128,6 +130,8 @@ OPERATION_IDS = {
     "cancel": "cancel_task",
     "settle": "settle_task",
     "replay": "replay_task",
+    "fork": "fork_task",
+    "redrive": "redrive_task",
     "task_diagram_body": "get_task_diagram",
     "approvals": "list_approvals",
     "approve": "approve_task",
@@ -451,6 +455,34 @@ def settle(
     return task_body(response, ctx.engine.view(task))
 
 
+@task_api.post(
+    "/tasks/{task_id}/fork",
+    status_code=201,
+    response_model=TaskBody,
+    responses=errors(401, 403, 404, 409, 413, 422, tagged=201),
+)
+def fork(task_id: TaskId, body: ForkRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
+    """Start a new task from this task's state as of `at_seq` (`railyard fork`); the source is only read. Refused
+    with 409 WRITE_WOULD_REPEAT where the fork could make a write the source made, or may make, a second time."""
+    new_id = ctx.engine.fork(task_id, body.at_seq, actor=who.actor, reason=body.reason, version=body.version)
+    response.headers["Location"] = f"/api/tasks/{new_id}"
+    return task_body(response, ctx.engine.get(new_id))
+
+
+@task_api.post("/tasks/{task_id}/redrive", response_model=TaskBody, responses=COMMAND_ERRORS)
+def redrive(
+    task_id: TaskId, body: RedriveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+) -> dict[str, Any]:
+    """Send a handed-off or limit-state task back to an agent or tool state it was in (`railyard redrive`); its
+    budgets start again. The engine checks the role (the workflow's redrive, settle or cancel role)."""
+    pre = precondition(if_match, body.expected_seq)
+    with acting_on(ctx.engine, task_id, pre):
+        task = ctx.engine.redrive(
+            task_id, body.to_state, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq
+        )
+    return task_body(response, ctx.engine.view(task))
+
+
 @task_api.get("/tasks/{task_id}/replay", response_model=ReplayBody, responses=errors(401, 404, 422))
 def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
@@ -486,9 +518,9 @@ def approvals(
     after = decode_cursor(cursor) if cursor else None
     if after is not None and ctx.engine.store.row(after) is None:
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    found = [one_name(a) for a in ctx.engine.approvals(role=role, after=after, limit=limit + 1)]
-    page = found[:limit]
-    more = encode_cursor(page[-1]["task_id"]) if len(found) > limit and page else None
+    found, last = ctx.engine.approvals_page(role=role, after=after, limit=limit)
+    page = [one_name(a) for a in found]
+    more = encode_cursor(last) if last is not None else None
     return {
         "approvals": page,
         "limit": limit,
@@ -712,20 +744,24 @@ def login(
     address = request.client.host if request.client is not None else None
     named = user.strip() or None
     target = safe_next(next)
-    wait = ctx.throttle.retry_after(address=address, account=named)
     principal = None
-    if wait is None:
-        principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
-        if principal is None or named not in (None, principal.actor):  # unknown, or someone else's token
-            ctx.throttle.failed(address=address, account=named)
-            return _login_form(request, ctx, 401, target, "That name and token are not one this server knows.")
-        wait = ctx.throttle.retry_after(address=None, account=principal.actor)
+    with ctx.throttle.lock:  # the check and the count together: a burst sent at once is counted one by one
+        wait = ctx.throttle.retry_after(address=address, account=named)
+        if wait is None:
+            principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
+            if principal is None or named not in (None, principal.actor):  # unknown, or someone else's token
+                ctx.throttle.failed(address=address, account=named)
+                return _login_form(request, ctx, 401, target, "That name and token are not one this server knows.")
+            wait = ctx.throttle.retry_after(address=address, account=principal.actor)
     if wait is not None or principal is None:
         refusal = throttled(wait or 1)
         again = _login_form(request, ctx, 429, target, f"{refusal.message} ({refusal.code}).")
         again.headers["Retry-After"] = str(wait or 1)
         return again
-    ctx.throttle.succeeded(account=principal.actor)
+    ctx.throttle.succeeded(address=address, account=principal.actor)
+    previous = ctx.sessions.read(request.cookies.get(SESSION_COOKIE))
+    if previous is not None:  # a login replaces this browser's session: a copy of the old cookie dies with it
+        ctx.sessions.end(previous)
     cookie, _row = ctx.sessions.open(principal)
     response = RedirectResponse(target, status_code=303)
     _cookie(response, ctx, SESSION_COOKIE, cookie, SESSION_SECONDS)

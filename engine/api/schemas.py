@@ -139,6 +139,20 @@ class SettleRequest(_Request):
     expected_seq: int | None = _expected_seq()
 
 
+class ForkRequest(_Request):
+    at_seq: int = Field(ge=1, le=MAX_SEQ, description="The seq of the source's event the fork starts after.")
+    reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the fork's first event.")
+    version: int | None = Field(
+        default=None, ge=1, le=MAX_SEQ, description="The version it runs on; the newest if omitted."
+    )
+
+
+class RedriveRequest(_Request):
+    to_state: str = Field(pattern=STATE_PATTERN, description="An agent or tool state the task was in before.")
+    reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the log.")
+    expected_seq: int | None = _expected_seq()
+
+
 #: A time as the API writes it: ISO 8601 in UTC (`2026-12-01T06:23:18.123456Z`), kept as the text the log holds
 #: (an event's `at` is hashed as written), declared `format: date-time` for clients.
 DateTime = Annotated[str, Field(json_schema_extra={"format": "date-time"}, examples=["2026-12-01T06:23:18.123456Z"])]
@@ -334,6 +348,7 @@ _STATUS: dict[Code, int] = {
     Code.CONCURRENCY_CONFLICT: 409,
     Code.LEASE_LOST: 409,
     Code.APPROVAL_STALE: 409,
+    Code.DIGEST_AMBIGUOUS: 409,
     Code.TASK_NOT_AWAITING_APPROVAL: 409,
     Code.TASK_TERMINAL: 409,
     Code.TRIGGER_NOT_ALLOWED: 409,
@@ -354,9 +369,14 @@ _STATUS: dict[Code, int] = {
     Code.LOGIN_THROTTLED: 429,
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
+    Code.DIGEST_TOO_SHORT: 422,
+    Code.USAGE_INVALID: 422,
     Code.DOMAIN_INVALID: 422,
     Code.IDENTITY_OVERRIDE: 422,
     Code.MIGRATION_INVALID: 422,
+    Code.FORK_INVALID: 422,
+    Code.REDRIVE_INVALID: 422,
+    Code.WRITE_WOULD_REPEAT: 409,
     Code.TOOL_ARGUMENT_INVALID: 422,
     Code.TOOL_NOT_ALLOWED: 422,
     Code.TOOL_NOT_FOUND: 422,
@@ -388,9 +408,14 @@ _STATUS: dict[Code, int] = {
     Code.DATABASE_ERROR: 503,
     Code.SCHEMA_MISSING: 503,
     Code.SCHEMA_NOT_AT_HEAD: 503,
+    Code.DATABASE_UNREACHABLE: 503,
+    Code.DATABASE_NOT_FOUND: 503,
     # The server is misconfigured, or a log does not hold together: the operator's problem, not the caller's.
     Code.MODEL_NOT_CONFIGURED: 500,
     Code.CONFIG_INVALID: 500,
+    Code.DATABASE_URL_INVALID: 500,
+    Code.DATABASE_FILE_INVALID: 500,
+    Code.UNEXPECTED_ERROR: 500,
     Code.DEFINITION_INVALID: 500,
     Code.INTERNAL_ERROR: 500,
     Code.HASH_MISMATCH: 500,
@@ -398,6 +423,8 @@ _STATUS: dict[Code, int] = {
     Code.ILLEGAL_TRANSITION: 500,
     Code.INTENT_UNSETTLED: 500,
     Code.OUTCOME_WITHOUT_INTENT: 500,
+    Code.FORK_ORIGIN_MISMATCH: 500,
+    Code.FORK_ORIGIN_MISSING: 500,
     Code.STATE_MISMATCH: 500,
     Code.SNAPSHOT_MISMATCH: 500,
     Code.ARCHIVE_MISSING: 500,
@@ -432,9 +459,19 @@ def status_for(error: RailyardError) -> int:
     return PreconditionFailed.status if isinstance(error, PreconditionFailed) else status_of(error.code)
 
 
+#: Codes whose message names the server's own infrastructure (a host, a database user, a path): an HTTP caller gets
+#: the code, the operator reads the message in the server log, where the store logged it.
+_OPERATOR_ONLY = frozenset(
+    {Code.DATABASE_URL_INVALID, Code.DATABASE_UNREACHABLE, Code.DATABASE_NOT_FOUND, Code.DATABASE_FILE_INVALID}
+)
+
+
 def error_body(error: RailyardError) -> dict[str, Any]:
     """`{code, message, details}`, the shape the CLI prints too."""
-    return error.to_dict()
+    body = error.to_dict()
+    if error.code in _OPERATOR_ONLY:
+        body["message"] = "the server cannot use its database (the server log says why)"
+    return body
 
 
 def validation_body(exc: ValidationError | Any) -> dict[str, Any]:

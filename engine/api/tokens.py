@@ -10,19 +10,17 @@ allows cannot disagree. Pure apart from `load_tokens`, which reads the file.
     roles = ["refund_approver"]
     sha256 = "<64 hex characters>"
 
-`python -m engine.api.tokens new --actor dana --role refund_approver` makes a
-random token, prints it once and prints the entry to paste into the file;
-`python -m engine.api.tokens hash` hashes a token read from stdin.
+`railyard tokens new --actor dana --role refund_approver` makes a random token,
+prints it once and prints the entry to paste into the file; `railyard tokens
+hash` hashes a token read from stdin (`engine.cli.tokens`).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import hmac
 import re
 import secrets
-import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
@@ -145,27 +143,3 @@ def toml_entry(actor: str, roles: Iterable[str], token_hash: str) -> str:
 
     role_list = ", ".join(json.dumps(r) for r in roles)
     return f'[[token]]\nactor = {json.dumps(actor)}\nroles = [{role_list}]\nsha256 = "{token_hash}"\n'
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.api.tokens", description="Make and hash API tokens.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    new = sub.add_parser("new", help="Make a random token; print it once, and its [[token]] entry.")
-    new.add_argument("--actor", required=True)
-    new.add_argument("--role", action="append", default=[], help="A role the token holds (repeat).")
-    sub.add_parser("hash", help="Print the sha256 of a token read from stdin.")
-    args = parser.parse_args(argv)
-    if args.command == "new":
-        token = new_token()
-        sys.stdout.write(f"token (give it to {args.actor}; it is not stored): {token}\n\n")
-        sys.stdout.write(toml_entry(args.actor, args.role, hash_token(token)))
-        return 0
-    token = sys.stdin.readline().strip()
-    if not token:
-        parser.error("no token on stdin")
-    sys.stdout.write(hash_token(token) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

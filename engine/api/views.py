@@ -394,12 +394,16 @@ def parse_when(text: str | None, *, end: bool) -> datetime | None:
         if len(value) == 10:
             day = date.fromisoformat(value)
             return datetime(day.year, day.month, day.day, tzinfo=UTC) + (timedelta(days=1) if end else timedelta())
+        if "T" not in value and " " not in value:  # `20261201` or `2026-W48` are not the forms this takes
+            raise ValueError(value)
         at = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    except (ValueError, OverflowError):  # past the calendar's ends (9999-12-31 + a day, year 1 at +14:00)
         raise Refused(
-            f"{value[:40]!r} is not a date (2026-12-01) or an ISO 8601 date-time", code=Code.PAYLOAD_INVALID
+            f"{value[:40]!r} is not a date (2026-12-01) or an ISO 8601 date-time (2026-12-01T09:30:00Z) "
+            "within the years 1 to 9999",
+            code=Code.PAYLOAD_INVALID,
         ) from None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 def public_states(registry: Iterable[Workflow]) -> list[str]:

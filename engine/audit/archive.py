@@ -25,7 +25,7 @@ from engine.core.canonical import now
 from engine.core.chain import Finding
 from engine.core.errors import Code, IntegrityError
 from engine.core.events import Event
-from engine.core.replay import Lookup, ReplayReport
+from engine.core.replay import Lookup, OriginCheck, ReplayReport
 from engine.core.rows import ArchiveRef, TaskRow
 from engine.store import Store
 
@@ -149,13 +149,15 @@ def archived_events(ref: ArchiveRef, directory: Path) -> list[Event]:
         return list(read_events(lines, ref.task_id))
 
 
-def replay_archived(row: TaskRow, ref: ArchiveRef, directory: Path, lookup: Lookup) -> ReplayReport:
+def replay_archived(
+    row: TaskRow, ref: ArchiveRef, directory: Path, lookup: Lookup, origin: OriginCheck | None = None
+) -> ReplayReport:
     """Replay an archived task from its file: the file unchanged, its log proven, its end equal to the tombstone."""
-    return next(replay_archives([(row, ref)], directory, lookup))
+    return next(replay_archives([(row, ref)], directory, lookup, origin))
 
 
 def replay_archives(
-    archived: Iterable[tuple[TaskRow, ArchiveRef]], directory: Path, lookup: Lookup
+    archived: Iterable[tuple[TaskRow, ArchiveRef]], directory: Path, lookup: Lookup, origin: OriginCheck | None = None
 ) -> Iterator[ReplayReport]:
     """Replay archived tasks, each from its file, reading each file once for the tasks that come together.
 
@@ -170,7 +172,7 @@ def replay_archives(
         if not path.is_file():
             problem = Finding(Code.ARCHIVE_MISSING, 0, f"the task was archived to {name}, which is not in {directory}")
         else:
-            digest, checked = _check_file(path, lookup)
+            digest, checked = _check_file(path, lookup, origin)
             if digest != sha256:
                 problem = Finding(
                     Code.HASH_MISMATCH, 0, f"{name} changed since the task was archived to it (sha256 differs)"
@@ -196,7 +198,9 @@ def _archived_report(
     return ReplayReport(report.task_id, report.workflow, report.events, tuple(findings))
 
 
-def _check_file(path: Path, lookup: Lookup) -> tuple[str, dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]]:
+def _check_file(
+    path: Path, lookup: Lookup, origin: OriginCheck | None = None
+) -> tuple[str, dict[str, tuple[ReplayReport, tuple[Any, ...] | None]]]:
     """One read of an archive file: its sha256, each task's report, and each task's newest (state, seq, hash)."""
     digest = hashlib.sha256()
     newest: dict[str, tuple[Any, ...]] = {}
@@ -214,7 +218,7 @@ def _check_file(path: Path, lookup: Lookup) -> tuple[str, dict[str, tuple[Replay
 
     with path.open("rb") as source:
         read = lines(source)
-        reports = {r.task_id: r for r in verify_export(read, lookup) if r.task_id}
+        reports = {r.task_id: r for r in verify_export(read, lookup, origin=origin) if r.task_id}
         for _ in read:  # whatever verification did not need is still part of the file's hash
             pass
     return digest.hexdigest(), {task_id: (report, newest.get(task_id)) for task_id, report in reports.items()}

@@ -36,7 +36,7 @@ from engine.core.checkpoints import Head, Header, inclusion_holds
 from engine.core.errors import Code
 from engine.core.events import Event
 from engine.core.payloads import as_event_data
-from engine.core.replay import LogCheck, Lookup, ReplayReport
+from engine.core.replay import LogCheck, Lookup, OriginCheck, ReplayReport
 from engine.store import Snapshot, TaskRow
 
 FORMAT = "railyard-export/1"
@@ -173,7 +173,9 @@ def _instant(value: Any) -> Any:
     return parsed
 
 
-def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck | None = None) -> Iterator[ReplayReport]:
+def verify_export(
+    lines: Iterable[bytes], lookup: Lookup, against: ExportCheck | None = None, origin: OriginCheck | None = None
+) -> Iterator[ReplayReport]:
     """One report per task of an export file (its raw lines), then one for the file itself (task_id "").
 
     Each task is replayed as the database replay does: chain, seq, legality in its
@@ -209,7 +211,7 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck |
                 tasks += 1
                 check, created = None, None
                 row = _row(value)
-                check, created = LogCheck(row, lookup, legal=legal), row.created_at
+                check, created = LogCheck(row, lookup, legal=legal, origin=origin), row.created_at
                 if row.task_id in exported:
                     check.add(Code.HASH_MISMATCH, 0, f"line {number}: task {row.task_id} appears a second time")
                 exported.add(row.task_id)
@@ -220,7 +222,7 @@ def verify_export(lines: Iterable[bytes], lookup: Lookup, against: ExportCheck |
                     file_findings.append(
                         Finding(Code.SEQ_GAP, event.seq, f"line {number}: an event before any task line")
                     )
-                    check = LogCheck(None, lookup, event.task_id, legal)
+                    check = LogCheck(None, lookup, event.task_id, legal, origin)
                 elif event.task_id != check.task_id:
                     check.add(
                         Code.HASH_MISMATCH,

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain, pairwise
 
-from engine.audit.reads import replay_tasks
+from engine.audit.reads import Archived, origin_check, replay_tasks
 from engine.core.chain import Finding
+from engine.core.definition import FORK
 from engine.core.errors import Code
 from engine.core.events import Event
 from engine.core.fold import TaskState, predates_effects
@@ -67,14 +68,14 @@ def can_fork(store: Store) -> bool:
 
 
 # -- in each worker process -------------------------------------------------------------------------------
-#: The store and definitions a worker replays with, set once when it starts.
-_worker: tuple[Store, Lookup] | None = None
+#: The store and definitions a worker replays with (and where archived sources of forks are), set once when it starts.
+_worker: tuple[Store, Lookup, Archived | None] | None = None
 
 
-def _start_worker(store: Store, lookup: Lookup) -> None:
+def _start_worker(store: Store, lookup: Lookup, archived: Archived | None = None) -> None:
     global _worker
     store.after_fork()  # this process opens its own connections from here on
-    _worker = (store, lookup)
+    _worker = (store, lookup, archived)
 
 
 #: A report as a job sends it back: its fields as a tuple, which pickles ten times faster than the record.
@@ -83,8 +84,9 @@ Sent = tuple[str, str, int, tuple[Finding, ...]]
 
 def _replay_page(ids: list[str]) -> list[Sent]:
     assert _worker is not None
-    store, lookup = _worker
-    return [(r.task_id, r.workflow, r.events, r.findings) for r in replay_tasks(store, lookup, task_ids=ids)]
+    store, lookup, archived = _worker
+    reports = replay_tasks(store, lookup, task_ids=ids, archived=archived)
+    return [(r.task_id, r.workflow, r.events, r.findings) for r in reports]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,7 @@ class StretchResult:
 
 def _replay_stretch(stretch: Stretch) -> StretchResult:
     assert _worker is not None
-    store, lookup = _worker
+    store, lookup, _archived = _worker
     # The last stretch reads to the end of what is stored, not to the row's seq: an event or snapshot past the
     # row's head is a finding, as it is for a serial replay.
     return check_stretch(
@@ -166,11 +168,14 @@ def _resume(check: LogCheck, snapshot: Snapshot) -> bool:
 
 
 # -- in the process that asked --------------------------------------------------------------------------
-def _pool(store: Store, lookup: Lookup, jobs: int) -> ProcessPoolExecutor | None:
+def _pool(store: Store, lookup: Lookup, jobs: int, archived: Archived | None = None) -> ProcessPoolExecutor | None:
     """Forked jobs, or None where they cannot start (no semaphores in a container, say): then one process."""
     try:
         return ProcessPoolExecutor(
-            jobs, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker, initargs=(store, lookup)
+            jobs,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_start_worker,
+            initargs=(store, lookup, archived),
         )
     except (OSError, ImportError, NotImplementedError) as exc:
         log.warning("replay jobs cannot start (%s); replaying in this process", exc)
@@ -178,7 +183,13 @@ def _pool(store: Store, lookup: Lookup, jobs: int) -> ProcessPoolExecutor | None
 
 
 def replay_pages(
-    store: Store, lookup: Lookup, jobs: int, *, workflow: str | None = None, since: datetime | None = None
+    store: Store,
+    lookup: Lookup,
+    jobs: int,
+    *,
+    workflow: str | None = None,
+    since: datetime | None = None,
+    archived: Archived | None = None,
 ) -> Iterator[ReplayReport]:
     """`replay_tasks` with `jobs` processes: the same reports in the same order.
 
@@ -189,10 +200,10 @@ def replay_pages(
     first = next(pages, None)
     if first is None:
         return
-    pool = _pool(store, lookup, jobs) if len(first) == PAGE else None  # one page: workers would cost more
+    pool = _pool(store, lookup, jobs, archived) if len(first) == PAGE else None  # one page: workers cost more
     if pool is None:
         for ids in chain([first], pages):
-            yield from replay_tasks(store, lookup, task_ids=ids)
+            yield from replay_tasks(store, lookup, task_ids=ids, archived=archived)
         return
     window: deque[tuple[list[str], Future[list[Sent]]]] = deque()
     unsent: list[str] | None = None
@@ -211,7 +222,7 @@ def replay_pages(
             log.warning("a replay job died (%s); replaying the remaining pages in this process", exc)
     rest = [ids for ids, _ in window] + ([unsent] if unsent is not None else [])
     for ids in chain(rest, pages):
-        yield from replay_tasks(store, lookup, task_ids=ids)
+        yield from replay_tasks(store, lookup, task_ids=ids, archived=archived)
 
 
 def _first_done(window: deque[tuple[list[str], Future[list[Sent]]]]) -> list[ReplayReport]:
@@ -234,7 +245,9 @@ def stretches(row: TaskRow, snapshot_seqs: list[int], jobs: int) -> list[Stretch
     return [Stretch(row, a, b) for a, b in pairwise(bounds)]
 
 
-def replay_long(store: Store, lookup: Lookup, row: TaskRow, jobs: int) -> ReplayReport | None:
+def replay_long(
+    store: Store, lookup: Lookup, row: TaskRow, jobs: int, archived: Archived | None = None
+) -> ReplayReport | None:
     """One long log replayed in stretches by `jobs` processes.
 
     None when that says nothing for certain (a finding, a job that died or could not start): replay it serially.
@@ -253,4 +266,7 @@ def replay_long(store: Store, lookup: Lookup, row: TaskRow, jobs: int) -> Replay
         return None
     if any(r.findings for r in results):
         return None
+    first = store.events(row.task_id, 0, 1)
+    if first and first[0].trigger == FORK and origin_check(store, lookup, archived)(first[0]):
+        return None  # the stretches do not check where a fork came from: a finding there is reported serially
     return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", sum(r.events for r in results), ())

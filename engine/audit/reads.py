@@ -14,21 +14,27 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from engine.core.canonical import format_instant
+from engine.core.chain import Finding
 from engine.core.definition import MIGRATE, Workflow
-from engine.core.errors import Code, Refused
+from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import Resolve, TaskState, apply, initial, migration_target, pinned_at_start
-from engine.core.replay import Lookup, ReplayReport, replay_stream
+from engine.core.forks import origin_findings
+from engine.core.replay import Lookup, OriginCheck, ReplayReport, replay_stream
 from engine.store import Snapshot, Store, TaskRow
+
+#: An archived task's events, read back from its file (`Engine._archived_events`); [] when it is not archived.
+Archived = Callable[[str], list[Event]]
 
 
 def _not_found(task_id: str) -> Refused:
     return Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
 
 
-def replay_task(store: Store, lookup: Lookup, task_id: str) -> ReplayReport:
+def replay_task(store: Store, lookup: Lookup, task_id: str, archived: Archived | None = None) -> ReplayReport:
     """Replay one task from its first event; refuses only when there is no such task."""
-    report = next(replay_stream(store.audit_stream(task_ids=[task_id]), lookup), None)
+    origin = origin_check(store, lookup, archived)
+    report = next(replay_stream(store.audit_stream(task_ids=[task_id]), lookup, origin), None)
     if report is None:
         raise _not_found(task_id)
     return report
@@ -41,14 +47,54 @@ def replay_tasks(
     task_ids: list[str] | None = None,
     workflow: str | None = None,
     since: datetime | None = None,
+    archived: Archived | None = None,
 ) -> Iterator[ReplayReport]:
     """One report per task (of `task_ids`, of `workflow`, changed since `since`), in task id order, as each one
-    is read."""
-    return replay_stream(store.audit_stream(task_ids=task_ids, workflow=workflow, since=since), lookup)
+    is read. A fork's origin is checked against its source (in the database, or its archive with `archived`)."""
+    return replay_stream(
+        store.audit_stream(task_ids=task_ids, workflow=workflow, since=since),
+        lookup,
+        origin_check(store, lookup, archived),
+    )
 
 
-#: An archived task's events, read back from its file (`Engine._archived_events`); [] when it is not archived.
-Archived = Callable[[str], list[Event]]
+def resolver(lookup: Lookup) -> Resolve:
+    """`lookup` as a fold follows a log: a version the registry lacks, or holds with another digest, is refused."""
+
+    def resolve(name: str, version: int, digest: str) -> Workflow:
+        definition = lookup(name, version)
+        if definition is None:
+            raise Refused(f"the registry does not define {name}@{version}", code=Code.DEFINITION_MISSING)
+        if definition.digest != digest:
+            raise Refused(f"{name}@{version} changed since the task ran on it", code=Code.DEFINITION_CHANGED)
+        return definition
+
+    return resolve
+
+
+def origin_check(store: Store, lookup: Lookup, archived: Archived | None = None) -> OriginCheck:
+    """How replay checks a fork against its source: fold the source (its events in the database, or in its archive
+    file) up to the seq the fork names, and judge the fork's claim against that (`core.forks.origin_findings`)."""
+    resolve = resolver(lookup)
+    files: Archived = archived if archived is not None else (lambda _task_id: [])
+
+    def check(fork: Event) -> list[Finding]:
+        claim = fork.data.get("forked_from")
+        source_id = claim.get("task_id") if isinstance(claim, dict) else None
+        seq = claim.get("seq") if isinstance(claim, dict) else None
+        row = store.row(source_id) if isinstance(source_id, str) else None
+        if row is None or type(seq) is not int or not 1 <= seq <= row.seq:
+            return origin_findings(fork, None, None)
+        try:
+            found = state_as_of(store, resolve, files, row, seq=seq)
+        except RailyardError as error:  # a source whose own log is broken, or whose version is gone: its report says
+            code = Code.FORK_ORIGIN_MISSING if error.code is Code.ARCHIVE_MISSING else error.code
+            return [Finding(code, 1, f"source {source_id} cannot be folded to seq {seq}: {error.message}")]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return origin_findings(fork, None, None)
+        return origin_findings(fork, found.event, found.task)
+
+    return check
 
 
 def task_logs(

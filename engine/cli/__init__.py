@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import Annotated
 
 import typer
 
-from engine.cli import admin, approvals, audit, tasks, workers
+from engine.cli import admin, approvals, audit, forks, tasks, workers
 from engine.cli.checkpoints import checkpoint_app
 from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
+from engine.cli.tokens import tokens_app
 
 __all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
 
@@ -28,10 +31,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Program,
+    context_settings=CONTEXT_SETTINGS,
 )
-db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True, cls=Group)
 app.add_typer(db_app, name="db")
 app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(tokens_app, name="tokens")
 
 #: Every command under its name, in the order `railyard --help` lists them.
 COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
@@ -43,6 +49,8 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("cancel", tasks.cancel),
     ("settle", tasks.settle),
     ("migrate", tasks.migrate),
+    ("fork", forks.fork),
+    ("redrive", forks.redrive),
     ("approvals", approvals.approvals),
     ("approve", approvals.approve),
     ("reject", approvals.reject),
@@ -65,9 +73,18 @@ DB_COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("current", admin.db_current),
 )
 for name, command in COMMANDS:
-    app.command(name)(command)
+    app.command(name, cls=Command)(command)
 for name, command in DB_COMMANDS:
-    db_app.command(name)(command)
+    db_app.command(name, cls=Command)(command)
+
+
+@app.callback()
+def program(
+    _version: Annotated[
+        bool, typer.Option("--version", callback=version_option, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Run LLM agent tasks as explicit, versioned state machines over a hash-chained event log."""
 
 
 def main() -> None:

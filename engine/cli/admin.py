@@ -4,6 +4,8 @@ capability profiles, and the demo."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,10 +13,9 @@ from typing import Annotated, Any
 import typer
 
 from engine.cli import render
-from engine.cli.exits import fail, open_engine, registry
+from engine.cli.exits import database_url, fail, open_engine, registry
 from engine.cli.options import ExtraBodyOpt, JsonFlag, RetriesOpt, StreamOpt, TimeoutOpt, VersionOpt, model_options
 from engine.core.errors import Code, RailyardError
-from engine.runtime import config
 
 
 class GraphFormat(StrEnum):
@@ -26,25 +27,42 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     """Create or migrate the schema of RAILYARD_DATABASE_URL to REVISION (default: head)."""
     from engine.store import migrations
 
-    url = config.database_url()
-    migrations.upgrade(url, revision)
-    render.say(f"database at revision {migrations.current(url)}")
+    url = database_url(create=True)
+    with _migrating(revision):
+        migrations.upgrade(url, revision)
+        render.say(f"database at revision {migrations.current(url)}")
 
 
 def db_downgrade(revision: Annotated[str, typer.Argument(help="Target revision ('base' drops everything).")]) -> None:
     """Migrate the schema down to REVISION."""
     from engine.store import migrations
 
-    url = config.database_url()
-    migrations.downgrade(url, revision)
-    render.say(f"database at revision {migrations.current(url) or 'base'}")
+    url = database_url()
+    with _migrating(revision):
+        migrations.downgrade(url, revision)
+        render.say(f"database at revision {migrations.current(url) or 'base'}")
 
 
 def db_current(as_json: JsonFlag = False) -> None:
     """Print the schema revision the database is at."""
     from engine.store import migrations
 
-    render.revision(migrations.current(config.database_url()), as_json)
+    url = database_url()
+    with _migrating(None):
+        render.revision(migrations.current(url), as_json)
+
+
+@contextmanager
+def _migrating(revision: str | None) -> Iterator[None]:
+    """A database problem ends the command through `fail`; a revision Alembic does not know is a usage error."""
+    from alembic.util import CommandError
+
+    try:
+        yield
+    except RailyardError as error:
+        fail(error)
+    except CommandError as exc:
+        fail(RailyardError(f"revision {revision!r}: {exc}", code=Code.USAGE_INVALID))
 
 
 def workflows(as_json: JsonFlag = False) -> None:
@@ -116,6 +134,8 @@ def demo(
     extra_body: ExtraBodyOpt = None,
 ) -> None:
     """Run the reference workflows' three scenarios on RAILYARD_DATABASE_URL, step by step, then replay them."""
+    from engine.store.database import connection_errors
+
     settings = model_options(timeout, retries, stream, extra_body)
     try:
         if model is None and any(v is not None for v in settings.values()):
@@ -123,10 +143,15 @@ def demo(
                 "the timeout, retry, stream and extra-body options need --model: the scripted demo calls no provider",
                 code=Code.CONFIG_INVALID,
             )
-        _reference_workflows()
+        _reference_workflows()  # first: without them, no database would do
+    except RailyardError as error:
+        fail(error)
+    url = database_url()
+    try:
         from workflows.demo import run_demo
 
-        run_demo(config.database_url(), render.out, model=model, model_settings=settings)
+        with connection_errors(url):  # the fakes of the systems the demo calls connect on their own
+            run_demo(url, render.out, model=model, model_settings=settings)
     except RailyardError as error:
         fail(error)
 

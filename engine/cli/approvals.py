@@ -28,7 +28,10 @@ def approve(
     actor: ActorOpt,
     digest: Annotated[
         str | None,
-        typer.Option("--digest", help="Digest of the prepared call you reviewed (railyard approvals shows it)."),
+        typer.Option(
+            "--digest",
+            help="Digest of the prepared call you reviewed, or its first 12 or more characters (railyard approvals).",
+        ),
     ] = None,
     comment: Annotated[str, typer.Option("--comment", help="Recorded with the decision.")] = "",
     expected_seq: ExpectedSeq = None,
@@ -37,16 +40,17 @@ def approve(
     """Approve the prepared call a task is waiting on. Without --digest, the one shown now is approved."""
 
     def decide_now(engine: Engine) -> Any:
-        named, seen = digest, expected_seq
+        named, seen, prepared = digest, expected_seq, None
         if named is None:
             task = engine.load(task_id)
             prepared = task.prepared
             named = prepared["digest"] if prepared else None
             # Approving what was just shown: decided on that seq, so nothing that changed since is approved.
             seen = task.seq if seen is None else seen
-            if prepared:
-                render.approving(prepared)
-        return engine.approve(task_id, actor=actor, prepared_digest=named, comment=comment, expected_seq=seen)
+        decided = engine.approve(task_id, actor=actor, prepared_digest=named, comment=comment, expected_seq=seen)
+        if prepared:  # said once it is done: a refusal is the only line a refused approval prints
+            render.approved(prepared)
+        return decided
 
     act(decide_now, as_json)
 

@@ -15,9 +15,11 @@ from engine.audit.checkpoint import keygen as make_key
 from engine.cli import render
 from engine.cli.exits import EXIT_AUDIT, fail, open_engine
 from engine.cli.options import JsonFlag, PublicKeys
+from engine.cli.shell import Command, Group
 from engine.core.errors import RailyardError
 
 checkpoint_app = typer.Typer(
+    cls=Group,
     help="Signed checkpoints of every task's head (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR).",
 )
 
@@ -38,7 +40,7 @@ def checkpoint(
     render.checkpoint_written(taken, as_json)
 
 
-@checkpoint_app.command("keygen")
+@checkpoint_app.command("keygen", cls=Command)
 def keygen(path: Annotated[Path, typer.Argument(help="The private key file to create (never overwritten).")]) -> None:
     """Make an Ed25519 signing key (readable by its owner only) and print its public key for verifiers."""
     try:
@@ -48,7 +50,7 @@ def keygen(path: Annotated[Path, typer.Argument(help="The private key file to cr
     render.out.print(public, highlight=False)
 
 
-@checkpoint_app.command("verify")
+@checkpoint_app.command("verify", cls=Command)
 def verify(
     older: Annotated[Path, typer.Argument(help="The older checkpoint file.")],
     newer: Annotated[Path, typer.Argument(help="The newer checkpoint file.")],

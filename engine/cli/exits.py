@@ -27,8 +27,8 @@ EXIT_AUDIT = 3
 #: Codes that report a broken log rather than a refused request: exit 3.
 AUDIT_CODES = frozenset(code for code in Code if code.category is Category.INTEGRITY)
 
-#: Codes that say the process is set up wrong, not that the request was refused: exit 2, like a usage error.
-CONFIG_CODES = frozenset(code for code in Code if code.category is Category.CONFIG)
+#: Codes that say the process is set up wrong (or the command typed wrong), not that the request was refused: exit 2.
+CONFIG_CODES = frozenset(code for code in Code if code.category in (Category.CONFIG, Category.USAGE))
 
 
 def exit_status(code: Code) -> int:
@@ -43,11 +43,41 @@ def fail(error: RailyardError) -> NoReturn:
     raise typer.Exit(exit_status(error.code))
 
 
+def database_url(*, create: bool = False) -> str:
+    """RAILYARD_DATABASE_URL checked before anything connects: a URL that can be used, naming a database that is
+    there (only `create`, for `db upgrade`, may name a SQLite file that is not there yet)."""
+    from engine.store.database import check_url, require_database
+
+    url = config.database_url()
+    try:
+        checked = check_url(url)
+        require_database(checked, create=create)
+    except RailyardError as error:
+        fail(error)
+    return url
+
+
+def require_schema(url: str) -> None:
+    """SCHEMA_MISSING now, for a command that would otherwise only log it and carry on (a worker's claims)."""
+    from engine.store import migrations
+
+    try:
+        if migrations.current(url) is None:
+            fail(
+                RailyardError(
+                    "the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING
+                )
+            )
+    except RailyardError as error:
+        fail(error)
+
+
 @contextmanager
 def open_engine() -> Iterator[Engine]:
     """The engine over RAILYARD_DATABASE_URL; a `RailyardError` inside the block ends the command through `fail`."""
+    url = database_url()
     try:
-        with Engine(config.database_url()) as engine:
+        with Engine(url) as engine:
             yield engine
     except RailyardError as error:
         fail(error)

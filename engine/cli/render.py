@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from engine.audit.archive import ArchiveRun
 from engine.audit.checkpoint import Taken
 from engine.audit.export import ExportCheck
+from engine.core.approvals import DIGEST_PREFIX
 from engine.core.canonical import format_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Header
@@ -35,7 +37,12 @@ from engine.runtime.engine import TaskView
 #: How wide `history` prints its table when the output is not a terminal.
 HISTORY_WIDTH = 160
 
-out = Console()
+#: How wide tables are drawn when the output is not a terminal (a file, a pipe, a log): no terminal to fit.
+PIPE_WIDTH = 160
+
+# soft_wrap: a line is never cut into two (a demo step, a table's title), whatever the width; piped, tables get
+# PIPE_WIDTH rather than Rich's 80 columns.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 # soft_wrap: a refusal stays on one line (`CODE: message`) however narrow the terminal, for scripts.
 err = Console(stderr=True, soft_wrap=True)
 
@@ -53,11 +60,38 @@ def note(text: str) -> None:
 
 def refusal(error: RailyardError) -> None:
     """`CODE: message` on stderr, on one line."""
-    err.print(f"[bold red]{error.code}[/]: {error.message}", highlight=False, markup=True)
+    err.print(f"[bold red]{error.code}[/]: {escape(error.message)}", highlight=False, markup=True)
+
+
+def _json(value: Any, level: int = 0) -> str:
+    """The one JSON style of every `--json`: indented for a person at a terminal, one compact line for a pipe.
+
+    `level`: how deep the value sits in a document being streamed (its lines are indented that much more)."""
+    if not sys.stdout.isatty():
+        return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str).replace("\n", "\n" + "  " * level)
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+    """One JSON document on stdout."""
+    sys.stdout.write(_json(value) + "\n")
+
+
+def _stream_json(key: str, items: Iterable[Any], rest: Callable[[], dict[str, Any]]) -> None:
+    """`{key: [items...], **rest()}` written as the items arrive, in `_json`'s style: a run over a million tasks
+    never holds them all. `rest` is asked once the items are done (the totals)."""
+    tty = sys.stdout.isatty()
+    pad = "\n    " if tty else ""
+    sys.stdout.write(("{\n  " if tty else "{") + _json(key) + (": [" if tty else ":["))
+    first = True
+    for item in items:
+        sys.stdout.write(("" if first else ",") + pad + _json(item, 2))
+        sys.stdout.flush()
+        first = False
+    sys.stdout.write("\n  ]" if tty and not first else "]")
+    for name, value in rest().items():
+        sys.stdout.write((",\n  " if tty else ",") + _json(name) + (": " if tty else ":") + _json(value, 1))
+    sys.stdout.write(("\n}" if tty else "}") + "\n")
 
 
 def text(value: str) -> None:
@@ -280,14 +314,20 @@ def approvals(pending: list[dict[str, Any]], as_json: bool) -> None:
         prepared = p["prepared"] or {}
         call = f"{prepared.get('tool')} {compact(prepared.get('arguments'))}" if prepared else ""
         table.add_row(
-            p["task_id"], p["workflow"], p["state"], p["role"], p["started_by"], call, (p["digest"] or "")[:16]
+            p["task_id"],
+            p["workflow"],
+            p["state"],
+            p["role"],
+            p["started_by"],
+            call,
+            (p["digest"] or "")[:DIGEST_PREFIX],
         )
     out.print(table)
 
 
-def approving(prepared: Mapping[str, Any]) -> None:
-    """`approve` without --digest names the prepared call it approves, on stderr."""
-    note(f"approving prepared call {prepared['tool']} (digest {str(prepared['digest'])[:16]})")
+def approved(prepared: Mapping[str, Any]) -> None:
+    """`approve` without --digest names the prepared call it approved, on stderr."""
+    note(f"approved prepared call {prepared['tool']} (digest {str(prepared['digest'])[:DIGEST_PREFIX]})")
 
 
 # -- audit -----------------------------------------------------------------------------------------
@@ -323,44 +363,43 @@ def audit_totals(
     replay; its reports come after the replay's, and the totals say what the checkpoint covered.
     """
     tasks = events = found = failed = 0
-    if as_json:
-        sys.stdout.write('{"reports": [')
-
-    def emit(report: ReplayReport) -> None:
-        nonlocal found, failed
-        found += len(report.findings)
-        failed += 1
-        if as_json:
-            sys.stdout.write(("" if failed == 1 else ", ") + json.dumps(report.to_dict(), ensure_ascii=False))
-        else:
-            findings(report)
-
-    for report in reports:
-        if report.task_id:
-            tasks += 1
-            events += report.events
-        if not report.ok:
-            emit(report)
-    replay_found, replay_failed = found, failed
+    replay_found = replay_failed = 0
     judged = checkpoint[2] if checkpoint is not None else []
-    for report in judged:
-        emit(report)
+
+    def failing() -> Iterator[ReplayReport]:
+        """The reports with findings, counting as they pass: the replay's, then the checkpoint's."""
+        nonlocal tasks, events, found, failed, replay_found, replay_failed
+        for report in reports:
+            if report.task_id:
+                tasks += 1
+                events += report.events
+            if not report.ok:
+                found, failed = found + len(report.findings), failed + 1
+                yield report
+        replay_found, replay_failed = found, failed
+        for report in judged:
+            found, failed = found + len(report.findings), failed + 1
+            yield report
+
     if as_json:
-        against = ""
-        if checkpoint is not None:
-            path, header, _ = checkpoint
-            summary = {
-                "file": str(path),
-                "tree_size": header.tree_size,
-                "root": header.root,
-                "at": header.at,
-                "findings": found - replay_found,
-            }
-            against = f', "checkpoint": {json.dumps(summary)}'
-        sys.stdout.write(
-            f'], "tasks": {tasks}, "events": {events}, "findings": {found}{against}, "ok": {json.dumps(found == 0)}}}\n'
-        )
+
+        def totals() -> dict[str, Any]:
+            counts: dict[str, Any] = {"tasks": tasks, "events": events, "findings": found}
+            if checkpoint is not None:
+                path, header, _ = checkpoint
+                counts["checkpoint"] = {
+                    "file": str(path),
+                    "tree_size": header.tree_size,
+                    "root": header.root,
+                    "at": header.at,
+                    "findings": found - replay_found,
+                }
+            return {**counts, "ok": found == 0}
+
+        _stream_json("reports", (report.to_dict() for report in failing()), totals)
         return found > 0
+    for report in failing():
+        findings(report)
     outcome = (
         "no findings" if not replay_found else f"{count(replay_found, 'finding')} in {count(replay_failed, 'report')}"
     )

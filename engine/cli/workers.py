@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from engine.cli import render
-from engine.cli.exits import fail, open_engine
+from engine.cli.exits import database_url, fail, open_engine, require_schema
 from engine.cli.options import ExtraBodyOpt, RetriesOpt, StreamOpt, TimeoutOpt, model_options
 from engine.core.errors import Code, RailyardError
 from engine.runtime import config
@@ -68,6 +68,8 @@ def worker(
 
     from engine.runtime.models import open_model
     from engine.runtime.worker import Worker
+
+    require_schema(database_url())  # a worker logs what fails on a claim and carries on: not for this
 
     runner: Worker | None = None
     stopping = threading.Event()

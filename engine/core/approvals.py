@@ -32,6 +32,37 @@ class ApprovalCheck:
 
 #: The triggers that decide an approval; `Engine.fire` routes them through the same checks as approve/reject.
 DECISIONS = frozenset({"approve", "reject"})
+#: The fewest leading characters of a digest an approver may name it by (what `railyard approvals` shows): 48 bits,
+#: so that a prefix cannot match another call by chance, yet short enough to read off a screen.
+DIGEST_PREFIX = 12
+
+
+def full_digest(named: str | None, current: str | None, earlier: Set[str] = frozenset()) -> str | None:
+    """The digest `named` stands for: `current` when it is a unique prefix of it of at least `DIGEST_PREFIX`
+    characters, else `named` as given (`check_decision` then refuses it as stale).
+
+    `earlier`: the digests of the calls the task prepared before; a prefix that also names one of them does not say
+    which call the approver reviewed (DIGEST_AMBIGUOUS). A prefix too short to be trusted is DIGEST_TOO_SHORT.
+    """
+    if named is None or current is None or named == current:
+        return named
+    if len(named) < DIGEST_PREFIX:
+        raise Refused(
+            f"digest {named!r} is {len(named)} characters: give at least the {DIGEST_PREFIX} `railyard approvals` "
+            "shows",
+            code=Code.DIGEST_TOO_SHORT,
+            named=named,
+            minimum=DIGEST_PREFIX,
+        )
+    if not current.startswith(named):
+        return named
+    if any(other != current and other.startswith(named) for other in earlier):
+        raise Refused(
+            f"digest {named!r} names more than one call this task prepared: give more of it",
+            code=Code.DIGEST_AMBIGUOUS,
+            named=named,
+        )
+    return current
 
 
 def decision_role(definition: Workflow, state: str, verdict: str) -> str:

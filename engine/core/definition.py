@@ -83,6 +83,11 @@ LIMIT = "limit"
 LIMIT_STATE = "limit_exceeded"
 #: An operator moved the task to another version of its workflow (`Engine.migrate`); the event names both.
 MIGRATE = "migrate"
+#: The first event of a task forked from another task's log at a seq (`Engine.fork`): it names the source, the
+#: seq and the hash there, and carries the state as of that seq. Not `start`: a start folds from the input alone.
+FORK = "fork"
+#: An operator sent a handed-off or limit-state task back to a state it visited (`Engine.redrive`).
+REDRIVE = "redrive"
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ PROVIDER_ERROR_SUFFIX = "~provider_error"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 #: The longest value of a searchable input field that the task lists keep (`Workflow.search_values`).
 SEARCH_VALUE_LENGTH = 200
+#: What no search can carry (`q` refuses control characters): a value holding one is not indexed.
+_UNSEARCHABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,6 +496,9 @@ class Workflow:
     #: Input fields people look tasks up by (a customer id, an order id): the task lists show them and search them.
     #: Presentation, not behaviour: not in the digest, so declaring them later needs no new version.
     searchable: Sequence[str] = ()
+    #: Who may send a handed-off or limit-state task back to a state it visited (`redrive`); default `settle_role`,
+    #: else `cancel_role`.
+    redrive_role: str | None = None
     #: What a decision card shows in each human state that declares one (`DecisionCard`). Presentation, not
     #: behaviour: not in the digest, like `searchable`.
     cards: Mapping[str, DecisionCard] = field(default_factory=dict)
@@ -569,12 +579,16 @@ class Workflow:
         return [t for t in self.machine.triggers(state) if system or not all(a.system for a in self._table[(state, t)])]
 
     def search_values(self, input: Mapping[str, Any] | None) -> dict[str, str]:
-        """The searchable fields of a task's `input` that hold a value, as text: what the task lists index."""
+        """The searchable fields of a task's `input` that hold a value, as text: what the task lists index. A value
+        with a control character is left out: a search (`q`) never carries one, so it could never be found, and
+        PostgreSQL's text refuses a NUL (the task itself keeps its input whole)."""
         out: dict[str, str] = {}
         for name in self.searchable:
             value = (input or {}).get(name)
             if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
-                out[name] = str(value)[:SEARCH_VALUE_LENGTH]
+                text = str(value)[:SEARCH_VALUE_LENGTH]
+                if not _UNSEARCHABLE.search(text):
+                    out[name] = text
         return out
 
     def transitions(self) -> Iterable[tuple[str, Action]]:
@@ -599,7 +613,22 @@ class Workflow:
             # Added later: present only when set, so the digests of definitions that do not use them stay put.
             **({"effect_after_cancel": self.effect_after_cancel} if self.effect_after_cancel else {}),
             **({"settle_role": self.settle_role} if self.settle_role else {}),
+            **({"redrive_role": self.redrive_role} if self.redrive_role else {}),
         }
+
+    def redrive_sources(self) -> frozenset[str]:
+        """The states an operator may `redrive` from: where the engine hands a task to a person because its agent
+        or tool states could not go on (an agent's hand-off and provider-error states, a state named as an
+        agent's `on_exhausted`, the limit state). Approval and other wait states have their own triggers."""
+        out = {self.limit_state or LIMIT_STATE}
+        for state in self.states:
+            if isinstance(state, Agent):
+                out.update({state.exhausted_target, f"{state.name}{PROVIDER_ERROR_SUFFIX}"})
+        return frozenset(n for n in out if n in self._by_name and self._by_name[n].kind is not StateKind.TERMINAL)
+
+    def redrive_targets(self) -> frozenset[str]:
+        """The states a `redrive` may lead to: the declared agent and tool states."""
+        return frozenset(s.name for s in self.states if s.kind in (StateKind.AGENT, StateKind.TOOL))
 
 
 def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
@@ -774,6 +803,8 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
         RECONCILE,
         LIMIT,
         MIGRATE,
+        FORK,
+        REDRIVE,
         CANCEL_REQUESTED,
         SETTLE,
     }

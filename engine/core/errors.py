@@ -22,6 +22,8 @@ class Category(StrEnum):
     APPROVAL = "approval"  # an approval decision refused
     MIGRATION = "migration"  # a move to another version refused
     CONFIG = "config"  # the process is set up wrong (exit 2, like a usage error)
+    USAGE = "usage"  # a command typed wrong: an unknown option, a missing argument (exit 2)
+    INTERNAL = "internal"  # a bug: an error Railyard does not expect (exit 1)
     CALLER = "caller"  # the caller named no usable actor
     STORE = "store"  # the database
     INTEGRITY = "integrity"  # a stored log that does not hold together (exit 3)
@@ -246,6 +248,18 @@ class Code(StrEnum):
         Category.APPROVAL,
         "The approver named a prepared-call digest that is not the one awaiting approval.",
     )
+    DIGEST_TOO_SHORT = (
+        "DIGEST_TOO_SHORT",
+        Category.APPROVAL,
+        "The digest given to approve is shorter than the 12 characters `railyard approvals` shows: give at least"
+        " that much of it (or all 64).",
+    )
+    DIGEST_AMBIGUOUS = (
+        "DIGEST_AMBIGUOUS",
+        Category.APPROVAL,
+        "The digest prefix given to approve matches more than one prepared call in the task's history: give"
+        " more of it, so that it names the call you reviewed and no other.",
+    )
     APPROVAL_FORBIDDEN = (
         "APPROVAL_FORBIDDEN",
         Category.APPROVAL,
@@ -263,11 +277,72 @@ class Code(StrEnum):
         "A migration to another version was refused: the same version, a state map naming states that do "
         "not exist, the task's current state not in the map, a terminal task, or no reason given.",
     )
+    # Forks and redrives (Engine.fork, Engine.redrive)
+    FORK_INVALID = (
+        "FORK_INVALID",
+        Category.TASK,
+        "A fork was refused: the seq is not in the source's log, the state there is terminal (nothing would run),"
+        " the target version lacks that state or fails the checks `migrate` makes, or no reason was given. The"
+        " source is unchanged and no task was created.",
+    )
+    REDRIVE_INVALID = (
+        "REDRIVE_INVALID",
+        Category.TASK,
+        "A redrive was refused: the task is not in a hand-off or limit state, the target is not an agent or tool"
+        " state the task has visited, a tool target has no prepared call for its tool, or no reason was given;"
+        " the log is unchanged.",
+    )
+    WRITE_WOULD_REPEAT = (
+        "WRITE_WOULD_REPEAT",
+        Category.TOOL,
+        "A fork or redrive was refused because it could make a write a second time: a write's outcome is open"
+        " there, or the log after that point holds a write that executed or may have (or, for a fork, a write"
+        " the still-running source may yet make). The message names the tool, the action id and the seq; fork"
+        " or redrive after that write's outcome is on record.",
+    )
     # Configuration and callers
     CONFIG_INVALID = (
         "CONFIG_INVALID",
         Category.CONFIG,
         "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
+    )
+    DATABASE_URL_INVALID = (
+        "DATABASE_URL_INVALID",
+        Category.CONFIG,
+        "RAILYARD_DATABASE_URL is not a database URL Railyard can use (a misspelt scheme, `sqlite://` with two"
+        " slashes, a bare path); the message names the problem and the expected forms: `sqlite:///relative.db`,"
+        " `sqlite:////absolute/path.db`, `postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE`.",
+    )
+    DATABASE_UNREACHABLE = (
+        "DATABASE_UNREACHABLE",
+        Category.CONFIG,
+        "The database server did not answer or refused the connection; the message names the host, port,"
+        " database and user (never the password) and the server's reason. Start the server, or fix the URL.",
+    )
+    DATABASE_NOT_FOUND = (
+        "DATABASE_NOT_FOUND",
+        Category.CONFIG,
+        "The database RAILYARD_DATABASE_URL names does not exist: no SQLite file at that path (only"
+        " `railyard db upgrade` creates one), a folder that does not exist, or no such PostgreSQL database"
+        " on the server (create it, then `railyard db upgrade`).",
+    )
+    DATABASE_FILE_INVALID = (
+        "DATABASE_FILE_INVALID",
+        Category.CONFIG,
+        "The file RAILYARD_DATABASE_URL names is not a SQLite database (a text file, another program's file):"
+        " point the URL at the right file.",
+    )
+    USAGE_INVALID = (
+        "USAGE_INVALID",
+        Category.USAGE,
+        "The command was typed wrong (an unknown option, a missing or malformed argument, bytes that are not"
+        " text); the message says which, and `railyard COMMAND --help` shows the usage. Nothing was done.",
+    )
+    UNEXPECTED_ERROR = (
+        "UNEXPECTED_ERROR",
+        Category.INTERNAL,
+        "A command stopped on an error Railyard does not expect (a bug: please report it). The line names the"
+        " exception; RAILYARD_DEBUG=1 prints its traceback. Every write is one transaction: none is half-done.",
     )
     ACTOR_REQUIRED = (
         "ACTOR_REQUIRED",
@@ -281,7 +356,11 @@ class Code(StrEnum):
         " it) is refused until the window in Retry-After has passed, even with a valid token.",
     )
     # The store
-    SCHEMA_MISSING = "SCHEMA_MISSING", Category.STORE, "The database has no Railyard schema: run `railyard db upgrade`."
+    SCHEMA_MISSING = (
+        "SCHEMA_MISSING",
+        Category.CONFIG,
+        "The database has no Railyard schema: run `railyard db upgrade`.",
+    )
     SCHEMA_NOT_AT_HEAD = (
         "SCHEMA_NOT_AT_HEAD",
         Category.STORE,
@@ -317,6 +396,18 @@ class Code(StrEnum):
         Category.INTEGRITY,
         "Replay found a write's outcome (succeeded or unknown) for an action id whose intent the log "
         "never recorded: the call was made outside the protocol, or its intent was removed.",
+    )
+    FORK_ORIGIN_MISMATCH = (
+        "FORK_ORIGIN_MISMATCH",
+        Category.INTEGRITY,
+        "Replay found a fork whose first event does not match its source: the source's log holds another hash"
+        " at the seq the fork names, or the state the fork carries is not the source's state as of that seq.",
+    )
+    FORK_ORIGIN_MISSING = (
+        "FORK_ORIGIN_MISSING",
+        Category.INTEGRITY,
+        "Replay found a fork whose source task is gone from the database and its archives (or ends before the"
+        " seq the fork names): where the fork came from cannot be proven.",
     )
     STATE_MISMATCH = (
         "STATE_MISMATCH",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
-from engine.core.definition import CALL, MIGRATE, START, Agent, Status, Workflow
+from engine.core.definition import CALL, FORK, MIGRATE, REDRIVE, START, Agent, Status, Workflow
 from engine.core.effects import is_open, next_cancel_request, next_effect
 from engine.core.errors import Code, IntegrityError
 from engine.core.events import Event
@@ -128,14 +128,16 @@ def predates_effects(doc: dict[str, Any]) -> bool:
 
 
 def initial(definition: Workflow, event: Event) -> TaskState:
-    """The state after the `start` event (seq 1)."""
-    if event.seq != 1 or event.trigger != START or event.prev_hash != GENESIS_HASH:
+    """The state after the first event (seq 1): a `start`, or a `fork` with the state it carries."""
+    if event.seq != 1 or event.trigger not in (START, FORK) or event.prev_hash != GENESIS_HASH:
         raise IntegrityError(
             f"task {event.task_id}: first event is not a start event at seq 1",
             code=Code.SEQ_GAP if event.seq != 1 else Code.HASH_MISMATCH,
             task_id=event.task_id,
             seq=event.seq,
         )
+    if event.trigger == FORK:
+        return forked(definition, event)
     return TaskState(
         task_id=event.task_id,
         workflow=definition.name,
@@ -149,6 +151,34 @@ def initial(definition: Workflow, event: Event) -> TaskState:
         visit=next_visit(definition, {}, event.trigger, event.to_state, event.data),
         started_by=event.actor,
         usage={"turns": 0, "calls": 0, "repeats": {}, "started_at": format_instant(event.at)},
+    )
+
+
+def forked(definition: Workflow, event: Event) -> TaskState:
+    """The state after a `fork` event: the source's state as of the fork's seq (`carried`), under this task's id.
+
+    What a fork starts again is the deadline (`started_at` is the fork's time: a fork of an old task is not out of
+    time before it runs); the other counters carry, so forking does not buy a looping task more turns (`redrive`
+    is the explicit way to). A cancel waiting in the source is not the fork's: a fork never carries an open write.
+    """
+    carried = event.data["carried"]
+    return TaskState(
+        task_id=event.task_id,
+        workflow=definition.name,
+        version=definition.version,
+        digest=event.data.get("digest", definition.digest),
+        state=event.to_state,
+        status=definition.status_of(event.to_state),
+        seq=1,
+        last_hash=event.hash,
+        input=event.data.get("input", {}),
+        facts=carried["facts"],
+        visit=carried["visit"],
+        started_by=carried["started_by"],
+        prepared=carried["prepared"],
+        prepared_by=carried["prepared_by"],
+        usage={**carried["usage"], "started_at": format_instant(event.at)},
+        effect=carried["effect"],
     )
 
 
@@ -281,6 +311,8 @@ def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
     """The budget counters after `event`: a model turn, or a tool call (by tool and normalised arguments)."""
     if "turn" in event.data:
         return {**usage, "turns": int(usage.get("turns", 0)) + 1}
+    if event.trigger == REDRIVE:  # an operator sent the task back: every budget starts again (the event says from what)
+        return {"turns": 0, "calls": 0, "repeats": {}, "started_at": format_instant(event.at)}
     if event.trigger == CALL:
         key = call_key(event.data["intent"])
         repeats = dict(usage.get("repeats", {}))

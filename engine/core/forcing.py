@@ -68,6 +68,9 @@ RANK = {rung: index for index, rung in enumerate(Rung)}
 
 #: Not a rung but a shape every rung may carry: a strict JSON schema (`response_format` strict, strict tools).
 STRICT_SCHEMA = "strict_schema"
+#: Not a rung but the one optional shape of the bottom rung: JSON mode (`response_format: json_object`). Once
+#: refused, `json_instructions` is sent with the schema in the instructions only, which no provider can refuse.
+JSON_MODE = "json_mode"
 
 
 def demotion_key(profile: CapabilityProfile, model: str, thinking: bool, rung: Rung | str) -> str:
@@ -87,6 +90,8 @@ def refused_shape(
     )
     if code is Code.SCHEMA_UNSUPPORTED and strict:
         return demotion_key(profile, model, thinking, STRICT_SCHEMA)
+    if rung is Rung.JSON_INSTRUCTIONS:  # the bottom rung is never ruled out: only its JSON mode can be
+        return demotion_key(profile, model, thinking, JSON_MODE)
     return demotion_key(profile, model, thinking, rung)
 
 
@@ -155,16 +160,23 @@ def remembered_rung(profile: CapabilityProfile, model: str, thinking: bool, work
 
 
 #: Codes that say the answer ignored the rung, whatever it was asked: no action (prose), not JSON, a call of a
-#: tool that was not offered. `OUTPUT_SCHEMA_INVALID` joins them on the structured rungs, where the schema was
-#: the instruction; with tools it is an ordinary mistake in the arguments, repaired on the same rung.
+#: tool that was not offered. `OUTPUT_SCHEMA_INVALID` joins them on the structured rungs when the envelope
+#: itself was wrong (an error of type `ENVELOPE_ERROR`), the one thing the rung asked for; a bad value inside a
+#: well-formed envelope, like a bad argument of a tool call, is an ordinary mistake repaired on the same rung.
 IGNORED_THE_RUNG = frozenset({Code.NO_ACTION, Code.OUTPUT_NOT_JSON, Code.ACTION_UNKNOWN, Code.ACTION_NOT_ALLOWED})
+#: The `type` of the error `proposal` reports for a structured answer that is not `{"action", "arguments"}`.
+ENVELOPE_ERROR = "envelope"
 
 
-def ignored(code: Code | None, rung: Rung) -> bool:
+def ignored(code: Code | None, rung: Rung, errors: Iterable[dict[str, Any]] = ()) -> bool:
     """Whether an answer with `code` did not comply with `rung` (as opposed to a compliant answer that was wrong)."""
     if code in IGNORED_THE_RUNG:
         return True
-    return code is Code.OUTPUT_SCHEMA_INVALID and MODE_OF_RUNG[rung] == "structured"
+    return (
+        code is Code.OUTPUT_SCHEMA_INVALID
+        and MODE_OF_RUNG[rung] == "structured"
+        and any(error.get("type") == ENVELOPE_ERROR for error in errors)
+    )
 
 
 @dataclass(frozen=True)
@@ -189,13 +201,14 @@ def escalate(
     rung: Rung,
     code: Code | None,
     done: int,
+    errors: Iterable[dict[str, Any]] = (),
 ) -> Escalation | None:
     """The escalation after an answer on `rung` that ended in `code`, or None when the answer complied.
 
     `done` is how many escalations this visit already made: the profile's `escalation` order is followed
     step by step and its last step repeats. A `rung` step at the bottom of the ladder restates instead.
     """
-    if code is None or not ignored(code, rung):
+    if code is None or not ignored(code, rung, errors):
         return None
     step = profile.escalation[min(done, len(profile.escalation) - 1)]
     if step == "rung":
@@ -312,7 +325,8 @@ def build_request(
 ) -> tuple[ModelRequest, list[Message]]:
     """The request for this turn, and the messages this turn adds to the visit (a reminder, or none).
 
-    `demoted` are the shapes refused so far: once strict schemas were refused, none is sent strict.
+    `demoted` are the shapes refused so far: once strict schemas were refused, none is sent strict; once JSON
+    mode was refused, `json_instructions` goes without it.
 
     The visit's messages are replayed as they were recorded, so each request
     extends the previous one: nothing is ever deleted or reordered.
@@ -345,7 +359,7 @@ def build_request(
         if not any(m.content == instructions for m in history):
             added.append(added_instr)
             messages = (*messages, added_instr)
-        if profile.native_schema != "none":
+        if profile.native_schema != "none" and demotion_key(profile, model, thinking, JSON_MODE) not in set(demoted):
             response_schema = ResponseSchema("action", {}, "json_object")
     else:
         tools = tuple(tool_spec(a, strict=profile.strict_tools and strict) for a in actions)

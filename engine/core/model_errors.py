@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.core.errors import Category, Code
-from engine.core.model_interface import ModelRequest
+from engine.core.model_interface import ModelRequest, Usage
 from engine.core.text import clean
 
 log = logging.getLogger("railyard.model")
@@ -60,13 +60,27 @@ def error_message(body: object, fallback: str) -> str:
 class ModelError(Exception):
     """A failed model call with its closed code. `raw` is for the server log only."""
 
-    def __init__(self, code: Code, raw: str = "", *, status: int | None = None) -> None:
+    def __init__(
+        self,
+        code: Code,
+        raw: str = "",
+        *,
+        status: int | None = None,
+        named: bool = True,
+        usage: Usage | None = None,
+    ) -> None:
         if code not in PROVIDER_CODES:
             raise ValueError(f"{code} is not a provider code")
         super().__init__(f"{code}")
         self.code = code
         self.status = status
         self.raw = redact(raw)
+        #: For a request-shape code: whether the error's own fields named the shape (`param: tool_choice`), or
+        #: only the request's contents made it one (see `classify`). Only a named refusal is shared process-wide.
+        self.named = named
+        #: What the provider reported spending on an answer that arrived and still failed (truncated, filtered,
+        #: empty): token budgets count it.
+        self.usage = usage
         #: Set by the runner that made the calls: how many it made, and the seconds they took, backoff included.
         self.attempts = 1
         self.seconds = 0.0
@@ -162,6 +176,11 @@ ERROR_TABLE: tuple[Rule, ...] = (
     Rule("request", ("response_schema",), Code.SCHEMA_UNSUPPORTED),
 )
 
+#: The `param` rules: a refusal whose own fields name the shape it refused.
+_NAMING_PARAMS = frozenset(
+    value for rule in ERROR_TABLE if rule.field == "param" and rule.code in REQUEST_SHAPE for value in rule.values
+)
+
 
 def refusable(request: ModelRequest | None) -> frozenset[Shape]:
     """The shapes in `request` a provider may refuse: a forced tool choice (named or `required`), a native schema."""
@@ -173,6 +192,21 @@ def refusable(request: ModelRequest | None) -> frozenset[Shape]:
     if request.response_schema is not None:
         shapes.add("response_schema")
     return frozenset(shapes)
+
+
+def names_shape(fields: ErrorFields) -> bool:
+    """Whether the error's own fields name the request shape refused (`param: tool_choice`, `response_format`).
+
+    A refusal found only by a `request` rule (a 400 without `param`: every Anthropic 400) may be about anything
+    (a prompt too long, a bad image): it demotes the rung for the task that saw it, whose next turn, sent
+    without the shape, is the test; other tasks keep the rung until a named refusal says otherwise.
+    """
+    return bool(fields.param) and re.split(r"[.\[]", fields.param or "", maxsplit=1)[0] in _NAMING_PARAMS
+
+
+def failure(fields: ErrorFields, sent: frozenset[Shape], message: str, status: int | None = None) -> ModelError:
+    """The `ModelError` of an error the provider sent: its code (`classify`) and whether it named the shape."""
+    return ModelError(classify(fields, sent), message, status=status, named=names_shape(fields))
 
 
 def classify(fields: ErrorFields, sent: frozenset[Shape] = frozenset()) -> Code:

@@ -53,7 +53,7 @@ Escalated.__doc__ = "What the next attempt changes after an answer that ignored 
 class Turn(TypedDict):
     """One model turn: how the engine asked, and what it made of the answer."""
 
-    strategy: Annotated[str, Doc("the forcing rung the request used (`tool_choice_named`, `json_schema`, ...)")]
+    strategy: Annotated[str, Doc("the forcing rung the request used (`native_schema`, `named_tool`, `required`, ...)")]
     model: Annotated[str, Doc("`provider:model` of the adapter that answered")]
     profile: Annotated[str, Doc("the capability profile the rung was chosen from")]
     thinking: Annotated[bool, Doc("whether the request thought: as asked, and always for a model that always thinks")]
@@ -72,15 +72,38 @@ class Turn(TypedDict):
         ]
     ]
     errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
-    demoted: NotRequired[Annotated[str, Doc("the request shape the provider refused, never sent again for this model")]]
+    demoted: NotRequired[
+        Annotated[str, Doc("the request shape the provider refused, not sent again for this task and model")]
+    ]
+    shared: NotRequired[
+        Annotated[
+            bool,
+            Doc(
+                "with `demoted`, false when the error's fields did not name the shape: other tasks of the process "
+                "keep sending it until this task's next call, sent without it, is answered"
+            ),
+        ]
+    ]
     escalated: NotRequired[
         Annotated[Escalated, Doc("on a `repair` after an answer that ignored the rung: what the next attempt changes")]
     ]
     worked: NotRequired[
         Annotated[str, Doc("the rung that worked after escalating, where the next visit for this model starts")]
     ]
+    learned: NotRequired[
+        Annotated[
+            list[str],
+            Doc(
+                "what other tasks of this process found for this model (refused shapes, rungs that worked) "
+                "that moved this turn's request from the one the task's own log would make"
+            ),
+        ]
+    ]
     thinking_switch: NotRequired[
-        Annotated[dict[str, Any], Doc("the provider's body fields that switched thinking on or off, as sent")]
+        Annotated[
+            dict[str, Any],
+            Doc("the provider's body fields that switched thinking on or off, as sent (they win over an extra body)"),
+        ]
     ]
 
 
@@ -163,11 +186,50 @@ class ApprovalRecord(TypedDict):
     digest: Annotated[str | None, Doc("the prepared call's digest they decided on")]
 
 
+class ForkOrigin(TypedDict):
+    """Where a fork came from: replay checks the source still holds this hash at this seq."""
+
+    task_id: Annotated[str, Doc("the source task")]
+    seq: Annotated[int, Doc("the seq of the source's event the fork starts after")]
+    hash: Annotated[str, Doc("that event's hash")]
+    workflow: Annotated[str, Doc("the `name@version` the source was on at that seq")]
+    digest: Annotated[str, Doc("that version's digest")]
+
+
+class Carried(TypedDict):
+    """The source's state as of the fork's seq, as its fold says (replay folds the source and compares)."""
+
+    state: Annotated[str, Doc("the state the source was in, where the fork starts")]
+    facts: Annotated[dict[str, Any], Doc("the accumulated context guards read")]
+    visit: Annotated[dict[str, Any], Doc("the current visit (an agent's conversation and repairs, a tool's attempts)")]
+    prepared: Annotated[PreparedCallData | None, Doc("the newest prepared call")]
+    prepared_by: Annotated[str | None, Doc("who proposed it")]
+    usage: Annotated[dict[str, Any], Doc("the budget counters")]
+    effect: Annotated[dict[str, Any] | None, Doc("the newest write and what it came to")]
+    started_by: Annotated[str, Doc("who started the source (separation of duties holds in the fork too)")]
+
+
 class _StepKeys(TypedDict, total=False):
     # start
-    workflow: Annotated[str, Doc("the `name@version` the task is pinned to", "`start`")]
-    digest: Annotated[str, Doc("that version's digest", "`start`")]
-    input: Annotated[dict[str, Any], Doc("the task's input, validated by the workflow's input model", "`start`")]
+    workflow: Annotated[str, Doc("the `name@version` the task is pinned to", "`start`, `fork`")]
+    digest: Annotated[str, Doc("that version's digest", "`start`, `fork`")]
+    input: Annotated[
+        dict[str, Any], Doc("the task's input, validated by the workflow's input model", "`start`, `fork`")
+    ]
+    # fork and redrive (operators)
+    forked_from: Annotated[ForkOrigin, Doc("the source task, seq and hash the fork starts from", "`fork`")]
+    carried: Annotated[Carried, Doc("the source's state as of that seq", "`fork`")]
+    reset: Annotated[
+        dict[str, Any],
+        Doc(
+            "the budget counters the event starts again, with the values they had (`started_at`: the deadline's "
+            "start; on `redrive` also `turns`, `calls`, `repeats` and, with token budgets, the token counts)",
+            "`fork`, `redrive`",
+        ),
+    ]
+    redrive_from_seq: Annotated[
+        int, Doc("the seq of the event that last entered the state the task is sent back to", "`redrive`")
+    ]
     # an action of the workflow (fired by a person, a caller or the model)
     args: Annotated[
         dict[str, Any],
@@ -227,7 +289,7 @@ _MigrationKeys = TypedDict(
         "to_version": Annotated[int, Doc("the version it moved to", "`migrate`")],
         "to_digest": Annotated[str, Doc("that version's digest", "`migrate`")],
         "state_map": Annotated[dict[str, str], Doc("old state to new state, as the operator gave it", "`migrate`")],
-        "reason": Annotated[str, Doc("why, in the operator's words", "`migrate`")],
+        "reason": Annotated[str, Doc("why, in the operator's words", "`migrate`, `fork`, `redrive`")],
     },
     total=False,
 )
@@ -252,6 +314,8 @@ RECORDS: tuple[type, ...] = (
     Risk,
     Proposal,
     ApprovalRecord,
+    ForkOrigin,
+    Carried,
 )
 
 

@@ -51,11 +51,14 @@ class CapabilityProfile:
     wire: Literal["openai", "anthropic"]
     models: tuple[str, ...] = ("*",)
     native_schema: NativeSchema = "none"
+    #: Deprecated, no effect: no rung sends a native schema together with tools. Accepted so files keep loading.
     schema_with_tools: bool = False
     tool_choice_thinking_off: frozenset[str] = ALL_MODES
     tool_choice_thinking_on: frozenset[str] = ALL_MODES
     strict_tools: bool = False
+    #: False: no model of the profile can be switched off, so each is treated as always thinking (`thinks`).
     can_disable_thinking: bool = True
+    #: Deprecated, no effect: reasoning an adapter can pass back (Anthropic's signed blocks) always is.
     reasoning_passback: bool = False
     description: str = ""
     reminder_role: ReminderRole = "user"
@@ -75,7 +78,9 @@ class CapabilityProfile:
         Everything downstream (the ladder, what is remembered, the event) uses this value, so that a
         reasoning model run without the flag is never sent a forced tool choice its thinking mode rejects.
         """
-        return requested or any(fnmatch.fnmatchcase(model, pattern) for pattern in self.always_thinking)
+        if requested or not self.can_disable_thinking:
+            return True
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.always_thinking)
 
     def thinking_switch(self, model: str, thinking: bool) -> dict[str, Any]:
         """The body fields that switch thinking on or off for `model` (a copy: adapters may merge into it)."""
@@ -120,11 +125,17 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         reasoning_passback=True,
         description="extended thinking accepts only auto/none; thinking blocks passed back",
         # Adaptive-only models refuse `enabled` and `disabled` alike: they always think.
-        always_thinking=("claude-opus-4-7*", "claude-mythos-*"),
+        always_thinking=("claude-opus-4-7*", "claude-opus-4-8*", "claude-mythos-*"),
         thinking_on={"thinking": {"type": "enabled", "budget_tokens": 2048}},
         thinking_on_by_model={
             pattern: {"thinking": {"type": "adaptive"}}
-            for pattern in ("claude-opus-4-6*", "claude-sonnet-4-6*", "claude-opus-4-7*", "claude-mythos-*")
+            for pattern in (
+                "claude-opus-4-6*",
+                "claude-sonnet-4-6*",
+                "claude-opus-4-7*",
+                "claude-opus-4-8*",
+                "claude-mythos-*",
+            )
         },
     ),
     CapabilityProfile(
@@ -209,6 +220,22 @@ BUILTIN_PROFILES: tuple[CapabilityProfile, ...] = (
         thinking_on={"reasoning_effort": "medium"},
     ),
 )
+
+
+def with_switch(extra_body: dict[str, Any] | None, switch: dict[str, Any]) -> dict[str, Any]:
+    """A user's extra body fields with the thinking switch merged in, the switch winning on every field it sets.
+
+    Nested tables merge (Gemini's switch lives under `extra_body.google`, beside a user's other `google`
+    fields), so the turn's `thinking_switch` is exactly what the body carries; thinking is set with
+    `--thinking`, never by an extra body.
+    """
+    merged = copy.deepcopy(extra_body) if extra_body else {}
+    for key, value in switch.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = with_switch(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 def _profiles_file(path: str | None) -> dict[str, Any] | None:

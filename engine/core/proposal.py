@@ -19,7 +19,7 @@ from engine.core.decide import decide
 from engine.core.definition import HAND_OFF, REPAIR, Agent, Workflow, redact, sensitive_fields
 from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
-from engine.core.forcing import MODE_OF_RUNG, Rung, model_actions
+from engine.core.forcing import ENVELOPE_ERROR, MODE_OF_RUNG, Rung, model_actions
 from engine.core.model_interface import Message, ModelResponse, ToolCall
 from engine.core.payloads import EventData
 from engine.core.text import clean
@@ -90,7 +90,7 @@ def extract(response: ModelResponse, rung: Rung) -> tuple[str, dict[str, Any]]:
         if not isinstance(action, str) or not isinstance(arguments, dict) or set(envelope) - {"action", "arguments"}:
             raise _Invalid(
                 Code.OUTPUT_SCHEMA_INVALID,
-                [{"loc": [], "msg": 'expected {"action": NAME, "arguments": {...}}', "type": "envelope"}],
+                [{"loc": [], "msg": 'expected {"action": NAME, "arguments": {...}}', "type": ENVELOPE_ERROR}],
             )
         return action, arguments
     raise _Invalid(Code.NO_ACTION, [{"loc": [], "msg": "no action proposed", "type": "missing"}])

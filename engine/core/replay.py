@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from engine.core.canonical import GENESIS_HASH, canonical_json
 from engine.core.chain import Finding, link_findings
-from engine.core.definition import MIGRATE, START, Action, Workflow, guard_name
+from engine.core.definition import FORK, MIGRATE, REDRIVE, START, Action, Workflow, guard_name
 from engine.core.effects import is_open
 from engine.core.errors import Code
 from engine.core.events import Event
@@ -45,6 +45,9 @@ from engine.core.rows import Snapshot, TaskRow
 
 #: How replay finds the definition a task is pinned to (`Registry.find`).
 Lookup = Callable[[str, int], Workflow | None]
+#: How replay checks a fork's origin against its source: given the fork's first event, the findings (the driver
+#: reads the source's log, `engine.audit.reads.origin_check`; the judgement is `engine.core.forks.origin_findings`).
+OriginCheck = Callable[[Event], list[Finding]]
 
 
 @quick_init
@@ -164,7 +167,12 @@ class LogCheck:
     """
 
     def __init__(
-        self, row: TaskRow | None, lookup: Lookup, task_id: str = "", legal: set[tuple[Any, ...]] | None = None
+        self,
+        row: TaskRow | None,
+        lookup: Lookup,
+        task_id: str = "",
+        legal: set[tuple[Any, ...]] | None = None,
+        origin: OriginCheck | None = None,
     ) -> None:
         self.row = row
         self.lookup = lookup
@@ -183,6 +191,12 @@ class LogCheck:
         self.unchecked = row is None
         #: Transitions already found legal (see `_verdict_key`); `replay_stream` shares one set across tasks.
         self.legal: set[tuple[Any, ...]] = legal if legal is not None else set()
+        #: Checks a fork's first event against its source; None: a fork's origin is not checked (an export's
+        #: reader that does not hold the source says so itself).
+        self.origin = origin
+        #: The states the log has entered so far: a `redrive` goes back to one of them.
+        self.visited: set[str] = set()
+        self.seen_before = False
 
     def add(self, code: Code, seq: int, message: str) -> None:
         """Record a finding; readers of a log (an export's lines, say) add what only they can see."""
@@ -252,12 +266,18 @@ class LogCheck:
         self.last = event
         if self.unchecked:
             return
+        self.seen_before = event.to_state in self.visited
+        if not self.seen_before:
+            self.visited.add(event.to_state)
         folding, rules = self.fold, self.rules
         if folding is None or rules is None:
             self._start(event)
             return
         if event.trigger == MIGRATE:
             self._migrate(rules, folding, event)
+            return
+        if event.trigger == REDRIVE:
+            self._redrive(rules, folding, event)
             return
         seen = _verdict_key(rules, folding, event)
         if seen is None or seen not in self.legal:
@@ -272,7 +292,7 @@ class LogCheck:
     def _start(self, event: Event) -> None:
         row = self.row
         assert row is not None
-        if event.seq != 1 or event.trigger != START or event.from_state is not None:
+        if event.seq != 1 or event.trigger not in (START, FORK) or event.from_state is not None:
             self.add(
                 Code.ILLEGAL_TRANSITION,
                 event.seq,
@@ -292,18 +312,36 @@ class LogCheck:
         if rules is None:
             self._stop()
             return
-        if event.to_state != rules.initial_state:
+        if event.trigger == START and event.to_state != rules.initial_state:
             self.add(
                 Code.ILLEGAL_TRANSITION,
                 1,
                 f"started in {event.to_state!r}, but {rules.ref} starts in {rules.initial_state!r}",
             )
+        if event.trigger == FORK:
+            carried = event.data.get("carried")
+            if not rules.has_state(event.to_state):
+                self.add(Code.ILLEGAL_TRANSITION, 1, f"forked into {event.to_state!r}, which {rules.ref} does not have")
+            elif not isinstance(carried, dict) or carried.get("state") != event.to_state:
+                self.add(Code.ILLEGAL_TRANSITION, 1, f"forked into {event.to_state!r}, not the state it carries")
         if not rules.has_state(event.to_state):
             self._stop()
             return
         linked = event if event.prev_hash == GENESIS_HASH else replace(event, prev_hash=GENESIS_HASH)
+        try:
+            first = initial(rules, linked)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                1,
+                f"the fork does not carry a state that can be followed ({type(exc).__name__})",
+            )
+            self._stop()
+            return
+        if event.trigger == FORK and is_open(first.effect):
+            self.add(Code.ILLEGAL_TRANSITION, 1, "the fork carries a write whose outcome is open")
         self.rules = rules
-        self.fold = Fold(rules, initial(rules, linked))
+        self.fold = Fold(rules, first)
 
     def _migrate(self, rules: Workflow, task: Fold, event: Event) -> None:
         """A `migrate` event: legal from where the task stood, and from here on judged by the version it names."""
@@ -340,6 +378,26 @@ class LogCheck:
             return
         self.rules = task.definition = target
         self._fold(target, task, event)
+
+    def _redrive(self, rules: Workflow, task: Fold, event: Event) -> None:
+        """A `redrive` event: from a hand-off or limit state, back to an agent or tool state the log entered."""
+        if task.terminal:
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"a terminal task (in {task.state!r}) was redriven")
+        elif event.from_state != task.state:
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"redriven from {event.from_state!r}, but the task was in {task.state!r}",
+            )
+        elif task.state not in rules.redrive_sources():
+            self.add(Code.ILLEGAL_TRANSITION, event.seq, f"redriven from {task.state!r}, not a hand-off or limit state")
+        elif event.to_state not in rules.redrive_targets() or not self.seen_before:
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"redriven to {event.to_state!r}, not an agent or tool state the task was in before",
+            )
+        self._fold(rules, task, event)
 
     def _fold(self, rules: Workflow, task: Fold, event: Event) -> None:
         """Apply the event as recorded, even after a finding, so later events are judged where the log says."""
@@ -427,6 +485,9 @@ class LogCheck:
     def finish(self) -> ReplayReport:
         """The report, once every event and snapshot was fed: the fold is compared with the task row."""
         row = self.row
+        first = self.first
+        if first is not None and first.seq == 1 and first.trigger == FORK and self.origin is not None:
+            self.findings.extend(self.origin(first))
         if self.count == 0:
             self.add(Code.SEQ_GAP, 1, "the task has no events")
         elif row is not None:
@@ -455,22 +516,24 @@ def _head(values: tuple[Any, ...]) -> str:
     return text + (f", {values[3]}, on {values[4]} digest {str(values[5])[:12]})" if len(values) > 3 else ")")
 
 
-def replay_stream(items: Iterable[TaskRow | Event | Snapshot], lookup: Lookup) -> Iterator[ReplayReport]:
+def replay_stream(
+    items: Iterable[TaskRow | Event | Snapshot], lookup: Lookup, origin: OriginCheck | None = None
+) -> Iterator[ReplayReport]:
     """One report per task of a stream of task rows, each followed by its log (what `Store.audit_stream` reads)."""
     check: LogCheck | None = None
     legal: set[tuple[Any, ...]] = set()
     for item in items:
         if isinstance(item, Event):
             if check is None:
-                check = LogCheck(None, lookup, item.task_id, legal)
+                check = LogCheck(None, lookup, item.task_id, legal, origin)
             check.event(item)
         elif isinstance(item, Snapshot):
             if check is None:
-                check = LogCheck(None, lookup, item.task_id, legal)
+                check = LogCheck(None, lookup, item.task_id, legal, origin)
             check.snapshot(item)
         else:
             if check is not None:
                 yield check.finish()
-            check = LogCheck(item, lookup, legal=legal)
+            check = LogCheck(item, lookup, legal=legal, origin=origin)
     if check is not None:
         yield check.finish()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.core.definition import MIGRATE, START
+from engine.core.definition import FORK, MIGRATE, REDRIVE, START
 from engine.core.effects import CANCEL_REQUESTED
 from engine.core.events import Event
 from engine.core.payloads import EventData
@@ -34,6 +34,14 @@ def summarise(event: Event, width: int | None = None, *, values: bool = True) ->
 def _describe(trigger: str, actor: str, data: EventData, values: bool) -> str:
     if trigger == START:
         return compact(data.get("input", {})) if values else f"started on {data.get('workflow')}"
+    if trigger == FORK:
+        origin = data.get("forked_from")
+        source, seq = (origin.get("task_id"), origin.get("seq")) if isinstance(origin, dict) else (None, None)
+        reason = f": {data.get('reason')}" if values and data.get("reason") else ""
+        return f"forked from {source} at seq {seq} onto {data.get('workflow')}{reason}"
+    if trigger == REDRIVE:
+        reason = f": {data.get('reason')}" if values and data.get("reason") else ""
+        return f"redriven by {actor}, budgets reset{reason}"
     if trigger == MIGRATE:
         reason = f": {data.get('reason')}" if values and data.get("reason") else ""
         return f"migrated {data.get('from')} -> {data.get('to')}{reason}"

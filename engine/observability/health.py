@@ -19,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 
 from engine.core.errors import Code
 from engine.store import SqlStore, Store, migrations
+from engine.store.database import connection_problem
 
 log = logging.getLogger("railyard.observability")
 
@@ -61,8 +62,12 @@ def readiness(store: Store) -> Readiness:
             revision = tuple(sorted(MigrationContext.configure(conn).get_current_heads()))
     except (sa_exc.SQLAlchemyError, OSError) as exc:
         cause = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
-        log.warning("readiness: database unreachable: %.200s", cause)
-        return Readiness(False, Code.DATABASE_ERROR, f"the database did not answer ({type(cause).__name__})", (), head)
+        # The code the CLI gives the same failure (DATABASE_UNREACHABLE, DATABASE_NOT_FOUND...); its message,
+        # which names the host and the user, goes to the log only.
+        problem = connection_problem(store.url, cause if isinstance(cause, BaseException) else None)
+        code = problem.code if problem is not None else Code.DATABASE_ERROR
+        log.warning("readiness: %s: %.200s", code, problem.message if problem is not None else cause)
+        return Readiness(False, code, f"the database did not answer ({code})", (), head)
     if not revision:
         return Readiness(False, Code.SCHEMA_MISSING, "the database has no Railyard schema: run `railyard db upgrade`")
     if revision != head:

@@ -22,7 +22,8 @@ forcing ladder did not ask for is added. Mapping choices:
   or `{"type": "enabled"}` for a bare `thinking=True`. `enabled` without a
   `budget_tokens` gets `thinking_budget`; `max_tokens` must exceed the budget,
   so when it does not the budget is added on top of it (the answer keeps the
-  room it asked for).
+  room it asked for). An extra body's own `thinking` field is dropped: thinking
+  is the request's.
 - `response_schema` strict or loose sends `output_config.format` (json_schema;
   Anthropic enforces the schema either way); `json_object` has no Anthropic
   equivalent and raises `SCHEMA_UNSUPPORTED` before any call.
@@ -44,7 +45,7 @@ import anthropic
 import httpx2
 
 from engine.core.errors import Code
-from engine.core.model_errors import ErrorFields, ModelError, Shape, classify, error_message, refusable
+from engine.core.model_errors import ErrorFields, ModelError, Shape, error_message, failure, refusable
 from engine.core.model_interface import (
     FinishReason,
     Message,
@@ -55,6 +56,7 @@ from engine.core.model_interface import (
     ToolSpec,
     Usage,
 )
+from engine.providers.deadline import deadline, within
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -99,8 +101,9 @@ class AnthropicAdapter:
         self.timeout = timeout
         self.stream = stream
         self.max_retries = max_retries
-        #: Merged into every request body as given (fields the engine does not know), like the OpenAI adapter's.
-        self.extra_body = dict(extra_body) if extra_body else None
+        #: Merged into every request body (fields the engine does not know), like the OpenAI adapter's; except
+        #: `thinking`, which is the request's own (`--thinking`), so the recorded `thinking_switch` is what was sent.
+        self.extra_body = ({k: v for k, v in extra_body.items() if k != "thinking"} or None) if extra_body else None
         #: The engine's retries of RATE_LIMITED and PROVIDER_TIMEOUT (`AgentRunner`); `max_retries` are the SDK's.
         self.retries = retries
         self.max_tokens_default = max_tokens_default
@@ -122,8 +125,9 @@ class AnthropicAdapter:
         sent = refusable(request)
         try:
             if self.stream:
+                until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
                 with client.messages.create(**payload, extra_body=self.extra_body) as events:  # closed however it ends
-                    return _read_stream((event.to_dict() for event in events), sent)
+                    return _read_stream(within((e.to_dict() for e in events), until), sent)
             message = client.messages.create(**payload, extra_body=self.extra_body)
             return parse_message(message.to_dict(), sent)
         except ModelError:
@@ -135,11 +139,10 @@ class AnthropicAdapter:
         except anthropic.APIStatusError as exc:
             # An `event: error` inside a 200 stream arrives here too, with status_code 200: its type decides.
             message = error_message(exc.body, exc.api_message or exc.message)
-            code = classify(ErrorFields.of(exc.body, exc.status_code), sent)
-            raise ModelError(code, message, status=exc.status_code) from None
+            raise failure(ErrorFields.of(exc.body, exc.status_code), sent, message, exc.status_code) from None
         except anthropic.APIError as exc:
             message = error_message(exc.body, exc.message)
-            raise ModelError(classify(ErrorFields.of(exc.body), sent), message) from None
+            raise failure(ErrorFields.of(exc.body), sent, message) from None
         except anthropic.AnthropicError as exc:
             code = Code.PROVIDER_AUTH if isinstance(exc, anthropic.CredentialsError) else Code.PROVIDER_ERROR
             raise ModelError(code, f"{type(exc).__name__}: {exc}") from None
@@ -278,7 +281,7 @@ def parse_message(body: dict[str, Any], sent: frozenset[Shape] = frozenset()) ->
     """A non-streamed `message` body as a `ModelResponse`, or the `ModelError` it amounts to."""
     if body.get("type") == "error" or body.get("error"):
         message = error_message(body, "error object in a 200 response")
-        raise ModelError(classify(ErrorFields.of(body, 200), sent), message, status=200)
+        raise failure(ErrorFields.of(body, 200), sent, message, 200)
     return _finish(body.get("content") or [], body.get("stop_reason"), body.get("usage"))
 
 
@@ -294,7 +297,7 @@ def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
         if kind == "error" or event.get("error"):
             # The SDK raises on `event: error`; this catches an error object under any other event name.
             message = error_message(event, "error event in a 200 stream")
-            raise ModelError(classify(ErrorFields.of(event, 200), sent), message, status=200)
+            raise failure(ErrorFields.of(event, 200), sent, message, 200)
         if kind == "message_start":
             usage.update((event.get("message") or {}).get("usage") or {})
         elif kind == "content_block_start":
@@ -349,22 +352,23 @@ def _finish(content: list[dict[str, Any]], stop_reason: str | None, usage: dict[
             if arguments is None or arguments == "":
                 arguments = json.dumps(block.get("input") or {})
             calls.append(ToolCall(str(block.get("id") or ""), str(block.get("name") or ""), arguments))
+    spent = _usage(usage)  # counted even when the answer fails: the provider charged for it
     reason: FinishReason = _STOP.get(stop_reason or "", "other")
     if reason == "content_filter":
-        raise ModelError(Code.CONTENT_FILTERED, f"stop_reason {stop_reason}")
+        raise ModelError(Code.CONTENT_FILTERED, f"stop_reason {stop_reason}", usage=spent)
     if reason == "length" and not any(_usable(c) for c in calls):
         code = Code.CONTEXT_OVERFLOW if stop_reason == "model_context_window_exceeded" else Code.TRUNCATED
-        raise ModelError(code, f"stop_reason {stop_reason} with no complete tool call")
+        raise ModelError(code, f"stop_reason {stop_reason} with no complete tool call", usage=spent)
     joined = "".join(text)
     if not joined.strip() and not calls:
-        raise ModelError(Code.EMPTY_RESPONSE, f"no text and no tool calls (stop_reason {stop_reason})")
+        raise ModelError(Code.EMPTY_RESPONSE, f"no text and no tool calls (stop_reason {stop_reason})", usage=spent)
     return ModelResponse(
         tool_calls=tuple(calls),
         text=joined,
         reasoning="".join(thinking) or None,
         reasoning_blocks=tuple(reasoning_blocks),
         finish_reason=reason,
-        usage=_usage(usage),
+        usage=spent,
     )
 
 

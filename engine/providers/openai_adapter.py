@@ -10,8 +10,9 @@ the request leaves unset (`tool_choice=None`, `parallel_tool_calls=None`) is not
 sent at all, because the forcing ladder decided it and a provider that refuses
 a field must not see it. The request's thinking switch (the profile's fields:
 DeepSeek/GLM `thinking`, Qwen `enable_thinking`, OpenAI `reasoning_effort`,
-Gemini's `extra_body.google.thinking_config`) and the adapter's own
-`extra_body` (which wins on a clash) are merged into the body as given.
+Gemini's `extra_body.google.thinking_config`) is merged into the adapter's own
+`extra_body` and wins on every field it sets (`profiles.with_switch`), so the
+turn's recorded `thinking_switch` is what the body carried.
 
 The SDK's own retries are off by default: the engine owns retries and budgets.
 Every failure becomes a `ModelError`; its raw text is the provider's error
@@ -29,7 +30,7 @@ import httpx2
 import openai
 
 from engine.core.errors import Code
-from engine.core.model_errors import ErrorFields, ModelError, Shape, classify, error_message, refusable
+from engine.core.model_errors import ErrorFields, ModelError, Shape, error_message, failure, refusable
 from engine.core.model_interface import (
     FinishReason,
     Message,
@@ -40,6 +41,8 @@ from engine.core.model_interface import (
     ToolSpec,
     Usage,
 )
+from engine.core.profiles import with_switch
+from engine.providers.deadline import deadline, within
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -93,13 +96,14 @@ class OpenAIAdapter:
         if not request.model:
             request = replace(request, model=self.model)
         payload = build_payload(request, stream=self.stream, max_tokens_param=self.max_tokens_param)
-        extra_body = {**request.thinking_switch, **(self.extra_body or {})} or None
+        extra_body = with_switch(self.extra_body, request.thinking_switch) or None
         client = self._get_client()
         sent = refusable(request)
         try:
             if self.stream:
-                with client.chat.completions.create(**payload, extra_body=extra_body) as chunks:
-                    return _read_stream((chunk.to_dict() for chunk in chunks), sent)  # closed however the reading ends
+                until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
+                with client.chat.completions.create(**payload, extra_body=extra_body) as chunks:  # closed at any end
+                    return _read_stream(within((c.to_dict() for c in chunks), until), sent)
             completion = client.chat.completions.create(**payload, extra_body=extra_body)
             return parse_completion(completion.to_dict(), sent)
         except ModelError:
@@ -110,12 +114,11 @@ class OpenAIAdapter:
             raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
         except openai.APIStatusError as exc:
             message = error_message(exc.body, exc.message)
-            code = classify(ErrorFields.of(exc.body, exc.status_code), sent)
-            raise ModelError(code, message, status=exc.status_code) from None
+            raise failure(ErrorFields.of(exc.body, exc.status_code), sent, message, exc.status_code) from None
         except openai.APIError as exc:
             # Raised by the SDK for a `data: {"error": ...}` chunk inside a 200 stream.
             message = error_message(exc.body, exc.message)
-            raise ModelError(classify(ErrorFields.of(exc.body, 200), sent), message, status=200) from None
+            raise failure(ErrorFields.of(exc.body, 200), sent, message, 200) from None
         except openai.OpenAIError as exc:
             raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}") from None
         except httpx2.TimeoutException:
@@ -223,7 +226,7 @@ def parse_completion(body: dict[str, Any], sent: frozenset[Shape] = frozenset())
     if body.get("error"):
         # Some gateways answer 200 with an error object instead of a completion.
         error = error_message(body["error"], "error object in a 200 response")
-        raise ModelError(classify(ErrorFields.of(body["error"], 200), sent), error, status=200)
+        raise failure(ErrorFields.of(body["error"], 200), sent, error, 200)
     choices = body.get("choices") or []
     if not choices:
         raise ModelError(Code.EMPTY_RESPONSE, "no choices in the response")
@@ -259,7 +262,7 @@ def _read_stream(chunks: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
     for chunk in chunks:
         if chunk.get("error"):
             message = error_message(chunk["error"], "error chunk in a 200 stream")
-            raise ModelError(classify(ErrorFields.of(chunk["error"], 200), sent), message, status=200)
+            raise failure(ErrorFields.of(chunk["error"], 200), sent, message, 200)
         if chunk.get("usage"):
             usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
@@ -318,23 +321,24 @@ def _finish(
     usage: dict[str, Any] | None,
 ) -> ModelResponse:
     """The checks shared by both read paths: filtered, truncated, failed and empty answers raise."""
+    spent = _usage(usage)  # counted even when the answer fails: the provider charged for it
     reason: FinishReason = _FINISH.get(finish or "", "other")
     if reason == "content_filter":
-        raise ModelError(Code.CONTENT_FILTERED, f"finish_reason {finish}")
+        raise ModelError(Code.CONTENT_FILTERED, f"finish_reason {finish}", usage=spent)
     if finish in _FINISH_FAILED:
-        raise ModelError(Code.PROVIDER_ERROR, f"finish_reason {finish}")
+        raise ModelError(Code.PROVIDER_ERROR, f"finish_reason {finish}", usage=spent)
     if refusal and not calls:
-        raise ModelError(Code.CONTENT_FILTERED, f"refusal: {refusal}")
+        raise ModelError(Code.CONTENT_FILTERED, f"refusal: {refusal}", usage=spent)
     if reason == "length" and not any(_usable(c) for c in calls):
-        raise ModelError(Code.TRUNCATED, "finish_reason length with no complete tool call")
+        raise ModelError(Code.TRUNCATED, "finish_reason length with no complete tool call", usage=spent)
     if not text.strip() and not calls:
-        raise ModelError(Code.EMPTY_RESPONSE, f"no text and no tool calls (finish_reason {finish})")
+        raise ModelError(Code.EMPTY_RESPONSE, f"no text and no tool calls (finish_reason {finish})", usage=spent)
     return ModelResponse(
         tool_calls=calls,
         text=text,
         reasoning=reasoning,
         finish_reason=reason,
-        usage=_usage(usage),
+        usage=spent,
     )
 
 

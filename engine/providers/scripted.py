@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import Code, RailyardError
-from engine.core.model_errors import ErrorFields, ModelError, classify, refusable
+from engine.core.model_errors import ErrorFields, ModelError, failure, refusable
 from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall, Usage
 
 _STATE_OF_PROMPT = re.compile(r"in state '([^']+)'")
@@ -102,7 +102,7 @@ def _content(turn: dict[str, Any], n: int, request: ModelRequest) -> ModelRespon
     if "error" in turn:
         error = turn["error"]
         status, message = error.get("status"), str(error.get("message", ""))
-        raise ModelError(classify(ErrorFields.of(error, status), refusable(request)), message, status=status)
+        raise failure(ErrorFields.of(error, status), refusable(request), message, status)
     if "tool_calls" in turn:
         calls = tuple(
             ToolCall(

@@ -25,6 +25,7 @@ from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
 from engine.core.forcing import (
     MODE_OF_RUNG,
+    STRICT_SCHEMA,
     Rung,
     build_request,
     choose_rung,
@@ -115,6 +116,8 @@ class AgentRunner:
             "thinking": self.thinking,
             "mode": MODE_OF_RUNG[rung],
         }
+        if learned := self._learned(task, n_actions, rung):
+            turn["learned"] = learned
         if request.thinking_switch:
             turn["thinking_switch"] = request.thinking_switch
         try:
@@ -122,16 +125,29 @@ class AgentRunner:
         except ModelError as error:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
             turn["attempts"], turn["seconds"] = error.attempts, error.seconds
-            if error.code in REQUEST_SHAPE:
+            if error.usage is not None and (spent := error.usage.to_dict()):  # answered, then failed: it counts
+                turn["usage"] = cast(TokenUsage, spent)
+            # A call that fails after an unconfirmed refusal does not confirm it: the shape stays this task's alone.
+            self.engine.unconfirmed_shapes.pop(task.task_id, None)
+            shape = refused_shape(self.profile, self.adapter.model, self.thinking, rung, request, error.code)
+            if error.code in REQUEST_SHAPE and shape not in refused:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
-                # does not rule out (a refused forced tool choice rules out every forced form), or the same rung
-                # without `strict` when a strict schema was what the provider refused.
-                turn["demoted"] = refused_shape(
-                    self.profile, self.adapter.model, self.thinking, rung, request, error.code
-                )
-                self.engine.refused_shapes.add(turn["demoted"])  # other tasks on this process skip it too
+                # does not rule out (a refused forced tool choice rules out every forced form), the same rung
+                # without `strict` when a strict schema was what the provider refused, or the bottom rung without
+                # JSON mode. A shape already refused is never demoted again: the request went without it, so the
+                # refusal was about something else, and the turn is a provider error (no loop to the turn budget).
+                turn["demoted"] = shape
+                if error.named:
+                    self.engine.refused_shapes.add(shape)  # other tasks on this process skip it too
+                else:
+                    # The error's fields did not name the shape: only this task skips it, until the same request
+                    # without the shape is answered (`unconfirmed_shapes`), which shows the shape was what was refused.
+                    turn["shared"] = False
+                    self.engine.unconfirmed_shapes[task.task_id] = shape
                 return self._commit(task, DEMOTE, {"turn": turn})
             return self._commit(task, PROVIDER_ERROR, {"turn": turn})
+        if (confirmed := self.engine.unconfirmed_shapes.pop(task.task_id, None)) is not None:
+            self.engine.refused_shapes.add(confirmed)  # answered without the shape: the refusal was the shape's
         outcome = interpret(definition, task, response, rung, actor=self.actor)
         turn["code"] = str(outcome.code) if outcome.code else None
         messages = [*added, *outcome.messages]
@@ -145,6 +161,7 @@ class AgentRunner:
                 rung,
                 outcome.code,
                 int(task.visit.get("escalations", 0)),
+                outcome.errors,
             )
             if escalation is not None:
                 turn["escalated"] = escalation.to_dict()
@@ -172,11 +189,27 @@ class AgentRunner:
             return self.engine.commit(task, accepted, actor=self.actor)
         return self._commit(task, outcome.trigger, data)
 
-    def _start(self, task: TaskState) -> Rung | None:
-        """Where the ladder starts: where escalation moved this visit, else the rung that worked before."""
+    def _learned(self, task: TaskState, n_actions: int, rung: Rung) -> list[str]:
+        """What other tasks of this process found (refused shapes, rungs that worked) that changed this turn's
+        request from the one the task's own log would make: so its log says why it did not start at the top."""
+        prefix = demotion_key(self.profile, self.adapter.model, self.thinking, "")
+        own_refused, own_worked = set(task.visit.get("demoted", [])), set(task.visit.get("worked", []))
+        taught = (self.engine.refused_shapes - own_refused) | (self.engine.worked_rungs - own_worked)
+        mine = sorted(key for key in taught if key.startswith(prefix))
+        if not mine:
+            return []
+        alone = choose_rung(
+            self.profile, self.adapter.model, self.thinking, n_actions, own_refused, self._start(task, shared=False)
+        )
+        strict = demotion_key(self.profile, self.adapter.model, self.thinking, STRICT_SCHEMA) in mine
+        return mine if alone != rung or strict else []
+
+    def _start(self, task: TaskState, *, shared: bool = True) -> Rung | None:
+        """Where the ladder starts: where escalation moved this visit, else the rung that worked before (for this
+        task, and with `shared` for any task of the process)."""
         if (escalated := task.visit.get("rung")) in _RUNG_NAMES:  # a value this version does not know is ignored
             return Rung(escalated)
-        worked = [*task.visit.get("worked", []), *self.engine.worked_rungs]
+        worked = [*task.visit.get("worked", []), *(self.engine.worked_rungs if shared else ())]
         return remembered_rung(self.profile, self.adapter.model, self.thinking, worked)
 
     def _commit(self, task: TaskState, trigger: str, data: EventData) -> TaskState:

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -31,20 +31,21 @@ from engine.audit.archive import (
     replay_archives,
 )
 from engine.audit.checkpoint import Taken
-from engine.audit.reads import AsOf, replay_task, replay_tasks, state_as_of, task_logs, task_path
-from engine.core.approvals import DECISIONS, check_decision, pending_view
+from engine.audit.reads import AsOf, origin_check, replay_task, replay_tasks, state_as_of, task_logs, task_path
+from engine.core.approvals import DECISIONS, check_decision, full_digest, pending_view
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Head, Header, descends, extends
 from engine.core.decide import Decision, decide, validate_payload
-from engine.core.definition import CANCEL, MIGRATE, START, Agent, Approval, StateKind, Tool, Workflow
+from engine.core.definition import CANCEL, FORK, MIGRATE, REDRIVE, START, Agent, Approval, StateKind, Tool, Workflow
 from engine.core.effects import SETTLE, lands_until
 from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, Refused
 from engine.core.events import Event, seal
-from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
+from engine.core.fold import TaskState, apply, fold, initial, pinned_at_start, predates_effects
+from engine.core.forks import fork_data, last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData, Settled, event_code
-from engine.core.replay import ReplayReport
+from engine.core.replay import OriginCheck, ReplayReport
 from engine.core.summary import summarise
 from engine.core.timers import next_run_at
 from engine.observability import hooks
@@ -135,6 +136,9 @@ class Engine:
         self.refused_shapes: set[str] = set()
         #: Rungs that worked after escalating for a (profile, model, thinking), remembered the same way.
         self.worked_rungs: set[str] = set()
+        #: By task id: a shape refused by an error that did not name it, waiting for the task's next call to
+        #: confirm it (answered without it) before `refused_shapes` gets it (`AgentRunner.step`).
+        self.unconfirmed_shapes: dict[str, str] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -389,18 +393,35 @@ class Engine:
         found = self.awaiting_approval(role=role, after=after, limit=limit)
         return [pending_view(definition, task) for definition, task in found]
 
-    def awaiting_approval(
-        self, *, role: str | None = None, after: str | None = None, limit: int | None = None
-    ) -> Iterator[tuple[Workflow, TaskState]]:
-        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition.
-        A task that moved between the store's read and its load is skipped, so a page may hold fewer than `limit`."""
-        waiting = [
+    def approvals_page(
+        self, *, role: str | None = None, after: str | None = None, limit: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of `approvals` and the task id the next page starts after (None at the end). The page is cut
+        where the store's list is, not where the loaded tasks are: a task skipped on this page (it moved, or its
+        version's code changed) does not end the list early."""
+        ids = self.store.blocked_in(self._approval_states(role), after=after, limit=limit + 1)
+        more = len(ids) > limit
+        ids = ids[:limit]
+        found = self._approval_tasks(ids, role)
+        return [pending_view(definition, task) for definition, task in found], (ids[-1] if more and ids else None)
+
+    def _approval_states(self, role: str | None) -> list[tuple[str, int, str]]:
+        return [
             (definition.name, definition.version, state.name)
             for definition in self.registry
             for state in definition.states
             if isinstance(state, Approval) and (role is None or state.role == role)
         ]
-        for task_id in self.store.blocked_in(waiting, after=after, limit=limit):
+
+    def awaiting_approval(
+        self, *, role: str | None = None, after: str | None = None, limit: int | None = None
+    ) -> Iterator[tuple[Workflow, TaskState]]:
+        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition.
+        A task that moved between the store's read and its load is skipped, so a page may hold fewer than `limit`."""
+        return self._approval_tasks(self.store.blocked_in(self._approval_states(role), after=after, limit=limit), role)
+
+    def _approval_tasks(self, task_ids: Iterable[str], role: str | None) -> Iterator[tuple[Workflow, TaskState]]:
+        for task_id in task_ids:
             try:
                 task = self.load(task_id)
             except Refused:
@@ -428,12 +449,23 @@ class Engine:
         definition = self.definition_of(task)
         if verdict == "reject" and digest is None and task.prepared:
             digest = task.prepared["digest"]
+        if digest is not None and task.prepared and digest != task.prepared["digest"]:
+            digest = full_digest(digest, task.prepared["digest"], self._prepared_digests(task.task_id))
         check = check_decision(definition, task, verdict, actor=actor, roles=roles, digest=digest, comment=comment)
         action = definition.candidates(task.state, check.trigger)[0]
         payload = _comment_payload(action.args, comment)
         decision = decide(definition, task, check.trigger, payload, actor=actor, roles=roles)
         decision = replace(decision, data={**decision.data, "approval": check.record})
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
+
+    def _prepared_digests(self, task_id: str) -> set[str]:
+        """Every call the task prepared, by digest: what a digest prefix must not also name."""
+        found = set()
+        for event in self.history(task_id):
+            prepared = event.data.get("prepared")
+            if isinstance(prepared, dict) and isinstance(prepared.get("digest"), str):
+                found.add(prepared["digest"])
+        return found
 
     def cancel(self, task_id: str, actor: str, reason: str, *, expected_seq: int | None = None) -> TaskState:
         """Stop the task: to `cancelled` from any non-terminal state, decided on the state it is in now.
@@ -592,6 +624,139 @@ class Engine:
             _log_transition(event, 0.0)
         return after
 
+    # -- fork and redrive (engine.core.forks) -----------------------------------------------------------
+    def fork(self, task_id: str, at_seq: int, *, actor: str, reason: str, version: int | None = None) -> str:
+        """Start a new task from task `task_id`'s state as of event `at_seq`; returns the new task's id.
+
+        The new task's first event (`fork`, seq 1) names the source, the seq and the hash there, and carries the
+        state as of that seq (facts, visit, prepared call, write outcomes, budget counters; the deadline starts
+        again). It runs on the newest version of the workflow, or `version`, checked as `migrate` checks a move.
+        The source is only read. Refused (WRITE_WOULD_REPEAT) where the fork could make a write a second time.
+        """
+        _check_actor(actor)
+        row = self.store.row(task_id)
+        if row is None:
+            raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+
+        def invalid(problem: str) -> Refused:
+            return Refused(
+                f"cannot fork task {task_id} at seq {at_seq}: {problem}", code=Code.FORK_INVALID, task_id=task_id
+            )
+
+        if not isinstance(reason, str) or not reason.strip():
+            raise invalid("a reason is required")
+        if isinstance(at_seq, bool) or not isinstance(at_seq, int) or not 1 <= at_seq <= row.seq:
+            raise invalid(f"the task has events 1 to {row.seq}")
+        source = self.as_of(task_id, seq=at_seq)
+        if source.terminal:
+            raise invalid(f"the task was in terminal state {source.state!r} there: nothing would run; fork earlier")
+        hazard = repeat_hazard(
+            writes(self._events(task_id), at_seq),
+            at_seq,
+            source.prepared["action_id"] if source.prepared else None,
+            source_live=row.status != "terminal",
+        )
+        if hazard is not None:
+            raise Refused(
+                f"cannot fork task {task_id} at seq {at_seq}: {hazard}", code=Code.WRITE_WOULD_REPEAT, task_id=task_id
+            )
+        origin = self.definition_of(source)
+        target = self.registry.get(source.workflow, version)
+        if target.version != origin.version:
+            problem = migration_problem(origin, target, source, {source.state: source.state}, reason)
+            if problem is not None:
+                raise invalid(f"to {target.ref}: {problem}")
+        new_id = str(uuid.uuid4())
+        at = now()
+        first = seal(
+            task_id=new_id,
+            seq=1,
+            at=at,
+            actor=actor,
+            from_state=None,
+            trigger=FORK,
+            to_state=source.state,
+            data=fork_data(target, source, source.digest, reason, source.usage.get("started_at")),
+            prev_hash=GENESIS_HASH,
+        )
+        task = initial(target, first)
+        self.store.create(
+            TaskRow(
+                task_id=new_id,
+                workflow=target.name,
+                version=target.version,
+                digest=target.digest,
+                state=task.state,
+                status=str(task.status),
+                seq=1,
+                last_hash=first.hash,
+                created_at=at,
+                updated_at=at,
+                next_run_at=next_run_at(target, task.state, at),
+            ),
+            first,
+        )
+        if transitions_log.isEnabledFor(logging.INFO):
+            _log_transition(first, 0.0)
+        if hooks.active:
+            hooks.transition(first, target.name, target.version, time.perf_counter())
+        return new_id
+
+    def redrive(
+        self, task_id: str, to_state: str, *, actor: str, reason: str, expected_seq: int | None = None
+    ) -> TaskState:
+        """Send a handed-off or limit-state task back to an agent or tool state it visited: one `redrive` event.
+
+        The actor must hold the workflow's `redrive_role` (else its `settle_role`, else its `cancel_role`). The
+        budgets start again (the event records what they were), so a task the limit stopped can go on. Refused
+        (WRITE_WOULD_REPEAT) where going back could make a write a second time.
+        """
+        _check_actor(actor)
+        task = self._as_seen(task_id, expected_seq)
+        definition = self.definition_of(task)
+
+        def refuse(problem: str, code: Code = Code.REDRIVE_INVALID) -> Refused:
+            return Refused(
+                f"cannot redrive task {task_id} to {to_state!r}: {problem}",
+                code=code,
+                task_id=task_id,
+                state=task.state,
+            )
+
+        events = self.events_of(task)
+        entered = last_entry(events, to_state)
+        problem = redrive_problem(definition, task, to_state, entered)
+        if problem is not None:
+            raise refuse(problem)
+        if not isinstance(reason, str) or not reason.strip():
+            raise refuse("a reason is required")
+        role = definition.redrive_role or definition.settle_role or definition.cancel_role
+        if role is not None and role not in self.authoriser.roles_of(actor):
+            raise Refused(
+                f"{actor!r} may not redrive {task_id}: role {role!r} required",
+                code=Code.FORBIDDEN,
+                task_id=task_id,
+                trigger=REDRIVE,
+                role=role,
+                actor=actor,
+            )
+        assert entered is not None
+        hazard = repeat_hazard(
+            writes(events, entered), entered, task.prepared["action_id"] if task.prepared else None, source_live=False
+        )
+        if task.unsettled is not None:
+            hazard = (
+                f"write {task.unsettled['tool']} (action {task.unsettled['action_id']}) is "
+                f"{task.unsettled['status']}: its outcome is open"
+            )
+        if hazard is not None:
+            raise refuse(hazard, Code.WRITE_WOULD_REPEAT)
+        # Every counter the budgets read starts again (turns, calls, repeats, tokens, the deadline): the event keeps
+        # what they were.
+        data: EventData = {"reason": reason, "redrive_from_seq": entered, "reset": dict(task.usage)}
+        decision = Decision(trigger=REDRIVE, from_state=task.state, to_state=to_state, data=data)
+        return self._human(task, lambda: self.commit(task, decision, actor=actor))
+
     # -- queries --------------------------------------------------------
     def load(self, task_id: str) -> TaskState:
         """The task's state: the newest snapshot plus the events after it, checked against the task row."""
@@ -658,10 +823,10 @@ class Engine:
         if jobs > 1:
             row = self.store.row(task_id)
             if row is not None and row.seq >= replay_jobs.LONG_LOG and replay_jobs.can_fork(self.store):
-                report = replay_jobs.replay_long(self.store, self.registry.find, row, jobs)
+                report = replay_jobs.replay_long(self.store, self.registry.find, row, jobs, self._archived_events)
                 if report is not None:
                     return report
-        return self._from_archive(replay_task(self.store, self.registry.find, task_id))
+        return self._from_archive(replay_task(self.store, self.registry.find, task_id, self._archived_events))
 
     def replay_all(
         self, workflow: str | None = None, since: datetime | None = None, *, jobs: int = 1
@@ -673,9 +838,13 @@ class Engine:
         With `jobs` > 1, pages of tasks are checked by that many processes; the reports come in the same order.
         """
         if jobs > 1 and replay_jobs.can_fork(self.store):
-            reports = replay_jobs.replay_pages(self.store, self.registry.find, jobs, workflow=workflow, since=since)
+            reports = replay_jobs.replay_pages(
+                self.store, self.registry.find, jobs, workflow=workflow, since=since, archived=self._archived_events
+            )
         else:
-            reports = replay_tasks(self.store, self.registry.find, workflow=workflow, since=since)
+            reports = replay_tasks(
+                self.store, self.registry.find, workflow=workflow, since=since, archived=self._archived_events
+            )
         reports = self._then_archives(reports, workflow, since)
         return hooks.replays(reports) if hooks.active else reports
 
@@ -691,7 +860,7 @@ class Engine:
             if report.events or not report.task_id or self.store.archive_of(report.task_id) is None:
                 yield report
         yield from replay_archives(
-            self.store.archived(workflow=workflow, since=since), self.archive_dir, self.registry.find
+            self.store.archived(workflow=workflow, since=since), self.archive_dir, self.registry.find, self._origin()
         )
 
     def archive(self, before: datetime, *, batch: int = 500) -> ArchiveRun:
@@ -786,7 +955,11 @@ class Engine:
         row = self.store.row(report.task_id)
         if ref is None or row is None:
             return report
-        return replay_archived(row, ref, self.archive_dir, self.registry.find)
+        return replay_archived(row, ref, self.archive_dir, self.registry.find, self._origin())
+
+    def _origin(self) -> OriginCheck:
+        """How replay checks a fork against its source here: the source in this database, or its archive file."""
+        return origin_check(self.store, self.registry.find, self._archived_events)
 
     def as_of(self, task_id: str, seq: int | None = None, at: datetime | None = None) -> TaskState:
         """The task's state right after event `seq`, or after the last event written at or before `at`."""

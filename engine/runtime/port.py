@@ -25,6 +25,8 @@ class TaskPort(Protocol):
     refused_shapes: set[str]
     #: Rungs that worked after escalating (profile:model:thinking:rung): where the next task starts.
     worked_rungs: set[str]
+    #: By task: a shape demoted on a refusal whose fields did not name it, shared once its next call is answered.
+    unconfirmed_shapes: dict[str, str]
 
     def load(self, task_id: str) -> TaskState: ...
 

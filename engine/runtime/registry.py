@@ -6,6 +6,7 @@ resolved to exactly the version it is pinned to, and its digest must match.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,10 +45,15 @@ class Registry:
                 workflow=name,
             )
         if not versions:
+            known = sorted(self._by_name)
+            close = difflib.get_close_matches(name, known, n=1)
+            guess = f" (did you mean {close[0]}?)" if close else ""
+            listed = known[0] if len(known) == 1 else ", ".join(known[:-1]) + " and " + known[-1]
             raise Refused(
-                f"no workflow named {name!r}; known: {sorted(self._by_name)}",
+                f"no workflow named {name!r}{guess}; the known ones are {listed}",
                 code=Code.WORKFLOW_UNKNOWN,
                 workflow=name,
+                known=known,
             )
         if version is None:
             return versions[max(versions)]

@@ -3,7 +3,7 @@ its SQL in one module per dialect) and the in-memory store (`MemoryStore`); the 
 core's (`engine.core.rows`)."""
 
 from engine.core.rows import Loaded, Snapshot, TaskRow
-from engine.store.database import dialect_of, make_engine, normalize_url
+from engine.store.database import dialect_of, make_engine, normalize_url, redact_url
 from engine.store.memory import MemoryStore
 from engine.store.protocol import Store
 from engine.store.sql import SqlStore
@@ -29,4 +29,5 @@ __all__ = [
     "make_engine",
     "normalize_url",
     "open_store",
+    "redact_url",
 ]

@@ -11,15 +11,176 @@ costs one round trip and no BEGIN/COMMIT.
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Connection, make_url
+
+from engine.core.errors import Code, RailyardError, StoreError
 
 #: Execution option that makes the next SQLite transaction a writer (`BEGIN IMMEDIATE`).
 WRITE = "railyard_write"
+#: What a database URL may look like, said in every refusal of one.
+EXPECTED_FORMS = (
+    "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
+)
+#: The schemes (backend, then the driver after `+`) Railyard can store tasks in.
+_DRIVERS = {"sqlite": ("", "pysqlite"), "postgresql": ("", "psycopg")}
+_PASSWORD = re.compile(r"(://[^/@:]*:)[^@/]*@")
+#: A PostgreSQL server waits this long for a connection before the command says it did not answer.
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+def redact_url(url: str) -> str:
+    """`url` fit to print or log: the password, if any, replaced by `***` (even in a URL that does not parse)."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
+def check_url(url: str) -> str:
+    """The URL normalised, or DATABASE_URL_INVALID naming what is wrong with it and the forms expected.
+
+    SQLAlchemy's own errors for these (a plugin it cannot load, a URL it cannot parse) are tracebacks that do not
+    say what a Railyard URL looks like; every mistake a person makes typing one is caught here first.
+    """
+    url = normalize_url(url)
+    shown = redact_url(url)
+    if "://" not in url:
+        hint = f" (for a SQLite file: sqlite:///{url})" if url and not url.startswith(("sqlite:", "postgres")) else ""
+        _bad_url(f"{shown!r} is not a URL{hint}")
+    scheme = url.split("://", 1)[0]
+    backend, _, driver = scheme.partition("+")
+    if backend not in _DRIVERS:
+        close = difflib.get_close_matches(backend, [*_DRIVERS, "postgresql+psycopg"], n=1, cutoff=0.6)
+        guess = f"; did you mean {close[0]}?" if close else ""
+        _bad_url(f"{shown!r}: Railyard stores tasks in SQLite or PostgreSQL, not {backend!r}{guess}")
+    if driver not in _DRIVERS[backend]:
+        _bad_url(f"{shown!r}: the driver {driver!r} is not one Railyard uses for {backend}")
+    try:
+        parsed = make_url(url)
+    except (sa_exc.ArgumentError, ValueError):
+        _bad_url(f"{shown!r} does not parse as a URL")
+    if backend == "sqlite" and (parsed.host or parsed.username or parsed.port):
+        _bad_url(
+            f"{shown!r} names a host ({parsed.host}): a SQLite URL has three slashes before a relative path "
+            f"(sqlite:///{parsed.host}{'/' + parsed.database if parsed.database else ''}) and four before an "
+            "absolute one"
+        )
+    if backend == "postgresql" and not parsed.database:
+        _bad_url(f"{shown!r} names no database (postgresql+psycopg://USER@HOST:PORT/DATABASE)")
+    return url
+
+
+def _bad_url(problem: str) -> NoReturn:
+    raise RailyardError(f"RAILYARD_DATABASE_URL {problem}; expected {EXPECTED_FORMS}", code=Code.DATABASE_URL_INVALID)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file a SQLite URL names; None for another database or an in-memory SQLite."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    if parsed.database.startswith("file:") or parsed.query.get("mode") == "memory":
+        return None
+    return Path(parsed.database)
+
+
+def require_database(url: str, *, create: bool = False) -> None:
+    """Refuse (DATABASE_NOT_FOUND) a SQLite database that is not there, before anything connects to it.
+
+    SQLite creates a missing file on connect: a read command on a mistyped path would leave an empty database
+    behind, then suggest `railyard db upgrade` on it. Only `create` (that command) may make the file, and even it
+    needs its folder.
+    """
+    path = sqlite_path(url)
+    if path is None:
+        return
+    if not path.parent.is_dir():
+        raise RailyardError(
+            f"the folder {path.parent} of the SQLite database {path} does not exist: create it, or fix "
+            "RAILYARD_DATABASE_URL",
+            code=Code.DATABASE_NOT_FOUND,
+        )
+    if not create and not path.exists():
+        raise RailyardError(
+            f"no SQLite database at {path} (the file does not exist): fix RAILYARD_DATABASE_URL, or create the "
+            "database with `railyard db upgrade`",
+            code=Code.DATABASE_NOT_FOUND,
+        )
+
+
+def connection_problem(url: str, orig: BaseException | None) -> StoreError | None:
+    """The error a driver raised on connecting, as one line naming the database and the cause; None if the
+    error is not about reaching the database (a query that failed once connected)."""
+    text = str(orig or "")
+    first = text.strip().splitlines()[0] if text.strip() else type(orig).__name__
+    try:
+        parsed: URL | None = make_url(url)
+    except (sa_exc.ArgumentError, ValueError):
+        parsed = None
+    if parsed is not None and parsed.get_backend_name() == "sqlite":
+        where = parsed.database or ":memory:"
+        if "file is not a database" in text:
+            return StoreError(
+                f"{where} is not a SQLite database (file is not a database)", code=Code.DATABASE_FILE_INVALID
+            )
+        if "unable to open database file" in text:
+            return StoreError(
+                f"cannot open the SQLite database {where} (unable to open database file): check that its folder "
+                "exists and that this user may write there",
+                code=Code.DATABASE_NOT_FOUND,
+            )
+        return None
+    # psycopg's wording for a connection that could not be made (3.1 says "connection to server ...", 3.2 prefixes it).
+    opening = (
+        "connection failed",
+        "connection to server",
+        "failed to resolve host",
+        "connection is bad",
+        "connection timeout",
+    )
+    if not text.startswith(opening):
+        return None
+    reason = re.sub(r"^.*failed: ", "", first).replace("FATAL:  ", "").strip()
+    hint = " (is the server running on that host and accepting TCP/IP connections?)" if "refused" in reason else ""
+    if parsed is None:
+        return StoreError(f"the database did not answer: {reason}{hint}", code=Code.DATABASE_UNREACHABLE)
+    server = f"PostgreSQL at {parsed.host or 'localhost'}:{parsed.port or 5432}"
+    missing = re.search(r'database "(.+)" does not exist', reason)
+    if missing:
+        return StoreError(
+            f"{server} has no database {missing.group(1)!r}: create it (createdb {missing.group(1)}), then run "
+            "`railyard db upgrade`; or fix RAILYARD_DATABASE_URL",
+            code=Code.DATABASE_NOT_FOUND,
+        )
+    if parsed.password:
+        reason = reason.replace(parsed.password, "***")
+    # A FATAL message is the server's own answer (an unknown role, a wrong password): it was reached, and said no.
+    verdict = "refused the connection" if "FATAL:" in text else "did not answer"
+    return StoreError(
+        f"{server} (database {parsed.database}, user {parsed.username or 'default'}) {verdict}: {reason}{hint}",
+        code=Code.DATABASE_UNREACHABLE,
+    )
+
+
+@contextmanager
+def connection_errors(url: str) -> Iterator[None]:
+    """Driver errors raised inside (by Alembic, or any code that connects on its own) as one coded line."""
+    try:
+        yield
+    except sa_exc.DBAPIError as exc:
+        problem = connection_problem(url, exc.orig)
+        if problem is not None:
+            raise problem from None
+        cause = str(exc.orig).strip().splitlines()[0][:200] if str(exc.orig).strip() else ""
+        raise StoreError(
+            f"the database failed ({type(exc.orig).__name__}: {cause})", code=Code.DATABASE_ERROR
+        ) from None
 
 
 def normalize_url(url: str) -> str:
@@ -35,14 +196,18 @@ def dialect_of(url: str) -> str:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    url = normalize_url(url)
+    url = check_url(url)
     backend = dialect_of(url)
     if backend == "sqlite":
         return _sqlite_engine(url, **kwargs)
     if backend == "postgresql":
         kwargs.setdefault("pool_size", 8)
         kwargs.setdefault("max_overflow", 16)
-        return create_engine(url, isolation_level="AUTOCOMMIT", **kwargs)
+        # A host that drops packets would otherwise hold a command for the OS's TCP timeout (minutes).
+        connect_args = kwargs.pop("connect_args", {})
+        if "connect_timeout" not in make_url(url).query:  # the URL's own ?connect_timeout= wins
+            connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+        return create_engine(url, isolation_level="AUTOCOMMIT", connect_args=connect_args, **kwargs)
     return create_engine(url, **kwargs)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from engine.store.database import normalize_url
+from engine.store.database import check_url, connection_errors
 
 #: The package Railyard's Alembic environment installs as: the repository's `migrations/` folder, shipped inside
 #: the `engine` package (pyproject.toml maps it), so installing Railyard adds no top-level `migrations`. It is found
@@ -34,16 +34,18 @@ def script_location() -> str:
 def alembic_config(url: str) -> Config:
     cfg = Config(stdout=io.StringIO())
     cfg.set_main_option("script_location", script_location())
-    cfg.attributes["railyard_url"] = normalize_url(url)
+    cfg.attributes["railyard_url"] = check_url(url)
     return cfg
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    with connection_errors(url):
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
-    command.downgrade(alembic_config(url), revision)
+    with connection_errors(url):
+        command.downgrade(alembic_config(url), revision)
 
 
 def check(url: str) -> None:
@@ -64,9 +66,9 @@ def current(url: str) -> str | None:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import create_engine, pool
 
-    engine = create_engine(normalize_url(url), poolclass=pool.NullPool)
+    engine = create_engine(check_url(url), poolclass=pool.NullPool)
     try:
-        with engine.connect() as conn:
+        with connection_errors(url), engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()

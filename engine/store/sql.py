@@ -43,7 +43,7 @@ from engine.core.errors import Code, RailyardError, StoreError
 from engine.core.events import Event, with_stored_data
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.store import postgres, sqlite
-from engine.store.database import make_engine, reading, writing
+from engine.store.database import connection_problem, make_engine, reading, writing
 from engine.store.decode import audit_data, audit_instant, read_instant, stored_data
 from engine.store.protocol import AUDIT_PAGE, NO_DEADLINE, ListedTask, PageSession, TaskQuery, conflict
 from engine.store.schema import (
@@ -889,13 +889,17 @@ class SqlStore:
         except RailyardError:
             raise
         except sa_exc.DBAPIError as exc:
-            raise _store_error(exc.orig, dbapi) from None
+            raise _store_error(exc.orig, dbapi, self.url) from None
         except dbapi.Error as exc:
-            raise _store_error(exc, dbapi) from None
+            raise _store_error(exc, dbapi, self.url) from None
 
 
-def _store_error(orig: BaseException | None, dbapi: Any) -> StoreError:
+def _store_error(orig: BaseException | None, dbapi: Any, url: str) -> StoreError:
     """The one mapping from a driver error to a code, cut to 200 characters in the log (it may hold data)."""
+    reaching = connection_problem(url, orig)
+    if reaching is not None:  # not reaching the database says where and why, on the line the user sees
+        log.error("database error: %s", reaching.message)
+        return reaching
     if isinstance(orig, dbapi.IntegrityError):
         log.warning("integrity error: %.200s", orig)
         return StoreError("the database refused the write (constraint violated)", code=Code.DATABASE_ERROR)

@@ -1,0 +1,386 @@
+"""No traceback ever reaches a user: every command, driven with bad input, ends on one `CODE: message` line.
+
+The commands are walked from the program itself (`engine.cli.app`, built from `COMMANDS`, `DB_COMMANDS` and the
+sub-command groups), so a new command is in the matrix as soon as it is registered. Each is run with a bad flag,
+with an argument that is not text, and with every bad database a user meets: mistyped URLs, a PostgreSQL server
+that does not answer (127.0.0.1:1), a text file as the SQLite database, a folder that does not exist, a SQLite
+file that does not exist, a database without the schema; then on a good database with task ids that do not
+exist. A representative subset runs the real `railyard` executable in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from engine import Code, migrations
+from engine.audit.checkpoint import keygen
+from engine.cli import COMMANDS, app
+from tests.support.api import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+RAILYARD = Path(sys.executable).parent / "railyard"
+runner = CliRunner()
+#: `CODE: message`, the one line a refusal prints.
+REFUSAL = re.compile(r"^([A-Z][A-Z_]+): \S")
+#: Commands that never open the database: a bad one is no concern of theirs.
+NO_DATABASE = frozenset({"workflows", "providers", "verify-export", "tokens new", "tokens hash", "checkpoint keygen"})
+#: Options beyond the required ones, so that the command gets as far as the database: a valid input, a task.
+EXTRA = {"start": ["--input", '{"customer": "c1", "balance": 500}'], "graph": ["--task", str(uuid.uuid4())]}
+#: Commands that check the files they are given before they connect: bad files are refused first.
+ARGUMENTS_FIRST = {"checkpoint verify": Code.CHECKPOINT_INVALID}
+#: Commands that run until stopped when nothing is wrong: only run against a bad database.
+LONG_RUNNING = frozenset({"worker", "serve", "demo"})
+#: (command, database) pairs that succeed on it: creating and migrating a database is what `db upgrade` is for.
+MAY_SUCCEED = frozenset(
+    {
+        ("db upgrade", "missing_file"),
+        ("db upgrade", "unmigrated"),
+        ("db current", "unmigrated"),
+        ("db downgrade", "unmigrated"),
+    }
+)
+#: (command, database) pairs on which the command starts and runs until stopped: a server whose database is not up
+#: or not migrated yet serves anyway, /readyz answering 503 (`test_serve_says_why_its_database_is_not_ready`).
+STARTS_ANYWAY = frozenset({("serve", "unreachable"), ("serve", "unmigrated")})
+PASSWORD = "pg-s3cret"
+
+
+def leaves(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every command a user can run, by its words after `railyard`: the leaves, and the groups that run
+    themselves (`railyard checkpoint`)."""
+    children = getattr(command, "commands", None)
+    if children is None:
+        yield path, command
+        return
+    if path and getattr(command, "invoke_without_command", False):
+        yield path, command
+    for name, child in children.items():
+        yield from leaves(child, (*path, name))
+
+
+PROGRAM = typer.main.get_command(app)
+ALL = dict(leaves(PROGRAM))
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    text = tmp_path / "notes.txt"
+    text.write_text("this is not a database\n", encoding="utf-8")
+    return {"text": text, "key": tmp_path / "signing.key"}
+
+
+def argv_for(path: tuple[str, ...], command: Any, files: dict[str, Path]) -> list[str]:
+    """The command with a plausible value for every argument and every required option."""
+    values = {
+        "task_id": str(uuid.uuid4()),
+        "workflow": "refund",
+        "trigger": "approve",
+        "outcome": "executed",
+        "revision": "head",
+        "path": str(files["key"] if path == ("checkpoint", "keygen") else files["text"]),
+        "older": str(files["text"]),
+        "newer": str(files["text"]),
+        "actor": "ann",
+        "reason": "checking",
+        "evidence": "ticket 1",
+        "to_version": "2",
+        "state_map": "assessing=assessing",
+        "before": "2020-01-01",
+        "public_key": "00" * 32,
+        "at_seq": "1",
+        "to_state": "assessing",
+    }
+    argv = list(path)
+    for param in command.params:
+        if param.param_type_name == "argument":
+            assert param.name in values, f"railyard {' '.join(path)}: give the test a value for {param.name}"
+            argv.append(values[param.name])
+        elif param.required:
+            assert param.name in values, f"railyard {' '.join(path)}: give the test a value for {param.opts[0]}"
+            argv += [param.opts[0], values[param.name]]
+    return argv + EXTRA.get(" ".join(path), [])
+
+
+@dataclass(frozen=True)
+class Database:
+    name: str
+    url: str
+    code: Code
+
+
+def bad_databases(tmp_path: Path, files: dict[str, Path]) -> list[Database]:
+    unmigrated = tmp_path / "unmigrated.db"
+    sqlite3.connect(unmigrated).execute("CREATE TABLE other (x INTEGER)").connection.close()
+    return [
+        Database("misspelt_scheme", f"postgersql+psycopg://postgres:{PASSWORD}@127.0.0.1/x", Code.DATABASE_URL_INVALID),
+        Database("two_slashes", "sqlite://railyard.db", Code.DATABASE_URL_INVALID),
+        Database("misspelt_sqlite", "sqllite:///railyard.db", Code.DATABASE_URL_INVALID),
+        Database("bare_path", "railyard.db", Code.DATABASE_URL_INVALID),
+        Database(
+            "unreachable", f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:1/railyard", Code.DATABASE_UNREACHABLE
+        ),
+        Database("text_file", f"sqlite:///{files['text']}", Code.DATABASE_FILE_INVALID),
+        Database("missing_folder", f"sqlite:///{tmp_path / 'no' / 'such' / 'railyard.db'}", Code.DATABASE_NOT_FOUND),
+        Database("missing_file", f"sqlite:///{tmp_path / 'mistyped.db'}", Code.DATABASE_NOT_FOUND),
+        Database("unmigrated", f"sqlite:///{unmigrated}", Code.SCHEMA_MISSING),
+    ]
+
+
+def invoke(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    result = runner.invoke(app, argv, env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (argv, result.exception)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def assert_one_line(argv: list[str], code: int, out: str, err: str) -> Code | None:
+    """No traceback; a command that failed says why on one coded line (never UNEXPECTED_ERROR); the code."""
+    shown = f"railyard {' '.join(argv)}: exit {code}\n--- stdout\n{out}--- stderr\n{err}"
+    assert "Traceback" not in out + err, shown
+    assert PASSWORD not in out + err, shown
+    if code == 0:
+        return None
+    findings = {Code[word] for line in out.splitlines() for word in line.split() if word in Code.__members__}
+    if code == 3 and findings and not err:  # audit findings: one line each on stdout, `WHERE  CODE  seq N  ...`
+        return sorted(findings)[0]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, shown
+    found = REFUSAL.match(lines[-1])
+    assert found is not None, shown
+    named = Code[found.group(1)]
+    assert named is not Code.UNEXPECTED_ERROR, shown
+    return named
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text("", encoding="utf-8")
+    signer = tmp_path / "checkpoint.key"
+    keygen(signer)
+    monkeypatch.chdir(tmp_path)
+    return {
+        "RAILYARD_SIGNING_KEY": str(signer),
+        "RAILYARD_WORKFLOWS": "tests.support.sample_workflows,workflows.expense",
+        "RAILYARD_TOKENS_FILE": str(tokens),
+        "RAILYARD_ARCHIVE_DIR": str(tmp_path / "archive"),
+        "RAILYARD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+    }
+
+
+def test_the_matrix_covers_every_registered_command() -> None:
+    words = {path[0] for path in ALL}
+    assert {name for name, _ in COMMANDS} <= words
+    assert {"db", "checkpoint", "tokens"} <= words
+    assert ("db", "upgrade") in ALL and ("tokens", "new") in ALL and ("checkpoint",) in ALL
+
+
+@pytest.mark.parametrize("path", sorted(ALL), ids=" ".join)
+def test_a_command_on_every_bad_database_says_what_is_wrong_in_one_line(
+    path: tuple[str, ...], env: dict[str, str], files: dict[str, Path], tmp_path: Path
+) -> None:
+    name = " ".join(path)
+    argv = argv_for(path, ALL[path], files)
+    for database in bad_databases(tmp_path, files):
+        if (name, database.name) in STARTS_ANYWAY:
+            continue
+        code, out, err = invoke(argv, {**env, "RAILYARD_DATABASE_URL": database.url})
+        named = assert_one_line(argv, code, out, err)
+        if name in NO_DATABASE or (name, database.name) in MAY_SUCCEED:
+            continue
+        expected = {database.code, ARGUMENTS_FIRST.get(name, database.code)}
+        assert code != 0 and named in expected, f"{name} on {database.name}: {named} (exit {code}) {err}"
+        if database.name == "missing_file":  # read commands never create the file they were pointed at
+            assert not (tmp_path / "mistyped.db").exists(), name
+
+
+@pytest.mark.parametrize("path", sorted(ALL), ids=" ".join)
+def test_a_command_with_a_bad_flag_or_undecodable_bytes_is_a_usage_error(
+    path: tuple[str, ...], env: dict[str, str], files: dict[str, Path]
+) -> None:
+    argv = argv_for(path, ALL[path], files)
+    undecodable = b"\xff\xfe".decode("utf-8", "surrogateescape")
+    for bad in (
+        [*argv, "--no-such-flag"],
+        [*path, undecodable],
+        [*argv[:-1], undecodable] if argv[len(path) :] else [],
+    ):
+        if not bad:
+            continue
+        code, out, err = invoke(bad, {**env, "RAILYARD_DATABASE_URL": "sqlite:///railyard.db"})
+        assert assert_one_line(bad, code, out, err) is Code.USAGE_INVALID and code == 2, (bad, err)
+
+
+@pytest.mark.parametrize("path", sorted(ALL), ids=" ".join)
+def test_a_command_on_a_good_database_with_unknown_task_ids_refuses_with_a_code(
+    path: tuple[str, ...], env: dict[str, str], files: dict[str, Path], tmp_path: Path
+) -> None:
+    if path[0] in LONG_RUNNING:
+        pytest.skip(f"{path[0]} runs until stopped (or, the demo, for seconds) on a good database")
+    url = f"sqlite:///{tmp_path / 'good.db'}"
+    migrations.upgrade(url)
+    argv = argv_for(path, ALL[path], files)
+    code, out, err = invoke(argv, {**env, "RAILYARD_DATABASE_URL": url})
+    named = assert_one_line(argv, code, out, err)
+    if "task_id" in {p.name for p in ALL[path].params} and path != ("checkpoint", "verify"):
+        assert named is Code.TASK_NOT_FOUND and code == 1, (argv, err)
+
+
+@pytest.mark.parametrize("path", sorted(ALL), ids=" ".join)
+def test_help_is_conventional(path: tuple[str, ...]) -> None:
+    """`-h` as well as `--help`; arguments as TASK_ID, never `{task_id}`; flags without a `<bool>` value."""
+    result = runner.invoke(app, [*path, "-h"])
+    assert result.exit_code == 0, result.stderr
+    usage = next(line for line in result.stdout.splitlines() if "Usage:" in line)
+    assert "{" not in usage and "<bool>" not in result.stdout, result.stdout
+    for param in ALL[path].params:
+        if param.param_type_name == "argument":
+            assert param.name.upper() in usage, usage
+
+
+# -- the real executable ---------------------------------------------------------------------------------------------
+def real(*args: str | bytes, url: str, cwd: Path, tty: bool = False) -> tuple[int, str, str]:
+    """`railyard ARGS` as a shell runs it; with `tty`, its stdout is a terminal (a pseudo-terminal)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
+    env |= {"RAILYARD_DATABASE_URL": url, "RAILYARD_WORKFLOWS": "workflows.expense", "PYTHONPATH": str(REPO)}
+    if not tty:
+        done = subprocess.run(
+            [str(RAILYARD), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+        )
+        return done.returncode, done.stdout, done.stderr
+    primary, secondary = pty.openpty()
+    with subprocess.Popen(
+        [str(RAILYARD), *args], env=env, cwd=cwd, stdout=secondary, stderr=subprocess.PIPE, text=True
+    ) as process:
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        err = process.stderr.read() if process.stderr else ""
+    os.close(primary)
+    return process.returncode, b"".join(chunks).decode("utf-8").replace("\r\n", "\n"), err
+
+
+@pytest.mark.parametrize(
+    ("args", "url", "expected"),
+    [
+        (("status",), f"postgersql+psycopg://postgres:{PASSWORD}@127.0.0.1/x", Code.DATABASE_URL_INVALID),
+        (("db", "upgrade"), f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:1/x", Code.DATABASE_UNREACHABLE),
+        (("db", "current"), "sqlite://railyard.db", Code.DATABASE_URL_INVALID),
+        (("replay", "--all"), "sqlite:///notes.txt", Code.DATABASE_FILE_INVALID),
+        (("demo",), f"postgresql+psycopg://postgres:{PASSWORD}@127.0.0.1:1/x", Code.DATABASE_UNREACHABLE),
+        (("worker", "--once"), "sqlite:///unmigrated.db", Code.SCHEMA_MISSING),
+        (("show", "x"), "sqlite:///mistyped.db", Code.DATABASE_NOT_FOUND),
+        (("show", b"\xff\xfe"), "sqlite:///railyard.db", Code.USAGE_INVALID),
+        (("approve", "--no-such-flag"), "sqlite:///railyard.db", Code.USAGE_INVALID),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "://" not in v else None,
+)
+def test_the_real_entry_point_prints_one_coded_line(
+    args: tuple[str | bytes, ...], url: str, expected: Code, tmp_path: Path
+) -> None:
+    (tmp_path / "notes.txt").write_text("not a database\n", encoding="utf-8")
+    sqlite3.connect(tmp_path / "unmigrated.db").close()
+    code, out, err = real(*args, url=url, cwd=tmp_path)
+    assert code == 2, err
+    assert err.startswith(f"{expected}: ") and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in out + err and PASSWORD not in out + err
+    assert not (tmp_path / "mistyped.db").exists()
+
+
+def test_the_postgresql_that_did_not_answer_is_named_without_its_password(tmp_path: Path) -> None:
+    code, _, err = real("status", url=f"postgresql+psycopg://ops:{PASSWORD}@127.0.0.1:1/railyard", cwd=tmp_path)
+    assert code == 2 and err.startswith("DATABASE_UNREACHABLE: PostgreSQL at 127.0.0.1:1 (database railyard, user ops)")
+    assert "Connection refused" in err and PASSWORD not in err
+
+
+def test_version_module_entry_point_and_tokens_print_no_warning(tmp_path: Path) -> None:
+    code, out, err = real("--version", url="sqlite:///railyard.db", cwd=tmp_path)
+    assert code == 0 and out.startswith("railyard ") and err == ""
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout == out and done.stderr == ""
+    code, out, err = real("tokens", "new", "--actor", "dana", "--role", "refund_approver", url="", cwd=tmp_path)
+    assert code == 0 and err == "" and "Warning" not in out and 'actor = "dana"' in out
+
+
+def test_piped_output_is_not_wrapped_at_80_columns(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'railyard.db'}"
+    migrations.upgrade(url)
+    code, out, _ = real("workflows", url=url, cwd=tmp_path)
+    assert code == 0
+    # The expense description is one line, not folded at Rich's default 80 columns.
+    assert any("drafted by an agent and approved by a human." in line for line in out.splitlines()), out
+    assert max(len(line) for line in out.splitlines()) > 80
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("workflows", "--json"), ("status", "--json"), ("replay", "--all", "--json"), ("db", "current", "--json")],
+    ids=" ".join,
+)
+def test_every_json_output_is_one_document_indented_only_on_a_terminal(args: tuple[str, ...], tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'railyard.db'}"
+    migrations.upgrade(url)
+    code, piped, err = real(*args, url=url, cwd=tmp_path)
+    assert code == 0, err
+    assert piped.count("\n") == 1 and piped.endswith("\n"), piped  # one compact line
+    code, shown, err = real(*args, url=url, cwd=tmp_path, tty=True)
+    assert code == 0, err
+    assert shown.count("\n") > 1 and shown.startswith(("{\n  ", "[\n  ")), shown  # indented by two
+    assert json.loads(shown) == json.loads(piped)
+
+
+def test_serve_says_why_its_database_is_not_ready_and_serves_anyway(tmp_path: Path) -> None:
+    """PostgreSQL not up yet: one coded line on stderr naming it (no password), and /readyz answers 503."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text("", encoding="utf-8")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
+    env |= {
+        "RAILYARD_DATABASE_URL": f"postgresql+psycopg://ops:{PASSWORD}@127.0.0.1:1/railyard",
+        "RAILYARD_TOKENS_FILE": str(tokens),
+        "RAILYARD_WORKFLOWS": "workflows.expense",
+        "PYTHONPATH": str(REPO),
+    }
+    with subprocess.Popen(
+        [str(RAILYARD), "serve", "--port", str(port)], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    ) as server:
+        try:
+            assert server.stderr is not None
+            first = server.stderr.readline()
+            assert first.startswith("DATABASE_UNREACHABLE: PostgreSQL at 127.0.0.1:1 (database railyard, user ops)")
+            assert "serving anyway" in first and PASSWORD not in first
+            for _ in range(100):
+                try:
+                    answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            assert answer.status_code == 503 and PASSWORD not in answer.text
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
