@@ -638,7 +638,14 @@ def test_a_tasks_diagram_shows_the_path_it_took(client: TestClient, engine: Engi
 def test_replay_checks_the_log(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine)
     report = client.get(f"/api/tasks/{task_id}/replay", headers=bearer("audrey")).json()
-    assert report == {"task_id": task_id, "workflow": "shop_refund@1", "events": 5, "ok": True, "findings": []}
+    assert report == {
+        "task_id": task_id,
+        "workflow": "shop_refund",
+        "version": 1,
+        "events": 5,
+        "ok": True,
+        "findings": [],
+    }
 
 
 def test_a_task_pinned_to_a_version_this_server_lacks_is_a_409(db_url: str, engine: Engine, tmp_path: Path) -> None:
@@ -697,6 +704,7 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("GET", "/api/tasks/{task_id}/replay"),
         ("GET", "/api/tasks/{task_id}/diagram"),
         ("GET", "/api/approvals"),
+        ("GET", "/api/work"),
         ("POST", "/api/tasks/{task_id}/approve"),
         ("POST", "/api/tasks/{task_id}/reject"),
         ("GET", "/api/workflows"),

@@ -104,6 +104,9 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
 
     card.locator("textarea[name=comment]").fill("Photos match the order; approved.")
     approve = page.get_by_role("button", name=f"Approve shop refund of 40.00 EUR for task {task_id[:8]}…")
+    assert approve.count() == 0  # it moves money: first the confirmation, restating the amount
+    card.locator("summary:has-text('Approve')").click()
+    assert "This runs refund_payment for 40.00 EUR." in card.inner_text()
     assert approve.count() == 1  # its accessible name says what it decides
     approve.click()
     page.wait_for_url(f"**/tasks/{task_id}")
@@ -115,7 +118,7 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
     assert page.locator("#flash").count() == 0
     assert page.text_content("#task-state") == "completed"
     assert page.text_content("#task-status") == "terminal"
-    assert "Photos match the order; approved." in page.inner_text("table.timeline")
+    assert "Photos match the order; approved." in page.inner_text("ol.timeline")
     page.screenshot(path=str(SHOTS / "task.png"), full_page=True)
     assert [e.actor for e in engine.history(task_id) if e.trigger == "approve"] == ["dana"]
 
@@ -123,6 +126,9 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
 def test_an_approver_without_the_role_cannot_approve(page: Any, engine: Engine) -> None:
     task_id = to_approval(engine)
     log_in(page, "bob")
+    assert page.locator(f"#approval-{task_id}").count() == 0  # not drawn in the inbox: counted
+    assert "1 more wait on roles which you do not hold" in page.inner_text("#others")
+    page.goto(f"/tasks/{task_id}")
     card = page.locator(f"#approval-{task_id}")
     assert "You cannot decide this one" in card.inner_text()
     assert card.locator("button:has-text('Approve')").count() == 0
@@ -200,7 +206,7 @@ def test_an_operator_searches_by_customer_id_and_returns_there_after_logging_in(
 def test_at_390_px_log_out_is_on_screen_and_nothing_scrolls_sideways(
     browser: Any, server: str, engine: Engine, tmp_path: Path
 ) -> None:
-    to_approval(engine)
+    approval = to_approval(engine)
     for n in range(60):
         engine.start("shop_refund", {"customer": f"C-{n:04d}"}, actor="ann")
     context = browser.new_context(base_url=server, viewport={"width": 390, "height": 844})
@@ -211,7 +217,7 @@ def test_at_390_px_log_out_is_on_screen_and_nothing_scrolls_sideways(
         phone.fill("#token", "tok-dana")
         phone.click("button:has-text('Log in')")
         phone.wait_for_url("**/inbox")
-        for url in ("/inbox", "/tasks", "/tasks?q=C-0001", "/tasks/no-such-task"):
+        for url in ("/inbox", "/tasks", "/tasks?q=C-0001", f"/tasks/{approval}", "/tasks/no-such-task"):
             phone.goto(url)
             width = phone.evaluate("document.documentElement.scrollWidth")
             assert width <= 390, (url, width)
@@ -297,6 +303,8 @@ def test_each_page_passes_the_contrast_and_name_checks(browser: Any, server: str
             tab.goto(url)
             assert tab.evaluate(AUDIT) == [], url
         tab.goto("/inbox")
+        tab.locator(f"#approval-{task_id} summary.ok").click()
+        assert tab.evaluate(AUDIT) == []  # the confirmation, open
         tab.locator(f"#approval-{task_id} button.ok").click()  # the banner after a decision, too
         tab.wait_for_url(f"**/tasks/{task_id}")
         assert tab.locator("#flash").is_visible() and tab.evaluate(AUDIT) == []
@@ -310,3 +318,69 @@ def test_each_page_passes_the_contrast_and_name_checks(browser: Any, server: str
         assert any(p.startswith("control INPUT#q") for p in found) and any(p.startswith("text LABEL") for p in found)
     finally:
         context.close()
+
+
+def test_an_approver_and_an_operator_work_the_queue_in_the_reference_workflows(browser: Any, tmp_path: Path) -> None:
+    """Decide from the inbox, retry a failed payment, resolve a queued ticket, cancel from a task page."""
+    from engine import Registry, migrations
+    from engine.api import TokenTable, create_app
+    from tests.support.reference import fake_systems
+    from tests.test_api_work import TOKENS, expense_in_review, refund_failed, ticket_queued
+    from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE
+
+    url = f"sqlite:///{tmp_path / 'reference.db'}"
+    migrations.upgrade(url)
+    tokens = TokenTable.from_tokens(TOKENS)
+    with (
+        fake_systems(url) as books,
+        Engine(url, Registry([REFUND_V1, TICKET_TRIAGE, EXPENSE]), authoriser=tokens) as eng,
+    ):
+        failed, ticket, expense = refund_failed(eng, books), ticket_queued(eng), expense_in_review(eng)
+        with live_server(create_app(eng, tokens, session_secret="test-secret")) as base:
+            context = browser.new_context(base_url=base, viewport={"width": 1280, "height": 900})
+            tab = context.new_page()
+            try:
+                log_in(tab, "dana")
+                assert tab.evaluate(AUDIT) == []  # names, labels and contrast of the generated forms
+                for path in ("/inbox", f"/tasks/{failed}", f"/tasks/{ticket}"):
+                    tab.goto(path)
+                    assert tab.evaluate("document.documentElement.scrollWidth") <= 1280, path
+                    assert tab.evaluate(AUDIT) == [], path
+                tab.goto("/inbox")
+                assert tab.locator(f"#work-{failed}").is_visible() and tab.locator(f"#approval-{expense}").is_visible()
+                assert tab.locator(f"#work-{ticket}").count() == 0
+                card = tab.locator(f"#approval-{expense}")
+                assert "123.45 EUR" in card.inner_text()
+                assert card.locator("form.trigger-reject").count() == 0  # the workflow has no reject
+                card.locator("textarea[name=comment]").fill("Receipt matches.")
+                card.get_by_role("button", name=f"Approve expense of 123.45 EUR for task {expense[:8]}…").click()
+                tab.wait_for_url(f"**/tasks/{expense}")
+                assert tab.text_content("#task-state") == "paid"
+                tab.goto("/inbox")
+                work = tab.locator(f"#work-{failed}")
+                work.locator("summary:has-text('Retry refund')").click()
+                assert "runs payments_refund for 129.99 EUR" in work.inner_text()
+                work.locator("button:has-text('Confirm: retry refund')").click()
+                tab.wait_for_url(f"**/tasks/{failed}")
+                assert tab.text_content("#task-state") == "executing"
+                assert tab.text_content("#flash") == "Done: retry refund is recorded."
+                tab.goto(f"/tasks/{ticket}")  # not dana's queue, but any task can be cancelled
+                tab.fill(f"#cancel-reason-{ticket}", "Duplicate of another ticket")
+                tab.get_by_role("button", name=f"Cancel ticket_triage@1 task {ticket[:8]}…").click()
+                tab.wait_for_url(f"**/tasks/{ticket}")
+                assert tab.text_content("#task-state") == "cancelled"
+                tab.click("#logout")
+                second = ticket_queued(eng)
+                log_in(tab, "sam")
+                queued = tab.locator(f"#work-{second}")
+                queued.locator("textarea[name='arg.note']").first.fill("Refunded the double charge.")
+                queued.get_by_role("button", name=f"Resolve ticket_triage@1 task {second[:8]}…").click()
+                tab.wait_for_url(f"**/tasks/{second}")
+                assert tab.text_content("#task-state") == "resolved"
+                assert [e.actor for e in eng.history(second)][-1] == "sam"
+                tab.set_viewport_size({"width": 390, "height": 844})
+                for path in ("/inbox", f"/tasks/{second}"):
+                    tab.goto(path)
+                    assert tab.evaluate("document.documentElement.scrollWidth") <= 390, path
+            finally:
+                context.close()

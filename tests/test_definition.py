@@ -12,7 +12,9 @@ from engine import (
     Action,
     Agent,
     Approval,
+    CardField,
     Code,
+    DecisionCard,
     DefinitionError,
     Refused,
     Registry,
@@ -251,3 +253,25 @@ def test_searchable_fields_are_fields_of_the_input_and_leave_the_digest_alone() 
 def test_the_reference_workflows_declare_what_people_look_tasks_up_by() -> None:
     assert reference.REFUND_V1.searchable == reference.REFUND_V2.searchable == ("customer_id", "order_id")
     assert reference.TICKET_TRIAGE.searchable == ("ticket_id",) and reference.EXPENSE.searchable == ("employee",)
+
+
+def test_decision_cards_name_human_states_and_fields_and_leave_the_digest_alone() -> None:
+    def lookup(**options: Any) -> Workflow:
+        states = [Wait("waiting", actions=[Action("finish", "done")]), Terminal("done")]
+        return Workflow("lookup", 1, states, input=OrderInput, **options)
+
+    amount = CardField("amount", "input.balance", "balance", "money", currency="EUR")
+    card = DecisionCard("Balance {amount} of {customer}", (amount, CardField("customer", "input.customer")))
+    assert lookup(cards={"waiting": card}).digest == lookup().digest  # presentation: declared later, same version
+    for cards, problem in (
+        ({"done": card}, "decision card for 'done': not an approval or wait state"),
+        ({"nowhere": card}, "decision card for 'nowhere': not an approval or wait state"),
+        ({"waiting": DecisionCard("{who}", (amount,))}, "title names 'who', which is not one of its fields"),
+        ({"waiting": DecisionCard("", (CardField("x", "secrets.key"),))}, "path 'secrets.key' must start with"),
+        ({"waiting": DecisionCard("", (CardField("x", "input.a", format="pdf"),))}, "format 'pdf' must be one of"),
+        ({"waiting": DecisionCard("", (CardField("x", "input.a", section="side"),))}, "section 'side' must be"),
+        ({"waiting": DecisionCard("", (CardField("x", "input.a", format="money"),))}, "money needs a currency"),
+    ):
+        with pytest.raises(DefinitionError) as caught:
+            lookup(cards=cards)
+        assert problem in str(caught.value), caught.value

@@ -497,6 +497,36 @@ def test_blocked_tasks_page_oldest_first_after_a_task(store: Store) -> None:
     assert store.blocked_in(states, after=oldest_first[-1]) == []
 
 
+def test_blocked_tasks_page_nearest_deadline_first_then_oldest(store: Store) -> None:
+    # b-0 and b-1 have no deadline (oldest first, after the rest); b-2..b-5 are due at 40, 10, 10, 20 s.
+    due = {"b-2": 40, "b-3": 10, "b-4": 10, "b-5": 20}
+    for n in range(6):
+        log = Log(f"b-{n}")
+        at = T0 + timedelta(seconds=n)
+        seconds = due.get(f"b-{n}")
+        deadline = T0 + timedelta(seconds=seconds) if seconds is not None else None
+        store.create(replace(log.row(status="blocked"), created_at=at, updated_at=at, next_run_at=deadline), log.first)
+    states = [("refund", 1, "drafting")]
+    order = ["b-3", "b-4", "b-5", "b-2", "b-0", "b-1"]
+    # Waiting since before T0 + 2.5 s: b-0, b-1, b-2 (their last event is that old), in either order.
+    assert store.blocked_in(states, waiting_before=T0 + timedelta(seconds=2.5)) == ["b-0", "b-1", "b-2"]
+    assert store.blocked_in(states, by_deadline=True, waiting_before=T0 + timedelta(seconds=2.5)) == [
+        "b-2",
+        "b-0",
+        "b-1",
+    ]
+    assert store.blocked_in(states, by_deadline=True) == order
+    pages, after = [], None
+    while True:
+        page = store.blocked_in(states, by_deadline=True, after=after, limit=2)
+        if not page:
+            break
+        pages.append(page)
+        after = page[-1]
+    assert pages == [order[0:2], order[2:4], order[4:6]]
+    assert store.blocked_in(states) == [f"b-{n}" for n in range(6)]  # the default order is untouched
+
+
 def test_a_page_session_is_read_until_it_expires_or_ends_and_its_flash_is_shown_once(store: Store) -> None:
     def session(id_hash: str, hours: int) -> PageSession:
         return PageSession(id_hash, "h" * 64, "dana", "csrf-" + id_hash, T0, T0 + timedelta(hours=hours))

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, Approval, GuardContext, Terminal, Wait, Workflow
+from engine import Action, Agent, Approval, CardField, DecisionCard, GuardContext, Terminal, Wait, Workflow
 
 
 class ExpenseInput(BaseModel):
@@ -42,12 +42,24 @@ def within_limit(ctx: GuardContext) -> str | None:
     return None
 
 
+#: What the approver sees first: the claim as submitted, against the employee's limit.
+CLAIM_CARD = DecisionCard(
+    "Expense of {amount} by {employee}: {description}",
+    (
+        CardField("amount", "args.amount_cents", "amount", "money", currency="args.currency"),
+        CardField("employee", "input.employee", "employee"),
+        CardField("description", "args.description", "description"),
+        CardField("limit", "input.limit_cents", "the employee's limit", "money", "args.currency", "inputs"),
+    ),
+)
+
 EXPENSE = Workflow(
     name="expense",
     version=1,
     description="An employee's expense claim, drafted by an agent and approved by a human.",
     input=ExpenseInput,
     searchable=("employee",),
+    cards={"review": CLAIM_CARD},
     states=[
         Agent(
             "drafting",

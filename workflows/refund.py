@@ -20,7 +20,19 @@ from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, Approval, Guard, Terminal, Tool, ToolCatalog, Wait, Workflow
+from engine import (
+    Action,
+    Agent,
+    Approval,
+    CardField,
+    DecisionCard,
+    Guard,
+    Terminal,
+    Tool,
+    ToolCatalog,
+    Wait,
+    Workflow,
+)
 from workflows.refund_rules import (
     ASSESSMENT_GUARDS,
     PROPOSAL_GUARDS,
@@ -80,6 +92,39 @@ class CustomerReply(BaseModel):
     evidence_ids: list[EvidenceId] = Field(default_factory=list, max_length=10)
 
 
+#: What a person deciding is shown first in each human state: the refund, the customer and their words, and the
+#: order as it was looked up (its balance in money, read at the time the card says).
+AMOUNT = CardField("amount", "prepared.amount", "refund", "money", currency="prepared.currency")
+CUSTOMER = CardField("customer", "input.customer_id", "customer")
+ORDER = CardField("order", "prepared.order_id", "order")
+MESSAGE = CardField("message", "input.message", "the customer's message", section="inputs")
+LOOKED_UP = "facts.tool:query_order"
+BALANCE = (
+    CardField("total", f"{LOOKED_UP}.total", "order total", "money", f"{LOOKED_UP}.currency", "evidence"),
+    CardField("refunded", f"{LOOKED_UP}.refunded", "refunded so far", "money", f"{LOOKED_UP}.currency", "evidence"),
+    CardField(
+        "refundable", f"{LOOKED_UP}.refundable", "still refundable", "money", f"{LOOKED_UP}.currency", "evidence"
+    ),
+    CardField("status", f"{LOOKED_UP}.status", "order status", section="evidence"),
+)
+REFUND_CARDS = {
+    "awaiting_approval": DecisionCard(
+        "Refund {amount} to {customer} for order {order}",
+        (AMOUNT, CUSTOMER, ORDER, CardField("reason", "prepared.reason", "reason given"), MESSAGE, *BALANCE),
+    ),
+    "retryable_failure": DecisionCard(
+        "The refund of {amount} to {customer} did not go through", (AMOUNT, CUSTOMER, ORDER, MESSAGE, *BALANCE)
+    ),
+    "paid_after_cancel": DecisionCard(
+        "{amount} was paid to {customer} although the task was cancelled", (AMOUNT, CUSTOMER, ORDER, MESSAGE)
+    ),
+    "needs_human": DecisionCard(
+        "{customer} asked for a refund: a person takes over",
+        (CUSTOMER, CardField("named", "input.order_id", "order named"), MESSAGE, *BALANCE),
+    ),
+}
+
+
 def _refund_workflow(
     version: int, tools: ToolCatalog, request: type[RefundRequest], guards: Sequence[Guard], note: str
 ) -> Workflow:
@@ -89,6 +134,7 @@ def _refund_workflow(
         description="Refund a customer's order: find it, check it, propose a refund, get it approved, pay it. " + note,
         input=RefundInput,
         searchable=("customer_id", "order_id"),
+        cards=REFUND_CARDS,
         tools=tools,
         # A cancel that arrives while the payment is in flight waits for its outcome; if the money went out, a
         # refund approver sees it here instead of the task quietly ending `cancelled`.

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine import (
     Action,
     Agent,
+    CardField,
+    DecisionCard,
     GuardContext,
     Terminal,
     Tool,
@@ -150,6 +152,19 @@ TICKET_TRIAGE = Workflow(
     description="Triage one support ticket: read it, then escalate it, resolve it or ask the customer.",
     input=TriageInput,
     searchable=("ticket_id",),
+    cards={
+        "human_queue": DecisionCard(
+            "Ticket {ticket}: {subject}",
+            (
+                CardField("ticket", "input.ticket_id", "ticket"),
+                CardField("subject", "facts.tool:query_ticket.subject", "subject"),
+                CardField("priority", "facts.tool:query_ticket.priority", "priority"),
+                CardField("why", "args.reason", "why it was escalated"),
+                CardField("body", "facts.tool:query_ticket.body", "the customer wrote", section="evidence"),
+                CardField("opened", "facts.tool:query_ticket.opened_at", "opened", "date", section="evidence"),
+            ),
+        )
+    },
     tools=TICKET_TOOLS,
     states=[
         Agent(

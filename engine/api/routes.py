@@ -46,6 +46,7 @@ from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Form, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.routing import APIRoute
 
 from engine.api.auth import (
     LOGIN_COOKIE,
@@ -88,32 +89,89 @@ from engine.api.schemas import (
     TaskPage,
     WhoAmI,
     WorkflowBody,
+    WorkQueueBody,
     errors,
     status_for,
 )
 from engine.api.views import (
+    AGES,
     MAX_LIMIT,
     PAGE_SIZE,
+    WORK_MAX_LIMIT,
+    WORK_PAGE_SIZE,
     TaskFilter,
+    WorkKind,
+    WorkPage,
     decode_cursor,
     encode_cursor,
-    inbox,
     list_tasks,
+    payload_from_form,
     public_states,
     render,
     task_diagram,
     task_page,
+    work_queue,
     workflow_diagram,
 )
 from engine.core.approvals import DECISIONS
+from engine.core.canonical import format_instant
 from engine.core.definition import Status, Workflow
 from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
 from engine.runtime.engine import Engine, TaskView
 from engine.runtime.registry import Registry
 
-task_api = APIRouter(prefix="/api", tags=["tasks"])
-approval_api = APIRouter(prefix="/api", tags=["approvals"])
-workflow_api = APIRouter(prefix="/api", tags=["workflows"])
+#: What a generated client names each operation (`client.approve_task(...)`): a verb and the thing it acts on.
+#: A route not listed is named after its function.
+OPERATION_IDS = {
+    "whoami": "who_am_i",
+    "tasks": "list_tasks",
+    "history": "get_task_history",
+    "signal": "signal_task",
+    "cancel": "cancel_task",
+    "settle": "settle_task",
+    "replay": "replay_task",
+    "fork": "fork_task",
+    "redrive": "redrive_task",
+    "task_diagram_body": "get_task_diagram",
+    "approvals": "list_approvals",
+    "approve": "approve_task",
+    "reject": "reject_task",
+    "work": "list_work",
+    "workflows": "list_workflows",
+    "workflow": "get_workflow",
+    "workflow_diagram_body": "get_workflow_diagram",
+}
+
+
+def operation_id(route: APIRoute) -> str:
+    name = getattr(route.endpoint, "__name__", route.name)
+    return OPERATION_IDS.get(name, name)
+
+
+def known_query(request: Request) -> None:
+    """Refuse a query parameter the endpoint does not take (422 PAYLOAD_INVALID): a misspelt filter
+    (`?stat=blocked`) would otherwise be ignored, and the answer look like the one asked for."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    known = {p.alias for p in route.dependant.query_params}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise Refused(
+            f"unknown query parameter {', '.join(repr(u[:40]) for u in unknown[:5])}: this endpoint takes "
+            + (", ".join(sorted(known)) or "none"),
+            code=Code.PAYLOAD_INVALID,
+            unknown=[u[:40] for u in unknown[:5]],
+        )
+
+
+def api_router(tag: str) -> APIRouter:
+    return APIRouter(
+        prefix="/api", tags=[tag], generate_unique_id_function=operation_id, dependencies=[Depends(known_query)]
+    )
+
+
+task_api, approval_api, workflow_api = api_router("tasks"), api_router("approvals"), api_router("workflows")
 pages = APIRouter(include_in_schema=False)
 #: Every router, in the order the application includes them.
 ROUTERS = (task_api, approval_api, workflow_api, pages)
@@ -238,6 +296,13 @@ def moved(engine: Engine, task_id: str, conflict: ConcurrencyConflict, pre: Prec
     return RailyardError(message, code=Code.CONCURRENCY_CONFLICT, **details)
 
 
+def one_name(body: dict[str, Any]) -> dict[str, Any]:
+    """A body naming its workflow the one way the API does: `workflow` (the name) and `version`, never the
+    `name@version` the CLI prints."""
+    name, _, version = str(body["workflow"]).partition("@")
+    return {**body, "workflow": name, "version": int(version)} if version.isdigit() else body
+
+
 # -- the API over tasks ----------------------------------------------------------------------------
 @task_api.get("/me", response_model=WhoAmI, responses=errors(401))
 def whoami(who: Reader) -> dict[str, Any]:
@@ -319,7 +384,10 @@ def tasks(
     where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, limit)
     found = list_tasks(ctx.engine, where)
     return {
-        "tasks": [asdict(t) for t in found.tasks],
+        "tasks": [
+            {**asdict(t), "created_at": format_instant(t.created_at), "updated_at": format_instant(t.updated_at)}
+            for t in found.tasks
+        ],
         "limit": found.limit,
         "next_cursor": found.next_cursor,
         "next": next_link(request.url.path, {**asdict(where), "limit": found.limit}, found.next_cursor),
@@ -420,7 +488,7 @@ def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
     legal in its pinned definition, and that the fold matches the stored state. `ok` is false with findings."""
     report: dict[str, Any] = ctx.engine.replay(task_id).to_dict()
-    return report
+    return one_name(report)
 
 
 @task_api.get(
@@ -450,7 +518,8 @@ def approvals(
     after = decode_cursor(cursor) if cursor else None
     if after is not None and ctx.engine.store.row(after) is None:
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    page, last = ctx.engine.approvals_page(role=role, after=after, limit=limit)
+    found, last = ctx.engine.approvals_page(role=role, after=after, limit=limit)
+    page = [one_name(a) for a in found]
     more = encode_cursor(last) if last is not None else None
     return {
         "approvals": page,
@@ -458,6 +527,53 @@ def approvals(
         "next_cursor": more,
         "next": next_link(request.url.path, {"role": role, "limit": limit}, more),
     }
+
+
+def work_body(queue: WorkPage) -> dict[str, Any]:
+    return {
+        "items": [
+            {
+                "task_id": w.task_id,
+                "workflow": w.workflow.partition("@")[0],
+                "version": w.version,
+                "state": w.state,
+                "kind": str(w.kind),
+                "seq": w.seq,
+                "started_by": w.started_by,
+                "created_at": format_instant(w.created_at),
+                "waiting_since": format_instant(w.waiting_since),
+                "deadline": format_instant(w.deadline) if w.deadline is not None else None,
+                "at_deadline": w.at_deadline,
+                "triggers": [b.trigger for b in w.buttons],
+            }
+            for w in queue.items
+        ],
+        "counts": [
+            {"kind": str(c.kind), "workflow": c.workflow, "yours": c.yours, "others": c.others} for c in queue.counts
+        ],
+        "limit": queue.limit,
+        "next_cursor": queue.next_cursor,
+    }
+
+
+@approval_api.get("/work", response_model=WorkQueueBody, responses=errors(401, 422))
+def work(
+    request: Request,
+    ctx: Ctx,
+    who: Reader,
+    kind: KindFilter = "",
+    workflow: WorkflowFilter = "",
+    older_than: OlderThan = "",
+    cursor: Cursor = "",
+    limit: WorkLimit = WORK_PAGE_SIZE,
+) -> dict[str, Any]:
+    """Every task waiting on a trigger the token's actor may fire (approvals, hand-offs, failures to retry,
+    limits reached, effects after a cancel, waits on a person), nearest deadline first and then oldest, a page
+    at a time, with the counts
+    per kind and workflow; tasks waiting on roles the token lacks are only counted."""
+    queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor, limit=limit)
+    params = {"kind": kind, "workflow": workflow, "older_than": older_than, "limit": queue.limit}
+    return {**work_body(queue), "next": next_link(request.url.path, params, queue.next_cursor)}
 
 
 @approval_api.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=COMMAND_ERRORS)
@@ -662,14 +778,43 @@ def logout(ctx: Ctx, session: PagePost) -> Response:
     return response
 
 
+#: The work queue's filters, the page's and the API's alike (empty: any).
+KindFilter = Annotated[str, Query(pattern="^(|" + "|".join(WorkKind) + ")$", description="Only work of this kind.")]
+WorkLimit = Annotated[int, Query(ge=1, le=WORK_MAX_LIMIT, description="Page size.")]
+OlderThan = Annotated[
+    str,
+    Query(
+        pattern="^(|" + "|".join(AGES) + ")$", description="Only work waiting (since its last event) longer than this."
+    ),
+]
+
+
 @pages.get("/inbox", response_class=HTMLResponse)
 def inbox_page(
-    request: Request, ctx: Ctx, session: PageSession, role: Annotated[str | None, Query(max_length=200)] = None
+    request: Request,
+    ctx: Ctx,
+    session: PageSession,
+    kind: KindFilter = "",
+    workflow: WorkflowFilter = "",
+    older_than: OlderThan = "",
+    cursor: Cursor = "",
 ) -> Response:
-    items = inbox(ctx.engine, session.principal, role or None)
-    mine = [i for i in items if i.can_decide]
-    others = [i for i in items if not i.can_decide]
-    return render(request, "inbox.html", session=session, mine=mine, others=others, role=role or "")
+    """Every task waiting on a trigger this person may fire, nearest deadline first and then oldest, a page at a
+    time; the ones waiting on roles they lack are only counted."""
+    queue = work_queue(
+        ctx.engine, session.principal, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor
+    )
+    chosen = {"kind": kind, "workflow": workflow, "older_than": older_than}
+    return render(
+        request,
+        "inbox.html",
+        session=session,
+        queue=queue,
+        chosen=chosen,
+        workflows=list(dict.fromkeys(wf.name for wf in ctx.engine.registry)),
+        first=list_link("/inbox", chosen) if cursor else None,
+        next=next_link("/inbox", chosen, queue.next_cursor),
+    )
 
 
 @pages.get("/tasks", response_class=HTMLResponse)
@@ -751,4 +896,36 @@ def reject_page(
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+
+
+async def trigger_form(request: Request) -> dict[str, str]:
+    """The posted form's text fields (the page's CSRF check has read and cached it already)."""
+    return {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+
+
+@pages.post("/tasks/{task_id}/fire")
+def fire_page(
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PagePost,
+    form: Annotated[dict[str, str], Depends(trigger_form)],
+    trigger: Annotated[str, Form(pattern=NAME_PATTERN)],
+    seq: Seq = None,
+) -> Response:
+    """Any human trigger the state allows but an approval's decisions (those post to /approve and /reject, with
+    the digest shown): its payload is the form's `arg.*` fields, typed by the action's model."""
+    with flashed(session, f"Done: {trigger.replace('_', ' ')} is recorded."):
+        require_writer(session.principal)
+        if trigger in DECISIONS:
+            raise Refused(
+                f"{trigger!r} is an approval decision: use its own form", code=Code.TRIGGER_NOT_ALLOWED, trigger=trigger
+            )
+        task = ctx.engine.load(task_id)
+        definition = ctx.engine.definition_of(task)
+        candidates = definition.candidates(task.state, trigger)
+        payload = payload_from_form(candidates[0].args if candidates else None, form)
+        pre = precondition(None, seq)
+        with acting_on(ctx.engine, task_id, pre):
+            ctx.engine.fire(task_id, trigger, payload, actor=session.principal.actor, expected_seq=pre.expected_seq)
     return RedirectResponse(f"/tasks/{task_id}", status_code=303)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -47,6 +47,17 @@ class _Request(BaseModel):
 
 
 class StartRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "workflow": "refund",
+                    "input": {"customer_id": "C-100", "order_id": "O-1001", "message": "It arrived broken."},
+                }
+            ]
+        },
+    )
     workflow: str = Field(pattern=NAME_PATTERN, description="Workflow name.")
     version: int | None = Field(default=None, ge=1, le=2**31 - 1, description="Version; the newest if omitted.")
     input: dict[str, Any] | None = Field(default=None, description="The task input, checked against the workflow's.")
@@ -70,6 +81,9 @@ def _expected_seq() -> Any:
 
 
 class SignalRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"trigger": "retry_refund", "payload": {}, "expected_seq": 9}]}
+    )
     trigger: str = Field(pattern=NAME_PATTERN, description="A trigger the task's current state allows.")
     payload: dict[str, Any] | None = Field(default=None, description="The trigger's arguments.")
     expected_seq: int | None = _expected_seq()
@@ -81,11 +95,18 @@ class SignalRequest(_Request):
 
 
 class CancelRequest(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"reason": "The customer withdrew."}]})
     reason: str = Field(min_length=1, max_length=500, description="Why; recorded in the log.")
     expected_seq: int | None = _expected_seq()
 
 
 class ApproveRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"digest": "0c99c2817f45c22a" * 4, "comment": "Photo checked.", "expected_seq": 8}]
+        },
+    )
     digest: str | None = Field(
         max_length=64,
         description="The digest of the prepared call the approver reviewed (null only if the task has none).",
@@ -95,11 +116,18 @@ class ApproveRequest(_Request):
 
 
 class RejectRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"reason": "Outside the return window."}]}
+    )
     reason: str = Field(min_length=1, max_length=MAX_TEXT, description="Why; recorded with the decision.")
     expected_seq: int | None = _expected_seq()
 
 
 class SettleRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"outcome": "not_executed", "evidence": "PSP dashboard: no refund R-17"}]},
+    )
     outcome: Literal["executed", "not_executed"] = Field(
         description="What the operator established happened to the unsettled write call."
     )
@@ -125,8 +153,17 @@ class RedriveRequest(_Request):
     expected_seq: int | None = _expected_seq()
 
 
+#: A time as the API writes it: ISO 8601 in UTC (`2026-12-01T06:23:18.123456Z`), kept as the text the log holds
+#: (an event's `at` is hashed as written), declared `format: date-time` for clients.
+DateTime = Annotated[str, Field(json_schema_extra={"format": "date-time"}, examples=["2026-12-01T06:23:18.123456Z"])]
+#: What a state is, and what a task's status is: the same closed sets as `engine.StateKind` and `engine.Status`.
+StateKindName = Literal["agent", "tool", "approval", "wait", "terminal"]
+StatusName = Literal["runnable", "blocked", "terminal"]
+WorkKindName = Literal["approval", "handoff", "failure", "limit", "cancel_review", "wait"]
+
+
 class ErrorBody(BaseModel):
-    code: str | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
+    code: Code | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
     message: str
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -135,7 +172,7 @@ class CancelRequested(BaseModel):
     actor: str
     reason: str
     seq: int = Field(description="The event that recorded the request.")
-    at: str
+    at: DateTime
 
 
 class Unsettled(BaseModel):
@@ -153,8 +190,8 @@ class TaskBody(BaseModel):
     version: int
     digest: str
     state: str
-    kind: str
-    status: str
+    kind: StateKindName
+    status: StatusName
     seq: int = Field(description='The ETag of the response is this seq in double quotes ("7").')
     allowed: list[str]
     input: dict[str, Any]
@@ -173,10 +210,10 @@ class TaskSummary(BaseModel):
     workflow: str
     version: int
     state: str
-    status: str
+    status: StatusName
     seq: int
-    created_at: str
-    updated_at: str
+    created_at: DateTime
+    updated_at: DateTime
     started_by: str = Field(description="The actor who started the task.")
     fields: dict[str, str] = Field(
         description="The task's searchable input fields (the workflow's `searchable`), e.g. its customer id."
@@ -198,7 +235,7 @@ class TaskPage(_Page):
 class EventBody(BaseModel):
     task_id: str
     seq: int
-    at: str
+    at: DateTime
     actor: str
     from_state: str | None
     trigger: str
@@ -211,6 +248,7 @@ class EventBody(BaseModel):
 class PendingApproval(BaseModel):
     task_id: str
     workflow: str
+    version: int
     state: str
     role: str
     started_by: str
@@ -223,6 +261,35 @@ class PendingApproval(BaseModel):
 
 class ApprovalPage(_Page):
     approvals: list[PendingApproval] = Field(description="Oldest first, by creation time then task id.")
+
+
+class WorkItemBody(BaseModel):
+    task_id: str
+    workflow: str
+    version: int
+    state: str
+    kind: WorkKindName = Field(description="Why it waits on a person.")
+    seq: int = Field(description="The seq to send back (If-Match or expected_seq) with a command.")
+    started_by: str
+    created_at: DateTime
+    waiting_since: DateTime = Field(description="When it came to this state.")
+    deadline: DateTime | None = Field(description="Null: no deadline.")
+    at_deadline: str | None = Field(description="What happens at the deadline.")
+    triggers: list[str] = Field(description="The triggers the caller may fire here (the engine checks again).")
+
+
+class WorkCountBody(BaseModel):
+    kind: WorkKindName
+    workflow: str
+    yours: int = Field(description="Waiting on a trigger the caller may fire.")
+    others: int = Field(description="Waiting on roles the caller does not hold (not listed).")
+
+
+class WorkQueueBody(_Page):
+    items: list[WorkItemBody] = Field(
+        description="Nearest deadline first (none: last), then oldest, by creation time then task id."
+    )
+    counts: list[WorkCountBody] = Field(description="Every task waiting on a person, by kind and workflow.")
 
 
 class WorkflowVersion(BaseModel):
@@ -259,6 +326,7 @@ class DiagramBody(BaseModel):
 class ReplayBody(BaseModel):
     task_id: str
     workflow: str
+    version: int
     events: int
     ok: bool
     findings: list[dict[str, Any]]

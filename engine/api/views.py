@@ -22,11 +22,13 @@ answer is the one that counts.
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +44,27 @@ from engine.api.route import Visit, task_route, visits_of
 from engine.api.schemas import TASK_ID_PATTERN
 from engine.api.tokens import Principal
 from engine.audit.reads import path_visits
-from engine.core.approvals import decision_role, pending_view, self_approval
-from engine.core.definition import Approval, Workflow
+from engine.core.approvals import DECISIONS, decision_role, pending_view, self_approval
+from engine.core.definition import (
+    CANCEL,
+    HANDOFF_SUFFIX,
+    LIMIT_STATE,
+    MIGRATE,
+    PROVIDER_ERROR_SUFFIX,
+    Agent,
+    Approval,
+    CardField,
+    StateKind,
+    Tool,
+    Wait,
+    Workflow,
+)
+from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import TaskState
 from engine.core.payloads import event_code
-from engine.core.summary import compact, summarise
+from engine.core.summary import compact, details, summarise
 from engine.runtime.engine import Engine, TaskView
 from engine.store.protocol import TaskQuery
 
@@ -110,6 +126,8 @@ class Shown:
     name: str
     text: str
     money: bool = False
+    #: A page of this server the value links to (a task), if it is one.
+    link: str | None = None
 
 
 def display_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> list[Shown]:
@@ -152,10 +170,29 @@ class Row:
     to_state: str
     code: str | None
     summary: str
+    #: The sentences under the line (`engine.core.summary.details`), the event as JSON, and a mark for the steps
+    #: a reader looks for (`recovered`, `repair`, `approval`, `cancel`, `migration`), if it is one.
+    details: list[str] = field(default_factory=list)
+    raw: str = ""
+    mark: str | None = None
 
 
 #: How much of an event's summary the timeline and the inbox show.
 TIMELINE_WIDTH = 160
+
+
+def _mark(e: Event) -> str | None:
+    if e.data.get("reconciled") is True or "settled" in e.data:
+        return "recovered"
+    if "approval" in e.data:
+        return "approval"
+    if e.trigger in (CANCEL, CANCEL_REQUESTED):
+        return "cancel"
+    if e.trigger == MIGRATE:
+        return "migration"
+    if e.trigger == "repair":
+        return "repair"
+    return None
 
 
 def timeline(events: Iterable[Event]) -> list[Row]:
@@ -169,9 +206,37 @@ def timeline(events: Iterable[Event]) -> list[Row]:
             e.to_state,
             event_code(e.data),
             summarise(e, TIMELINE_WIDTH),
+            details(e),
+            json.dumps(e.to_dict(), indent=2, ensure_ascii=False, default=str),
+            _mark(e),
         )
         for e in events
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Stay:
+    """One visit to a state, as the timeline groups it: the events that happened while the task was there (its
+    internal `~` states are part of it), the last of which took it elsewhere."""
+
+    state: str
+    rows: list[Row]
+
+    @property
+    def span(self) -> str:
+        first, last = self.rows[0], self.rows[-1]
+        return f"seq {first.seq}" if first is last else f"seq {first.seq} to {last.seq}"
+
+
+def stays(rows: Iterable[Row]) -> list[Stay]:
+    out: list[Stay] = []
+    for row in rows:
+        where = row.from_state.split(SUBSTATE)[0] if row.from_state else "started"
+        if out and out[-1].state == where:
+            out[-1].rows.append(row)
+        else:
+            out.append(Stay(where, [row]))
+    return out
 
 
 def path_of(events: Iterable[Event]) -> tuple[list[dict[str, Any]], Counter[tuple[str, str, str]], str | None]:
@@ -192,13 +257,27 @@ class Evidence:
 
     tool: str
     fields: list[Shown]
+    #: When it was read: the time of the event that recorded the result (an approver sees how old it is).
+    read_at: str | None = None
 
 
-def evidence(facts: Mapping[str, Any]) -> list[Evidence]:
+def evidence(
+    facts: Mapping[str, Any], events: Iterable[Event] = (), definition: Workflow | None = None
+) -> list[Evidence]:
+    """Each tool's latest result, with its money shown as money (the result model says which fields are) and
+    the time it was read."""
+    read: dict[str, str] = {}
+    for e in events:
+        result = e.data.get("tool_result")
+        if result is not None:
+            read[str(result.get("tool"))] = when(e.at)
+    tools = definition.tools if definition is not None else None
     out = []
     for key, value in facts.items():
         if key.startswith("tool:") and isinstance(value, Mapping):
-            out.append(Evidence(key.removeprefix("tool:"), display_arguments(value)))
+            name = key.removeprefix("tool:")
+            model = tools.get(name).result if tools is not None and name in tools else None
+            out.append(Evidence(name, display_arguments(value, schema_of(model)), read.get(name)))
     return out
 
 
@@ -210,6 +289,7 @@ class Reason:
     text: list[str] = field(default_factory=list)
     proposed_by: str | None = None
     seq: int | None = None
+    at: str | None = None
 
 
 def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
@@ -231,7 +311,7 @@ def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
         for m in messages
         if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content")
     ]
-    return Reason(argument, text, proposing.actor, proposing.seq)
+    return Reason(argument, text, proposing.actor, proposing.seq, when(proposing.at))
 
 
 # -- the task lists --------------------------------------------------------------------------------
@@ -272,8 +352,8 @@ class ListedTask:
     state: str
     status: str
     seq: int
-    created_at: str
-    updated_at: str
+    created_at: datetime
+    updated_at: datetime
     started_by: str
     fields: dict[str, str]
 
@@ -367,8 +447,8 @@ def list_tasks(engine: Engine, where: TaskFilter) -> TaskList:
             t.row.state,
             t.row.status,
             t.row.seq,
-            when(t.row.created_at),
-            when(t.row.updated_at),
+            t.row.created_at,
+            t.row.updated_at,
             t.started_by,
             t.fields,
         )
@@ -424,6 +504,10 @@ class ApprovalView:
     decisions: list[str]
     can_decide: bool
     why_not: str | None = None
+    #: Exactly the triggers this person may fire here, each with its form (`buttons`).
+    buttons: list[Button] = field(default_factory=list)
+    #: What the workflow declares this decision shows first (or the default: the input).
+    card: Card | None = None
 
     @property
     def subject(self) -> str:
@@ -444,6 +528,10 @@ class TaskPage:
     route: Markup = field(default_factory=Markup)
     visits: list[Visit] = field(default_factory=list)
     internal: bool = False
+    #: The triggers this person may fire now (outside an approval card, which carries its own).
+    buttons: list[Button] = field(default_factory=list)
+    #: Who started it, how long it has waited and its deadline, if it waits on a person.
+    work: WorkItem | None = None
 
 
 def why_not(principal: Principal, definition: Workflow, task: TaskState) -> str | None:
@@ -482,38 +570,49 @@ def approval_view(
         digest=digest,
         tool=prepared.get("tool"),
         kind=prepared.get("kind"),
-        arguments=display_arguments(prepared.get("arguments") or {}, schema_of(tool_args)),
-        evidence=evidence(task.facts),
+        arguments=(
+            display_arguments(prepared.get("arguments") or {}, schema_of(tool_args))
+            if prepared
+            else proposed_arguments(definition, task, events)
+        ),
+        evidence=evidence(task.facts, events, definition),
+        card=decision_card(definition, task, events),
         reason=model_reason(events, digest),
         timeline=timeline(events),
         decisions=pending["decisions"],
         can_decide=refusal is None,
         why_not=refusal,
+        buttons=buttons(definition, task, principal),
     )
 
 
-def inbox(engine: Engine, principal: Principal, role: str | None = None) -> list[ApprovalView]:
-    out = []
-    for definition, task in engine.awaiting_approval(role=role):
-        view = approval_view(engine, definition, task, engine.events_of(task), principal)
-        if view is not None:
-            out.append(view)
-    return out
+def proposed_arguments(definition: Workflow, task: TaskState, events: list[Event]) -> list[Shown]:
+    """Without a prepared call, what is decided on is what the step into this state was fired with (an expense
+    claim's amount and description), shown with its model's formats."""
+    for e in reversed(events):
+        args = e.data.get("args")
+        if e.to_state == task.state and e.from_state is not None and isinstance(args, Mapping):
+            found = definition.candidates(e.from_state, e.trigger) if definition.has_state(e.from_state) else ()
+            return display_arguments(args, schema_of(found[0].args if found else None))
+    return []
 
 
 def task_page(engine: Engine, task_id: str, principal: Principal, *, internal: bool = False) -> TaskPage:
     task = engine.load(task_id)
     definition = engine.definition_of(task)
     events = engine.events_of(task)
+    approval = approval_view(engine, definition, task, events, principal)
     return TaskPage(
         view=engine.view(task),
         timeline=timeline(events),
         diagram=task_diagram(definition, events),
-        approval=approval_view(engine, definition, task, events, principal),
+        approval=approval,
         input=display_arguments(task.input, schema_of(definition.input)),
         route=task_route(definition, events, internal=internal),
         visits=visits_of(events, internal=internal),
         internal=internal,
+        buttons=[] if approval is not None else buttons(definition, task, principal),
+        work=work_of(engine, definition, task, events, principal, datetime.now(UTC), approval),
     )
 
 
@@ -571,3 +670,511 @@ def _session_or_none(request: Request) -> Session | None:
         return current_session(request)
     except (RailyardError, AttributeError, KeyError):
         return None
+
+
+# -- the work queue: every task waiting on a person, and the buttons a person may press ------------
+class WorkKind(StrEnum):
+    """Why a task waits on a person, as the inbox groups it."""
+
+    APPROVAL = "approval"
+    HANDOFF = "handoff"
+    FAILURE = "failure"
+    LIMIT = "limit"
+    CANCEL_REVIEW = "cancel_review"
+    WAIT = "wait"
+
+
+#: What each kind is called on the page, in the order the groups are listed.
+KIND_LABELS = {
+    WorkKind.APPROVAL: "Approvals",
+    WorkKind.HANDOFF: "Hand-offs",
+    WorkKind.FAILURE: "Failures to retry",
+    WorkKind.LIMIT: "Limits reached",
+    WorkKind.CANCEL_REVIEW: "Effects after a cancel",
+    WorkKind.WAIT: "Waiting on a person",
+}
+#: The ages the queue can be filtered by: waiting (since its last event) longer than this.
+AGES = {"1h": timedelta(hours=1), "4h": timedelta(hours=4), "1d": timedelta(days=1), "3d": timedelta(days=3)}
+AGE_LABELS = {"1h": "an hour", "4h": "4 hours", "1d": "a day", "3d": "3 days"}
+#: The queue's page size, and the most an API page may hold: each item is a task loaded from its log.
+WORK_PAGE_SIZE = 50
+WORK_MAX_LIMIT = 100
+
+
+def work_kind(definition: Workflow, state: str) -> WorkKind | None:
+    """What waiting in `state` is, read from the definition alone (None: not a person's work).
+
+    A wait state reached by a tool's `failed`/`unknown` outcome is a failure; one an agent hands off to (its
+    `~handoff`, `~provider_error`, or `on_exhausted`) or a deadline expires into is a hand-off; the others count
+    only if a caller may fire one of their triggers besides `cancel`."""
+    if not definition.has_state(state):
+        return None
+    found = definition.state(state)
+    if isinstance(found, Approval):
+        return WorkKind.APPROVAL
+    if not isinstance(found, Wait):
+        return None
+    if state == (definition.limit_state or LIMIT_STATE):
+        return WorkKind.LIMIT
+    if state == definition.effect_after_cancel:
+        return WorkKind.CANCEL_REVIEW
+    if not [t for t in definition.triggers(state) if t != CANCEL]:
+        return None
+    if state.endswith((HANDOFF_SUFFIX, PROVIDER_ERROR_SUFFIX)):
+        return WorkKind.HANDOFF
+    for source in definition.all_states:
+        if isinstance(source, Tool) and state in (source.on_failed, source.on_unknown):
+            return WorkKind.FAILURE
+    for source in definition.all_states:
+        if isinstance(source, Agent) and source.on_exhausted == state:
+            return WorkKind.HANDOFF
+        if isinstance(source, Approval | Wait) and source.on_expired == state:
+            return WorkKind.HANDOFF
+    return WorkKind.WAIT
+
+
+def queue_triggers(definition: Workflow, state: str) -> list[str]:
+    """The triggers that make a task in `state` someone's work: its human triggers but `cancel` (every state has
+    it), except where a budget ran out and cancelling is what a person decides."""
+    human = definition.triggers(state)
+    if work_kind(definition, state) is WorkKind.LIMIT:
+        return human
+    return [t for t in human if t != CANCEL]
+
+
+def may_fire(definition: Workflow, state: str, trigger: str, principal: Principal) -> bool:
+    """Whether the roles let `principal` fire `trigger` in `state` (the engine checks again, and its answer
+    counts): a read-only token fires nothing; an action without a role is anyone's."""
+    if principal.read_only:
+        return False
+    return any(a.role is None or a.role in principal.roles for a in definition.candidates(state, trigger))
+
+
+@dataclass(frozen=True, slots=True)
+class FormField:
+    """One field of a trigger's form, generated from its argument model's JSON schema."""
+
+    name: str
+    label: str
+    #: `text`, `textarea`, `number`, `checkbox`, `select`, `list` (comma-separated) or `json`.
+    widget: str
+    required: bool
+    description: str = ""
+    options: tuple[str, ...] = ()
+    max_length: int | None = None
+
+
+def form_fields(model: type[BaseModel] | None) -> list[FormField]:
+    """The fields of an argument model as form inputs: what a person types is checked by the model when posted."""
+    schema = schema_of(model) or {}
+    required = set(schema.get("required", []))
+    out = []
+    for name, raw in schema.get("properties", {}).items():
+        prop = _non_null(raw, schema.get("$defs", {}))
+        kind, enum = prop.get("type"), prop.get("enum")
+        widget = "json"
+        if enum is not None or "const" in prop:
+            widget = "select"
+        elif kind == "string":
+            widget = "textarea" if int(prop.get("maxLength", 0) or 0) > 200 or "maxLength" not in prop else "text"
+        elif kind in ("integer", "number"):
+            widget = "number"
+        elif kind == "boolean":
+            widget = "checkbox"
+        elif kind == "array" and _non_null(prop.get("items", {}), schema.get("$defs", {})).get("type") == "string":
+            widget = "list"
+        options = tuple(str(o) for o in (enum or ([prop["const"]] if "const" in prop else [])))
+        out.append(
+            FormField(
+                name,
+                str(prop.get("title") or raw.get("title") or name.replace("_", " ")).capitalize(),
+                widget,
+                name in required,
+                str(prop.get("description") or raw.get("description") or ""),
+                options,
+                prop.get("maxLength"),
+            )
+        )
+    return out
+
+
+def _non_null(prop: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`Optional[X]`'s X, and a `$ref` resolved: the type a form asks for."""
+    if "$ref" in prop:
+        prop = defs.get(str(prop["$ref"]).rsplit("/", 1)[-1], {})
+    for key in ("anyOf", "oneOf"):
+        if key in prop:
+            kept = [p for p in prop[key] if p.get("type") != "null"]
+            if len(kept) == 1:
+                return {**{k: v for k, v in prop.items() if k != key}, **_non_null(kept[0], defs)}
+    return prop
+
+
+def payload_from_form(model: type[BaseModel] | None, form: Mapping[str, str]) -> dict[str, Any]:
+    """A trigger's payload from its form (`arg.NAME` fields): typed as the model's schema says, empty optional
+    fields left out. Whatever does not convert is refused here; the model's own checks come when it is fired."""
+    out: dict[str, Any] = {}
+    for f in form_fields(model):
+        text = form.get(f"arg.{f.name}")
+        if f.widget == "checkbox":
+            out[f.name] = text is not None
+            continue
+        if text is None or not text.strip():
+            if f.required:  # the model refuses it, with the field named
+                out[f.name] = ""
+            continue
+        value = text.strip()
+        try:
+            if f.widget == "number":
+                out[f.name] = int(value) if re.fullmatch(r"-?\d+", value) else float(value)
+            elif f.widget == "list":
+                out[f.name] = [v.strip() for v in re.split(r"[,\n]", value) if v.strip()]
+            elif f.widget == "json":
+                out[f.name] = json.loads(value)
+            else:
+                out[f.name] = value
+        except ValueError:
+            raise Refused(
+                f"{f.label}: {value[:40]!r} is not a {'number' if f.widget == 'number' else 'JSON value'}",
+                code=Code.PAYLOAD_INVALID,
+                field=f.name,
+            ) from None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Button:
+    """A human trigger the state allows and the person may fire: its form, where it leads, and whether it asks
+    for a confirmation first (it leads to a write)."""
+
+    trigger: str
+    label: str
+    #: Where the form posts: the decision endpoints for approve/reject of an approval, else the one for triggers.
+    action: str
+    #: What happens next, in words: "to executing: runs payments_refund (a write)".
+    then: str
+    fields: list[FormField]
+    #: The write the confirmation restates (its tool and amount), or None: no confirmation.
+    confirm: str | None = None
+    style: str = ""
+    #: Hidden values the form carries besides the seq and the CSRF token (the digest an approval names).
+    hidden: dict[str, str] = field(default_factory=dict)
+    #: How the form names its fields: `arg.NAME` for a trigger's payload, bare for a decision's comment.
+    prefix: str = "arg."
+
+
+#: Decision triggers whose comment the approval records (their models may not declare it).
+_COMMENT_FIELD = {"approve": ("comment", "Comment"), "reject": ("reason", "Reason for rejecting")}
+
+
+def _leads_to(definition: Workflow, target: str) -> tuple[str, str | None]:
+    """Where an action leads, in words, and the write it runs there (None: no write)."""
+    state = definition.state(target)
+    if isinstance(state, Tool) and definition.tools is not None and state.tool in definition.tools:
+        kind = str(definition.tools.get(state.tool).kind)
+        then = f"to {target}: runs {state.tool} ({'a write' if kind == 'write' else 'a read'})"
+        return then, state.tool if kind == "write" else None
+    if state.kind is StateKind.TERMINAL:
+        return f"ends the task as {target}", None
+    return f"to {target} ({state.kind})", None
+
+
+def buttons(definition: Workflow, task: TaskState, principal: Principal) -> list[Button]:
+    """Exactly the human triggers the state allows and the roles let this person fire, in declaration order,
+    each with its form; approving one's own request is left out (separation of duties)."""
+    if task.terminal or principal.read_only:
+        return []
+    state = definition.state(task.state)
+    triggers = [*definition.triggers(task.state), *([SETTLE] if task.unsettled is not None else [])]
+    prepared: Mapping[str, Any] = task.prepared or {}
+    money = next((a.text for a in _prepared_shown(definition, prepared) if a.money), None)
+    out = []
+    for trigger in triggers:
+        if not may_fire(definition, task.state, trigger, principal):
+            continue
+        decision = isinstance(state, Approval) and trigger in DECISIONS
+        if decision and trigger == "approve" and self_approval(definition, task, principal.actor):
+            continue
+        action = definition.candidates(task.state, trigger)[0]
+        then, write = _leads_to(definition, action.target)
+        if trigger == SETTLE:
+            then = "records what you verified about the open write"
+        fields = form_fields(action.args)
+        hidden: dict[str, str] = {}
+        if decision:
+            name, label = _COMMENT_FIELD[trigger]
+            fields = [FormField(name, label, "textarea", trigger == "reject" or bool(action.args), max_length=2000)]
+            if trigger == "approve":
+                hidden["digest"] = str(prepared.get("digest") or "")
+        confirm = None
+        if write is not None:
+            confirm = f"runs {write}" + (f" for {money}" if money else "")
+        out.append(
+            Button(
+                trigger,
+                trigger.replace("_", " ").capitalize(),
+                f"/tasks/{task.task_id}/{trigger}" if decision else f"/tasks/{task.task_id}/fire",
+                then,
+                fields,
+                confirm,
+                "ok" if trigger == "approve" else "no" if trigger in ("reject", CANCEL) else "",
+                hidden,
+                "" if decision else "arg.",
+            )
+        )
+    return out
+
+
+def _prepared_shown(definition: Workflow, prepared: Mapping[str, Any]) -> list[Shown]:
+    tool_args = None
+    if prepared and definition.tools is not None and prepared.get("tool") in definition.tools:
+        tool_args = definition.tools.get(str(prepared["tool"])).args
+    return display_arguments(prepared.get("arguments") or {}, schema_of(tool_args))
+
+
+def ago(delta: timedelta) -> str:
+    """A duration as people say it: `3 d 4 h`, `2 h 5 min`, `40 s`."""
+    seconds = max(0, int(delta.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min" if minutes else f"{secs} s"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One task waiting on the signed-in person, as the inbox draws it and GET /api/work lists it."""
+
+    task_id: str
+    workflow: str
+    version: int
+    state: str
+    kind: WorkKind
+    seq: int
+    started_by: str
+    created_at: datetime
+    #: When it started waiting here (the last event), and its deadline with what happens then.
+    waiting_since: datetime
+    deadline: datetime | None
+    at_deadline: str | None
+    #: Why it waits, in words: the summary of the event that brought it here.
+    why: str
+    fields: list[Shown]
+    buttons: list[Button]
+    #: The full decision card, for approvals.
+    approval: ApprovalView | None = None
+    card: Card | None = None
+
+    #: How long it has waited, as people say it (when the page was drawn).
+    waited: str = ""
+
+    @property
+    def subject(self) -> str:
+        return f"{self.workflow} task {self.task_id[:8]}…"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkCount:
+    kind: WorkKind
+    workflow: str
+    #: Tasks the person may act on, and those waiting on roles they do not hold (not drawn).
+    yours: int
+    others: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkPage:
+    items: list[WorkItem]
+    counts: list[WorkCount]
+    limit: int
+    next_cursor: str | None
+
+    def total(self, kind: WorkKind | None = None) -> tuple[int, int]:
+        chosen = [c for c in self.counts if kind is None or c.kind is kind]
+        return sum(c.yours for c in chosen), sum(c.others for c in chosen)
+
+
+def _queue_states(engine: Engine, principal: Principal) -> list[tuple[Workflow, str, WorkKind, bool]]:
+    """Every (version, state) a task can wait on a person in, its kind, and whether this person may act there."""
+    out = []
+    for definition in engine.registry:
+        for state in definition.all_states:
+            kind = work_kind(definition, state.name)
+            if kind is None:
+                continue
+            mine = any(may_fire(definition, state.name, t, principal) for t in queue_triggers(definition, state.name))
+            out.append((definition, state.name, kind, mine))
+    return out
+
+
+def work_queue(
+    engine: Engine,
+    principal: Principal,
+    *,
+    kind: str | None = None,
+    workflow: str | None = None,
+    older_than: str | None = None,
+    cursor: str | None = None,
+    limit: int = WORK_PAGE_SIZE,
+) -> WorkPage:
+    """One page of the tasks waiting on this person, nearest deadline first, then oldest (by creation, then id),
+    with the counts per kind and workflow. Tasks waiting on roles the person lacks are counted, never loaded or
+    drawn."""
+    limit = max(1, min(limit, WORK_MAX_LIMIT))
+    after = decode_cursor(cursor) if cursor else None
+    if after is not None and engine.store.row(after) is None:
+        raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
+    states = _queue_states(engine, principal)
+    counts: dict[tuple[WorkKind, str], list[int]] = {}
+    for definition, state, k, mine in states:
+        n = len(engine.store.blocked_in([(definition.name, definition.version, state)]))
+        if n:
+            entry = counts.setdefault((k, definition.name), [0, 0])
+            entry[0 if mine else 1] += n
+    wanted = [
+        (d.name, d.version, s)
+        for d, s, k, mine in states
+        if mine and (not kind or k == kind) and (not workflow or d.name == workflow)
+    ]
+    at = datetime.now(UTC)
+    waiting_before = at - AGES[older_than] if older_than else None
+    ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1, by_deadline=True, waiting_before=waiting_before)
+    items = []
+    for task_id in ids[:limit]:
+        item = work_item(engine, task_id, principal, at)
+        if item is not None:  # it moved since the store's read, or its version's code changed
+            items.append(item)
+    more = len(ids) > limit
+    order = list(WorkKind)
+    shown = [
+        WorkCount(k, w, yours, others)
+        for (k, w), (yours, others) in sorted(counts.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1]))
+    ]
+    return WorkPage(items, shown, limit, encode_cursor(ids[limit - 1]) if more else None)
+
+
+def work_item(engine: Engine, task_id: str, principal: Principal, at: datetime) -> WorkItem | None:
+    try:
+        task = engine.load(task_id)
+    except Refused:
+        return None
+    definition = engine.definition_of(task)
+    events = engine.events_of(task)
+    approval = approval_view(engine, definition, task, events, principal)
+    return work_of(engine, definition, task, events, principal, at, approval)
+
+
+def work_of(
+    engine: Engine,
+    definition: Workflow,
+    task: TaskState,
+    events: list[Event],
+    principal: Principal,
+    at: datetime,
+    approval: ApprovalView | None,
+) -> WorkItem | None:
+    """The task as a piece of someone's work (None: it does not wait on a person)."""
+    row = engine.store.row(task.task_id)
+    kind = work_kind(definition, task.state)
+    if row is None or kind is None or task.terminal or not events:
+        return None
+    state = definition.state(task.state)
+    expires = state.on_expired if isinstance(state, Approval | Wait) else None
+    last = events[-1]
+    code = event_code(last.data)
+    return WorkItem(
+        task_id=task.task_id,
+        workflow=definition.ref,
+        version=definition.version,
+        state=task.state,
+        kind=kind,
+        seq=task.seq,
+        started_by=task.started_by,
+        created_at=row.created_at,
+        waiting_since=row.updated_at,
+        deadline=row.next_run_at if expires else None,
+        at_deadline=f"goes to {expires}" if expires else None,
+        why=(f"{code}: " if code else "") + f"{last.trigger} — {summarise(last, TIMELINE_WIDTH)}",
+        fields=display_arguments(task.input, schema_of(definition.input)),
+        buttons=buttons(definition, task, principal),
+        approval=approval,
+        card=decision_card(definition, task, events),
+        waited=ago(at - row.updated_at),
+    )
+
+
+# -- decision cards: what a workflow declares a decision shows -------------------------------------
+@dataclass(frozen=True, slots=True)
+class Card:
+    title: str
+    facts: list[Shown]
+    inputs: list[Shown]
+    evidence: list[Shown]
+    #: False: the workflow declares no card for the state, and this is the default (its input).
+    declared: bool
+
+
+_ABSENT = object()
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+
+
+def _read(path: str, sources: Mapping[str, Any]) -> Any:
+    """The value at `path` (`input.customer_id`, `facts.tool:query_order.total`), or _ABSENT."""
+    value: Any = sources
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return _ABSENT
+        value = value[part]
+    return value
+
+
+def card_value(f: CardField, sources: Mapping[str, Any]) -> Shown:
+    """One field of a card in display form; a value not on record says so rather than showing `null`."""
+    label = f.label or f.name.replace("_", " ")
+    value = _read(f.path, sources)
+    if value is _ABSENT or value is None:
+        return Shown(label, "not on record")
+    if f.format == "money" and isinstance(value, int) and not isinstance(value, bool):
+        currency = f.currency if _CURRENCY.match(f.currency) else _read(f.currency, sources)
+        if isinstance(currency, str):
+            return Shown(label, format_money(value, currency), money=True)
+    if f.format == "date" and isinstance(value, str):
+        try:
+            return Shown(label, when(datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)))
+        except ValueError:
+            pass
+    if f.format == "task" and isinstance(value, str) and re.fullmatch(TASK_ID_PATTERN, value):
+        return Shown(label, value, link=f"/tasks/{value}")
+    return Shown(label, value if isinstance(value, str) and f.format != "json" else compact(value))
+
+
+def decision_card(definition: Workflow, task: TaskState, events: list[Event]) -> Card:
+    """The card the workflow declares for the task's state, read from the task; without one, a default: a title
+    naming the workflow and the state, and the input (the prepared call and the evidence are always shown)."""
+    declared = definition.cards.get(task.state)
+    if declared is None:
+        title = f"{definition.name.replace('_', ' ')} waiting in {task.state}"
+        return Card(title, [], display_arguments(task.input, schema_of(definition.input)), [], False)
+    step: Any = {}
+    for e in reversed(events):
+        if e.to_state == task.state and isinstance(e.data.get("args"), Mapping):
+            step = e.data["args"]
+            break
+    prepared: Mapping[str, Any] = task.prepared["arguments"] if task.prepared else {}
+    sources = {"input": task.input, "prepared": prepared, "facts": task.facts, "args": step}
+    shown = {f.name: (f, card_value(f, sources)) for f in declared.fields}
+    title = re.sub(
+        r"{([^{}]*)}", lambda m: shown[m.group(1)][1].text if m.group(1) in shown else m.group(0), declared.title
+    )
+    by = {
+        section: [v for f, v in shown.values() if f.section == section] for section in ("facts", "inputs", "evidence")
+    }
+    return Card(title, by["facts"], by["inputs"], by["evidence"], True)
+
+
+#: What every template may call: the one time format, and the names of the kinds of work.
+_env.globals.update(when=when, kinds=KIND_LABELS, stays=stays, ages=AGE_LABELS)

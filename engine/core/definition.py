@@ -409,6 +409,64 @@ class Terminal(State):
     kind: ClassVar[StateKind] = StateKind.TERMINAL
 
 
+#: Where a decision card field is read: the task's input, the prepared call's arguments, the task's facts (a
+#: tool's latest result is `facts.tool:NAME`), or the arguments of the step that brought the task to the state.
+CARD_SOURCES = ("input", "prepared", "facts", "args")
+#: How a card field is shown: as text, as money (minor units with a currency), as a date, as a link to a task,
+#: or as JSON.
+CARD_FORMATS = ("text", "money", "date", "task", "json")
+CARD_SECTIONS = ("facts", "inputs", "evidence")
+
+
+@dataclass(frozen=True)
+class CardField:
+    """One value a decision card shows: where it is read (`input.customer_id`, `prepared.amount`,
+    `facts.tool:query_order.refundable`, `args.description`), its label and its format. Money takes its currency
+    from `currency`: a path like the value's, or an ISO 4217 code."""
+
+    name: str
+    path: str
+    label: str = ""
+    format: str = "text"
+    currency: str = ""
+    section: str = "facts"
+
+
+@dataclass(frozen=True)
+class DecisionCard:
+    """What a person deciding in one human state is shown first: a title line whose `{name}` placeholders are
+    fields, and the fields themselves, in order. Presentation only: not in the workflow's digest."""
+
+    title: str = ""
+    fields: Sequence[CardField] = ()
+
+
+def _validate_cards(wf: Workflow, names: Mapping[str, State]) -> list[str]:
+    problems: list[str] = []
+    for state, card in wf.cards.items():
+        found = names.get(state)
+        if found is None or found.kind not in (StateKind.APPROVAL, StateKind.WAIT):
+            problems.append(f"decision card for {state!r}: not an approval or wait state of this workflow")
+            continue
+        known = {f.name for f in card.fields}
+        problems.extend(
+            f"decision card for {state!r}: title names {n!r}, which is not one of its fields"
+            for n in re.findall(r"{([^{}]*)}", card.title)
+            if n not in known
+        )
+        for f in card.fields:
+            where = f"decision card for {state!r}, field {f.name!r}"
+            if f.path.split(".")[0] not in CARD_SOURCES:
+                problems.append(f"{where}: path {f.path!r} must start with one of {', '.join(CARD_SOURCES)}")
+            if f.format not in CARD_FORMATS:
+                problems.append(f"{where}: format {f.format!r} must be one of {', '.join(CARD_FORMATS)}")
+            if f.section not in CARD_SECTIONS:
+                problems.append(f"{where}: section {f.section!r} must be one of {', '.join(CARD_SECTIONS)}")
+            if f.format == "money" and not f.currency:
+                problems.append(f"{where}: money needs a currency (a path, or an ISO 4217 code)")
+    return problems
+
+
 @dataclass(frozen=True, eq=False)
 class Workflow:
     """A workflow definition `name@version`, validated and compiled as it is built.
@@ -441,6 +499,9 @@ class Workflow:
     #: Who may send a handed-off or limit-state task back to a state it visited (`redrive`); default `settle_role`,
     #: else `cancel_role`.
     redrive_role: str | None = None
+    #: What a decision card shows in each human state that declares one (`DecisionCard`). Presentation, not
+    #: behaviour: not in the digest, like `searchable`.
+    cards: Mapping[str, DecisionCard] = field(default_factory=dict)
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -668,6 +729,7 @@ def _validate(wf: Workflow) -> list[str]:
     for state in wf.states:
         problems.extend(_validate_state(wf, state, names))
 
+    problems.extend(_validate_cards(wf, names))
     if wf.effect_after_cancel is not None and wf.effect_after_cancel not in names:
         problems.append(f"effect_after_cancel names unknown state {wf.effect_after_cancel!r}")
     cancelled = names.get(CANCELLED_STATE)

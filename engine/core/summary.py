@@ -94,3 +94,62 @@ def _describe(trigger: str, actor: str, data: EventData, values: bool) -> str:
         return compact(data["args"])
     shown = {k: v for k, v in data.items() if k not in ("guards", "requested_at_seq")}
     return compact(shown) if shown else ""
+
+
+def details(event: Event, width: int | None = 300) -> list[str]:
+    """What a person reading the timeline needs beyond `summarise`'s line, one sentence each: a model turn's
+    rung, attempts and escalation, the answer the engine refused and the error it fed back; a tool's error; an
+    outcome found by reconciliation (after a crash or a lost reply), marked as such; an approval's digest.
+
+    The page shows these under the line; `railyard history` prints the line. Values (arguments, answers,
+    comments) are included: callers that must not show them use `summarise(values=False)` alone."""
+    data = event.data
+    out: list[str] = []
+    if (turn := data.get("turn")) is not None:
+        attempts = turn.get("attempts")
+        out.append(
+            f"asked {turn.get('model')} on the {turn.get('strategy')} rung"
+            + (f" ({attempts} provider calls)" if attempts and attempts > 1 else "")
+            + (", thinking" if turn.get("thinking") else "")
+        )
+        for message in turn.get("messages") or []:
+            if message.get("role") != "assistant":
+                continue
+            said = [str(message["content"])] if message.get("content") else []
+            said += [f"{c.get('name')}({c.get('arguments')})" for c in message.get("tool_calls") or []]
+            if said:
+                verb = "answered" if turn.get("code") is None else "answered, refused"
+                out.append(clip(f"the model {verb}: " + " ".join(said), width))
+        if turn.get("code") is not None:
+            told = "; ".join(str(e.get("msg")) for e in turn.get("errors") or [] if isinstance(e, dict))
+            out.append(clip(f"refused with {turn.get('code')}" + (f", fed back: {told}" if told else ""), width))
+        if (escalated := turn.get("escalated")) is not None:
+            step = escalated.get("step")
+            nxt = "restate the reminder" if step == "reminder" else f"force harder on the {escalated.get('to')} rung"
+            out.append(f"the answer ignored the {escalated.get('from')} rung: the next attempt will {nxt}")
+        if turn.get("worked"):
+            out.append(f"the {turn.get('worked')} rung worked after escalating: the next visit starts there")
+        if turn.get("demoted"):
+            out.append(f"the provider refused the request shape {turn.get('demoted')}: it is not sent again")
+    if (outcome := data.get("outcome")) is not None and outcome.get("code"):
+        out.append(clip(f"{outcome.get('code')}: {outcome.get('message') or 'no message'}", width))
+    if data.get("reconciled") is True:
+        action = str(data.get("action_id") or "")[:12]
+        out.append(
+            f"recovered: the answer of the call (action {action}) was lost, so the engine asked the remote what "
+            "became of that action id instead of calling again; this outcome is what it found"
+        )
+    elif isinstance(reconciled := data.get("reconciled"), dict):
+        found = "it never happened: a new attempt may be made" if reconciled.get("outcome") == "not_found" else ""
+        out.append(f"asked the remote about action {str(reconciled.get('action_id'))[:12]}: " + (found or "no answer"))
+    if (intent := data.get("intent")) is not None and int(data.get("attempt") or 1) > 1:
+        out.append(f"attempt {data.get('attempt')} of the same call: the same action id {intent.get('action_id')}")
+    if (approval := data.get("approval")) is not None and approval.get("digest"):
+        out.append(f"decided on the prepared call with digest {approval.get('digest')}")
+    if (settled := data.get("settled")) is not None:
+        out.append(f"an operator's assertion: the write was {settled.get('outcome')} (it was {settled.get('was')})")
+    if event.trigger == CANCEL_REQUESTED:
+        out.append("a write was in flight: the cancel takes effect once its outcome is recorded")
+    if event.trigger == MIGRATE and data.get("state_map"):
+        out.append(f"state map {compact(data.get('state_map'))}")
+    return out

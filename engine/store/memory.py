@@ -26,7 +26,7 @@ from engine.core.errors import Code, StoreError
 from engine.core.events import Event, with_stored_data
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.store.decode import audit_data, stored_data
-from engine.store.protocol import AUDIT_PAGE, ListedTask, PageSession, TaskQuery, Wakeups, conflict
+from engine.store.protocol import AUDIT_PAGE, NO_DEADLINE, ListedTask, PageSession, TaskQuery, Wakeups, conflict
 
 log = logging.getLogger("railyard.store")
 
@@ -474,18 +474,34 @@ class MemoryStore:
             return [ListedTask(t.row(), t.started_by, dict(sorted(t.fields.items()))) for t in found[: query.limit]]
 
     def blocked_in(
-        self, states: Sequence[tuple[str, int, str]], *, after: str | None = None, limit: int | None = None
+        self,
+        states: Sequence[tuple[str, int, str]],
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        by_deadline: bool = False,
+        waiting_before: datetime | None = None,
     ) -> list[str]:
         wanted = set(states)
+        before = utc(waiting_before) if waiting_before is not None else None
+
+        def key(t: _Task) -> tuple[datetime, datetime, str]:
+            due = (t.next_run_at or NO_DEADLINE) if by_deadline else NO_DEADLINE
+            return (utc(due), t.created_at, t.task_id)
+
         with self._lock:
             found = [
-                t for t in self._tasks.values() if t.status == "blocked" and (t.workflow, t.version, t.state) in wanted
+                t
+                for t in self._tasks.values()
+                if t.status == "blocked"
+                and (t.workflow, t.version, t.state) in wanted
+                and (before is None or t.updated_at < before)
             ]
             if after is not None:
                 last = self._tasks.get(after)
-                cut = (last.created_at, last.task_id) if last is not None else None
-                found = [t for t in found if cut is not None and (t.created_at, t.task_id) > cut]
-        found.sort(key=lambda t: (t.created_at, t.task_id))
+                cut = key(last) if last is not None else None
+                found = [t for t in found if cut is not None and key(t) > cut]
+        found.sort(key=key)
         ids = [t.task_id for t in found]
         return ids if limit is None else ids[: max(limit, 0)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol, Self
 
 from engine.core.checkpoints import Head, Header
@@ -21,6 +21,8 @@ from engine.core.events import Event
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 
 #: Audit reads: task rows per keyset page (what parallel replay hands to a job).
+#: Where `blocked_in(by_deadline=True)` puts a task without a deadline: after every real one.
+NO_DEADLINE = datetime(9999, 12, 31, tzinfo=UTC)
 AUDIT_PAGE = 500
 
 
@@ -225,10 +227,18 @@ class Store(Protocol):
         ...
 
     def blocked_in(
-        self, states: Sequence[tuple[str, int, str]], *, after: str | None = None, limit: int | None = None
+        self,
+        states: Sequence[tuple[str, int, str]],
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        by_deadline: bool = False,
+        waiting_before: datetime | None = None,
     ) -> list[str]:
         """Blocked tasks standing in one of `states` (workflow, version, state), oldest first by (created_at,
-        task_id); with `after` (a task id), only those after it in that order; at most `limit`."""
+        task_id); with `by_deadline`, nearest deadline (`next_run_at`) first and those without one last, then
+        oldest first. With `after` (a task id), only those after it in that order; with `waiting_before`, only
+        those whose last event (`updated_at`) is older; at most `limit`."""
         ...
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:

@@ -19,7 +19,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row, Select, Table, case, delete, func, insert, select, tuple_, union_all, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    Select,
+    Table,
+    case,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql import ColumnElement, Executable
 
@@ -31,7 +45,7 @@ from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, Worke
 from engine.store import postgres, sqlite
 from engine.store.database import connection_problem, make_engine, reading, writing
 from engine.store.decode import audit_data, audit_instant, read_instant, stored_data
-from engine.store.protocol import AUDIT_PAGE, ListedTask, PageSession, TaskQuery, conflict
+from engine.store.protocol import AUDIT_PAGE, NO_DEADLINE, ListedTask, PageSession, TaskQuery, conflict
 from engine.store.schema import (
     archive_permits,
     checkpoints,
@@ -668,20 +682,40 @@ class SqlStore:
         return [ListedTask(_task_row(r), r.started_by, found.get(r.task_id, {})) for r in rows]
 
     def blocked_in(
-        self, states: Sequence[tuple[str, int, str]], *, after: str | None = None, limit: int | None = None
+        self,
+        states: Sequence[tuple[str, int, str]],
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        by_deadline: bool = False,
+        waiting_before: datetime | None = None,
     ) -> list[str]:
-        """Blocked tasks standing in one of `states` (workflow, version, state), oldest first: the approvals inbox
-        reads these instead of loading every blocked task to find out where it stands."""
+        """Blocked tasks standing in one of `states` (workflow, version, state), oldest first (or nearest deadline
+        first): the work queue reads these instead of loading every blocked task to find out where it stands."""
         if not states:
             return []
-        query = (
-            select(tasks.c.task_id)
-            .where(
-                tasks.c.status == "blocked", tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states))
-            )
-            .order_by(tasks.c.created_at, tasks.c.task_id)
+        query = select(tasks.c.task_id).where(
+            tasks.c.status == "blocked", tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states))
         )
-        if after is not None:
+        if waiting_before is not None:
+            query = query.where(tasks.c.updated_at < waiting_before)
+        if by_deadline:
+            # No deadline sorts last: a far-off instant stands in for it, so the keyset stays one tuple comparison.
+            due = func.coalesce(tasks.c.next_run_at, literal(NO_DEADLINE, type_=tasks.c.next_run_at.type))
+            query = query.order_by(due, tasks.c.created_at, tasks.c.task_id)
+            if after is not None:
+                other = tasks.alias("cursor")
+                last = other.c.task_id == after
+                their_due = func.coalesce(other.c.next_run_at, literal(NO_DEADLINE, type_=other.c.next_run_at.type))
+                theirs = tuple_(
+                    select(their_due).where(last).scalar_subquery(),
+                    select(other.c.created_at).where(last).scalar_subquery(),
+                    after,
+                )
+                query = query.where(tuple_(due, tasks.c.created_at, tasks.c.task_id) > theirs)
+        else:
+            query = query.order_by(tasks.c.created_at, tasks.c.task_id)
+        if after is not None and not by_deadline:
             query = query.where(_keyset(after, before=False))
         if limit is not None:
             query = query.limit(max(limit, 0))

@@ -1,0 +1,362 @@
+"""The work queue (#19): every task waiting on a person, on the page and at GET /api/work, with the buttons the
+state allows for the person and their roles, over the reference workflows and their fakes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from html import unescape
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine import Engine, Registry, ScriptedModel
+from engine.api import TokenTable, create_app
+from engine.providers.scripted import call
+from tests.support.reference import DAMAGED, books, fake_systems, refund  # noqa: F401  (books: a fixture)
+from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE, fakes
+from workflows.scripts import TICKET_DOUBLE_CHARGE, TICKET_DOUBLE_CHARGE_INPUT
+
+#: dana approves refunds and expenses; sam works the ticket queue; olga picks up expired expense claims.
+TOKENS: dict[str, tuple[str, set[str]]] = {
+    "tok-dana": ("dana", {"refund_approver", "expense_approver"}),
+    "tok-sam": ("sam", {"support_agent"}),
+    "tok-olga": ("olga", {"expense_operator"}),
+    "tok-ann": ("ann", set()),
+    "tok-audrey": ("audrey", {"auditor"}),
+}
+
+
+@pytest.fixture
+def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:  # noqa: F811
+    tokens = TokenTable.from_tokens(TOKENS)
+    with Engine(db_url, Registry([REFUND_V1, TICKET_TRIAGE, EXPENSE]), authoriser=tokens) as engine:
+        yield engine
+
+
+@pytest.fixture
+def client(eng: Engine) -> Iterator[TestClient]:
+    app = create_app(eng, TokenTable.from_tokens(TOKENS), session_secret="test-secret")
+    with TestClient(app, follow_redirects=False) as c:
+        yield c
+
+
+def login(client: TestClient, who: str) -> str:
+    page = client.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf
+    assert client.post("/login", data={"token": f"tok-{who}", "csrf": csrf.group(1)}).status_code == 303
+    found = re.search(r'name="csrf" value="([^"]+)"', client.get("/inbox").text)
+    assert found
+    return found.group(1)
+
+
+def flash(client: TestClient, response: Any, task_id: str) -> str:
+    assert response.status_code == 303 and response.headers["location"] == f"/tasks/{task_id}", response.text
+    found = re.search(r'id="flash">(.*?)</p>', client.get(f"/tasks/{task_id}").text, flags=re.S)
+    return found.group(1) if found else ""
+
+
+def words(html: str) -> str:
+    """A page's text as a reader sees it: tags dropped, entities decoded, white space folded."""
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html)))
+
+
+def refund_at_approval(eng: Engine) -> str:
+    task_id = eng.start("refund", DAMAGED, actor="ann")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+            refund(12_999),
+        ],
+        profile="anthropic",
+    )
+    assert eng.run(task_id, model=model).state == "awaiting_approval"
+    return task_id
+
+
+def refund_failed(eng: Engine, books: fakes.Systems) -> str:  # noqa: F811
+    task_id = refund_at_approval(eng)
+    eng.approve(task_id, actor="dana", prepared_digest=eng.load(task_id).prepared["digest"])  # type: ignore[index]
+    books.arm("payments.refund", "remote_error")
+    assert eng.run(task_id).state == "retryable_failure"
+    return task_id
+
+
+def ticket_queued(eng: Engine) -> str:
+    task_id = eng.start("ticket_triage", TICKET_DOUBLE_CHARGE_INPUT, actor="helpdesk")
+    assert eng.run(task_id, model=ScriptedModel(TICKET_DOUBLE_CHARGE)).state == "human_queue"
+    return task_id
+
+
+def expense_in_review(eng: Engine, employee: str = "eve") -> str:
+    task_id = eng.start("expense", {"employee": employee, "limit_cents": 50_000}, actor=employee)
+    claim = call("submit", amount_cents=12_345, currency="EUR", description="Train to the customer visit")
+    assert eng.run(task_id, model=ScriptedModel([claim], profile="anthropic")).state == "review"
+    return task_id
+
+
+def test_the_queue_holds_every_kind_of_work_for_the_roles_held_and_counts_the_rest(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    approval, failure = refund_at_approval(eng), refund_failed(eng, books)
+    ticket, expense = ticket_queued(eng), expense_in_review(eng)
+    login(client, "dana")
+    html = client.get("/inbox").text
+    assert f'id="approval-{approval}"' in html and f'id="approval-{expense}"' in html
+    assert f'id="work-{failure}"' in html and 'data-kind="failure"' in html
+    assert ticket not in html  # sam's, not dana's: counted, not drawn
+    assert "1 more wait on roles which you do not hold" in html
+    body = client.get("/api/work", headers={"Authorization": "Bearer tok-dana"}).json()
+    # Nearest deadline first (the refund's 48 h, the expense's 72 h), then those without one, oldest first.
+    assert [i["task_id"] for i in body["items"]] == [approval, expense, failure]
+    kinds = {i["task_id"]: (i["kind"], i["triggers"]) for i in body["items"]}
+    assert kinds[failure] == ("failure", ["retry_refund", "give_up", "cancel"])
+    assert kinds[expense] == ("approval", ["approve", "send_back", "cancel"])  # no reject: expense has none
+    assert {(c["kind"], c["workflow"]): (c["yours"], c["others"]) for c in body["counts"]} == {
+        ("approval", "refund"): (1, 0),
+        ("approval", "expense"): (1, 0),
+        ("failure", "refund"): (1, 0),
+        ("handoff", "ticket_triage"): (0, 1),  # the agent hands off to its queue,
+    }
+    sam = client.get("/api/work", headers={"Authorization": "Bearer tok-sam"}).json()
+    assert [(i["task_id"], i["kind"], i["triggers"]) for i in sam["items"]] == [
+        (ticket, "handoff", ["resolve", "ask_customer", "cancel"])
+    ]
+    only = client.get("/api/work", params={"kind": "failure"}, headers={"Authorization": "Bearer tok-dana"}).json()
+    assert [i["task_id"] for i in only["items"]] == [failure]
+    audrey = client.get("/api/work", headers={"Authorization": "Bearer tok-audrey"}).json()
+    assert audrey["items"] == []  # a read-only token may fire nothing
+
+
+def test_the_expense_card_offers_approve_and_send_back_and_never_reject(client: TestClient, eng: Engine) -> None:
+    task_id = expense_in_review(eng)
+    csrf = login(client, "dana")
+    html = client.get(f"/tasks/{task_id}").text
+    assert f'action="/tasks/{task_id}/approve"' in html and 'name="trigger" value="send_back"' in html
+    assert f'action="/tasks/{task_id}/reject"' not in html and "123.45 EUR" in html
+    seq = str(eng.load(task_id).seq)
+    sent = client.post(
+        f"/tasks/{task_id}/fire",
+        data={"csrf": csrf, "seq": seq, "trigger": "send_back", "arg.comment": "Add the receipt"},
+    )
+    assert "send back is recorded" in flash(client, sent, task_id)
+    last = eng.history(task_id)[-1]
+    assert (last.actor, last.trigger, last.to_state, last.data["args"]) == (
+        "dana",
+        "send_back",
+        "drafting",
+        {"comment": "Add the receipt"},
+    )
+
+
+def test_an_operator_retries_a_failed_payment_from_the_task_page(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    task_id = refund_failed(eng, books)
+    csrf = login(client, "dana")
+    html = client.get(f"/tasks/{task_id}").text
+    assert "Confirm: retry refund (runs payments_refund for 129.99 EUR)" in html  # a write asks first
+    seq = str(eng.load(task_id).seq)
+    response = client.post(f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "retry_refund"})
+    assert "retry refund is recorded" in flash(client, response, task_id)
+    assert eng.get(task_id).state == "executing"
+    assert eng.run(task_id).state == "completed"
+
+
+def test_a_support_agent_resolves_a_queued_ticket_and_a_form_without_its_note_changes_nothing(
+    client: TestClient, eng: Engine
+) -> None:
+    task_id = ticket_queued(eng)
+    csrf = login(client, "sam")
+    assert f'id="work-{task_id}"' in client.get("/inbox").text
+    seq = str(eng.load(task_id).seq)
+    before = len(eng.history(task_id))
+    empty = client.post(f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "resolve", "arg.note": ""})
+    assert "PAYLOAD_INVALID" in flash(client, empty, task_id)
+    assert len(eng.history(task_id)) == before  # refused: the log is unchanged
+    done = client.post(
+        f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "resolve", "arg.note": "Refunded twice"}
+    )
+    assert "resolve is recorded" in flash(client, done, task_id)
+    assert eng.get(task_id).state == "resolved"
+
+
+def test_cancel_from_a_task_page_and_a_trigger_the_role_lacks_is_refused(client: TestClient, eng: Engine) -> None:
+    task_id = ticket_queued(eng)
+    csrf = login(client, "dana")  # no support_agent role: only cancel is offered (cancel_role is unset)
+    html = client.get(f"/tasks/{task_id}").text
+    assert 'name="trigger" value="cancel"' in html and 'value="resolve"' not in html
+    seq = str(eng.load(task_id).seq)
+    refused = client.post(
+        f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "resolve", "arg.note": "x"}
+    )
+    assert "FORBIDDEN" in flash(client, refused, task_id) and eng.get(task_id).state == "human_queue"
+    before = len(eng.history(task_id))
+    for trigger in ("expired", "hand_off", "approve", "no-such"):  # the engine's own, a decision, a bad name
+        forged = client.post(f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": trigger})
+        assert re.search(r"FORBIDDEN|TRIGGER_NOT_ALLOWED|PAYLOAD_INVALID", flash(client, forged, task_id)), trigger
+    assert len(eng.history(task_id)) == before  # nothing written
+    stale = client.post(
+        f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": "1", "trigger": "cancel", "arg.reason": "dup"}
+    )
+    assert "CONCURRENCY_CONFLICT" in flash(client, stale, task_id) and eng.get(task_id).state == "human_queue"
+    done = client.post(
+        f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "cancel", "arg.reason": "Duplicate"}
+    )
+    assert "cancel is recorded" in flash(client, done, task_id)
+    last = eng.history(task_id)[-1]
+    assert (last.actor, last.trigger, last.to_state) == ("dana", "cancel", "cancelled")
+
+
+def test_the_work_api_is_bounded_and_pages_oldest_first_without_repeats(client: TestClient, eng: Engine) -> None:
+    started = [expense_in_review(eng, f"e{n:02d}") for n in range(30)]
+    auth = {"Authorization": "Bearer tok-dana"}
+    seen: list[str] = []
+    url: str | None = "/api/work?limit=12"
+    pages = 0
+    while url is not None:
+        body = client.get(url, headers=auth).json()
+        assert len(body["items"]) <= 12 and body["limit"] == 12
+        seen += [i["task_id"] for i in body["items"]]
+        url, pages = body["next"], pages + 1
+    assert seen == started and pages == 3
+    for bad in ({"limit": 101}, {"limit": 0}, {"kind": "everything"}, {"cursor": "t1.bm9wZQ"}, {"cursor": "x"}):
+        response = client.get("/api/work", params=bad, headers=auth)
+        assert response.status_code == 422, (bad, response.text)
+    assert client.get("/api/work").status_code == 401
+    login(client, "dana")
+    html = client.get("/inbox").text
+    assert html.count('class="card approval"') == 30 and 'id="last-page"' in html
+
+
+def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_words(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    task_id = eng.start("refund", DAMAGED, actor="ann")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+            refund(15_000),  # over the balance: refused, fed back, repaired
+            refund(12_999),
+        ],
+        profile="anthropic",
+    )
+    assert eng.run(task_id, model=model).state == "awaiting_approval"
+    csrf = login(client, "dana")
+    digest = eng.load(task_id).prepared["digest"]  # type: ignore[index]
+    seq = str(eng.load(task_id).seq)
+    approved = client.post(
+        f"/tasks/{task_id}/approve", data={"csrf": csrf, "seq": seq, "digest": digest, "comment": "photo checked"}
+    )
+    assert "approved" in flash(client, approved, task_id)
+    books.arm("payments.refund", "lost_reply")  # the provider paid; its answer never came back
+    assert eng.run(task_id).state == "retryable_failure"
+    eng.fire(task_id, "retry_refund", actor="dana")
+    assert eng.run(task_id).state == "completed"
+    html = client.get(f"/tasks/{task_id}").text
+    text = words(html)
+    assert "In eligible" in text and "In awaiting_approval" in text and "In executing" in text  # grouped by stay
+    assert "refused with DOMAIN_INVALID, fed back: within_refundable_balance: amount 15000 exceeds" in text
+    assert "the model answered, refused: propose_refund(" in text  # the refused answer itself
+    assert "approve by dana as refund_approver: photo checked" in text
+    assert f"decided on the prepared call with digest {digest}" in text
+    assert "TOOL_REMOTE_ERROR" in text
+    assert "recovered: the answer of the call" in text and "asked the remote what became of that action id" in text
+    assert html.count("mark-recovered") == 1 and html.count("mark-repair") == 1
+    assert html.count('<details class="raw">') == len(eng.history(task_id))  # the raw JSON, one click away
+
+
+def test_decision_cards_show_what_each_reference_workflow_declares_and_a_default_otherwise(
+    client: TestClient, eng: Engine
+) -> None:
+    approval, ticket = refund_at_approval(eng), ticket_queued(eng)
+    expense_in_review(eng)
+    login(client, "dana")
+    text = words(client.get(f"/tasks/{approval}").text)
+    assert "Refund 129.99 EUR to C-100 for order O-1001" in text
+    assert "the customer's message My laptop arrived with a cracked screen." in text
+    assert "order total 129.99 EUR" in text and "still refundable 129.99 EUR" in text  # money, not 12999
+    assert re.search(r"query_order returned \(read at 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", text)
+    assert re.search(r"proposed by model:scripted:scripted at 20\d\d-", text)
+    assert re.search(r"deadline 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC ?, then it goes to needs_human", text)
+    assert (
+        "Approve: to executing: runs payments_refund (a write)" in text and "Reject: ends the task as rejected" in text
+    )
+    text = words(client.get("/inbox").text)
+    assert "Expense of 123.45 EUR by eve: Train to the customer visit" in text
+    assert "the employee's limit 500.00 EUR" in text
+    login(client, "sam")
+    text = words(client.get(f"/tasks/{ticket}").text)
+    assert "Ticket T-5001:" in text and "why it was escalated" in text and "not on record" not in text
+
+
+def test_a_workflow_without_a_card_gets_the_default(db_url: str, tmp_path: Any) -> None:
+    from tests.support.api import make_api_engine, make_app, to_approval
+
+    with make_api_engine(db_url, tmp_path) as engine, TestClient(make_app(engine), follow_redirects=False) as c:
+        task_id = to_approval(engine)
+        page = c.get("/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf and c.post("/login", data={"token": "tok-dana", "csrf": csrf.group(1)}).status_code == 303
+        html = c.get(f"/tasks/{task_id}").text
+        assert "shop refund waiting in awaiting_approval" in html and "<caption>Inputs</caption>" in html
+
+
+def test_an_operator_settles_an_open_write_through_its_generated_form(db_url: str, tmp_path: Any) -> None:
+    from tests.support.api import make_api_engine, make_app, to_open_write
+
+    with make_api_engine(db_url, tmp_path) as engine, TestClient(make_app(engine), follow_redirects=False) as c:
+        task_id = to_open_write(engine)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', c.get("/login").text)
+        assert csrf and c.post("/login", data={"token": "tok-olga", "csrf": csrf.group(1)}).status_code == 303
+        html = c.get(f"/tasks/{task_id}").text
+        form = re.search(
+            r'<form method="post" action="/tasks/[^"]+/fire" class="trigger trigger-settle">.*?</form>', html, re.S
+        )
+        assert form, html
+        assert '<select id="settle-outcome-' in form.group(0) and '<option value="not_executed">' in form.group(0)
+        page_csrf = re.search(r'name="csrf" value="([^"]+)"', html)
+        assert page_csrf
+        data = {"csrf": page_csrf.group(1), "seq": str(engine.load(task_id).seq), "trigger": "settle"}
+        bad = c.post(f"/tasks/{task_id}/fire", data={**data, "arg.outcome": "maybe", "arg.evidence": "x"})
+        assert "PAYLOAD_INVALID" in flash(c, bad, task_id) and engine.get(task_id).unsettled is not None
+        done = c.post(
+            f"/tasks/{task_id}/fire", data={**data, "arg.outcome": "not_executed", "arg.evidence": "PSP ticket 42"}
+        )
+        assert "settle is recorded" in flash(c, done, task_id)
+        last = engine.history(task_id)[-1]
+        assert (last.actor, last.trigger, last.data["settled"]["outcome"]) == ("olga", "settle", "not_executed")
+
+
+def test_the_queue_filters_by_how_long_a_task_has_waited(client: TestClient, eng: Engine) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import text
+
+    from tests.support.stores import sql_store
+
+    old, new = expense_in_review(eng, "eve"), expense_in_review(eng, "finn")
+    two_days_ago = datetime.now(UTC) - timedelta(days=2)
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("UPDATE tasks SET updated_at = :at WHERE task_id = :id"), {"at": two_days_ago, "id": old})
+    auth = {"Authorization": "Bearer tok-dana"}
+
+    def ids(**params: str) -> list[str]:
+        return [i["task_id"] for i in client.get("/api/work", params=params, headers=auth).json()["items"]]
+
+    assert ids() == [old, new] and ids(older_than="1d") == [old] and ids(older_than="3d") == []
+    assert client.get("/api/work", params={"older_than": "2h"}, headers=auth).status_code == 422
+    login(client, "dana")
+    html = client.get("/inbox", params={"older_than": "1d"}).text
+    assert f'id="approval-{old}"' in html and new not in html and 'value="1d" selected' in html
+    assert re.search(r"waiting 2 d 0 h", words(html))
