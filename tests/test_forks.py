@@ -684,3 +684,72 @@ def test_a_running_task_is_never_forked_and_a_second_fork_waits_for_the_first_to
     second = refused(lambda: eng.fork(source, at, actor="olga", reason="once more", version=1))
     assert second.code is Code.WRITE_WOULD_REPEAT and first in second.message and action_id in second.message
     assert books.payments.executions() == {action_id: 1}  # one refund for the one request
+
+
+def test_a_forged_fork_or_redrive_the_engine_would_refuse_is_found_by_replay(eng: Engine, books: fakes.Systems) -> None:
+    """From an attacker's review: events written the way the engine writes them, at points it refuses (a fork of
+    a task that went on, from before its payment; a redrive back past a payment): replay applies the engine's
+    write rules again."""
+    from engine.core.canonical import GENESIS_HASH, now
+    from engine.core.definition import FORK
+    from engine.core.events import seal
+    from engine.core.forks import fork_data
+    from engine.store import TaskRow
+    from tests.support.insider import forge
+
+    # A payment whose reply was lost, given up and settled `executed` by an approver.
+    task_id = eng.start("refund", DAMAGED, actor="ann", version=1)
+    to_approval(eng, task_id)
+    approve(eng, task_id)
+    books.arm("payments.refund", "lost_reply")
+    assert eng.run(task_id).state == "retryable_failure"
+    eng.fire(task_id, "give_up", actor="dana")
+    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard")
+
+    point = seq_of(eng, task_id, "assess_eligibility")  # before the payment, of a task that goes on
+    assert refused(lambda: eng.fork(task_id, point, actor="olga", reason="x")).code is Code.FORK_INVALID
+    source = eng.as_of(task_id, seq=point)
+    at = now()
+    first = seal(
+        task_id="forged-fork",
+        seq=1,
+        at=at,
+        actor="mallory",
+        from_state=None,
+        trigger=FORK,
+        to_state=source.state,
+        data=fork_data(eng.definition_of(source), source, source.digest, "again", source.usage.get("started_at")),
+        prev_hash=GENESIS_HASH,
+    )
+    row = TaskRow(
+        task_id="forged-fork",
+        workflow="refund",
+        version=1,
+        digest=source.digest,
+        state=source.state,
+        status="runnable",
+        seq=1,
+        last_hash=first.hash,
+        created_at=at,
+        updated_at=at,
+        next_run_at=at,
+    )
+    eng.store.create(row, first)
+    report = eng.replay("forged-fork")
+    assert report.codes == ["FORK_ORIGIN_MISMATCH"] and "a fork the engine refuses" in report.findings[0].message
+
+    # A redrive back to the agent state would propose the payment again: the engine refuses it, and replay
+    # finds a forged one.
+    back = refused(lambda: eng.redrive(task_id, "collecting_information", actor="dana", reason="x"))
+    assert back.code is Code.WRITE_WOULD_REPEAT
+    entered = next(e.seq for e in reversed(eng.history(task_id)) if e.to_state == "collecting_information")
+    forge(
+        eng,
+        task_id,
+        trigger="redrive",
+        to_state="collecting_information",
+        data={"reason": "x", "redrive_from_seq": entered, "reset": {}},
+    )
+    report = eng.replay(task_id)
+    assert "ILLEGAL_TRANSITION" in report.codes
+    assert any("a redrive the engine refuses" in f.message for f in report.findings)

@@ -19,7 +19,7 @@ from engine.core.definition import MIGRATE, Workflow
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import Resolve, TaskState, apply, initial, migration_target, pinned_at_start
-from engine.core.forks import origin_findings
+from engine.core.forks import origin_findings, repeat_hazard, writes
 from engine.core.replay import Lookup, OriginCheck, ReplayReport, replay_stream
 from engine.store import Snapshot, Store, TaskRow
 
@@ -92,9 +92,31 @@ def origin_check(store: Store, lookup: Lookup, archived: Archived | None = None)
             return [Finding(code, 1, f"source {source_id} cannot be folded to seq {seq}: {error.message}")]
         except (ValueError, KeyError, TypeError, AttributeError):
             return origin_findings(fork, None, None)
-        return origin_findings(fork, found.event, found.task)
+        findings = origin_findings(fork, found.event, found.task)
+        if findings:
+            return findings
+        problem = _fork_refused(store, resolve, files, row, seq, fork, found.task)
+        if problem is not None:
+            findings = [Finding(Code.FORK_ORIGIN_MISMATCH, 1, f"a fork the engine refuses: {problem}")]
+        return findings
 
     return check
+
+
+def _fork_refused(
+    store: Store, resolve: Resolve, files: Archived, row: TaskRow, seq: int, fork: Event, carried: TaskState
+) -> str | None:
+    """The engine's write rules for a fork (`Engine.fork`), judged again from the source's log as it stood when
+    the fork was made: the source had ended, and no write it made or may have made lies after the fork's seq."""
+    try:
+        then = state_as_of(store, resolve, files, row, at=fork.at)
+    except (RailyardError, ValueError, KeyError, TypeError, AttributeError):
+        return "the source's log before the fork cannot be folded"
+    if not then.task.terminal:
+        return f"the source was still running (in {then.task.state!r}) when it was forked"
+    logged = [e for e in task_logs(store, files, task_ids=[row.task_id]) if isinstance(e, Event) and e.at <= fork.at]
+    held = carried.prepared["action_id"] if carried.prepared is not None else None
+    return repeat_hazard(writes(logged, seq), seq, held, source_live=False)
 
 
 def task_logs(

@@ -57,7 +57,10 @@ def writes(events: Iterable[Event], point: int) -> list[Write]:
     attempted: dict[str, int] = {}
     records: dict[str, dict[str, Any]] = {}
     at_point: dict[str, str | None] = {}
+    taken = False
     for event in events:
+        if not taken and event.seq > point:  # the status right after event `point` (which may not be given)
+            at_point, taken = {a: str(r["status"]) for a, r in records.items()}, True
         call = event.data.get("prepared")
         if isinstance(call, dict) and call.get("kind") == "write":
             prepared.setdefault(str(call["action_id"]), (str(call["tool"]), event.seq))
@@ -74,8 +77,8 @@ def writes(events: Iterable[Event], point: int) -> list[Write]:
                 after = next_effect(record, event)
                 if after is not None:
                     records[action] = after
-        if event.seq == point:
-            at_point = {a: str(r["status"]) for a, r in records.items()}
+    if not taken:
+        at_point = {a: str(r["status"]) for a, r in records.items()}
     return [
         Write(
             action,
@@ -151,6 +154,15 @@ def fork_data(
     if started_at is not None:
         data["reset"] = {"started_at": started_at}
     return data
+
+
+#: The triggers whose events change what `writes` folds (with any event that prepares a call).
+WRITE_TRIGGERS = frozenset({"call", "succeeded", "failed", "unknown", "reconcile", "settle"})
+
+
+def concerns_writes(event: Event) -> bool:
+    """Whether `writes` reads `event`: what replay keeps of a long log to judge a redrive's write rule."""
+    return event.trigger in WRITE_TRIGGERS or "prepared" in event.data
 
 
 def redrive_problem(definition: Workflow, task: TaskState, target: str, entered_at: int | None) -> str | None:

@@ -35,11 +35,12 @@ from typing import Any, Protocol
 
 from engine.core.canonical import GENESIS_HASH, canonical_json
 from engine.core.chain import Finding, link_findings
-from engine.core.definition import FORK, MIGRATE, REDRIVE, START, Action, Workflow, guard_name
+from engine.core.definition import FORK, MIGRATE, REDRIVE, START, Action, Tool, Workflow, guard_name
 from engine.core.effects import is_open
 from engine.core.errors import Code
 from engine.core.events import Event
 from engine.core.fold import Fold, TaskState, initial, predates_effects
+from engine.core.forks import concerns_writes, repeat_hazard, writes
 from engine.core.records import quick_init
 from engine.core.rows import Snapshot, TaskRow
 
@@ -197,6 +198,10 @@ class LogCheck:
         #: The states the log has entered so far: a `redrive` goes back to one of them.
         self.visited: set[str] = set()
         self.seen_before = False
+        #: The events that concern writes (`forks.concerns_writes`), and the action id of the call the task held
+        #: when it last entered each state: what a redrive's write rules are judged on, without the whole log.
+        self.write_events: list[Event] = []
+        self.held_on_entry: dict[str, str | None] = {}
 
     def add(self, code: Code, seq: int, message: str) -> None:
         """Record a finding; readers of a log (an export's lines, say) add what only they can see."""
@@ -269,6 +274,8 @@ class LogCheck:
         self.seen_before = event.to_state in self.visited
         if not self.seen_before:
             self.visited.add(event.to_state)
+        if concerns_writes(event):
+            self.write_events.append(event)
         folding, rules = self.fold, self.rules
         if folding is None or rules is None:
             self._start(event)
@@ -342,6 +349,7 @@ class LogCheck:
             self.add(Code.ILLEGAL_TRANSITION, 1, "the fork carries a write whose outcome is open")
         self.rules = rules
         self.fold = Fold(rules, first)
+        self.held_on_entry[first.state] = first.prepared["action_id"] if first.prepared is not None else None
 
     def _migrate(self, rules: Workflow, task: Fold, event: Event) -> None:
         """A `migrate` event: legal from where the task stood, and from here on judged by the version it names."""
@@ -397,7 +405,27 @@ class LogCheck:
                 event.seq,
                 f"redriven to {event.to_state!r}, not an agent or tool state the task was in before",
             )
+        else:
+            problem = self._redrive_writes(rules, task, event)
+            if problem is not None:
+                self.add(Code.ILLEGAL_TRANSITION, event.seq, f"a redrive the engine refuses: {problem}")
         self._fold(rules, task, event)
+
+    def _redrive_writes(self, rules: Workflow, task: Fold, event: Event) -> str | None:
+        """The engine's write rules for a redrive (`Engine.redrive`), judged again from the log: a tool-state
+        target runs only the call the task held when it last entered it, and no write runs a second time."""
+        held = task.prepared["action_id"] if task.prepared is not None else None
+        if isinstance(rules.state(event.to_state), Tool) and self.held_on_entry.get(event.to_state) != held:
+            return (
+                f"it runs the call held now (action {held}), not the one the task held when it last entered "
+                f"{event.to_state!r} (action {self.held_on_entry.get(event.to_state)})"
+            )
+        if is_open(task.effect):
+            return "a write's outcome was open"
+        entered = event.data.get("redrive_from_seq")
+        if type(entered) is not int:
+            return "it does not say which seq last entered its target"
+        return repeat_hazard(writes(self.write_events, entered), entered, held, source_live=False)
 
     def _fold(self, rules: Workflow, task: Fold, event: Event) -> None:
         """Apply the event as recorded, even after a finding, so later events are judged where the log says."""
@@ -410,6 +438,8 @@ class LogCheck:
             if event.trigger in _EFFECT_CLAIMS:
                 self._claimed_effect(task, event)
             task.step(event)
+            if event.from_state != event.to_state:
+                self.held_on_entry[event.to_state] = task.prepared["action_id"] if task.prepared is not None else None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             self.add(
                 Code.ILLEGAL_TRANSITION,
