@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Tools the tests run that cannot share the project's venv: openapi-python-client pins typer below the CLI's.
+TOOLS := .venv-tools
+TOOLS_STAMP := $(TOOLS)/.installed
 
 export RAILYARD_TEST_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 
@@ -16,13 +19,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(TOOLS_STAMP):
+	test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet 'openapi-python-client==0.29.1'
+	touch $(TOOLS_STAMP)
+
 venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/railyard db upgrade
 	$(BIN)/railyard demo
 
-test: $(STAMP)
+test: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
