@@ -143,10 +143,10 @@ def run_case(case: Case, url: str, workdir: Path, tasks: int) -> dict[str, Any]:
             "RAILYARD_LOG_LEVEL": "WARNING",
         }
         argv = [str(RAILYARD), "worker", "--concurrency", str(case.concurrency), "--model", "openai:bench-model"]
-        workers = [
-            subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for _ in range(case.processes)
-        ]
+        # The workers' logs go to a file: a pipe nobody reads fills up, and a worker blocked on its log is what
+        # the figures would measure.
+        logs = [(workdir / f"worker-{i}.log").open("w") for i in range(case.processes)]
+        workers = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True) for log in logs]
         try:
             with psycopg.connect(libpq(url), autocommit=True) as conn:
                 # The window: from 10 % of the tasks done to 90 %, so start-up and the tail do not count.
@@ -164,7 +164,8 @@ def run_case(case: Case, url: str, workdir: Path, tasks: int) -> dict[str, Any]:
                         server0 = stats(port)["cpu_s"]
                         stats(port, reset=True)
                     if any(w.poll() is not None for w in workers):
-                        raise RuntimeError(f"a worker exited: {workers[0].stderr.read() if workers[0].stderr else ''}")
+                        tail = (workdir / "worker-0.log").read_text()[-2000:]
+                        raise RuntimeError(f"a worker exited: {tail}")
                     time.sleep(0.2)
                 if started_at is None or done < high:
                     raise RuntimeError(f"{case.name}: {done} of {tasks} tasks done before the deadline")
@@ -184,6 +185,8 @@ def run_case(case: Case, url: str, workdir: Path, tasks: int) -> dict[str, Any]:
                     w.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     w.kill()
+            for log in logs:
+                log.close()
     rate = counted / elapsed
     limit = case.concurrency * case.processes / case.median_s
     with Engine(url, Registry([ONE_TURN]), authoriser=StaticRoles({})) as eng:
