@@ -195,6 +195,8 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
 
 
 def _tool(name: str) -> ModuleType:
+    if str(REPO / "tools") not in sys.path:  # the generators import their shared `docgen` as a sibling script
+        sys.path.insert(0, str(REPO / "tools"))
     spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -13,10 +13,11 @@ page cannot drift from the code.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+import docgen
 
 from engine.api import STATUS_BY_CODE
 from engine.cli import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_REFUSED, EXIT_USAGE
@@ -214,25 +215,9 @@ def regenerate(document: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report whether the file is up to date")
-    parser.add_argument("path", nargs="?", type=Path, default=DOC, help="the Markdown file (default: docs/errors.md)")
-    args = parser.parse_args(argv)
-    current = args.path.read_text(encoding="utf-8") if args.path.exists() else ""
-    try:
-        updated = regenerate(current)
-    except LookupError as exc:
-        print(f"{args.path}: {exc}", file=sys.stderr)
-        return 1
-    if args.check:
-        if updated != current:
-            print(f"{args.path} is out of date: run python tools/gen_errors_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    if updated != current:
-        args.path.write_text(updated, encoding="utf-8")
-        print(f"updated {args.path}")
-    return 0
+    return docgen.main(
+        argv, doc=DOC, regenerate=regenerate, script="tools/gen_errors_doc.py", what="the error reference"
+    )
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ page is left as it is.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, Required, Union, get_args, get_origin, get_type_hints
+
+import docgen
 
 from engine.core.payloads import RECORDS, Doc, EventData
 
@@ -97,33 +98,13 @@ def render_section() -> str:
 
 def regenerate(document: str) -> str:
     """`document` with its generated section replaced by what the code says."""
-    before, found, rest = document.partition(START)
-    _, closed, after = rest.partition(END)
-    if not found or not closed:
-        raise LookupError(f"the page has no {START} ... {END} section")
-    return f"{before}{START}\n{render_section()}\n{END}{after}"
+    return docgen.replace_section(document, START, END, render_section())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report whether the section is up to date")
-    parser.add_argument("path", nargs="?", type=Path, default=DOC, help="the Markdown file (default: docs/concepts.md)")
-    args = parser.parse_args(argv)
-    current = args.path.read_text(encoding="utf-8")
-    try:
-        updated = regenerate(current)
-    except LookupError as exc:
-        print(f"{args.path}: {exc}", file=sys.stderr)
-        return 1
-    if args.check:
-        if updated != current:
-            print(f"{args.path} is out of date: run python tools/gen_events_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    if updated != current:
-        args.path.write_text(updated, encoding="utf-8")
-        print(f"updated {args.path}")
-    return 0
+    return docgen.main(
+        argv, doc=DOC, regenerate=regenerate, script="tools/gen_events_doc.py", what="the event reference"
+    )
 
 
 if __name__ == "__main__":
