@@ -16,11 +16,12 @@ from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
 from engine.runtime.agent import AgentRunner, RetryPolicy
 from tests.support.payloads import undeclared
+from tests.support.provider_server import no_sleep
 from tests.support.sample_workflows import ROLES, all_workflows
 
 ORDER = {"customer": "c1", "balance": 500}
 TICKET = {"ticket_id": "T-1"}
-NO_SLEEP = RetryPolicy(attempts=3, base_delay=0.0, sleep=lambda _s: None)
+NO_SLEEP = RetryPolicy(attempts=3, base_delay=0.0, sleep=no_sleep)
 
 
 @pytest.fixture
@@ -180,8 +181,12 @@ def test_retryable_errors_back_off_inside_their_own_budget(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
     rate = {"error": {"status": 429, "message": "rate limit"}}
     slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
     model = ScriptedModel([rate, rate, call("decide", ticket_id="T-1", decision="RESOLVE", reason="fixed")])
-    runner = AgentRunner(eng, model, retry=RetryPolicy(attempts=3, base_delay=0.01, sleep=slept.append))
+    runner = AgentRunner(eng, model, retry=RetryPolicy(attempts=3, base_delay=0.01, sleep=sleep))
     task = runner.step(eng.load(task_id))
     assert task.state == "decided" and len(slept) == 2
     assert eng.history(task_id)[-1].data["turn"]["attempts"] == 3

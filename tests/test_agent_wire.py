@@ -24,6 +24,7 @@ from tests.support.provider_server import (
     anthropic_event,
     anthropic_message,
     anthropic_stream,
+    no_sleep,
     openai_chunk,
     openai_completion,
     openai_error,
@@ -45,7 +46,7 @@ MODEL_OF = {
     "mistral": "mistral-large-latest",
     "ollama": "llama3.1",
 }
-NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=lambda _s: None)
+NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=no_sleep)
 
 
 @pytest.fixture(scope="module")

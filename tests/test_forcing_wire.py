@@ -26,13 +26,14 @@ from tests.support.provider_server import (
     ProviderServer,
     Reply,
     anthropic_message,
+    no_sleep,
     openai_completion,
     text_block,
     tool_use_block,
 )
 from tests.support.sample_workflows import ROLES, all_workflows
 
-NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=lambda _s: None)
+NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=no_sleep)
 TICKET = {"ticket_id": "T-1"}
 DECISION = {"ticket_id": "T-1", "decision": "RESOLVE", "reason": "fixed in the last release"}
 PROSE = "Sure! This ticket looks resolved to me, the fix shipped last week."

@@ -42,7 +42,7 @@ from engine.runtime.agent import RetryPolicy
 from tests.support import reference
 from tests.support.api import free_port, live_server
 from tests.support.postgres import create_pg_database, drop_pg_database, pg_reachable
-from tests.support.provider_server import ProviderServer, openai_completion, openai_error
+from tests.support.provider_server import ProviderServer, no_sleep, openai_completion, openai_error
 from tests.support.reference import DAMAGED, expire_leases
 from workflows.scripts import TICKET_DOUBLE_CHARGE, TICKET_DOUBLE_CHARGE_INPUT
 
@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 books, eng = reference.books, reference.eng  # the reference workflows' fixtures
 #: The OpenAI-compatible local server answers with usage (11 input, 7 output tokens) on every completion.
 USAGE = (11, 7)
-NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=lambda _s: None)
+NO_SLEEP = RetryPolicy(attempts=2, base_delay=0.0, sleep=no_sleep)
 
 
 @pytest.fixture(scope="module")

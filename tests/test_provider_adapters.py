@@ -31,6 +31,7 @@ from tests.support.provider_server import (
     openai_completion,
     openai_error,
     openai_stream,
+    sync,
     text_block,
     thinking_block,
     tool_use_block,
@@ -69,22 +70,20 @@ def server(shared_server: ProviderServer) -> ProviderServer:
 _adapters: dict[str, Any] = {}
 
 
-def openai(server: ProviderServer, **options: Any) -> OpenAIAdapter:
+def openai(server: ProviderServer, **options: Any) -> Any:
     options.setdefault("api_key", "test-key")
     key = repr(("openai", server.url, sorted(options.items())))
     if key not in _adapters:
         _adapters[key] = OpenAIAdapter("test-model", base_url=server.openai_base_url, **options)
-    adapter: OpenAIAdapter = _adapters[key]
-    return adapter
+    return sync(_adapters[key])
 
 
-def anthropic(server: ProviderServer, **options: Any) -> AnthropicAdapter:
+def anthropic(server: ProviderServer, **options: Any) -> Any:
     options.setdefault("api_key", "test-key")
     key = repr(("anthropic", server.url, sorted(options.items())))
     if key not in _adapters:
         _adapters[key] = AnthropicAdapter("test-model", base_url=server.anthropic_base_url, **options)
-    adapter: AnthropicAdapter = _adapters[key]
-    return adapter
+    return sync(_adapters[key])
 
 
 def fails(call: Any, *args: Any) -> ModelError:
@@ -859,7 +858,7 @@ def test_openai_missing_api_key_is_an_auth_error_without_a_call(
     server: ProviderServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    adapter = OpenAIAdapter("test-model", base_url=server.openai_base_url)
+    adapter = sync(OpenAIAdapter("test-model", base_url=server.openai_base_url))
     assert fails(adapter.complete, request()).code == Code.PROVIDER_AUTH
     assert server.requests == []
 

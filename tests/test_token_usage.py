@@ -25,6 +25,7 @@ from tests.support.provider_server import (
     Reply,
     anthropic_message,
     anthropic_stream_of,
+    no_sleep,
     openai_chunk,
     openai_completion,
     openai_stream,
@@ -33,7 +34,7 @@ from tests.support.provider_server import (
 from tests.support.sample_workflows import ROLES, TRIAGE, all_workflows
 from tests.support.token_workflows import CAPPED, PER_STATE
 
-NO_SLEEP = RetryPolicy(attempts=1, base_delay=0.0, sleep=lambda _s: None)
+NO_SLEEP = RetryPolicy(attempts=1, base_delay=0.0, sleep=no_sleep)
 DECISION = {"ticket_id": "T-1", "decision": "RESOLVE", "reason": "fixed"}
 TICKET = {"ticket_id": "T-1"}
 runner = CliRunner()

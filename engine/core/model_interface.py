@@ -8,6 +8,7 @@ an adapter never second-guesses it and a test can assert the request exactly.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -169,9 +170,14 @@ class ModelResponse:
 
 
 class ModelAdapter(Protocol):
-    """One provider connection. `complete` returns a response or raises `ModelError`, never anything else."""
+    """One provider connection. `complete` returns a response or raises `ModelError`, never anything else.
+
+    The adapters Railyard ships define `async def complete`: a worker awaits thousands of calls on one event
+    loop. A plain `def complete` works too; the engine runs it on a thread of its own (`Offload.wait`), so it
+    costs one thread per call in flight.
+    """
 
     provider: str
     model: str
 
-    def complete(self, request: ModelRequest) -> ModelResponse: ...
+    def complete(self, request: ModelRequest) -> Awaitable[ModelResponse] | ModelResponse: ...

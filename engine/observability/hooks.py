@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -126,11 +126,11 @@ def _refresh() -> None:
 
 
 # -- the hooks ---------------------------------------------------------------------------------------------------
-def step(task: TaskState, kind: str, run: Callable[[TaskState], TaskState]) -> TaskState:
+async def step(task: TaskState, kind: str, run: Callable[[TaskState], Awaitable[TaskState]]) -> TaskState:
     """`run(task)`, one step of a task (an agent turn, a tool step): its own trace, everything inside it children."""
     if tracing is None:
-        return run(task)
-    return tracing.step(task, kind, run)
+        return await run(task)
+    return await tracing.step(task, kind, run)
 
 
 def transition(event: Event, workflow: str, version: int, started: float) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -63,12 +63,12 @@ class Tracing:
         self.tracer = chosen.get_tracer(TRACER_NAME)
 
     # -- a step and what happens in it ------------------------------------------------------------------------
-    def step(self, task: TaskState, kind: str, run: Callable[[TaskState], TaskState]) -> TaskState:
+    async def step(self, task: TaskState, kind: str, run: Callable[[TaskState], Awaitable[TaskState]]) -> TaskState:
         attributes = {**_task(task), "railyard.state.kind": kind}
         with self.tracer.start_as_current_span(
             "railyard.step", context=Context(), links=[task_link(task.task_id)], attributes=attributes
         ) as span:
-            after = run(task)
+            after = await run(task)
             span.set_attribute("railyard.to_state", after.state)
             span.set_attribute("railyard.seq", after.seq)
             return after

@@ -32,6 +32,8 @@ forcing ladder did not ask for is added. Mapping choices:
   object to carry it and nothing is sent.
 
 The SDK's own retries are off by default: the engine owns retries and budgets.
+The call is async (`anthropic.AsyncAnthropic`, one client per event loop,
+`engine.providers.loops`), so a worker holds many calls on one loop.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ from engine.core.model_interface import (
     Usage,
 )
 from engine.providers.deadline import deadline, within
+from engine.providers.loops import Clients
+from engine.providers.transport import connection_failed
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -109,9 +113,9 @@ class AnthropicAdapter:
         self.max_tokens_default = max_tokens_default
         self.thinking_budget = thinking_budget
         self._api_key = api_key
-        self._client: anthropic.Anthropic | None = None
+        self._clients: Clients[anthropic.AsyncAnthropic] = Clients(self._new_client)
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send one request; return the answer or raise `ModelError`."""
         if not request.model:
             request = replace(request, model=self.model)
@@ -121,19 +125,21 @@ class AnthropicAdapter:
             max_tokens_default=self.max_tokens_default,
             thinking_budget=self.thinking_budget,
         )
-        client = self._get_client()
         sent = refusable(request)
+        client = self._clients.here()
         try:
             if self.stream:
                 until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
-                with client.messages.create(**payload, extra_body=self.extra_body) as events:  # closed however it ends
-                    return _read_stream(within((e.to_dict() for e in events), until), sent)
-            message = client.messages.create(**payload, extra_body=self.extra_body)
+                events = await client.messages.create(**payload, extra_body=self.extra_body)
+                async with events:  # closed however the reading ends
+                    return _read_stream([e.to_dict() async for e in within(events, until)], sent)
+            message = await client.messages.create(**payload, extra_body=self.extra_body)
             return parse_message(message.to_dict(), sent)
         except ModelError:
             raise
         except anthropic.APITimeoutError as exc:
-            raise ModelError(Code.PROVIDER_TIMEOUT, exc.message) from None
+            code = Code.PROVIDER_ERROR if connection_failed(exc) else Code.PROVIDER_TIMEOUT
+            raise ModelError(code, exc.message) from None
         except anthropic.APIConnectionError as exc:
             raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
         except anthropic.APIStatusError as exc:
@@ -147,7 +153,7 @@ class AnthropicAdapter:
             code = Code.PROVIDER_AUTH if isinstance(exc, anthropic.CredentialsError) else Code.PROVIDER_ERROR
             raise ModelError(code, f"{type(exc).__name__}: {exc}") from None
         except httpx2.TimeoutException:
-            # The SDK's sync stream reads the body without wrapping transport errors.
+            # The SDK's stream reads the body without wrapping transport errors.
             raise ModelError(Code.PROVIDER_TIMEOUT, "timed out reading the response") from None
         except httpx2.HTTPError as exc:
             raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}") from None
@@ -156,18 +162,19 @@ class AnthropicAdapter:
                 raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
             raise ModelError(Code.PROVIDER_ERROR, f"malformed response: {type(exc).__name__}") from None
 
-    def _get_client(self) -> anthropic.Anthropic:
-        if self._client is None:
-            try:
-                self._client = anthropic.Anthropic(
-                    api_key=self._api_key,
-                    base_url=self.base_url,
-                    timeout=self.timeout,
-                    max_retries=self.max_retries,
-                )
-            except (anthropic.AnthropicError, ValueError) as exc:
-                raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
-        return self._client
+    def _new_client(self) -> anthropic.AsyncAnthropic:
+        # Built on first use, inside the call, so that a missing key is a ModelError of the call like every other
+        # failure.
+        try:
+            return anthropic.AsyncAnthropic(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=self.max_retries,
+                http_client=anthropic.DefaultAioHttpClient(timeout=self.timeout),
+            )
+        except (anthropic.AnthropicError, ValueError) as exc:
+            raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
 
 
 # -- request --------------------------------------------------------------

@@ -11,7 +11,7 @@ timeout, whatever the stream does.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import TypeVar
 
 from engine.core.errors import Code
@@ -25,9 +25,9 @@ def deadline(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
-def within(items: Iterable[T], until: float) -> Iterator[T]:
+async def within(items: AsyncIterable[T], until: float) -> AsyncIterator[T]:
     """`items` as they arrive, until `until` (a `deadline`) has passed; then `PROVIDER_TIMEOUT`."""
-    for item in items:
+    async for item in items:
         if time.monotonic() > until:
             raise ModelError(Code.PROVIDER_TIMEOUT, "the stream was still arriving at the call's deadline")
         yield item

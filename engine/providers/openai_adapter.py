@@ -17,6 +17,15 @@ turn's recorded `thinking_switch` is what the body carried.
 The SDK's own retries are off by default: the engine owns retries and budgets.
 Every failure becomes a `ModelError`; its raw text is the provider's error
 message only, never the request body.
+
+The call is async (`openai.AsyncOpenAI`, one client per event loop,
+`engine.providers.loops`) and goes through the SDK's `post` with the body
+already built, not `chat.completions.create`: `create` walks the whole body
+against its TypedDicts before sending and builds pydantic models of the answer,
+which a profile of a worker at 256 calls in flight put at over a third of its
+CPU per turn (issue #18). The SDK still does the HTTP, the auth headers, the
+timeouts, the error classes and the SSE stream; the body is the one
+`build_payload` makes, and the answer is read as the JSON it is.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ from engine.core.model_interface import (
 )
 from engine.core.profiles import with_switch
 from engine.providers.deadline import deadline, within
+from engine.providers.loops import Clients
+from engine.providers.transport import connection_failed
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -87,29 +98,35 @@ class OpenAIAdapter:
         self.extra_body = dict(extra_body) if extra_body else None
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self._api_key = api_key
-        self._client: openai.OpenAI | None = None
+        self._clients: Clients[openai.AsyncOpenAI] = Clients(self._new_client)
 
     # -- the call ---------------------------------------------------------
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send one request; return the answer or raise `ModelError`."""
         if not request.model:
             request = replace(request, model=self.model)
         payload = build_payload(request, stream=self.stream, max_tokens_param=self.max_tokens_param)
-        extra_body = with_switch(self.extra_body, request.thinking_switch) or None
-        client = self._get_client()
+        extra_body = with_switch(self.extra_body, request.thinking_switch)
+        body = {**payload, **extra_body} if extra_body else payload  # the SDK merges `extra_body` the same way
         sent = refusable(request)
+        client = self._clients.here()
         try:
             if self.stream:
                 until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
-                with client.chat.completions.create(**payload, extra_body=extra_body) as chunks:  # closed at any end
-                    return _read_stream(within((c.to_dict() for c in chunks), until), sent)
-            completion = client.chat.completions.create(**payload, extra_body=extra_body)
-            return parse_completion(completion.to_dict(), sent)
+                stream = openai.AsyncStream[object]
+                chunks = await client.post(
+                    "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=stream
+                )
+                async with chunks:  # closed however the reading ends
+                    return _read_stream([_doc(c) async for c in within(chunks, until)], sent)
+            answer = await client.post("/chat/completions", body=body, cast_to=object)
+            return parse_completion(_doc(answer), sent)
         except ModelError:
             raise
         except openai.APITimeoutError as exc:
-            raise ModelError(Code.PROVIDER_TIMEOUT, exc.message) from None
+            code = Code.PROVIDER_ERROR if connection_failed(exc) else Code.PROVIDER_TIMEOUT
+            raise ModelError(code, exc.message) from None
         except openai.APIConnectionError as exc:
             raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
         except openai.APIStatusError as exc:
@@ -129,19 +146,26 @@ class OpenAIAdapter:
             # A body that is not the shape Chat Completions promises (malformed JSON, wrong types).
             raise ModelError(Code.PROVIDER_ERROR, f"malformed response: {type(exc).__name__}") from None
 
-    def _get_client(self) -> openai.OpenAI:
-        # Built on first use so that a missing key is a ModelError of the call, like every other failure.
-        if self._client is None:
-            try:
-                self._client = openai.OpenAI(
-                    api_key=self._api_key,
-                    base_url=self.base_url,
-                    timeout=self.timeout,
-                    max_retries=self.max_retries,
-                )
-            except openai.OpenAIError as exc:
-                raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
-        return self._client
+    def _new_client(self) -> openai.AsyncOpenAI:
+        # Built on first use, inside the call, so that a missing key is a ModelError of the call like every other
+        # failure.
+        try:
+            return openai.AsyncOpenAI(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=self.max_retries,
+                http_client=openai.DefaultAioHttpClient(timeout=self.timeout),
+            )
+        except openai.OpenAIError as exc:
+            raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
+
+
+def _doc(value: object) -> dict[str, Any]:
+    """A JSON object from the wire; anything else (a list, a string from a non-JSON body) is malformed."""
+    if not isinstance(value, dict):
+        raise TypeError(f"a {type(value).__name__}, not a JSON object")
+    return value
 
 
 # -- request --------------------------------------------------------------

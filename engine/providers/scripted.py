@@ -20,10 +20,10 @@ Every request received is kept in `requests`, so tests assert what was sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ class ScriptedModel:
             raise RailyardError(f"cannot read scripted model {path}: {exc}", code=Code.CONFIG_INVALID) from None
         return cls(doc)
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
         with self._lock:
             self.requests.append(request)
             turn = self._next(request)
@@ -77,7 +77,7 @@ class ScriptedModel:
             raise ModelError(Code.EMPTY_RESPONSE, "the script has no more turns")
         delay = float(turn.get("delay_seconds", 0))
         if delay > 0:
-            time.sleep(delay)
+            await asyncio.sleep(delay)
         return _answer(turn, len(self.requests), request)
 
     def _next(self, request: ModelRequest) -> dict[str, Any] | None:

@@ -6,14 +6,20 @@ proposal, an invalid one, a request shape the provider refused, a provider
 failure) the turn ends in one event whose data says which strategy was used,
 what was proposed and the code if any. No database transaction is open while
 the model is called.
+
+A turn is one coroutine (`AgentRunner.turn`): the model call is awaited, and the
+append goes through the runner's `Offload` (in place for `Engine.run`, on the
+worker's store threads for a worker), so the same code serves both.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -42,6 +48,7 @@ from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
 from engine.observability import hooks
+from engine.runtime.offload import INLINE, Offload, run_sync
 from engine.runtime.port import TaskPort
 
 log = logging.getLogger("railyard.agent")
@@ -55,7 +62,7 @@ class RetryPolicy:
     attempts: int = 3
     base_delay: float = 0.5
     max_delay: float = 8.0
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def delay(self, attempt: int) -> float:
         """Full jitter: uniform in [0, min(max, base * 2^attempt)]."""
@@ -73,9 +80,12 @@ class AgentRunner:
         thinking: bool = False,
         retry: RetryPolicy | None = None,
         profiles: dict[str, CapabilityProfile] | None = None,
+        io: Offload = INLINE,
     ) -> None:
         self.engine = engine
         self.adapter = adapter
+        #: Where the appends (and a synchronous adapter's call) run: in place, or on a worker's threads.
+        self.io = io
         retries = getattr(adapter, "retries", None)  # the adapter's settings (`ModelSettings.retries`)
         self.retry = retry or (RetryPolicy(attempts=1 + retries) if isinstance(retries, int) else RetryPolicy())
         provider = getattr(adapter, "profile", None) or adapter.provider
@@ -93,6 +103,11 @@ class AgentRunner:
         return task
 
     def step(self, task: TaskState) -> TaskState:
+        """One turn, for a synchronous caller."""
+        return run_sync(self.turn(task))
+
+    async def turn(self, task: TaskState) -> TaskState:
+        """One model turn: exactly one event, whatever the model does."""
         definition = self.engine.definition_of(task)
         state = definition.state(task.state)
         if not isinstance(state, Agent) or task.terminal:
@@ -104,7 +119,7 @@ class AgentRunner:
             )
         over = exceeded(definition, task, now())
         if over is not None:
-            return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
+            return await self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
         refused = set(task.visit.get("demoted", [])) | self.engine.refused_shapes
         n_actions = len(model_actions(state))
         rung = choose_rung(self.profile, self.adapter.model, self.thinking, n_actions, refused, self._start(task))
@@ -121,7 +136,7 @@ class AgentRunner:
         if request.thinking_switch:
             turn["thinking_switch"] = request.thinking_switch
         try:
-            response, attempts = self._call(request)
+            response, attempts = await self._call(request)
         except ModelError as error:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
             turn["attempts"], turn["seconds"] = error.attempts, error.seconds
@@ -144,8 +159,8 @@ class AgentRunner:
                     # without the shape is answered (`unconfirmed_shapes`), which shows the shape was what was refused.
                     turn["shared"] = False
                     self.engine.unconfirmed_shapes[task.task_id] = shape
-                return self._commit(task, DEMOTE, {"turn": turn})
-            return self._commit(task, PROVIDER_ERROR, {"turn": turn})
+                return await self._commit(task, DEMOTE, {"turn": turn})
+            return await self._commit(task, PROVIDER_ERROR, {"turn": turn})
         if (confirmed := self.engine.unconfirmed_shapes.pop(task.task_id, None)) is not None:
             self.engine.refused_shapes.add(confirmed)  # answered without the shape: the refusal was the shape's
         outcome = interpret(definition, task, response, rung, actor=self.actor)
@@ -186,8 +201,8 @@ class AgentRunner:
         if outcome.kind == "accept":
             # `interpret` already decided it (on the real arguments; the data holds them redacted).
             accepted = Decision(outcome.trigger, task.state, outcome.to_state, data)
-            return self.engine.commit(task, accepted, actor=self.actor)
-        return self._commit(task, outcome.trigger, data)
+            return await self.io.store(lambda: self.engine.commit(task, accepted, actor=self.actor))
+        return await self._commit(task, outcome.trigger, data)
 
     def _learned(self, task: TaskState, n_actions: int, rung: Rung) -> list[str]:
         """What other tasks of this process found (refused shapes, rungs that worked) that changed this turn's
@@ -212,17 +227,25 @@ class AgentRunner:
         worked = [*task.visit.get("worked", []), *(self.engine.worked_rungs if shared else ())]
         return remembered_rung(self.profile, self.adapter.model, self.thinking, worked)
 
-    def _commit(self, task: TaskState, trigger: str, data: EventData) -> TaskState:
+    async def _commit(self, task: TaskState, trigger: str, data: EventData) -> TaskState:
         """A sub-machine transition (repair, demote, hand_off, provider_error, limit)."""
-        return self.engine.commit_system(task, trigger, data, actor=self.actor)
+        return await self.io.store(lambda: self.engine.commit_system(task, trigger, data, actor=self.actor))
 
-    def _call(self, request: ModelRequest) -> tuple[ModelResponse, int]:
+    async def _ask(self, request: ModelRequest) -> ModelResponse:
+        """The adapter's answer: awaited, or for an adapter written without `async`, waited for on a thread."""
+        complete = self.adapter.complete
+        if inspect.iscoroutinefunction(complete):
+            return await complete(request)  # type: ignore[no-any-return]
+        answer = await self.io.wait(lambda: complete(request))
+        return await answer if inspect.isawaitable(answer) else answer
+
+    async def _call(self, request: ModelRequest) -> tuple[ModelResponse, int]:
         attempt, started = 0, time.monotonic()
         while True:
             attempt += 1
             call_started = time.perf_counter() if hooks.active else 0.0  # this attempt's, for its span
             try:
-                response = self.adapter.complete(request)
+                response = await self._ask(request)
             except ModelError as error:
                 if hooks.active:
                     hooks.model_call(
@@ -239,7 +262,7 @@ class AgentRunner:
                     attempt,
                     self.retry.attempts,
                 )
-                self.retry.sleep(delay)
+                await self.retry.sleep(delay)
                 continue
             if hooks.active:
                 hooks.model_call(

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +62,7 @@ from engine.runtime import config
 from engine.runtime.agent import AgentRunner
 from engine.runtime.leases import current_epoch
 from engine.runtime.models import open_model
+from engine.runtime.offload import INLINE, Offload, run_sync
 from engine.runtime.registry import Registry
 from engine.runtime.roles import Authoriser, default_authoriser
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
@@ -312,7 +314,7 @@ class Engine:
         """Run one model turn for a task in an agent state: exactly one event, whatever the model does."""
         runner = AgentRunner(self, self._model(model), thinking=thinking)
         task = self.load(task_id)
-        return hooks.step(task, "agent", runner.step) if hooks.active else runner.step(task)
+        return run_sync(hooks.step(task, "agent", runner.turn))
 
     def run(
         self,
@@ -340,7 +342,24 @@ class Engine:
         max_turns: int = 50,
         until: Callable[[], bool] | None = None,
     ) -> TaskState:
-        """`run` for a task the caller already loaded (a worker that just claimed it): no second read."""
+        """`run` for a task the caller already loaded: no second read."""
+        return run_sync(self.drive(task, model=model, thinking=thinking, max_turns=max_turns, until=until))
+
+    async def drive(
+        self,
+        task: TaskState,
+        *,
+        model: ModelAdapter | None = None,
+        thinking: bool = False,
+        max_turns: int = 50,
+        until: Callable[[], bool] | None = None,
+        io: Offload = INLINE,
+    ) -> TaskState:
+        """The one loop that advances a task, for `run` (in place) and for a worker (`io`: its threads).
+
+        An agent turn is awaited (its model call holds no thread); a tool step is synchronous (the tool is user
+        code) and runs where `io` puts slow work, so a worker's loop never waits for a tool.
+        """
         agent: AgentRunner | None = None
         tools = ToolRunner(self)
         for _ in range(max_turns):
@@ -348,13 +367,12 @@ class Engine:
             if task.terminal or (until is not None and until()):
                 break
             if isinstance(state, Agent):
-                agent = agent or AgentRunner(self, self._model(model), thinking=thinking)
-                step = agent.step
+                agent = agent or AgentRunner(self, self._model(model), thinking=thinking, io=io)
+                task = await hooks.step(task, "agent", agent.turn)
             elif isinstance(state, Tool):
-                step = tools.advance
+                task = await hooks.step(task, "tool", partial(_tool_step, io, tools.advance))
             else:
                 break
-            task = hooks.step(task, str(state.kind), step) if hooks.active else step(task)
         return task
 
     def _model(self, model: ModelAdapter | None) -> ModelAdapter:
@@ -1098,6 +1116,10 @@ class Engine:
                 task_id=row.task_id,
             )
         return task
+
+
+async def _tool_step(io: Offload, advance: Callable[[TaskState], TaskState], task: TaskState) -> TaskState:
+    return await io.wait(lambda: advance(task))
 
 
 def _log_transition(event: Event, duration_ms: float) -> None:

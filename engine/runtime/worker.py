@@ -1,15 +1,19 @@
 """Workers: claim due tasks with a lease, advance each until it blocks or ends, release it.
 
-Threads, not asyncio: model and tool calls are blocking SDK calls that take
-seconds, a transition takes a millisecond, and a thread per held task keeps
-the code the same as `Engine.run`. A worker keeps `concurrency` tasks in hand
-and claims another as soon as one is released, so one slow task never holds
-up the others. Each held task carries its lease as a fencing token to every
-append (`engine.runtime.leases`); one heartbeat thread extends all of the worker's
-leases while long steps run, and no database transaction is open across a
-model or tool call. A task whose lease expired (its worker died) is claimed
-again by another worker and resumed from its log; a write tool's stranded
-intent is reconciled, never re-sent.
+One event loop, not a thread per task: a task in hand is a coroutine (`Engine.drive`, the code `Engine.run`
+runs), its model calls are awaited, and the synchronous work around them goes to bounded thread pools
+(`engine.runtime.offload.Threads`): the store's reads and appends on `store_threads` threads (so a worker
+holds a bounded number of database connections however many tasks it has in hand), tool steps and
+synchronous model adapters on threads of their own. So the number of model calls in flight is bounded by
+`concurrency`, not by the operating system's threads (issue #18: a thread a task capped one process at about
+600 calls and cost 1 MB each).
+
+A worker keeps `concurrency` tasks in hand and claims another as soon as one is released, so one slow task
+never holds up the others. Each held task carries its lease as a fencing token to every append
+(`engine.runtime.leases`, a context variable that goes with the work to the threads); one heartbeat thread
+extends all of the worker's leases while long steps run, and no database transaction is open across a model
+or tool call. A task whose lease expired (its worker died) is claimed again by another worker and resumed
+from its log; a write tool's stranded intent is reconciled, never re-sent.
 
 Idle workers wake on the store's notifications where it sends them
 (`Store.supports_notify`: PostgreSQL's, `engine.store.wakeups`) and poll as a
@@ -19,6 +23,7 @@ back between two steps.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -27,10 +32,10 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from engine.core.canonical import now
@@ -44,6 +49,7 @@ from engine.observability import hooks
 from engine.runtime import config
 from engine.runtime.engine import Engine
 from engine.runtime.leases import Lease, holding
+from engine.runtime.offload import Offload, Threads, run_sync
 from engine.runtime.tool_runner import AttemptInFlight
 
 log = logging.getLogger("railyard.worker")
@@ -122,6 +128,7 @@ class Worker:
         report_seconds: float = 10.0,
         listen: bool = True,
         checkpoint_seconds: float | None = None,
+        store_threads: int = 6,
     ) -> None:
         self.engine = engine
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -139,9 +146,13 @@ class Worker:
         self.listen = listen and engine.store.supports_notify
         #: Take a signed checkpoint this often (RAILYARD_SIGNING_KEY, RAILYARD_CHECKPOINT_DIR); None: never.
         self.checkpoint_seconds = checkpoint_seconds
+        #: Threads for the store's work (loads, appends, claims, releases): the worker's database connections,
+        #: plus its heartbeat's and listener's. Six keep up with about 500 one-turn tasks a second.
+        self.store_threads = max(1, min(store_threads, concurrency))
         self.counts = WorkerCounts()
         self.started_at = now()
-        self._wake = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._awake: asyncio.Event | None = None
         self._stop = threading.Event()
         self._held: set[str] = set()  # the tasks whose leases the heartbeat extends
         self._held_lock = threading.Lock()
@@ -175,13 +186,18 @@ class Worker:
 
     # -- the loop -------------------------------------------------------
     def wake(self) -> None:
-        """Look for due tasks now rather than at the next poll (a notification arrived, a slot freed up)."""
-        self._wake.set()
+        """Look for due tasks now rather than at the next poll (a notification arrived, a slot freed up).
+
+        Safe from any thread: the listener calls it from its own."""
+        loop, awake = self._loop, self._awake
+        if loop is not None and awake is not None:
+            with suppress(RuntimeError):  # the loop just closed: nothing left to wake
+                loop.call_soon_threadsafe(awake.set)
 
     def stop(self) -> None:
         """Stop claiming; the tasks in hand are handed back after their current step."""
         self._stop.set()
-        self._wake.set()
+        self.wake()
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Keep `concurrency` tasks in hand until `stop` (or `self.stop()`); then finish the steps in hand."""
@@ -189,29 +205,46 @@ class Worker:
         def stopping() -> bool:
             return self._stop.is_set() or (stop is not None and stop.is_set())
 
-        in_hand: set[Future[None]] = set()
-        with self._serving(), ThreadPoolExecutor(self.concurrency, thread_name_prefix=self.name) as pool:
-            while not stopping():
-                self._wake.clear()  # before the claim: a wake-up that arrives during it is not lost
-                in_hand = {f for f in in_hand if not f.done()}
-                free = self.concurrency - len(in_hand)
-                if free > 0:
-                    for claim in self._claim(free):
-                        future = pool.submit(self._work, claim, stopping)
-                        future.add_done_callback(lambda _: self._wake.set())
-                        in_hand.add(future)
-                self._wake.wait(self.poll_seconds)
-            # Leaving the pool's block waits for the tasks in hand: `stopping` is true, so each is handed
-            # back after its current step.
+        run_sync(self._serve(stopping))
 
     def run_once(self) -> int:
         """Claim up to `concurrency` due tasks and advance them; returns how many were claimed."""
-        with self._serving(listen=False):  # one claim: no wake-up to wait for
-            claimed = self._claim(self.concurrency)
-            if claimed:
-                with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix=self.name) as pool:
-                    list(pool.map(lambda c: self._work(c, self._stop.is_set), claimed))
-        return len(claimed)
+        return run_sync(self._serve(self._stop.is_set, once=True))
+
+    async def _serve(self, stopping: Callable[[], bool], *, once: bool = False) -> int:
+        """The loop: claim into free slots, each claim a coroutine, until `stopping`; then wait for those in hand
+        (each is handed back after its current step, since `stopping` is true). Returns how many were claimed."""
+        self._loop, self._awake = asyncio.get_running_loop(), asyncio.Event()
+        io = Threads(self.store_threads, self.concurrency, self.name)
+        in_hand: set[asyncio.Task[None]] = set()
+        claimed = 0
+
+        def done(task: asyncio.Task[None]) -> None:
+            in_hand.discard(task)
+            if self._awake is not None:
+                self._awake.set()
+
+        try:
+            with self._serving(listen=not once):  # one claim: no wake-up to wait for
+                while not stopping():
+                    self._awake.clear()  # before the claim: a wake-up that arrives during it is not lost
+                    free = self.concurrency - len(in_hand)
+                    if free > 0:
+                        for claim in await io.store(partial(self._claim, free)):
+                            claimed += 1
+                            task = asyncio.create_task(self._work(claim, stopping, io))
+                            in_hand.add(task)
+                            task.add_done_callback(done)
+                    if once:
+                        break
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(self._awake.wait(), self.poll_seconds)
+                if in_hand:
+                    await asyncio.gather(*in_hand)
+        finally:
+            self._loop = self._awake = None
+            io.close()
+        return claimed
 
     def _claim(self, limit: int) -> list[Claim]:
         started = time.perf_counter() if hooks.active else 0.0
@@ -256,7 +289,7 @@ class Worker:
             self._report(stopped_at=now())
 
     # -- one task -------------------------------------------------------
-    def _work(self, claim: Claim, stopping: Callable[[], bool]) -> None:
+    async def _work(self, claim: Claim, stopping: Callable[[], bool], io: Offload) -> None:
         lease = Lease(claim.task_id, self.name, claim.epoch)
         task_id = claim.task_id
         started = time.perf_counter()
@@ -266,12 +299,13 @@ class Worker:
             self._held.add(task_id)
         try:
             with holding(lease):
-                self._advance(task_id, stopping)
+                await self._advance(task_id, stopping, io)
         except AttemptInFlight as waiting:
             log.info(
                 "task %s: a stranded attempt may still be running; looking again at %s", task_id, waiting.settle_after
             )
-            self.engine.store.postpone(task_id, claim.epoch, waiting.settle_after)
+            settle_after = waiting.settle_after
+            await io.store(lambda: self.engine.store.postpone(task_id, claim.epoch, settle_after))
         except LeaseLost:
             self.counts.add("lease_losses")
             if hooks.active:
@@ -290,37 +324,38 @@ class Worker:
                 log.error(
                     "task %s: %s (%s); left as it is, for a worker that can run it", task_id, exc.code, exc.message
                 )
-                self.engine.store.postpone(task_id, claim.epoch, now() + timedelta(seconds=self.retry_backoff))
+                later = now() + timedelta(seconds=self.retry_backoff)
+                await io.store(lambda: self.engine.store.postpone(task_id, claim.epoch, later))
                 return
             failed = True
             self.counts.add("failures")
             log.error("task %s: %s while advancing (%.200s)", task_id, type(exc).__name__, exc)
-            tries = self.engine.store.postpone(
-                task_id, claim.epoch, now() + timedelta(seconds=self.retry_backoff), failed=True
-            )
+            later = now() + timedelta(seconds=self.retry_backoff)
+            tries = await io.store(lambda: self.engine.store.postpone(task_id, claim.epoch, later, failed=True))
             if tries >= self.max_failures:
-                self._give_up(lease, exc, tries)
+                await io.store(partial(self._give_up, lease, exc, tries))
         finally:
             with self._held_lock:
                 self._held.discard(task_id)
             try:
-                self.engine.store.release(task_id, claim.epoch, step_succeeded=cleared and not failed)
+                succeeded = cleared and not failed
+                await io.store(lambda: self.engine.store.release(task_id, claim.epoch, step_succeeded=succeeded))
                 self.counts.add("released")
             except RailyardError as error:  # the lease expires by itself
                 log.error("task %s: release failed: %s", task_id, error.code)
             log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
 
-    def _advance(self, task_id: str, stopping: Callable[[], bool]) -> None:
-        task = self.engine.load(task_id)
+    async def _advance(self, task_id: str, stopping: Callable[[], bool], io: Offload) -> None:
+        task = await io.store(lambda: self.engine.load(task_id))
         if task.status is Status.BLOCKED:
             # A blocked task is due only when its deadline passed: fire it, once (a second worker conflicts).
             definition = self.engine.definition_of(task)
             if definition.candidates(task.state, EXPIRED):
-                self.engine.transition(task, EXPIRED, actor="system:timer", system=True)
+                await io.store(lambda: self.engine.transition(task, EXPIRED, actor="system:timer", system=True))
                 self.counts.add("transitions")
             return
-        after = self.engine.advance(
-            task, model=self.model, thinking=self.thinking, max_turns=self.max_turns, until=stopping
+        after = await self.engine.drive(
+            task, model=self.model, thinking=self.thinking, max_turns=self.max_turns, until=stopping, io=io
         )
         self.counts.add("transitions", after.seq - task.seq)
         if stopping() and after.status is Status.RUNNABLE:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from engine.runtime.offload import run_sync
+
 # -- replies --------------------------------------------------------------
 
 
@@ -353,3 +355,23 @@ class ProviderServer:
         handler.send_header("Content-Length", str(len(payload)))
         handler.end_headers()
         handler.wfile.write(payload)
+
+
+async def no_sleep(_seconds: float) -> None:
+    """A `RetryPolicy.sleep` that does not wait: the backoff's delays are asserted, not served."""
+
+
+def sync(adapter: Any) -> Any:
+    """`adapter` with a blocking `complete`, for tests that call an adapter directly (the engine awaits it)."""
+    return _Sync(adapter)
+
+
+class _Sync:
+    def __init__(self, adapter: Any) -> None:
+        self._adapter = adapter
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._adapter, name)
+
+    def complete(self, request: Any) -> Any:
+        return run_sync(self._adapter.complete(request))

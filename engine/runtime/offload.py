@@ -1,0 +1,98 @@
+"""Where a step's blocking work runs, so that a step can be one coroutine for every caller.
+
+A step (`Engine.drive`, `AgentRunner.step`) is a coroutine: the model call is awaited, so a worker holds
+thousands of calls on one event loop instead of one operating-system thread each (issue #18: threads capped a
+worker at about 600 calls in flight and cost 1 MB each). Everything else a step does goes through synchronous
+libraries and user code (the store's SQLAlchemy reads and appends, a tool's function, a model adapter written
+without `async`) and is handed to an `Offload`:
+
+- `INLINE` for `Engine.run`, `Engine.step` and the CLI: the caller waits for the step anyway and nothing else
+  shares its loop, so running the work in place is both correct and cheapest.
+- `Threads` for a worker: store work on a few threads (as many as the connections it should hold, so a worker's
+  PostgreSQL connections stay bounded however many tasks it has in hand), and work that waits on something
+  slow (a tool, a synchronous adapter) on threads of their own, so a slow tool never delays an append.
+
+Both carry the caller's context into the thread: the lease's fencing token (`engine.runtime.leases`) and the
+current trace span are context variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+from engine.providers.loops import close_loop_clients
+
+T = TypeVar("T")
+
+
+class Offload(Protocol):
+    """How a coroutine runs a blocking function: `store` for database work, `wait` for slow calls."""
+
+    async def store(self, fn: Callable[[], T]) -> T: ...
+
+    async def wait(self, fn: Callable[[], T]) -> T: ...
+
+
+class Inline:
+    """Run in place: for a caller that is waiting for this one step anyway."""
+
+    async def store(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+    async def wait(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+
+INLINE = Inline()
+
+
+class Threads:
+    """Bounded thread pools for a worker's event loop: `store_threads` for the database, `wait_threads` for
+    slow calls. Threads are started on demand, so an idle pool costs nothing."""
+
+    def __init__(self, store_threads: int, wait_threads: int, name: str) -> None:
+        self._store = ThreadPoolExecutor(max(1, store_threads), thread_name_prefix=f"{name}-store")
+        self._wait = ThreadPoolExecutor(max(1, wait_threads), thread_name_prefix=f"{name}-wait")
+
+    async def store(self, fn: Callable[[], T]) -> T:
+        return await _on(self._store, fn)
+
+    async def wait(self, fn: Callable[[], T]) -> T:
+        return await _on(self._wait, fn)
+
+    def close(self) -> None:
+        """Wait for what is running; nothing new is accepted."""
+        self._store.shutdown(wait=True)
+        self._wait.shutdown(wait=True)
+
+
+async def _on(pool: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+    context = contextvars.copy_context()  # the lease and the span go with the work
+    return await asyncio.get_running_loop().run_in_executor(pool, context.run, fn)
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The coroutine's result for a synchronous caller (`Engine.run` from plain code).
+
+    It runs on a loop of its own, and the model clients opened on that loop are closed when it ends. Called
+    from inside a running loop (a notebook, an async application calling the synchronous API), it runs on a
+    thread of its own rather than fail: the caller's loop is blocked for the step, as any blocking call would.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_closing(coroutine))
+    context = contextvars.copy_context()
+    with ThreadPoolExecutor(1, thread_name_prefix="railyard-sync") as pool:
+        return pool.submit(context.run, asyncio.run, _closing(coroutine)).result()
+
+
+async def _closing(coroutine: Coroutine[Any, Any, T]) -> T:
+    try:
+        return await coroutine
+    finally:
+        await close_loop_clients()
