@@ -92,6 +92,7 @@ class AgentRunner:
         self.profile = profile_for(provider, adapter.model, profiles if profiles is not None else load_profiles())
         #: As requested, except for a model that always thinks: the ladder, the memory and the event use this.
         self.thinking = self.profile.thinks(adapter.model, thinking)
+        self.requested_thinking = thinking
         self.actor = f"model:{adapter.provider}:{adapter.model}"
 
     def run(self, task: TaskState, *, max_turns: int = 50) -> TaskState:

@@ -150,6 +150,7 @@ class Engine:
         #: By task id: a shape refused by an error that did not name it, waiting for the task's next call to
         #: confirm it (answered without it) before `refused_shapes` gets it (`AgentRunner.step`).
         self.unconfirmed_shapes: dict[str, str] = {}
+        self._kept_agent: AgentRunner | None = None
 
     def close(self) -> None:
         self.store.close()
@@ -367,13 +368,25 @@ class Engine:
             if task.terminal or (until is not None and until()):
                 break
             if isinstance(state, Agent):
-                agent = agent or AgentRunner(self, self._model(model), thinking=thinking, io=io)
+                agent = agent or self._agent(self._model(model), thinking, io)
                 task = await hooks.step(task, "agent", agent.turn)
             elif isinstance(state, Tool):
                 task = await hooks.step(task, "tool", partial(_tool_step, io, tools.advance))
             else:
                 break
         return task
+
+    def _agent(self, adapter: ModelAdapter, thinking: bool, io: Offload) -> AgentRunner:
+        """The runner for `adapter`, kept while the same adapter and offload come back (a worker's every task).
+
+        A runner holds no task's state, and building one resolves the model's profile (reading the profiles file
+        when one is set): a worker did that for every task it claimed. One is kept; another adapter replaces it.
+        """
+        kept = self._kept_agent
+        if kept is not None and kept.adapter is adapter and kept.io is io and kept.requested_thinking == thinking:
+            return kept
+        runner = self._kept_agent = AgentRunner(self, adapter, thinking=thinking, io=io)
+        return runner
 
     def _model(self, model: ModelAdapter | None) -> ModelAdapter:
         if model is not None:
