@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from engine import Engine, Registry, ScriptedModel
 from engine.api import TokenTable, create_app
 from engine.providers.scripted import call
+from tests.support.api import documented
 from tests.support.reference import DAMAGED, books, fake_systems, refund  # noqa: F401  (books: a fixture)
 from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE, fakes
 from workflows.scripts import TICKET_DOUBLE_CHARGE, TICKET_DOUBLE_CHARGE_INPUT
@@ -39,7 +40,7 @@ def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:  # noqa: F811
 def client(eng: Engine) -> Iterator[TestClient]:
     app = create_app(eng, TokenTable.from_tokens(TOKENS), session_secret="test-secret")
     with TestClient(app, follow_redirects=False) as c:
-        yield c
+        yield documented(c)
 
 
 def login(client: TestClient, who: str) -> str:
