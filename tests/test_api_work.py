@@ -361,3 +361,76 @@ def test_the_queue_filters_by_how_long_a_task_has_waited(client: TestClient, eng
     html = client.get("/inbox", params={"older_than": "1d"}).text
     assert f'id="approval-{old}"' in html and new not in html and 'value="1d" selected' in html
     assert re.search(r"waiting 2 d 0 h", words(html))
+
+
+def test_the_counts_are_of_what_the_filters_select_and_say_so(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import text
+
+    from tests.support.stores import sql_store
+
+    approval, failure = refund_at_approval(eng), refund_failed(eng, books)
+    old, new = expense_in_review(eng, "eve"), expense_in_review(eng, "finn")
+    ticket = ticket_queued(eng)  # sam's: dana counts it among the others
+    two_days_ago = datetime.now(UTC) - timedelta(days=2)
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for task_id in (old, ticket):
+            conn.execute(
+                text("UPDATE tasks SET updated_at = :at WHERE task_id = :id"), {"at": two_days_ago, "id": task_id}
+            )
+    auth = {"Authorization": "Bearer tok-dana"}
+
+    def queue(**params: str) -> tuple[dict[tuple[str, str], tuple[int, int]], dict[str, int], list[str]]:
+        body = client.get("/api/work", params=params, headers=auth).json()
+        counts = {(c["kind"], c["workflow"]): (c["yours"], c["others"]) for c in body["counts"]}
+        return counts, body["total"], [i["task_id"] for i in body["items"]]
+
+    everything = queue()
+    assert everything[0] == {
+        ("approval", "refund"): (1, 0),
+        ("approval", "expense"): (2, 0),
+        ("failure", "refund"): (1, 0),
+        ("handoff", "ticket_triage"): (0, 1),
+    }
+    assert everything[1] == {"yours": 4, "others": 1} and len(everything[2]) == 4
+    assert queue(kind="approval") == (
+        {("approval", "refund"): (1, 0), ("approval", "expense"): (2, 0)},
+        {"yours": 3, "others": 0},
+        [approval, old, new],
+    )
+    assert queue(workflow="refund") == (
+        {("approval", "refund"): (1, 0), ("failure", "refund"): (1, 0)},
+        {"yours": 2, "others": 0},
+        [approval, failure],
+    )
+    assert queue(older_than="1d") == (
+        {("approval", "expense"): (1, 0), ("handoff", "ticket_triage"): (0, 1)},
+        {"yours": 1, "others": 1},  # the ticket waited as long, on a role dana lacks: counted, not listed
+        [old],
+    )
+    assert queue(kind="failure", workflow="expense") == ({}, {"yours": 0, "others": 0}, [])
+    # Every page's items add up to the total of what the filters select.
+    assert sum(len(queue(kind=k)[2]) for k in ("approval", "failure", "handoff")) == everything[1]["yours"]
+
+    login(client, "dana")
+    text_of = words(client.get("/inbox", params={"workflow": "refund", "older_than": "1d"}).text)
+    assert "Of the work these filters select (workflow refund, waiting longer than a day)" in text_of
+    assert "Nothing these filters select waits on anyone." in text_of
+    page = client.get("/inbox", params={"kind": "approval"}).text
+    shown = words(page)
+    assert (
+        "Of the work these filters select (kind approvals)" in shown
+        and "Failures to retry" not in shown.split("by kind and workflow")[1].split("Nearest deadline")[0]
+    )
+    # The kind menu says what choosing each kind would find under the other filters, whatever kind is chosen.
+    assert re.search(r'<option value="failure">Failures to retry \(1\)</option>', page)
+    assert re.search(r'<option value="approval" selected>Approvals \(3\)</option>', page)
+    assert 'id="total-yours">3<' in page and 'id="total-others">0<' in page
+    everything_page = words(client.get("/inbox").text)
+    assert "Of all the work waiting on people" in everything_page
+    assert "1 more wait on roles which you do not hold" in everything_page

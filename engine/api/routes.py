@@ -615,6 +615,7 @@ def work_body(queue: WorkPage) -> dict[str, Any]:
         "counts": [
             {"kind": str(c.kind), "workflow": c.workflow, "yours": c.yours, "others": c.others} for c in queue.counts
         ],
+        "total": dict(zip(("yours", "others"), queue.total(), strict=True)),
         "limit": queue.limit,
         "next_cursor": queue.next_cursor,
     }
@@ -633,8 +634,8 @@ def work(
 ) -> dict[str, Any]:
     """Every task waiting on a trigger the token's actor may fire (approvals, hand-offs, failures to retry,
     limits reached, effects after a cancel, waits on a person), nearest deadline first and then oldest, a page
-    at a time, with the counts
-    per kind and workflow; tasks waiting on roles the token lacks are only counted."""
+    at a time, with the counts per kind and workflow of what the same filters select; tasks waiting on roles the
+    token lacks are only counted."""
     queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor, limit=limit)
     params = {"kind": kind, "workflow": workflow, "older_than": older_than, "limit": queue.limit}
     return {**work_body(queue), "next": next_link(request.url.path, params, queue.next_cursor)}

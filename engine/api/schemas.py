@@ -290,11 +290,22 @@ class WorkCountBody(BaseModel):
     others: int = Field(description="Waiting on roles the caller does not hold (not listed).")
 
 
+class WorkTotalBody(BaseModel):
+    yours: int = Field(description="What the filters select and the caller may act on: every page's items.")
+    others: int = Field(
+        description="What the filters select that waits on roles the caller does not hold: counted, never listed."
+    )
+
+
 class WorkQueueBody(_Page):
     items: list[WorkItemBody] = Field(
         description="Nearest deadline first (none: last), then oldest, by creation time then task id."
     )
-    counts: list[WorkCountBody] = Field(description="Every task waiting on a person, by kind and workflow.")
+    counts: list[WorkCountBody] = Field(
+        description="The tasks the request's filters (kind, workflow, older_than) select, by kind and workflow; "
+        "without filters, every task waiting on a person."
+    )
+    total: WorkTotalBody = Field(description="The counts added up: the filtered set, yours and others.")
 
 
 class WorkflowVersion(BaseModel):

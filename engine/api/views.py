@@ -989,13 +989,19 @@ class WorkCount:
 @dataclass(frozen=True, slots=True)
 class WorkPage:
     items: list[WorkItem]
+    #: The tasks the filters select (kind, workflow, age), by kind and workflow: the list's pages hold the `yours`.
     counts: list[WorkCount]
     limit: int
     next_cursor: str | None
+    #: Yours per kind under the other filters (workflow, age), whatever kind is chosen: what choosing a kind finds.
+    by_kind: dict[WorkKind, int] = field(default_factory=dict)
+    #: The filters the counts are of, in words (empty: none, every task waiting on a person).
+    filters: list[str] = field(default_factory=list)
 
-    def total(self, kind: WorkKind | None = None) -> tuple[int, int]:
-        chosen = [c for c in self.counts if kind is None or c.kind is kind]
-        return sum(c.yours for c in chosen), sum(c.others for c in chosen)
+    def total(self) -> tuple[int, int]:
+        """Of the tasks the filters select: those the person may act on (every page's), and those waiting on roles
+        they do not hold (never listed)."""
+        return sum(c.yours for c in self.counts), sum(c.others for c in self.counts)
 
 
 def _queue_states(engine: Engine, principal: Principal) -> list[tuple[Workflow, str, WorkKind, bool]]:
@@ -1022,26 +1028,25 @@ def work_queue(
     limit: int = WORK_PAGE_SIZE,
 ) -> WorkPage:
     """One page of the tasks waiting on this person, nearest deadline first, then oldest (by creation, then id),
-    with the counts per kind and workflow. Tasks waiting on roles the person lacks are counted, never loaded or
-    drawn."""
+    with the counts per kind and workflow of the tasks the same filters select. Tasks waiting on roles the person
+    lacks are counted, never loaded or drawn."""
     limit = max(1, min(limit, WORK_MAX_LIMIT))
     after = decode_cursor(cursor) if cursor else None
     if after is not None and engine.store.row(after) is None:
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    states = _queue_states(engine, principal)
+    at = datetime.now(UTC)
+    waiting_before = at - AGES[older_than] if older_than else None
+    states = [
+        (d, s, k, mine) for d, s, k, mine in _queue_states(engine, principal) if not workflow or d.name == workflow
+    ]
     counts: dict[tuple[WorkKind, str], list[int]] = {}
     for definition, state, k, mine in states:
-        n = len(engine.store.blocked_in([(definition.name, definition.version, state)]))
+        n = len(engine.store.blocked_in([(definition.name, definition.version, state)], waiting_before=waiting_before))
         if n:
             entry = counts.setdefault((k, definition.name), [0, 0])
             entry[0 if mine else 1] += n
-    wanted = [
-        (d.name, d.version, s)
-        for d, s, k, mine in states
-        if mine and (not kind or k == kind) and (not workflow or d.name == workflow)
-    ]
-    at = datetime.now(UTC)
-    waiting_before = at - AGES[older_than] if older_than else None
+    by_kind = {k: sum(n[0] for (of, _w), n in counts.items() if of is k) for k in WorkKind}
+    wanted = [(d.name, d.version, s) for d, s, k, mine in states if mine and (not kind or k == kind)]
     ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1, by_deadline=True, waiting_before=waiting_before)
     items = []
     for task_id in ids[:limit]:
@@ -1053,8 +1058,15 @@ def work_queue(
     shown = [
         WorkCount(k, w, yours, others)
         for (k, w), (yours, others) in sorted(counts.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1]))
+        if not kind or k == kind
     ]
-    return WorkPage(items, shown, limit, encode_cursor(ids[limit - 1]) if more else None)
+    filters = [
+        *([f"kind {KIND_LABELS[WorkKind(kind)].lower()}"] if kind else []),
+        *([f"workflow {workflow}"] if workflow else []),
+        *([f"waiting longer than {AGE_LABELS[older_than]}"] if older_than else []),
+    ]
+    cut = encode_cursor(ids[limit - 1]) if more else None
+    return WorkPage(items, shown, limit, cut, by_kind, filters)
 
 
 def work_item(engine: Engine, task_id: str, principal: Principal, at: datetime) -> WorkItem | None:
