@@ -272,7 +272,9 @@ def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_w
     assert "approve by dana as refund_approver: photo checked" in text
     assert f"decided on the prepared call with digest {digest}" in text
     assert "TOOL_REMOTE_ERROR" in text
-    assert "recovered: the answer of the call" in text and "asked the remote what became of that action id" in text
+    assert "recovered by reconciliation: the call (action" in text
+    assert "its outcome was not known (the answer was lost" in text  # a lost reply, not a crash
+    assert "asked the remote what became of that action id instead of calling again" in text
     assert html.count("mark-recovered") == 1 and html.count("mark-repair") == 1
     assert html.count('<details class="raw">') == len(eng.history(task_id))  # the raw JSON, one click away
 
@@ -434,3 +436,74 @@ def test_the_counts_are_of_what_the_filters_select_and_say_so(
     everything_page = words(client.get("/inbox").text)
     assert "Of all the work waiting on people" in everything_page
     assert "1 more wait on roles which you do not hold" in everything_page
+
+
+def test_a_payment_whose_worker_was_killed_mid_call_is_recovered_by_reconciliation_and_the_timeline_says_so(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+    db_url: str,
+    tmp_path: Any,
+) -> None:
+    """A worker process is SIGKILLed between the payment's intent and its outcome (the provider has paid, its
+    answer is held); another worker resumes the task, reconciles by action id instead of paying again, and the
+    task page and `railyard history` say the payment was recovered by reconciliation."""
+    import signal
+    import subprocess
+    import time
+    from itertools import takewhile
+
+    from typer.testing import CliRunner
+
+    from engine import Worker
+    from engine.cli import app as cli
+    from tests.support.reference import expire_leases
+    from tests.test_effects import RAILYARD, wait_for, worker_env
+    from workflows.refund_tools import SETTLE_SECONDS
+
+    task_id = refund_at_approval(eng)
+    eng.approve(task_id, actor="dana", prepared_digest=eng.load(task_id).prepared["digest"])  # type: ignore[index]
+    books.arm("payments.refund", "hold_after")  # the provider pays, then holds its answer
+    worker = subprocess.Popen(
+        [RAILYARD, "worker", "--once", "--workflows", "refund", "--lease-seconds", "1"],
+        env=worker_env(db_url, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: books.held("payments.refund"), what="the payment call to reach the provider")
+        worker.send_signal(signal.SIGKILL)  # between the intent, on record, and the outcome, never recorded
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        worker.kill()
+    stranded = eng.get(task_id)
+    assert stranded.state == "executing" and stranded.unsettled is not None
+    assert stranded.unsettled["status"] == "pending"
+    expire_leases(eng)
+    time.sleep(SETTLE_SECONDS)  # the killed worker's call can no longer land
+    assert Worker(eng, name="heir", listen=False).run_once() == 1
+    assert eng.get(task_id).state == "completed"
+    events = eng.history(task_id)
+    assert [e.trigger for e in events][-2:] == ["call", "succeeded"] and events[-1].data["reconciled"] is True
+    assert books.payments.executions() == {events[-1].data["action_id"]: 1}  # paid once
+
+    login(client, "dana")
+    html = client.get(f"/tasks/{task_id}").text
+    text = words(html)
+    assert "payments_refund: succeeded, recovered by reconciliation" in text
+    assert (
+        "recovered by reconciliation: the call (action "
+        f"{events[-1].data['action_id'][:12]}) was made once; the worker that made it stopped before recording its "
+        "outcome (it crashed, or lost its lease), so the worker that took the task over asked the remote what "
+        "became of that action id instead of calling again, and this outcome is what it found"
+    ) in text
+    assert html.count("mark-recovered") == 1 and f'id="event-{events[-1].seq}"' in html
+
+    shown = CliRunner().invoke(cli, ["history", task_id], env={"RAILYARD_DATABASE_URL": db_url})
+    assert shown.exit_code == 0, shown.output
+    # The row of the recovered payment, its data column read across the lines it wraps over.
+    lines = shown.stdout.splitlines()
+    first = next(n for n, line in enumerate(lines) if line.startswith(f"│ {events[-1].seq} "))
+    row = [lines[first], *takewhile(lambda line: line.startswith("│     │"), lines[first + 1 :])]
+    said = " ".join(line.split("│")[-2].strip() for line in row)
+    assert said.startswith("payments_refund: succeeded, recovered by reconciliation"), said

@@ -196,6 +196,7 @@ def _mark(e: Event) -> str | None:
 
 
 def timeline(events: Iterable[Event]) -> list[Row]:
+    events = list(events)
     return [
         Row(
             e.seq,
@@ -206,11 +207,11 @@ def timeline(events: Iterable[Event]) -> list[Row]:
             e.to_state,
             event_code(e.data),
             summarise(e, TIMELINE_WIDTH),
-            details(e),
+            details(e, earlier=events[:n] if e.data.get("reconciled") is True else ()),  # only these read it
             json.dumps(e.to_dict(), indent=2, ensure_ascii=False, default=str),
             _mark(e),
         )
-        for e in events
+        for n, e in enumerate(events)
     ]
 
 
