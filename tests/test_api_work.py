@@ -507,3 +507,51 @@ def test_a_payment_whose_worker_was_killed_mid_call_is_recovered_by_reconciliati
     row = [lines[first], *takewhile(lambda line: line.startswith("│     │"), lines[first + 1 :])]
     said = " ".join(line.split("│")[-2].strip() for line in row)
     assert said.startswith("payments_refund: succeeded, recovered by reconciliation"), said
+
+
+def test_an_approver_sends_a_task_that_ran_out_of_budget_back_from_its_page(
+    db_url: str,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    import dataclasses
+
+    from engine import Budgets
+
+    tight = dataclasses.replace(REFUND_V1, version=2, budgets=Budgets(repeats=2))
+    tokens = TokenTable.from_tokens(TOKENS)
+    with (
+        Engine(db_url, Registry([REFUND_V1, tight, TICKET_TRIAGE, EXPENSE]), authoriser=tokens) as eng,
+        TestClient(create_app(eng, tokens, session_secret="s"), follow_redirects=False) as c,
+    ):
+        task_id = eng.start("refund", DAMAGED, actor="ann", version=2)
+        looping = ScriptedModel([call("query_order", order_id="O-1001")] * 6, profile="anthropic")
+        assert eng.run(task_id, model=looping).state == "limit_exceeded"
+        csrf = login(c, "sam")  # no refund role: the redrive (the workflow's settle role) is not offered
+        assert 'class="trigger trigger-redrive"' not in c.get(f"/tasks/{task_id}").text
+        csrf = login(c, "dana")
+        html = c.get(f"/tasks/{task_id}").text
+        form = re.search(
+            r'<form method="post" action="/tasks/[^"]+/redrive" class="trigger trigger-redrive">.*?</form>', html, re.S
+        )
+        assert form, html
+        assert re.findall(r'<option value="([^"]*)">', form.group(0)) == ["collecting_information", "looking_up_order"]
+        assert f'id="work-{task_id}"' in c.get("/inbox").text and "Send back" in words(c.get("/inbox").text)
+        seq = str(eng.load(task_id).seq)
+        stale = c.post(
+            f"/tasks/{task_id}/redrive",
+            data={"csrf": csrf, "seq": "1", "to_state": "collecting_information", "reason": "try again"},
+        )
+        assert "CONCURRENCY_CONFLICT" in flash(c, stale, task_id) and eng.get(task_id).state == "limit_exceeded"
+        done = c.post(
+            f"/tasks/{task_id}/redrive",
+            data={"csrf": csrf, "seq": seq, "to_state": "collecting_information", "reason": "The order is found now"},
+        )
+        assert "Sent back to collecting_information" in flash(c, done, task_id)
+        last = eng.history(task_id)[-1]
+        assert (last.actor, last.trigger, last.to_state, last.data["reason"]) == (
+            "dana",
+            "redrive",
+            "collecting_information",
+            "The order is found now",
+        )
+        assert "redriven by dana, budgets reset: The order is found now" in words(c.get(f"/tasks/{task_id}").text)

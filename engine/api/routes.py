@@ -972,6 +972,27 @@ def reject_page(
     return RedirectResponse(f"/tasks/{task_id}", status_code=303)
 
 
+@pages.post("/tasks/{task_id}/redrive")
+def redrive_page(
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PagePost,
+    to_state: Annotated[str, Form(pattern=STATE_PATTERN)],
+    reason: Annotated[str, Form(min_length=1, max_length=500)],
+    seq: Seq = None,
+) -> Response:
+    """Send a handed-off or limit-state task back to a state it was in (the engine checks the role and that no
+    write would run twice)."""
+    with flashed(session, f"Sent back to {to_state}: the redrive is recorded."):
+        require_writer(session.principal)
+        pre = precondition(None, seq)
+        with acting_on(ctx.engine, task_id, pre):
+            ctx.engine.redrive(
+                task_id, to_state, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq
+            )
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+
+
 async def trigger_form(request: Request) -> dict[str, str]:
     """The posted form's text fields (the page's CSRF check has read and cached it already)."""
     return {k: v for k, v in (await request.form()).items() if isinstance(v, str)}

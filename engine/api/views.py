@@ -51,6 +51,7 @@ from engine.core.definition import (
     LIMIT_STATE,
     MIGRATE,
     PROVIDER_ERROR_SUFFIX,
+    REDRIVE,
     Agent,
     Approval,
     CardField,
@@ -63,6 +64,7 @@ from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import TaskState
+from engine.core.forks import last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.payloads import event_code
 from engine.core.summary import compact, details, summarise
 from engine.runtime.engine import Engine, TaskView
@@ -612,7 +614,12 @@ def task_page(engine: Engine, task_id: str, principal: Principal, *, internal: b
         route=task_route(definition, events, internal=internal),
         visits=visits_of(events, internal=internal),
         internal=internal,
-        buttons=[] if approval is not None else buttons(definition, task, principal),
+        buttons=[]
+        if approval is not None
+        else [
+            *buttons(definition, task, principal),
+            *_redrive(definition, task, events, principal),
+        ],
         work=work_of(engine, definition, task, events, principal, datetime.now(UTC), approval),
     )
 
@@ -926,6 +933,61 @@ def buttons(definition: Workflow, task: TaskState, principal: Principal) -> list
     return out
 
 
+def redrive_role(definition: Workflow) -> str | None:
+    """The role `Engine.redrive` checks: the workflow's redrive role, else its settle role, else its cancel role
+    (None: anyone who may write)."""
+    return definition.redrive_role or definition.settle_role or definition.cancel_role
+
+
+def redrive_button(definition: Workflow, task: TaskState, events: list[Event], principal: Principal) -> Button | None:
+    """ "Send back" for a task handed to a person because its agent or tool states could not go on (a hand-off, a
+    budget's limit): to one of the agent or tool states it was in that `Engine.redrive` would take, which repeats no
+    write, for someone holding the redrive role. The engine checks it all again when it is posted."""
+    if task.terminal or principal.read_only or task.state not in definition.redrive_sources():
+        return None
+    role = redrive_role(definition)
+    if role is not None and role not in principal.roles:
+        return None
+    if task.unsettled is not None:  # the engine refuses every redrive while a write's outcome is open
+        return None
+    carried = task.prepared["action_id"] if task.prepared else None
+    targets = []
+    for state in definition.states:
+        entered = last_entry(events, state.name)
+        if state.name not in definition.redrive_targets() or entered is None:
+            continue
+        if redrive_problem(definition, task, state.name, entered) is not None:
+            continue
+        if repeat_hazard(writes(events, entered), entered, carried, source_live=False) is None:
+            targets.append(state.name)
+    if not targets:
+        return None
+    fields = [
+        FormField("to_state", "Send it back to", "select", True, options=tuple(targets)),
+        FormField("reason", "Why", "textarea", True, max_length=500),
+    ]
+    writing = [t for t in targets if isinstance(definition.state(t), Tool) and _leads_to(definition, t)[1] is not None]
+    confirm = (
+        f"can run {', '.join(_leads_to(definition, t)[1] or '' for t in writing)} again (a write)" if writing else None
+    )
+    return Button(
+        REDRIVE,
+        "Send back",
+        f"/tasks/{task.task_id}/redrive",
+        "to the state chosen, its budgets started again (a redrive)",
+        fields,
+        confirm,
+        "",
+        {},
+        "",
+    )
+
+
+def _redrive(definition: Workflow, task: TaskState, events: list[Event], principal: Principal) -> list[Button]:
+    found = redrive_button(definition, task, events, principal)
+    return [found] if found is not None else []
+
+
 def _prepared_shown(definition: Workflow, prepared: Mapping[str, Any]) -> list[Shown]:
     tool_args = None
     if prepared and definition.tools is not None and prepared.get("tool") in definition.tools:
@@ -1113,7 +1175,7 @@ def work_of(
         at_deadline=f"goes to {expires}" if expires else None,
         why=(f"{code}: " if code else "") + f"{last.trigger} — {summarise(last, TIMELINE_WIDTH)}",
         fields=display_arguments(task.input, schema_of(definition.input)),
-        buttons=buttons(definition, task, principal),
+        buttons=[*buttons(definition, task, principal), *_redrive(definition, task, events, principal)],
         approval=approval,
         card=decision_card(definition, task, events),
         waited=ago(at - row.updated_at),
