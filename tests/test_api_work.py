@@ -126,7 +126,7 @@ def test_the_queue_holds_every_kind_of_work_for_the_roles_held_and_counts_the_re
     }
     sam = client.get("/api/work", headers={"Authorization": "Bearer tok-sam"}).json()
     assert [(i["task_id"], i["kind"], i["triggers"]) for i in sam["items"]] == [
-        (ticket, "handoff", ["resolve", "ask_customer", "cancel"])
+        (ticket, "handoff", ["resolve", "ask_customer", "cancel", "redrive"])  # back to the agent: anyone may
     ]
     only = client.get("/api/work", params={"kind": "failure"}, headers={"Authorization": "Bearer tok-dana"}).json()
     assert [i["task_id"] for i in only["items"]] == [failure]
@@ -438,16 +438,17 @@ def test_the_counts_are_of_what_the_filters_select_and_say_so(
     assert "1 more wait on roles which you do not hold" in everything_page
 
 
-def test_a_payment_whose_worker_was_killed_mid_call_is_recovered_by_reconciliation_and_the_timeline_says_so(
+def test_the_timeline_of_a_repaired_approved_and_crash_recovered_refund_says_each_in_words(
     client: TestClient,
     eng: Engine,
     books: fakes.Systems,  # noqa: F811
     db_url: str,
     tmp_path: Any,
 ) -> None:
-    """A worker process is SIGKILLed between the payment's intent and its outcome (the provider has paid, its
-    answer is held); another worker resumes the task, reconciles by action id instead of paying again, and the
-    task page and `railyard history` say the payment was recovered by reconciliation."""
+    """A refund the model proposed too much for (refused, repaired), approved, and whose worker process is
+    SIGKILLed between the payment's intent and its outcome (the provider has paid, its answer is held): another
+    worker resumes the task and reconciles by action id instead of paying again, and the task page says each in
+    words, and `railyard history` that the payment was recovered by reconciliation."""
     import signal
     import subprocess
     import time
@@ -461,8 +462,19 @@ def test_a_payment_whose_worker_was_killed_mid_call_is_recovered_by_reconciliati
     from tests.test_effects import RAILYARD, wait_for, worker_env
     from workflows.refund_tools import SETTLE_SECONDS
 
-    task_id = refund_at_approval(eng)
-    eng.approve(task_id, actor="dana", prepared_digest=eng.load(task_id).prepared["digest"])  # type: ignore[index]
+    task_id = eng.start("refund", DAMAGED, actor="ann")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+            refund(15_000),  # over the balance: refused, fed back, repaired
+            refund(12_999),
+        ],
+        profile="anthropic",
+    )
+    assert eng.run(task_id, model=model).state == "awaiting_approval"
+    digest = eng.load(task_id).prepared["digest"]  # type: ignore[index]
+    eng.approve(task_id, actor="dana", prepared_digest=digest, comment="photo checked")
     books.arm("payments.refund", "hold_after")  # the provider pays, then holds its answer
     worker = subprocess.Popen(
         [RAILYARD, "worker", "--once", "--workflows", "refund", "--lease-seconds", "1"],
@@ -498,6 +510,10 @@ def test_a_payment_whose_worker_was_killed_mid_call_is_recovered_by_reconciliati
         "became of that action id instead of calling again, and this outcome is what it found"
     ) in text
     assert html.count("mark-recovered") == 1 and f'id="event-{events[-1].seq}"' in html
+    assert "refused with DOMAIN_INVALID, fed back: within_refundable_balance: amount 15000 exceeds" in text
+    assert html.count("mark-repair") == 1 and html.count("mark-approval") == 1
+    assert "approve by dana as refund_approver: photo checked" in text
+    assert f"decided on the prepared call with digest {digest}" in text
 
     shown = CliRunner().invoke(cli, ["history", task_id], env={"RAILYARD_DATABASE_URL": db_url})
     assert shown.exit_code == 0, shown.output

@@ -280,7 +280,10 @@ class WorkItemBody(BaseModel):
     waiting_since: DateTime = Field(description="When it came to this state.")
     deadline: DateTime | None = Field(description="Null: no deadline.")
     at_deadline: str | None = Field(description="What happens at the deadline.")
-    triggers: list[str] = Field(description="The triggers the caller may fire here (the engine checks again).")
+    triggers: list[str] = Field(
+        description="The triggers the caller may fire here (the engine checks again): `approve` and `reject` at "
+        "/approve and /reject, `redrive` at /redrive, the others at /signal."
+    )
 
 
 class WorkCountBody(BaseModel):

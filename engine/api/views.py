@@ -1031,6 +1031,8 @@ class WorkItem:
     #: The full decision card, for approvals.
     approval: ApprovalView | None = None
     card: Card | None = None
+    #: What each tool returned last, and when it was read.
+    evidence: list[Evidence] = field(default_factory=list)
 
     #: How long it has waited, as people say it (when the page was drawn).
     waited: str = ""
@@ -1178,6 +1180,7 @@ def work_of(
         buttons=[*buttons(definition, task, principal), *_redrive(definition, task, events, principal)],
         approval=approval,
         card=decision_card(definition, task, events),
+        evidence=evidence(task.facts, events, definition),
         waited=ago(at - row.updated_at),
     )
 
