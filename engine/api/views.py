@@ -940,9 +940,9 @@ def redrive_role(definition: Workflow) -> str | None:
 
 
 def redrive_button(definition: Workflow, task: TaskState, events: list[Event], principal: Principal) -> Button | None:
-    """ "Send back" for a task handed to a person because its agent or tool states could not go on (a hand-off, a
-    budget's limit): to one of the agent or tool states it was in that `Engine.redrive` would take, which repeats no
-    write, for someone holding the redrive role. The engine checks it all again when it is posted."""
+    """The Send back button of a task handed to a person because its agent or tool states could not go on (a
+    hand-off, a budget's limit): to one of the agent or tool states it was in that `Engine.redrive` would take,
+    repeating no write, for someone holding the redrive role. The engine checks it all again when it is posted."""
     if task.terminal or principal.read_only or task.state not in definition.redrive_sources():
         return None
     role = redrive_role(definition)
