@@ -15,6 +15,7 @@ from tests.support.api import (
     REFUND,
     SETTLED_BY_OPERATORS,
     bearer,
+    documented,
     make_api_engine,
     make_app,
     to_approval,
@@ -35,7 +36,7 @@ def engine(db_url: str, tmp_path: Path) -> Iterator[Engine]:
 @pytest.fixture
 def client(engine: Engine) -> Iterator[TestClient]:
     with TestClient(make_app(engine)) as c:
-        yield c
+        yield documented(c)  # every answer these tests provoke is one its operation documents
 
 
 def refused(response: Any, status: int, code: Code) -> dict[str, Any]:
@@ -656,6 +657,7 @@ def test_a_task_pinned_to_a_version_this_server_lacks_is_a_409(db_url: str, engi
             Engine(db_url, registry, authoriser=token_table()) as other,
             TestClient(create_app(other, token_table())) as client,
         ):
+            documented(client)
             refused(client.get(f"/api/tasks/{task_id}", headers=bearer("bob")), 409, code)
             refused(client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "x"}, headers=bearer("bob")), 409, code)
 
@@ -665,6 +667,7 @@ def test_a_database_without_the_schema_is_a_503(tmp_path: Path) -> None:
         Engine(f"sqlite:///{tmp_path / 'empty.db'}", Registry([]), authoriser=token_table()) as bare,
         TestClient(create_app(bare, token_table())) as client,
     ):
+        documented(client)
         refused(client.get("/api/tasks/abc", headers=bearer("bob")), 503, Code.SCHEMA_MISSING)
         refused(client.get("/api/tasks", headers=bearer("bob")), 503, Code.SCHEMA_MISSING)
 
@@ -675,6 +678,7 @@ def test_a_database_that_does_not_answer_is_a_503_that_names_no_host_or_user() -
         Engine(url, Registry([]), authoriser=token_table()) as away,
         TestClient(create_app(away, token_table())) as client,
     ):
+        documented(client)
         body = refused(client.get("/api/tasks", headers=bearer("bob")), 503, Code.DATABASE_UNREACHABLE)
     for detail in ("127.0.0.1", "railyard_app", "pw-h3"):  # in the server's log, not in the caller's answer
         assert detail not in str(body), body

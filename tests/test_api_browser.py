@@ -1,8 +1,10 @@
 """The back office in a real browser: Debian's headless Chromium driven by Playwright, against a live uvicorn server.
 
 With RAILYARD_TEST_BROWSER=required (CI sets it) a missing Chromium fails
-these tests instead of skipping them. The approver test saves the screenshots
-docs/api.md shows (docs/img/inbox.png, docs/img/task.png).
+these tests instead of skipping them. The screenshots docs/api.md shows
+(docs/img/*.png: the reference refund's decision card, the inbox and a
+refund's timeline, at 1280 and 390 px) are taken by
+`test_the_back_office_as_docs_api_md_shows_it`, from the reference workflows.
 """
 
 from __future__ import annotations
@@ -99,8 +101,6 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
     assert "refund_payment" in text and "40.00 EUR" in text and "EUR" in text
     assert "damaged parcel" in text and "crushed box" in text  # the model's reason
     assert "Parcel arrived damaged." in text  # the evidence the tool returned
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "inbox.png"), full_page=True)
 
     card.locator("textarea[name=comment]").fill("Photos match the order; approved.")
     approve = page.get_by_role("button", name=f"Approve shop refund of 40.00 EUR for task {task_id[:8]}…")
@@ -119,7 +119,6 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
     assert page.text_content("#task-state") == "completed"
     assert page.text_content("#task-status") == "terminal"
     assert "Photos match the order; approved." in page.inner_text("ol.timeline")
-    page.screenshot(path=str(SHOTS / "task.png"), full_page=True)
     assert [e.actor for e in engine.history(task_id) if e.trigger == "approve"] == ["dana"]
 
 
@@ -382,5 +381,72 @@ def test_an_approver_and_an_operator_work_the_queue_in_the_reference_workflows(b
                 for path in ("/inbox", f"/tasks/{second}"):
                     tab.goto(path)
                     assert tab.evaluate("document.documentElement.scrollWidth") <= 390, path
+            finally:
+                context.close()
+
+
+def test_the_back_office_as_docs_api_md_shows_it(browser: Any, tmp_path: Path) -> None:
+    """The screenshots of docs/api.md, from the reference workflows: the refund's declared decision card, the
+    inbox around it, and the timeline of a refund that was repaired, approved and recovered by reconciliation,
+    each at 1280 and 390 px, none scrolling sideways."""
+    from engine import Registry, ScriptedModel, migrations
+    from engine.api import TokenTable, create_app
+    from engine.providers.scripted import call
+    from tests.support.reference import DAMAGED, fake_systems, refund
+    from tests.test_api_work import TOKENS, expense_in_review, refund_at_approval, refund_failed, ticket_queued
+    from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE
+
+    url = f"sqlite:///{tmp_path / 'reference.db'}"
+    migrations.upgrade(url)
+    tokens = TokenTable.from_tokens(TOKENS)
+    with (
+        fake_systems(url) as books,
+        Engine(url, Registry([REFUND_V1, TICKET_TRIAGE, EXPENSE]), authoriser=tokens) as eng,
+    ):
+        waiting = refund_at_approval(eng)  # before the refund that pays: the order's balance is whole
+        refund_failed(eng, books)
+        expense_in_review(eng)
+        ticket_queued(eng)
+        done = eng.start("refund", DAMAGED, actor="ann")
+        model = ScriptedModel(
+            [
+                call("query_order", order_id="O-1001"),
+                call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+                refund(15_000),  # over the balance: refused, fed back, repaired
+                refund(12_999),
+            ],
+            profile="anthropic",
+        )
+        assert eng.run(done, model=model).state == "awaiting_approval"
+        digest = eng.load(done).prepared["digest"]  # type: ignore[index]
+        eng.approve(done, actor="dana", prepared_digest=digest, comment="Photo EV-1 checked against the order.")
+        books.arm("payments.refund", "lost_reply")  # the provider paid; its answer never came back
+        assert eng.run(done).state == "retryable_failure"
+        eng.fire(done, "retry_refund", actor="dana")
+        assert eng.run(done).state == "completed"  # reconciled: recovered, not paid twice
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        with live_server(create_app(eng, tokens, session_secret="test-secret")) as base:
+            context = browser.new_context(base_url=base, viewport={"width": 1280, "height": 900})
+            tab = context.new_page()
+            try:
+                log_in(tab, "dana")
+                for width in (1280, 390):
+                    tab.set_viewport_size({"width": width, "height": 900 if width > 400 else 844})
+                    tab.goto("/inbox")
+                    assert tab.evaluate("document.documentElement.scrollWidth") <= width
+                    assert tab.evaluate(AUDIT) == []
+                    card = tab.locator(f"#approval-{waiting}")
+                    text = card.inner_text()
+                    assert "Refund 129.99 EUR to C-100 for order O-1001" in text  # the card refund declares
+                    assert "My laptop arrived with a cracked screen." in text and "12999" not in text
+                    tab.screenshot(path=str(SHOTS / f"inbox-{width}.png"), full_page=True)
+                    card.screenshot(path=str(SHOTS / f"card-{width}.png"))
+                    tab.goto(f"/tasks/{done}")
+                    assert tab.evaluate("document.documentElement.scrollWidth") <= width
+                    timeline = tab.inner_text("ol.timeline")
+                    assert "refused with DOMAIN_INVALID" in timeline and "approve by dana" in timeline
+                    assert "recovered by reconciliation" in timeline
+                    assert "→ retryable_failure TOOL_REMOTE_ERROR payments_refund: unknown" in timeline
+                    tab.screenshot(path=str(SHOTS / f"task-{width}.png"), full_page=True)
             finally:
                 context.close()

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from engine import Code, Engine, RailyardError, Registry
 from engine.api import create_app
 from engine.api.app import DEFAULT_MAX_BODY, max_body
-from tests.support.api import bearer, live_server, make_api_engine, token_table
+from tests.support.api import bearer, documented, live_server, make_api_engine, token_table
 
 CHUNK = 64 * 1024
 HUNDRED_MB = 100 * 1024 * 1024
@@ -129,6 +129,7 @@ def test_a_100_mb_post_without_a_valid_token_is_401_and_its_body_is_never_read(
 
 def test_the_401_before_the_body_is_the_one_the_routes_give(engine: Engine) -> None:
     with TestClient(app_over(engine)) as client:
+        documented(client)
         for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": "Bearer nope"}):
             early = client.post("/api/tasks", json=ORDER, headers=headers)
             assert early.status_code == 401 and early.json()["code"] == str(Code.ACTOR_REQUIRED)
@@ -185,6 +186,7 @@ def padded(doc: dict[str, Any], size: int) -> bytes:
 def test_a_body_at_the_limit_is_read_and_one_byte_more_is_413(engine: Engine) -> None:
     limit = 4096
     with TestClient(app_over(engine, max_body=limit)) as client:
+        documented(client)
         headers = {**bearer("ann"), "Content-Type": "application/json"}
         over = client.post("/api/tasks", content=padded(ORDER, limit + 1), headers=headers)
         assert over.status_code == 413 and over.json()["code"] == str(Code.PAYLOAD_INVALID)

@@ -16,7 +16,15 @@ from engine import Code, Engine, Registry, ScriptedModel
 from engine.api import create_app
 from engine.store import SqlStore
 from engine.store.protocol import TaskQuery
-from tests.support.api import SETTLED_BY_OPERATORS, bearer, make_api_engine, make_app, to_approval, token_table
+from tests.support.api import (
+    SETTLED_BY_OPERATORS,
+    bearer,
+    documented,
+    make_api_engine,
+    make_app,
+    to_approval,
+    token_table,
+)
 from tests.support.postgres import truncate
 from tests.support.shop import Ledger, make_workflow
 from tests.support.stores import T0, Log
@@ -32,7 +40,7 @@ def engine(db_url: str, tmp_path: Path) -> Iterator[Engine]:
 @pytest.fixture
 def client(engine: Engine) -> Iterator[TestClient]:
     with TestClient(make_app(engine)) as c:
-        yield c
+        yield documented(c)
 
 
 @pytest.fixture
@@ -41,7 +49,7 @@ def reference(db_url: str) -> Iterator[tuple[Engine, TestClient]]:
     tokens = token_table()
     eng = Engine(db_url, Registry([REFUND_V2, EXPENSE, TICKET_TRIAGE]), authoriser=tokens)
     with eng, TestClient(create_app(eng, tokens, session_secret="s")) as c:
-        yield eng, c
+        yield eng, documented(c)
 
 
 def get(client: TestClient, path: str, **params: Any) -> dict[str, Any]:

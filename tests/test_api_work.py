@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from engine import Engine, Registry, ScriptedModel
 from engine.api import TokenTable, create_app
 from engine.providers.scripted import call
+from tests.support.api import documented
 from tests.support.reference import DAMAGED, books, fake_systems, refund  # noqa: F401  (books: a fixture)
 from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE, fakes
 from workflows.scripts import TICKET_DOUBLE_CHARGE, TICKET_DOUBLE_CHARGE_INPUT
@@ -39,7 +40,7 @@ def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:  # noqa: F811
 def client(eng: Engine) -> Iterator[TestClient]:
     app = create_app(eng, TokenTable.from_tokens(TOKENS), session_secret="test-secret")
     with TestClient(app, follow_redirects=False) as c:
-        yield c
+        yield documented(c)
 
 
 def login(client: TestClient, who: str) -> str:
@@ -125,7 +126,7 @@ def test_the_queue_holds_every_kind_of_work_for_the_roles_held_and_counts_the_re
     }
     sam = client.get("/api/work", headers={"Authorization": "Bearer tok-sam"}).json()
     assert [(i["task_id"], i["kind"], i["triggers"]) for i in sam["items"]] == [
-        (ticket, "handoff", ["resolve", "ask_customer", "cancel"])
+        (ticket, "handoff", ["resolve", "ask_customer", "cancel", "redrive"])  # back to the agent: anyone may
     ]
     only = client.get("/api/work", params={"kind": "failure"}, headers={"Authorization": "Bearer tok-dana"}).json()
     assert [i["task_id"] for i in only["items"]] == [failure]
@@ -271,7 +272,9 @@ def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_w
     assert "approve by dana as refund_approver: photo checked" in text
     assert f"decided on the prepared call with digest {digest}" in text
     assert "TOOL_REMOTE_ERROR" in text
-    assert "recovered: the answer of the call" in text and "asked the remote what became of that action id" in text
+    assert "recovered by reconciliation: the call (action" in text
+    assert "its outcome was not known (the answer was lost" in text  # a lost reply, not a crash
+    assert "asked the remote what became of that action id instead of calling again" in text
     assert html.count("mark-recovered") == 1 and html.count("mark-repair") == 1
     assert html.count('<details class="raw">') == len(eng.history(task_id))  # the raw JSON, one click away
 
@@ -360,3 +363,211 @@ def test_the_queue_filters_by_how_long_a_task_has_waited(client: TestClient, eng
     html = client.get("/inbox", params={"older_than": "1d"}).text
     assert f'id="approval-{old}"' in html and new not in html and 'value="1d" selected' in html
     assert re.search(r"waiting 2 d 0 h", words(html))
+
+
+def test_the_counts_are_of_what_the_filters_select_and_say_so(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import text
+
+    from tests.support.stores import sql_store
+
+    approval, failure = refund_at_approval(eng), refund_failed(eng, books)
+    old, new = expense_in_review(eng, "eve"), expense_in_review(eng, "finn")
+    ticket = ticket_queued(eng)  # sam's: dana counts it among the others
+    two_days_ago = datetime.now(UTC) - timedelta(days=2)
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for task_id in (old, ticket):
+            conn.execute(
+                text("UPDATE tasks SET updated_at = :at WHERE task_id = :id"), {"at": two_days_ago, "id": task_id}
+            )
+    auth = {"Authorization": "Bearer tok-dana"}
+
+    def queue(**params: str) -> tuple[dict[tuple[str, str], tuple[int, int]], dict[str, int], list[str]]:
+        body = client.get("/api/work", params=params, headers=auth).json()
+        counts = {(c["kind"], c["workflow"]): (c["yours"], c["others"]) for c in body["counts"]}
+        return counts, body["total"], [i["task_id"] for i in body["items"]]
+
+    everything = queue()
+    assert everything[0] == {
+        ("approval", "refund"): (1, 0),
+        ("approval", "expense"): (2, 0),
+        ("failure", "refund"): (1, 0),
+        ("handoff", "ticket_triage"): (0, 1),
+    }
+    assert everything[1] == {"yours": 4, "others": 1} and len(everything[2]) == 4
+    assert queue(kind="approval") == (
+        {("approval", "refund"): (1, 0), ("approval", "expense"): (2, 0)},
+        {"yours": 3, "others": 0},
+        [approval, old, new],
+    )
+    assert queue(workflow="refund") == (
+        {("approval", "refund"): (1, 0), ("failure", "refund"): (1, 0)},
+        {"yours": 2, "others": 0},
+        [approval, failure],
+    )
+    assert queue(older_than="1d") == (
+        {("approval", "expense"): (1, 0), ("handoff", "ticket_triage"): (0, 1)},
+        {"yours": 1, "others": 1},  # the ticket waited as long, on a role dana lacks: counted, not listed
+        [old],
+    )
+    assert queue(kind="failure", workflow="expense") == ({}, {"yours": 0, "others": 0}, [])
+    # Every page's items add up to the total of what the filters select.
+    assert sum(len(queue(kind=k)[2]) for k in ("approval", "failure", "handoff")) == everything[1]["yours"]
+
+    login(client, "dana")
+    text_of = words(client.get("/inbox", params={"workflow": "refund", "older_than": "1d"}).text)
+    assert "Of the work these filters select (workflow refund, waiting longer than a day)" in text_of
+    assert "Nothing these filters select waits on anyone." in text_of
+    page = client.get("/inbox", params={"kind": "approval"}).text
+    shown = words(page)
+    assert (
+        "Of the work these filters select (kind approvals)" in shown
+        and "Failures to retry" not in shown.split("by kind and workflow")[1].split("Nearest deadline")[0]
+    )
+    # The kind menu says what choosing each kind would find under the other filters, whatever kind is chosen.
+    assert re.search(r'<option value="failure">Failures to retry \(1\)</option>', page)
+    assert re.search(r'<option value="approval" selected>Approvals \(3\)</option>', page)
+    assert 'id="total-yours">3<' in page and 'id="total-others">0<' in page
+    everything_page = words(client.get("/inbox").text)
+    assert "Of all the work waiting on people" in everything_page
+    assert "1 more wait on roles which you do not hold" in everything_page
+
+
+def test_the_timeline_of_a_repaired_approved_and_crash_recovered_refund_says_each_in_words(
+    client: TestClient,
+    eng: Engine,
+    books: fakes.Systems,  # noqa: F811
+    db_url: str,
+    tmp_path: Any,
+) -> None:
+    """A refund the model proposed too much for (refused, repaired), approved, and whose worker process is
+    SIGKILLed between the payment's intent and its outcome (the provider has paid, its answer is held): another
+    worker resumes the task and reconciles by action id instead of paying again, and the task page says each in
+    words, and `railyard history` that the payment was recovered by reconciliation."""
+    import signal
+    import subprocess
+    import time
+    from itertools import takewhile
+
+    from typer.testing import CliRunner
+
+    from engine import Worker
+    from engine.cli import app as cli
+    from tests.support.reference import expire_leases
+    from tests.test_effects import RAILYARD, wait_for, worker_env
+    from workflows.refund_tools import SETTLE_SECONDS
+
+    task_id = eng.start("refund", DAMAGED, actor="ann")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+            refund(15_000),  # over the balance: refused, fed back, repaired
+            refund(12_999),
+        ],
+        profile="anthropic",
+    )
+    assert eng.run(task_id, model=model).state == "awaiting_approval"
+    digest = eng.load(task_id).prepared["digest"]  # type: ignore[index]
+    eng.approve(task_id, actor="dana", prepared_digest=digest, comment="photo checked")
+    books.arm("payments.refund", "hold_after")  # the provider pays, then holds its answer
+    worker = subprocess.Popen(
+        [RAILYARD, "worker", "--once", "--workflows", "refund", "--lease-seconds", "1"],
+        env=worker_env(db_url, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: books.held("payments.refund"), what="the payment call to reach the provider")
+        worker.send_signal(signal.SIGKILL)  # between the intent, on record, and the outcome, never recorded
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        worker.kill()
+    stranded = eng.get(task_id)
+    assert stranded.state == "executing" and stranded.unsettled is not None
+    assert stranded.unsettled["status"] == "pending"
+    expire_leases(eng)
+    time.sleep(SETTLE_SECONDS)  # the killed worker's call can no longer land
+    assert Worker(eng, name="heir", listen=False).run_once() == 1
+    assert eng.get(task_id).state == "completed"
+    events = eng.history(task_id)
+    assert [e.trigger for e in events][-2:] == ["call", "succeeded"] and events[-1].data["reconciled"] is True
+    assert books.payments.executions() == {events[-1].data["action_id"]: 1}  # paid once
+
+    login(client, "dana")
+    html = client.get(f"/tasks/{task_id}").text
+    text = words(html)
+    assert "payments_refund: succeeded, recovered by reconciliation" in text
+    assert (
+        "recovered by reconciliation: the call (action "
+        f"{events[-1].data['action_id'][:12]}) was made once; the worker that made it stopped before recording its "
+        "outcome (it crashed, or lost its lease), so the worker that took the task over asked the remote what "
+        "became of that action id instead of calling again, and this outcome is what it found"
+    ) in text
+    assert html.count("mark-recovered") == 1 and f'id="event-{events[-1].seq}"' in html
+    assert "refused with DOMAIN_INVALID, fed back: within_refundable_balance: amount 15000 exceeds" in text
+    assert html.count("mark-repair") == 1 and html.count("mark-approval") == 1
+    assert "approve by dana as refund_approver: photo checked" in text
+    assert f"decided on the prepared call with digest {digest}" in text
+
+    shown = CliRunner().invoke(cli, ["history", task_id], env={"RAILYARD_DATABASE_URL": db_url})
+    assert shown.exit_code == 0, shown.output
+    # The row of the recovered payment, its data column read across the lines it wraps over.
+    lines = shown.stdout.splitlines()
+    first = next(n for n, line in enumerate(lines) if line.startswith(f"│ {events[-1].seq} "))
+    row = [lines[first], *takewhile(lambda line: line.startswith("│     │"), lines[first + 1 :])]
+    said = " ".join(line.split("│")[-2].strip() for line in row)
+    assert said.startswith("payments_refund: succeeded, recovered by reconciliation"), said
+
+
+def test_an_approver_sends_a_task_that_ran_out_of_budget_back_from_its_page(
+    db_url: str,
+    books: fakes.Systems,  # noqa: F811
+) -> None:
+    import dataclasses
+
+    from engine import Budgets
+
+    tight = dataclasses.replace(REFUND_V1, version=2, budgets=Budgets(repeats=2))
+    tokens = TokenTable.from_tokens(TOKENS)
+    with (
+        Engine(db_url, Registry([REFUND_V1, tight, TICKET_TRIAGE, EXPENSE]), authoriser=tokens) as eng,
+        TestClient(create_app(eng, tokens, session_secret="s"), follow_redirects=False) as c,
+    ):
+        task_id = eng.start("refund", DAMAGED, actor="ann", version=2)
+        looping = ScriptedModel([call("query_order", order_id="O-1001")] * 6, profile="anthropic")
+        assert eng.run(task_id, model=looping).state == "limit_exceeded"
+        csrf = login(c, "sam")  # no refund role: the redrive (the workflow's settle role) is not offered
+        assert 'class="trigger trigger-redrive"' not in c.get(f"/tasks/{task_id}").text
+        csrf = login(c, "dana")
+        html = c.get(f"/tasks/{task_id}").text
+        form = re.search(
+            r'<form method="post" action="/tasks/[^"]+/redrive" class="trigger trigger-redrive">.*?</form>', html, re.S
+        )
+        assert form, html
+        assert re.findall(r'<option value="([^"]*)">', form.group(0)) == ["collecting_information", "looking_up_order"]
+        assert f'id="work-{task_id}"' in c.get("/inbox").text and "Send back" in words(c.get("/inbox").text)
+        seq = str(eng.load(task_id).seq)
+        stale = c.post(
+            f"/tasks/{task_id}/redrive",
+            data={"csrf": csrf, "seq": "1", "to_state": "collecting_information", "reason": "try again"},
+        )
+        assert "CONCURRENCY_CONFLICT" in flash(c, stale, task_id) and eng.get(task_id).state == "limit_exceeded"
+        done = c.post(
+            f"/tasks/{task_id}/redrive",
+            data={"csrf": csrf, "seq": seq, "to_state": "collecting_information", "reason": "The order is found now"},
+        )
+        assert "Sent back to collecting_information" in flash(c, done, task_id)
+        last = eng.history(task_id)[-1]
+        assert (last.actor, last.trigger, last.to_state, last.data["reason"]) == (
+            "dana",
+            "redrive",
+            "collecting_information",
+            "The order is found now",
+        )
+        assert "redriven by dana, budgets reset: The order is found now" in words(c.get(f"/tasks/{task_id}").text)

@@ -234,6 +234,13 @@ def test_providers_tables_are_generated_from_the_profiles() -> None:
     )
 
 
+def test_the_refusals_of_each_operation_are_generated_from_the_openapi_document() -> None:
+    text = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    assert _tool("gen_api_doc").regenerate(text) == text, (
+        "docs/api.md's refusals table is out of date with the routes' declarations: run `python tools/gen_api_doc.py`"
+    )
+
+
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'railyard.db'}"

@@ -116,7 +116,7 @@ def test_the_check_reports_undeclared_keys_wrong_types_and_missing_fields() -> N
                 "reconciled": True,
             },
             None,
-            'refund_payment: succeeded {"id": 7} (reconciled)',
+            'refund_payment: succeeded, recovered by reconciliation {"id": 7}',
         ),
         (
             "limit",

@@ -68,6 +68,8 @@ from engine.api.auth import (
     throttled,
 )
 from engine.api.schemas import (
+    BODY_TOO_LARGE,
+    IF_MATCH_FAILED,
     MAX_SEQ,
     NAME_PATTERN,
     STATE_PATTERN,
@@ -90,7 +92,7 @@ from engine.api.schemas import (
     WhoAmI,
     WorkflowBody,
     WorkQueueBody,
-    errors,
+    refusals,
     status_for,
 )
 from engine.api.views import (
@@ -303,15 +305,51 @@ def one_name(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "workflow": name, "version": int(version)} if version.isdigit() else body
 
 
+# -- what each operation can refuse with: its `responses`, declared once at the route -----------------------------
+# Each route lists the codes it can answer with (these groups and its own); `refusals` turns the list into the
+# document's error responses, a status per code (`STATUS_BY_CODE`), with the codes as an enum and an example each.
+# tests/test_api_errors.py checks every code listed is one the route can give, and that what a request provokes is
+# listed; schemathesis checks every answer against the document.
+
+#: Every API call: no token (401); a query, path, header or body that does not match its schema, or a query
+#: parameter the route does not take (422); a bug (500).
+API = (Code.ACTOR_REQUIRED, Code.PAYLOAD_INVALID, Code.INTERNAL_ERROR)
+#: A call that reads or writes the database: away, not there, failing, or without the schema (503).
+DATABASE = (Code.DATABASE_UNREACHABLE, Code.DATABASE_NOT_FOUND, Code.DATABASE_ERROR, Code.SCHEMA_MISSING)
+STORED = (*API, *DATABASE)
+#: Every write: a read-only (auditor) token (403), a body over the limit (413).
+WRITE = (Code.FORBIDDEN, BODY_TOO_LARGE)
+#: A task's events that do not hold together, or an archived task whose file is gone (500).
+EVENTS_BROKEN = (Code.HASH_MISMATCH, Code.ARCHIVE_MISSING)
+#: ... and, loading the task, folded to another state than its row's (500).
+LOG_BROKEN = (*EVENTS_BROKEN, Code.SEQ_GAP, Code.STATE_MISMATCH)
+#: Loading a task: none by that id (404), pinned to a version this server's code does not run (409), a broken log.
+TASK = (Code.TASK_NOT_FOUND, Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED, *LOG_BROKEN)
+#: A command on a task, decided on the state its sender saw: the task moved past the seq named (409), or past the
+#: one If-Match named (412).
+COMMAND = (*STORED, *WRITE, *TASK, Code.CONCURRENCY_CONFLICT, IF_MATCH_FAILED)
+#: What the engine's checks of a trigger refuse (`engine.core.decide`) beyond a role (403) and its payload's model
+#: (422): not allowed in this state, a guard, a write whose outcome is open.
+TRIGGER = (Code.TRIGGER_NOT_ALLOWED, Code.DOMAIN_INVALID, Code.OUTCOME_UNSETTLED)
+#: A trigger fired on a task that ended (a decision says TASK_NOT_AWAITING_APPROVAL instead).
+ENDED = (Code.TASK_TERMINAL,)
+#: An approval's decision (`engine.core.approvals.check_decision`, then the trigger's own checks): the task is not
+#: at an approval, the state has no such decision, the role or separation of duties.
+DECISION = (Code.TASK_NOT_AWAITING_APPROVAL, Code.APPROVAL_FORBIDDEN, *TRIGGER)
+
+
 # -- the API over tasks ----------------------------------------------------------------------------
-@task_api.get("/me", response_model=WhoAmI, responses=errors(401))
+@task_api.get("/me", response_model=WhoAmI, responses=refusals(API))
 def whoami(who: Reader) -> dict[str, Any]:
     """The actor and roles the bearer token stands for."""
     return {"actor": who.actor, "roles": sorted(who.roles), "read_only": who.read_only}
 
 
 @task_api.post(
-    "/tasks", status_code=201, response_model=TaskBody, responses=errors(401, 403, 404, 409, 413, 422, tagged=201)
+    "/tasks",
+    status_code=201,
+    response_model=TaskBody,
+    responses=refusals(STORED, WRITE, Code.WORKFLOW_UNKNOWN, Code.VERSION_UNKNOWN, tagged=201),
 )
 def start_task(body: StartRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
     """Start a task on a workflow (its newest version unless `version`); the token's actor starts it."""
@@ -364,7 +402,7 @@ def next_link(path: str, params: dict[str, Any], cursor: str | None) -> str | No
     return list_link(path, params, cursor) if cursor else None
 
 
-@task_api.get("/tasks", response_model=TaskPage, responses=errors(401, 422))
+@task_api.get("/tasks", response_model=TaskPage, responses=refusals(STORED))
 def tasks(
     request: Request,
     ctx: Ctx,
@@ -394,22 +432,27 @@ def tasks(
     }
 
 
-@task_api.get("/tasks/{task_id}", response_model=TaskBody, responses=errors(401, 404, 409, 422, tagged=200))
+@task_api.get("/tasks/{task_id}", response_model=TaskBody, responses=refusals(STORED, TASK, tagged=200))
 def get_task(task_id: TaskId, ctx: Ctx, _who: Reader, response: Response) -> dict[str, Any]:
     """Where the task stands: state, status, seq and the triggers it allows now. The ETag is the seq."""
     return task_body(response, ctx.engine.get(task_id))
 
 
-@task_api.get("/tasks/{task_id}/history", response_model=list[EventBody], responses=errors(401, 404, 422))
+@task_api.get(
+    "/tasks/{task_id}/history",
+    response_model=list[EventBody],
+    responses=refusals(STORED, Code.TASK_NOT_FOUND, EVENTS_BROKEN),
+)
 def history(task_id: TaskId, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
     """Every event of the task's log, in order, with its hashes."""
     return [e.to_dict() for e in ctx.engine.history(task_id)]
 
 
-COMMAND_ERRORS = errors(401, 403, 404, 409, 412, 413, 422, tagged=200)
-
-
-@task_api.post("/tasks/{task_id}/signal", response_model=TaskBody, responses=COMMAND_ERRORS)
+@task_api.post(
+    "/tasks/{task_id}/signal",
+    response_model=TaskBody,
+    responses=refusals(COMMAND, ENDED, TRIGGER, Code.IDENTITY_OVERRIDE, tagged=200),
+)
 def signal(
     task_id: TaskId, body: SignalRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
@@ -429,7 +472,11 @@ def signal(
     return task_body(response, ctx.engine.view(task))
 
 
-@task_api.post("/tasks/{task_id}/cancel", response_model=TaskBody, responses=COMMAND_ERRORS)
+@task_api.post(
+    "/tasks/{task_id}/cancel",
+    response_model=TaskBody,
+    responses=refusals(COMMAND, ENDED, tagged=200),
+)
 def cancel(
     task_id: TaskId, body: CancelRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
@@ -441,7 +488,11 @@ def cancel(
     return task_body(response, ctx.engine.view(task))
 
 
-@task_api.post("/tasks/{task_id}/settle", response_model=TaskBody, responses=COMMAND_ERRORS)
+@task_api.post(
+    "/tasks/{task_id}/settle",
+    response_model=TaskBody,
+    responses=refusals(COMMAND, Code.TRIGGER_NOT_ALLOWED, Code.OUTCOME_UNSETTLED, tagged=200),
+)
 def settle(
     task_id: TaskId, body: SettleRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
@@ -459,7 +510,16 @@ def settle(
     "/tasks/{task_id}/fork",
     status_code=201,
     response_model=TaskBody,
-    responses=errors(401, 403, 404, 409, 413, 422, tagged=201),
+    responses=refusals(
+        STORED,
+        WRITE,
+        TASK,
+        Code.FORK_INVALID,
+        Code.WRITE_WOULD_REPEAT,
+        Code.WORKFLOW_UNKNOWN,
+        Code.VERSION_UNKNOWN,
+        tagged=201,
+    ),
 )
 def fork(task_id: TaskId, body: ForkRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
     """Start a new task from this task's state as of `at_seq` (`railyard fork`); the source is only read. Refused
@@ -469,7 +529,11 @@ def fork(task_id: TaskId, body: ForkRequest, ctx: Ctx, who: Writer, response: Re
     return task_body(response, ctx.engine.get(new_id))
 
 
-@task_api.post("/tasks/{task_id}/redrive", response_model=TaskBody, responses=COMMAND_ERRORS)
+@task_api.post(
+    "/tasks/{task_id}/redrive",
+    response_model=TaskBody,
+    responses=refusals(COMMAND, Code.REDRIVE_INVALID, Code.WRITE_WOULD_REPEAT, tagged=200),
+)
 def redrive(
     task_id: TaskId, body: RedriveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
@@ -483,7 +547,7 @@ def redrive(
     return task_body(response, ctx.engine.view(task))
 
 
-@task_api.get("/tasks/{task_id}/replay", response_model=ReplayBody, responses=errors(401, 404, 422))
+@task_api.get("/tasks/{task_id}/replay", response_model=ReplayBody, responses=refusals(STORED, Code.TASK_NOT_FOUND))
 def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
     legal in its pinned definition, and that the fold matches the stored state. `ok` is false with findings."""
@@ -495,7 +559,7 @@ def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     "/tasks/{task_id}/diagram",
     name="diagram",
     response_model=DiagramBody,
-    responses=errors(401, 404, 409, 422),
+    responses=refusals(STORED, TASK),
 )
 def task_diagram_body(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """The task's workflow version as a Mermaid state diagram, with the path the task took highlighted."""
@@ -504,7 +568,7 @@ def task_diagram_body(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]
 
 
 # -- the API over approvals ------------------------------------------------------------------------
-@approval_api.get("/approvals", response_model=ApprovalPage, responses=errors(401, 422))
+@approval_api.get("/approvals", response_model=ApprovalPage, responses=refusals(STORED, LOG_BROKEN))
 def approvals(
     request: Request,
     ctx: Ctx,
@@ -551,12 +615,13 @@ def work_body(queue: WorkPage) -> dict[str, Any]:
         "counts": [
             {"kind": str(c.kind), "workflow": c.workflow, "yours": c.yours, "others": c.others} for c in queue.counts
         ],
+        "total": dict(zip(("yours", "others"), queue.total(), strict=True)),
         "limit": queue.limit,
         "next_cursor": queue.next_cursor,
     }
 
 
-@approval_api.get("/work", response_model=WorkQueueBody, responses=errors(401, 422))
+@approval_api.get("/work", response_model=WorkQueueBody, responses=refusals(STORED, LOG_BROKEN))
 def work(
     request: Request,
     ctx: Ctx,
@@ -569,14 +634,20 @@ def work(
 ) -> dict[str, Any]:
     """Every task waiting on a trigger the token's actor may fire (approvals, hand-offs, failures to retry,
     limits reached, effects after a cancel, waits on a person), nearest deadline first and then oldest, a page
-    at a time, with the counts
-    per kind and workflow; tasks waiting on roles the token lacks are only counted."""
+    at a time, with the counts per kind and workflow of what the same filters select; tasks waiting on roles the
+    token lacks are only counted."""
     queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor, limit=limit)
     params = {"kind": kind, "workflow": workflow, "older_than": older_than, "limit": queue.limit}
     return {**work_body(queue), "next": next_link(request.url.path, params, queue.next_cursor)}
 
 
-@approval_api.post("/tasks/{task_id}/approve", response_model=TaskBody, responses=COMMAND_ERRORS)
+@approval_api.post(
+    "/tasks/{task_id}/approve",
+    response_model=TaskBody,
+    responses=refusals(
+        COMMAND, DECISION, Code.APPROVAL_STALE, Code.DIGEST_TOO_SHORT, Code.DIGEST_AMBIGUOUS, tagged=200
+    ),
+)
 def approve(
     task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
@@ -590,7 +661,9 @@ def approve(
     return task_body(response, ctx.engine.view(task))
 
 
-@approval_api.post("/tasks/{task_id}/reject", response_model=TaskBody, responses=COMMAND_ERRORS)
+@approval_api.post(
+    "/tasks/{task_id}/reject", response_model=TaskBody, responses=refusals(COMMAND, DECISION, tagged=200)
+)
 def reject(
     task_id: TaskId, body: RejectRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
@@ -625,7 +698,7 @@ def workflow_body(registry: Registry, name: str) -> dict[str, Any]:
     }
 
 
-@workflow_api.get("/workflows", response_model=list[WorkflowBody], responses=errors(401))
+@workflow_api.get("/workflows", response_model=list[WorkflowBody], responses=refusals(API))
 def workflows(ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
     """Every workflow this server's code defines, with all its versions."""
     registry = ctx.engine.registry
@@ -633,7 +706,7 @@ def workflows(ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
     return [workflow_body(registry, name) for name in names]
 
 
-@workflow_api.get("/workflows/{name}", response_model=WorkflowBody, responses=errors(401, 404, 422))
+@workflow_api.get("/workflows/{name}", response_model=WorkflowBody, responses=refusals(API, Code.WORKFLOW_UNKNOWN))
 def workflow(name: Name, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """One workflow's versions."""
     return workflow_body(ctx.engine.registry, name)
@@ -643,7 +716,7 @@ def workflow(name: Name, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     "/workflows/{name}/diagram",
     name="diagram",
     response_model=DiagramBody,
-    responses=errors(401, 404, 422),
+    responses=refusals(API, Code.WORKFLOW_UNKNOWN, Code.VERSION_UNKNOWN),
 )
 def workflow_diagram_body(
     name: Name,
@@ -896,6 +969,27 @@ def reject_page(
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+
+
+@pages.post("/tasks/{task_id}/redrive")
+def redrive_page(
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PagePost,
+    to_state: Annotated[str, Form(pattern=STATE_PATTERN)],
+    reason: Annotated[str, Form(min_length=1, max_length=500)],
+    seq: Seq = None,
+) -> Response:
+    """Send a handed-off or limit-state task back to a state it was in (the engine checks the role and that no
+    write would run twice)."""
+    with flashed(session, f"Sent back to {to_state}: the redrive is recorded."):
+        require_writer(session.principal)
+        pre = precondition(None, seq)
+        with acting_on(ctx.engine, task_id, pre):
+            ctx.engine.redrive(
+                task_id, to_state, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq
+            )
     return RedirectResponse(f"/tasks/{task_id}", status_code=303)
 
 

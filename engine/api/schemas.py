@@ -15,7 +15,8 @@ code cannot reach a caller as an unmapped 500.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
@@ -163,9 +164,13 @@ WorkKindName = Literal["approval", "handoff", "failure", "limit", "cancel_review
 
 
 class ErrorBody(BaseModel):
-    code: Code | None = Field(description="A stable code from engine.Code (null for an unknown URL or method).")
-    message: str
-    details: dict[str, Any] = Field(default_factory=dict)
+    """Every refusal's body: branch on `code`. Each operation's responses narrow `code` to the codes it can give
+    at that status (`refusals`). (A path or method the API does not have answers `code: null`; it is no
+    operation's.)"""
+
+    code: Code = Field(description="A stable code from engine.Code.")
+    message: str = Field(description="For people; never branch on it.")
+    details: dict[str, Any] = Field(description="What the code is about (the state now, the seq, the role...).")
 
 
 class CancelRequested(BaseModel):
@@ -275,7 +280,10 @@ class WorkItemBody(BaseModel):
     waiting_since: DateTime = Field(description="When it came to this state.")
     deadline: DateTime | None = Field(description="Null: no deadline.")
     at_deadline: str | None = Field(description="What happens at the deadline.")
-    triggers: list[str] = Field(description="The triggers the caller may fire here (the engine checks again).")
+    triggers: list[str] = Field(
+        description="The triggers the caller may fire here (the engine checks again): `approve` and `reject` at "
+        "/approve and /reject, `redrive` at /redrive, the others at /signal."
+    )
 
 
 class WorkCountBody(BaseModel):
@@ -285,11 +293,22 @@ class WorkCountBody(BaseModel):
     others: int = Field(description="Waiting on roles the caller does not hold (not listed).")
 
 
+class WorkTotalBody(BaseModel):
+    yours: int = Field(description="What the filters select and the caller may act on: every page's items.")
+    others: int = Field(
+        description="What the filters select that waits on roles the caller does not hold: counted, never listed."
+    )
+
+
 class WorkQueueBody(_Page):
     items: list[WorkItemBody] = Field(
         description="Nearest deadline first (none: last), then oldest, by creation time then task id."
     )
-    counts: list[WorkCountBody] = Field(description="Every task waiting on a person, by kind and workflow.")
+    counts: list[WorkCountBody] = Field(
+        description="The tasks the request's filters (kind, workflow, older_than) select, by kind and workflow; "
+        "without filters, every task waiting on a person."
+    )
+    total: WorkTotalBody = Field(description="The counts added up: the filtered set, yours and others.")
 
 
 class WorkflowVersion(BaseModel):
@@ -488,20 +507,35 @@ def validation_body(exc: ValidationError | Any) -> dict[str, Any]:
     }
 
 
-_WHY = {
-    401: "No bearer token, or one this server does not know (ACTOR_REQUIRED).",
-    403: "The token may not do this: read-only (auditor), or a role the transition needs (FORBIDDEN, "
-    "APPROVAL_FORBIDDEN).",
-    404: "No such task, workflow or version (TASK_NOT_FOUND, WORKFLOW_UNKNOWN, VERSION_UNKNOWN).",
-    409: "The task is not where this needs it (TASK_TERMINAL, TRIGGER_NOT_ALLOWED, TASK_NOT_AWAITING_APPROVAL), "
-    "moved past the body's expected_seq or meanwhile (CONCURRENCY_CONFLICT), the approved call changed "
-    "(APPROVAL_STALE), or is pinned to a version this server does not run (DEFINITION_MISSING, "
-    "DEFINITION_CHANGED).",
-    412: "If-Match named a seq the task is no longer at (CONCURRENCY_CONFLICT; details.state and details.actual "
-    "say where it is now). Nothing was written.",
-    413: "The request body is larger than the server's limit (PAYLOAD_INVALID; details.limit); it was not read.",
-    422: "The request or its payload is invalid (PAYLOAD_INVALID, DOMAIN_INVALID, IDENTITY_OVERRIDE).",
+#: What each status says, whatever the operation: the first sentence of a response's description in the document.
+_MEANING = {
+    401: "No bearer token, or one this server does not know.",
+    403: "The token may not do this.",
+    404: "What the request names does not exist here.",
+    409: "The task is not where this needs it, or it moved meanwhile; nothing was written.",
+    412: "If-Match named a seq the task is no longer at (details.state and details.actual say where it is now); "
+    "nothing was written.",
+    413: "The request body is larger than the server reads (details.limit); it was not read.",
+    422: "The request, or what it carries, is invalid (details.errors says where, never the rejected values).",
+    500: "A stored log does not hold together, or the server failed (its log says more).",
+    503: "The database failed or has no schema.",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A code answered with another status than `STATUS_BY_CODE` gives it: a failed If-Match, a body too large."""
+
+    status: int
+    code: Code
+
+
+#: `CONCURRENCY_CONFLICT` for a command whose If-Match named another seq (`PreconditionFailed`), and
+#: `PAYLOAD_INVALID` for a body over the limit (`app.RequestLimits`, before the body is read).
+IF_MATCH_FAILED = Answer(412, Code.CONCURRENCY_CONFLICT)
+BODY_TOO_LARGE = Answer(413, Code.PAYLOAD_INVALID)
+
+Refusal = Code | Answer
 
 ETAG_HEADER = {
     "ETag": {
@@ -511,11 +545,41 @@ ETAG_HEADER = {
 }
 
 
-def errors(*statuses: int, tagged: int | None = None) -> dict[int | str, dict[str, Any]]:
-    """The error responses of a route; `tagged`: its success status, whose response carries the task's ETag."""
-    out: dict[int | str, dict[str, Any]] = {
-        status: {"model": ErrorBody, "description": _WHY[status]} for status in statuses
-    }
+def _answers(refusals: Iterable[Refusal | Iterable[Refusal]]) -> dict[int, list[Code]]:
+    """The codes by status, each once, in the order declared (groups flattened)."""
+    by_status: dict[int, list[Code]] = {}
+    for item in refusals:
+        for one in (item,) if isinstance(item, Code | Answer) else item:
+            status, code = (one.status, one.code) if isinstance(one, Answer) else (status_of(one), one)
+            codes = by_status.setdefault(status, [])
+            if code not in codes:
+                codes.append(code)
+    return dict(sorted(by_status.items()))
+
+
+def narrowed(codes: Sequence[Code]) -> dict[str, Any]:
+    """What an operation's error body is at one status: an `ErrorBody` (the `$ref` FastAPI adds beside it) whose
+    `code` is one of `codes`. OpenAPI 3.1 schemas are JSON Schema 2020-12, where `$ref` and its sibling keywords
+    both apply; a generator that reads only the `$ref` still gets the one `ErrorBody` class and the `Code` enum."""
+    return {"properties": {"code": {"enum": [str(c) for c in codes]}}}
+
+
+def refusals(*declared: Refusal | Iterable[Refusal], tagged: int | None = None) -> dict[int | str, dict[str, Any]]:
+    """An operation's error responses, from the one list of codes it can answer with: each status those codes
+    have (`STATUS_BY_CODE`, or the `Answer`'s), and per status its codes as an enum, the error body's schema, and
+    one example per code. `tagged`: the success status, whose response carries the task's ETag."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status, codes in _answers(declared).items():
+        listed = ", ".join(f"`{c}`" for c in codes)
+        examples = {
+            str(c): {"summary": c.reference, "value": {"code": str(c), "message": c.reference, "details": {}}}
+            for c in codes
+        }
+        out[status] = {
+            "description": f"{_MEANING[status]} Codes: {listed} (each example says what its code means).",
+            "model": ErrorBody,
+            "content": {"application/json": {"schema": narrowed(codes), "examples": examples}},
+        }
     if tagged is not None:
         out[tagged] = {"headers": ETAG_HEADER}
     return out

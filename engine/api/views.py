@@ -51,6 +51,7 @@ from engine.core.definition import (
     LIMIT_STATE,
     MIGRATE,
     PROVIDER_ERROR_SUFFIX,
+    REDRIVE,
     Agent,
     Approval,
     CardField,
@@ -63,6 +64,7 @@ from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import TaskState
+from engine.core.forks import last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.payloads import event_code
 from engine.core.summary import compact, details, summarise
 from engine.runtime.engine import Engine, TaskView
@@ -196,6 +198,7 @@ def _mark(e: Event) -> str | None:
 
 
 def timeline(events: Iterable[Event]) -> list[Row]:
+    events = list(events)
     return [
         Row(
             e.seq,
@@ -206,11 +209,11 @@ def timeline(events: Iterable[Event]) -> list[Row]:
             e.to_state,
             event_code(e.data),
             summarise(e, TIMELINE_WIDTH),
-            details(e),
+            details(e, earlier=events[:n] if e.data.get("reconciled") is True else ()),  # only these read it
             json.dumps(e.to_dict(), indent=2, ensure_ascii=False, default=str),
             _mark(e),
         )
-        for e in events
+        for n, e in enumerate(events)
     ]
 
 
@@ -611,7 +614,12 @@ def task_page(engine: Engine, task_id: str, principal: Principal, *, internal: b
         route=task_route(definition, events, internal=internal),
         visits=visits_of(events, internal=internal),
         internal=internal,
-        buttons=[] if approval is not None else buttons(definition, task, principal),
+        buttons=[]
+        if approval is not None
+        else [
+            *buttons(definition, task, principal),
+            *_redrive(definition, task, events, principal),
+        ],
         work=work_of(engine, definition, task, events, principal, datetime.now(UTC), approval),
     )
 
@@ -925,6 +933,61 @@ def buttons(definition: Workflow, task: TaskState, principal: Principal) -> list
     return out
 
 
+def redrive_role(definition: Workflow) -> str | None:
+    """The role `Engine.redrive` checks: the workflow's redrive role, else its settle role, else its cancel role
+    (None: anyone who may write)."""
+    return definition.redrive_role or definition.settle_role or definition.cancel_role
+
+
+def redrive_button(definition: Workflow, task: TaskState, events: list[Event], principal: Principal) -> Button | None:
+    """The Send back button of a task handed to a person because its agent or tool states could not go on (a
+    hand-off, a budget's limit): to one of the agent or tool states it was in that `Engine.redrive` would take,
+    repeating no write, for someone holding the redrive role. The engine checks it all again when it is posted."""
+    if task.terminal or principal.read_only or task.state not in definition.redrive_sources():
+        return None
+    role = redrive_role(definition)
+    if role is not None and role not in principal.roles:
+        return None
+    if task.unsettled is not None:  # the engine refuses every redrive while a write's outcome is open
+        return None
+    carried = task.prepared["action_id"] if task.prepared else None
+    targets = []
+    for state in definition.states:
+        entered = last_entry(events, state.name)
+        if state.name not in definition.redrive_targets() or entered is None:
+            continue
+        if redrive_problem(definition, task, state.name, entered) is not None:
+            continue
+        if repeat_hazard(writes(events, entered), entered, carried, source_live=False) is None:
+            targets.append(state.name)
+    if not targets:
+        return None
+    fields = [
+        FormField("to_state", "Send it back to", "select", True, options=tuple(targets)),
+        FormField("reason", "Why", "textarea", True, max_length=500),
+    ]
+    writing = [t for t in targets if isinstance(definition.state(t), Tool) and _leads_to(definition, t)[1] is not None]
+    confirm = (
+        f"can run {', '.join(_leads_to(definition, t)[1] or '' for t in writing)} again (a write)" if writing else None
+    )
+    return Button(
+        REDRIVE,
+        "Send back",
+        f"/tasks/{task.task_id}/redrive",
+        "to the state chosen, its budgets started again (a redrive)",
+        fields,
+        confirm,
+        "",
+        {},
+        "",
+    )
+
+
+def _redrive(definition: Workflow, task: TaskState, events: list[Event], principal: Principal) -> list[Button]:
+    found = redrive_button(definition, task, events, principal)
+    return [found] if found is not None else []
+
+
 def _prepared_shown(definition: Workflow, prepared: Mapping[str, Any]) -> list[Shown]:
     tool_args = None
     if prepared and definition.tools is not None and prepared.get("tool") in definition.tools:
@@ -968,6 +1031,8 @@ class WorkItem:
     #: The full decision card, for approvals.
     approval: ApprovalView | None = None
     card: Card | None = None
+    #: What each tool returned last, and when it was read.
+    evidence: list[Evidence] = field(default_factory=list)
 
     #: How long it has waited, as people say it (when the page was drawn).
     waited: str = ""
@@ -989,13 +1054,19 @@ class WorkCount:
 @dataclass(frozen=True, slots=True)
 class WorkPage:
     items: list[WorkItem]
+    #: The tasks the filters select (kind, workflow, age), by kind and workflow: the list's pages hold the `yours`.
     counts: list[WorkCount]
     limit: int
     next_cursor: str | None
+    #: Yours per kind under the other filters (workflow, age), whatever kind is chosen: what choosing a kind finds.
+    by_kind: dict[WorkKind, int] = field(default_factory=dict)
+    #: The filters the counts are of, in words (empty: none, every task waiting on a person).
+    filters: list[str] = field(default_factory=list)
 
-    def total(self, kind: WorkKind | None = None) -> tuple[int, int]:
-        chosen = [c for c in self.counts if kind is None or c.kind is kind]
-        return sum(c.yours for c in chosen), sum(c.others for c in chosen)
+    def total(self) -> tuple[int, int]:
+        """Of the tasks the filters select: those the person may act on (every page's), and those waiting on roles
+        they do not hold (never listed)."""
+        return sum(c.yours for c in self.counts), sum(c.others for c in self.counts)
 
 
 def _queue_states(engine: Engine, principal: Principal) -> list[tuple[Workflow, str, WorkKind, bool]]:
@@ -1022,26 +1093,25 @@ def work_queue(
     limit: int = WORK_PAGE_SIZE,
 ) -> WorkPage:
     """One page of the tasks waiting on this person, nearest deadline first, then oldest (by creation, then id),
-    with the counts per kind and workflow. Tasks waiting on roles the person lacks are counted, never loaded or
-    drawn."""
+    with the counts per kind and workflow of the tasks the same filters select. Tasks waiting on roles the person
+    lacks are counted, never loaded or drawn."""
     limit = max(1, min(limit, WORK_MAX_LIMIT))
     after = decode_cursor(cursor) if cursor else None
     if after is not None and engine.store.row(after) is None:
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    states = _queue_states(engine, principal)
+    at = datetime.now(UTC)
+    waiting_before = at - AGES[older_than] if older_than else None
+    states = [
+        (d, s, k, mine) for d, s, k, mine in _queue_states(engine, principal) if not workflow or d.name == workflow
+    ]
     counts: dict[tuple[WorkKind, str], list[int]] = {}
     for definition, state, k, mine in states:
-        n = len(engine.store.blocked_in([(definition.name, definition.version, state)]))
+        n = len(engine.store.blocked_in([(definition.name, definition.version, state)], waiting_before=waiting_before))
         if n:
             entry = counts.setdefault((k, definition.name), [0, 0])
             entry[0 if mine else 1] += n
-    wanted = [
-        (d.name, d.version, s)
-        for d, s, k, mine in states
-        if mine and (not kind or k == kind) and (not workflow or d.name == workflow)
-    ]
-    at = datetime.now(UTC)
-    waiting_before = at - AGES[older_than] if older_than else None
+    by_kind = {k: sum(n[0] for (of, _w), n in counts.items() if of is k) for k in WorkKind}
+    wanted = [(d.name, d.version, s) for d, s, k, mine in states if mine and (not kind or k == kind)]
     ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1, by_deadline=True, waiting_before=waiting_before)
     items = []
     for task_id in ids[:limit]:
@@ -1053,8 +1123,15 @@ def work_queue(
     shown = [
         WorkCount(k, w, yours, others)
         for (k, w), (yours, others) in sorted(counts.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1]))
+        if not kind or k == kind
     ]
-    return WorkPage(items, shown, limit, encode_cursor(ids[limit - 1]) if more else None)
+    filters = [
+        *([f"kind {KIND_LABELS[WorkKind(kind)].lower()}"] if kind else []),
+        *([f"workflow {workflow}"] if workflow else []),
+        *([f"waiting longer than {AGE_LABELS[older_than]}"] if older_than else []),
+    ]
+    cut = encode_cursor(ids[limit - 1]) if more else None
+    return WorkPage(items, shown, limit, cut, by_kind, filters)
 
 
 def work_item(engine: Engine, task_id: str, principal: Principal, at: datetime) -> WorkItem | None:
@@ -1100,9 +1177,10 @@ def work_of(
         at_deadline=f"goes to {expires}" if expires else None,
         why=(f"{code}: " if code else "") + f"{last.trigger} — {summarise(last, TIMELINE_WIDTH)}",
         fields=display_arguments(task.input, schema_of(definition.input)),
-        buttons=buttons(definition, task, principal),
+        buttons=[*buttons(definition, task, principal), *_redrive(definition, task, events, principal)],
         approval=approval,
         card=decision_card(definition, task, events),
+        evidence=evidence(task.facts, events, definition),
         waited=ago(at - row.updated_at),
     )
 

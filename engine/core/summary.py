@@ -9,6 +9,7 @@ prints arguments, inputs, results or comments (they may hold personal data).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from engine.core.definition import FORK, MIGRATE, REDRIVE, START
@@ -70,10 +71,10 @@ def _describe(trigger: str, actor: str, data: EventData, values: bool) -> str:
         result = data.get("tool_result")
         tool = result.get("tool") if result is not None else None
         line = f"{tool or 'tool'}: {outcome.get('outcome')}"
+        if data.get("reconciled") is True:  # before the result, so a line cut short (`history`: 60) still says it
+            line += ", recovered by reconciliation"
         if values and outcome.get("result") is not None:
             line += f" {compact(outcome.get('result'))}"
-        if data.get("reconciled") is True:
-            line += " (reconciled)"
         if (asserted := data.get("asserted")) is not None:
             line += f" (asserted by {asserted.get('by')})"
         return line
@@ -96,10 +97,11 @@ def _describe(trigger: str, actor: str, data: EventData, values: bool) -> str:
     return compact(shown) if shown else ""
 
 
-def details(event: Event, width: int | None = 300) -> list[str]:
+def details(event: Event, width: int | None = 300, *, earlier: Sequence[Event] = ()) -> list[str]:
     """What a person reading the timeline needs beyond `summarise`'s line, one sentence each: a model turn's
     rung, attempts and escalation, the answer the engine refused and the error it fed back; a tool's error; an
-    outcome found by reconciliation (after a crash or a lost reply), marked as such; an approval's digest.
+    outcome found by reconciliation, and why it had to be (`earlier`, the events before this one: the worker that
+    made the call stopped before recording its outcome, or the outcome was not known); an approval's digest.
 
     The page shows these under the line; `railyard history` prints the line. Values (arguments, answers,
     comments) are included: callers that must not show them use `summarise(values=False)` alone."""
@@ -135,9 +137,15 @@ def details(event: Event, width: int | None = 300) -> list[str]:
         out.append(clip(f"{outcome.get('code')}: {outcome.get('message') or 'no message'}", width))
     if data.get("reconciled") is True:
         action = str(data.get("action_id") or "")[:12]
+        why = (
+            "the worker that made it stopped before recording its outcome (it crashed, or lost its lease), so the "
+            "worker that took the task over"
+            if _stranded(earlier, data.get("action_id"))
+            else "its outcome was not known (the answer was lost, or did not come in time), so the engine"
+        )
         out.append(
-            f"recovered: the answer of the call (action {action}) was lost, so the engine asked the remote what "
-            "became of that action id instead of calling again; this outcome is what it found"
+            f"recovered by reconciliation: the call (action {action}) was made once; {why} asked the remote what "
+            "became of that action id instead of calling again, and this outcome is what it found"
         )
     elif isinstance(reconciled := data.get("reconciled"), dict):
         found = "it never happened: a new attempt may be made" if reconciled.get("outcome") == "not_found" else ""
@@ -153,3 +161,16 @@ def details(event: Event, width: int | None = 300) -> list[str]:
     if event.trigger == MIGRATE and data.get("state_map"):
         out.append(f"state map {compact(data.get('state_map'))}")
     return out
+
+
+def _stranded(earlier: Sequence[Event], action_id: object) -> bool:
+    """Whether the last record of `action_id`'s call before now is its intent, not an outcome: the call was made
+    and nothing said what became of it, as when the worker making it dies (asking the remote in between, a
+    `reconcile` that found no answer, changes nothing). An `unknown` outcome says it was recorded as not known."""
+    for e in reversed(earlier):
+        intent = e.data.get("intent")
+        if intent is not None and intent.get("action_id") == action_id:
+            return True
+        if e.data.get("outcome") is not None and e.data.get("action_id") == action_id:
+            return False
+    return False

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +119,68 @@ def live_server(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+# -- every answer as the document declares it --------------------------------------------------------------------
+#: The statuses whose code is another than `STATUS_BY_CODE` gives (a failed If-Match, a body over the limit).
+SPECIAL = {(412, "CONCURRENCY_CONFLICT"), (413, "PAYLOAD_INVALID")}
+
+
+@dataclass(frozen=True, slots=True)
+class Documented:
+    """What the OpenAPI document says each operation may answer: per (method, path template), per error status,
+    the codes it lists."""
+
+    operations: dict[tuple[str, str], dict[int, list[str]]]
+    patterns: list[tuple[re.Pattern[str], str]]
+
+    @classmethod
+    def of(cls, app: FastAPI) -> Documented:
+        doc = app.openapi()
+        operations: dict[tuple[str, str], dict[int, list[str]]] = {}
+        for path, item in doc["paths"].items():
+            for method, op in item.items():
+                errors = {}
+                for status, response in op["responses"].items():
+                    schema = response.get("content", {}).get("application/json", {}).get("schema", {})
+                    if int(status) >= 400:
+                        errors[int(status)] = list(schema["properties"]["code"]["enum"])
+                operations[(method.upper(), path)] = errors
+        patterns = [(re.compile("^" + re.sub(r"\{[^}/]+\}", "[^/]+", p) + "$"), p) for p in doc["paths"]]
+        return cls(operations, patterns)
+
+    def operation(self, method: str, path: str) -> tuple[str, str] | None:
+        for pattern, template in self.patterns:
+            if pattern.match(path) and (method, template) in self.operations:
+                return method, template
+        return None
+
+    def check(self, method: str, path: str, status: int, body: Any) -> None:
+        """An /api answer is one its operation documents: a 2xx, or an error status it lists with a code it lists
+        there. An address no operation has answers `code: null` (404, 405)."""
+        found = self.operation(method, path)
+        if found is None or status < 400:
+            if found is None and status >= 400 and status not in (401, 413):
+                assert status in (404, 405) and body.get("code") is None, (method, path, status, body)
+            return
+        listed = self.operations[found]
+        assert status in listed, f"{found} answered {status}, which it does not document ({sorted(listed)}): {body}"
+        assert body.get("code") in listed[status], (
+            f"{found} answered {status} {body.get('code')}, not one of the codes it documents there: {listed[status]}"
+        )
+
+
+def documented(client: Any) -> Any:
+    """`client` (a TestClient of the app) checking every /api answer against the app's document as it comes."""
+    known = Documented.of(client.app)
+
+    def check(response: Any) -> None:
+        path = response.request.url.path
+        if not path.startswith("/api/") or path == "/api/openapi.json":
+            return
+        response.read()
+        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        known.check(response.request.method, path, response.status_code, body if isinstance(body, dict) else {})
+
+    client.event_hooks = {**client.event_hooks, "response": [*client.event_hooks.get("response", []), check]}
+    return client
