@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -358,11 +357,12 @@ class Engine:
     ) -> TaskState:
         """The one loop that advances a task, for `run` (in place) and for a worker (`io`: its threads).
 
-        An agent turn is awaited (its model call holds no thread); a tool step is synchronous (the tool is user
-        code) and runs where `io` puts slow work, so a worker's loop never waits for a tool.
+        Both kinds of step are coroutines: an agent turn awaits its model call (no thread held), a tool step
+        hands the tool's call to `io`'s slow work (a tool is user code that blocks) and its appends to `io`'s
+        store work, so a worker's loop never waits for a tool and a tool never holds a database connection.
         """
         agent: AgentRunner | None = None
-        tools = ToolRunner(self)
+        tools = ToolRunner(self, io=io)
         for _ in range(max_turns):
             state = self.definition_of(task).state(task.state)
             if task.terminal or (until is not None and until()):
@@ -371,7 +371,7 @@ class Engine:
                 agent = agent or self._agent(self._model(model), thinking, io)
                 task = await hooks.step(task, "agent", agent.turn)
             elif isinstance(state, Tool):
-                task = await hooks.step(task, "tool", partial(_tool_step, io, tools.advance))
+                task = await hooks.step(task, "tool", tools.advance)
             else:
                 break
         return task
@@ -1129,10 +1129,6 @@ class Engine:
                 task_id=row.task_id,
             )
         return task
-
-
-async def _tool_step(io: Offload, advance: Callable[[TaskState], TaskState], task: TaskState) -> TaskState:
-    return await io.wait(lambda: advance(task))
 
 
 def _log_transition(event: Event, duration_ms: float) -> None:

@@ -21,6 +21,10 @@ which becomes `cancel_requested` while the write is open), the outcome is
 decided again on the task as it is then and recorded, leading where the cancel
 says (`cancelled`, or the workflow's `effect_after_cancel` state if the effect
 happened).
+
+A step is a coroutine, like an agent turn: its appends go to the `Offload`'s
+store work and the tool's call (and a reconciliation) to its slow work, so in a
+worker a tool that takes seconds holds a thread but no database connection.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from engine.core.tools.catalog import ToolDef, ToolKind
 from engine.core.tools.prepared import PreparedToolCall
 from engine.observability import hooks
 from engine.runtime.execute import ToolOutcome, execute, outcome_of, reconcile
+from engine.runtime.offload import INLINE, Offload
 from engine.runtime.port import TaskPort
 
 log = logging.getLogger("railyard.tools")
@@ -74,11 +79,12 @@ class AttemptInFlight(Refused):
 class ToolRunner:
     """Runs the tool of a task's tool state, following the intent/outcome protocol."""
 
-    def __init__(self, engine: TaskPort, *, reconcile_attempts: int = 3) -> None:
+    def __init__(self, engine: TaskPort, *, reconcile_attempts: int = 3, io: Offload = INLINE) -> None:
         self.engine = engine
         self.reconcile_attempts = reconcile_attempts
+        self.io = io
 
-    def advance(self, task: TaskState) -> TaskState:
+    async def advance(self, task: TaskState) -> TaskState:
         """One step of the protocol; returns the task as it now stands (moved on, or still in the state)."""
         definition = self.engine.definition_of(task)
         state = definition.state(task.state)
@@ -98,14 +104,14 @@ class ToolRunner:
             )
         tool = definition.tools.get(state.tool)
         if not task.prepared or task.prepared.get("tool") != tool.name:
-            return self._outcome(
+            return await self._outcome(
                 task, ToolOutcome("failed", None, Code.TOOL_NOT_ALLOWED, "no prepared call for this tool", 0)
             )
         prepared = PreparedToolCall.from_dict(task.prepared)
         if tool.kind is ToolKind.READ:
             if not task.visit.get("pending") or int(task.visit.get("calls", 0)) < tool.max_attempts:
-                return self._attempt(task, tool, prepared)
-            return self._outcome(
+                return await self._attempt(task, tool, prepared)
+            return await self._outcome(
                 task, ToolOutcome("failed", None, Code.TOOL_TIMEOUT, f"no answer after {tool.max_attempts} attempts", 0)
             )
         effect = task.effect if task.effect and task.effect.get("action_id") == prepared.action_id else None
@@ -113,17 +119,17 @@ class ToolRunner:
         if status in (None, "failed", "not_executed"):
             # Never sent, refused by the remote, or established not to have happened: sending it is safe.
             if task.cancel_requested is not None:
-                return self._complete_cancel(task)
-            return self._attempt(task, tool, prepared)
+                return await self._complete_cancel(task)
+            return await self._attempt(task, tool, prepared)
         if status == "executed" and effect is not None:  # an operator verified it happened: record, never resend
             asserted: Asserted = {"by": str(effect.get("by")), "evidence": str(effect.get("evidence"))}
-            return self._outcome(task, ToolOutcome("succeeded", None, None, None, 0), asserted=asserted)
+            return await self._outcome(task, ToolOutcome("succeeded", None, None, None, 0), asserted=asserted)
         # An intent without an outcome (its worker died, or this is a retry after `unknown`), or a retry of a
         # write that succeeded: what the remote did must be established before anything is sent.
         if tool.reconcile is None:
             if tool.idempotent_remote:  # the remote deduplicates by the same idempotency key: sending again is safe
-                return self._attempt(task, tool, prepared)
-            return self._outcome(
+                return await self._attempt(task, tool, prepared)
+            return await self._outcome(
                 task,
                 ToolOutcome(
                     "unknown",
@@ -141,28 +147,28 @@ class ToolRunner:
         if settle_after is not None and now() < settle_after:
             raise AttemptInFlight(task.task_id, settle_after)
         started = time.perf_counter() if hooks.active else 0.0
-        answer = reconcile(tool, prepared.action_id)
+        answer = await self.io.wait(lambda: reconcile(tool, prepared.action_id))
         settled = outcome_of(answer)
         if hooks.active:
             code = str(answer.code) if answer.code is not None else None
             seconds = time.perf_counter() - started
             hooks.tool_call(task, tool.name, "reconcile", prepared.action_id, answer.outcome, code, seconds)
         if settled is None:  # not_found: it never happened; a new attempt with the same action id
-            task = self._commit(
+            task = await self._append(
                 task, RECONCILE, {"reconciled": {"outcome": "not_found", "action_id": prepared.action_id}}, late=False
             )
             if task.cancel_requested is not None:
-                return self._complete_cancel(task)
-            return self._attempt(task, tool, prepared)
+                return await self._complete_cancel(task)
+            return await self._attempt(task, tool, prepared)
         if settled.outcome == "unknown":
             if int(task.visit.get("reconciles", 0)) + 1 < self.reconcile_attempts:
-                return self._commit(
+                return await self._append(
                     task, RECONCILE, {"reconciled": {"outcome": "unknown", "action_id": prepared.action_id}}
                 )
             settled = ToolOutcome("unknown", None, Code.TOOL_EXECUTION_UNKNOWN, settled.message, 0)
-        return self._outcome(task, settled, reconciled=True)
+        return await self._outcome(task, settled, reconciled=True)
 
-    def _complete_cancel(self, task: TaskState) -> TaskState:
+    async def _complete_cancel(self, task: TaskState) -> TaskState:
         """The write a cancel waited for is settled and did not happen: the cancel takes effect, as its requester's."""
         if task.unsettled is not None:  # only a settled write lets the cancel through (decide would request again)
             return task
@@ -178,30 +184,30 @@ class ToolRunner:
             roles=self.engine.authoriser.roles_of(requester),
         )
         decision = replace(decision, data={**decision.data, "requested_at_seq": request.get("seq")})
-        return self.engine.commit(task, decision, actor=requester)
+        return await self.io.store(lambda: self.engine.commit(task, decision, actor=requester))
 
-    def _attempt(self, task: TaskState, tool: ToolDef, prepared: PreparedToolCall) -> TaskState:
+    async def _attempt(self, task: TaskState, tool: ToolDef, prepared: PreparedToolCall) -> TaskState:
         over = exceeded(self.engine.definition_of(task), task, now(), next_call=prepared.to_dict())
         if over is not None:
-            return self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
+            return await self._append(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
         attempt = int(task.visit.get("calls", 0)) + 1
         # The intent must be on record under this worker's lease before anything runs: if this append is
         # refused (the lease was taken over, the task moved), the call is not made.
-        task = self._commit(
+        task = await self._append(
             task,
             CALL,
             {"intent": prepared.to_dict(), "attempt": attempt, "requested_at": format_instant(now())},
             late=False,
         )
-        outcome = execute(tool, prepared)
+        outcome = await self.io.wait(lambda: execute(tool, prepared))
         if hooks.active:
             code = str(outcome.code) if outcome.code is not None else None
             hooks.tool_call(
                 task, tool.name, "execute", prepared.action_id, outcome.outcome, code, outcome.duration_ms / 1000
             )
-        return self._outcome(task, outcome)
+        return await self._outcome(task, outcome)
 
-    def _outcome(
+    async def _outcome(
         self, task: TaskState, outcome: ToolOutcome, *, reconciled: bool = False, asserted: Asserted | None = None
     ) -> TaskState:
         data: EventData = {"outcome": outcome.to_dict()}
@@ -218,7 +224,11 @@ class ToolRunner:
             data["reconciled"] = True
         if asserted is not None:  # the outcome an operator verified (`settle`): who, and where the evidence is
             data["asserted"] = asserted
-        return self._commit(task, outcome.outcome, data)
+        return await self._append(task, outcome.outcome, data)
+
+    async def _append(self, task: TaskState, trigger: str, data: EventData, *, late: bool = True) -> TaskState:
+        """`_commit` on the store's side of the `Offload`."""
+        return await self.io.store(lambda: self._commit(task, trigger, data, late=late))
 
     def _commit(self, task: TaskState, trigger: str, data: EventData, *, late: bool = True) -> TaskState:
         """Append a protocol step. An intent or a not_found (`late=False`) that conflicts propagates: nothing runs
