@@ -37,9 +37,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-#: Every refund is one minor unit, so the seeded orders' balances (12,999 and 30,000) cover a whole run of tasks
-#: without one refund overtaking another's snapshot.
-REFUND_MINOR_UNITS = 1
 CONTEXT = re.compile(r"<task_context>\n(.*?)\n</task_context>", re.DOTALL)
 LOOKED_UP = re.compile(r'<tool_result name="query_order" status="succeeded">(.*?)</tool_result>', re.DOTALL)
 
@@ -77,16 +74,16 @@ class Rule:
     arguments: Callable[[Seen], dict[str, Any]]
 
 
-#: The refund workflow's path, in order of preference: propose a refund of the looked-up order once it was found
-#: eligible (or reject the request when nothing is left to refund), find it eligible once it was looked up, look
+#: The refund workflow's path, in order of preference: propose to refund what is left of the looked-up order once it
+#: was found eligible (or reject the request when nothing is), find it eligible once it was looked up, look
 #: up the order the customer named. Each answer satisfies its action's schema and domain guards.
 POLICY = (
     Rule(
         "propose_refund",
-        lambda s: s.refundable >= REFUND_MINOR_UNITS,
+        lambda s: s.refundable >= 1,
         lambda s: {
             "order_id": s.order["order_id"],
-            "amount": REFUND_MINOR_UNITS,
+            "amount": s.refundable,
             "currency": s.order["currency"],
             "reason": "Arrived damaged, as the customer reported.",
             "evidence_ids": list(s.order["evidence_ids"][:1]),
@@ -94,7 +91,7 @@ POLICY = (
     ),
     Rule(
         "reject",
-        lambda s: bool(s.order) and s.refundable < REFUND_MINOR_UNITS,
+        lambda s: bool(s.order) and s.refundable < 1,
         lambda s: {"reason": "Nothing is left to refund on this order."},
     ),
     Rule(

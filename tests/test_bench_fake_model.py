@@ -96,7 +96,7 @@ def test_the_fake_takes_a_refund_through_every_model_turn_without_a_repair(
     prepared = eng.load(task_id).prepared
     assert prepared is not None and prepared["arguments"] == {
         "order_id": "O-1001",
-        "amount": 1,
+        "amount": 12_999,
         "currency": "EUR",
         "reason": "Arrived damaged, as the customer reported.",
         "evidence_ids": ["EV-1"],
