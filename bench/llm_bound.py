@@ -542,6 +542,8 @@ def verify(registry: Registry, url: str, ids: list[str], case: Case, totals: dic
             and all(n == 1 for n in executions.values())
         )
         out["payments_executed"] = sum(executions.values())
+        # The path the tasks took, by trigger: a read that timed out, a repair or a retry shows up here.
+        out["triggers"] = dict(Counter(e.trigger for events in histories.values() for e in events))
     out["verified"] = (
         out["all_terminal"]
         and out["replayed"] == len(ids)
