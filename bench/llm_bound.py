@@ -176,11 +176,13 @@ def terminal_count(conn: psycopg.Connection[Any]) -> int:
 
 
 def connections(conn: psycopg.Connection[Any], database: str) -> int:
-    """The workers' connections to the bench database: every one but the bench's own."""
+    """The workers' engine connections to the bench database (application_name `railyard`, the engine's): not
+    the bench's own, nor those of the fake order and payment systems the refund's tools call (`railyard-fakes`),
+    which stand for remote services and would be elsewhere in production."""
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
-        " AND application_name <> %s",
-        (database, BENCH_APP),
+        " AND application_name = 'railyard'",
+        (database,),
     ).fetchone()
     return int(row[0]) if row else 0
 

@@ -195,7 +195,9 @@ def dialect_of(url: str) -> str:
     return make_url(normalize_url(url)).get_backend_name()
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, application_name: str = "railyard", **kwargs: Any) -> Engine:
+    """A SQLAlchemy engine for `url`. On PostgreSQL its connections carry `application_name` (unless the URL
+    names one), so an operator reading pg_stat_activity tells Railyard's connections from others'."""
     url = check_url(url)
     backend = dialect_of(url)
     if backend == "sqlite":
@@ -205,8 +207,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("max_overflow", 16)
         # A host that drops packets would otherwise hold a command for the OS's TCP timeout (minutes).
         connect_args = kwargs.pop("connect_args", {})
-        if "connect_timeout" not in make_url(url).query:  # the URL's own ?connect_timeout= wins
+        query = make_url(url).query
+        if "connect_timeout" not in query:  # the URL's own ?connect_timeout= wins
             connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+        if "application_name" not in query:
+            connect_args.setdefault("application_name", application_name)
         return create_engine(url, isolation_level="AUTOCOMMIT", connect_args=connect_args, **kwargs)
     return create_engine(url, **kwargs)
 

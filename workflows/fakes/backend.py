@@ -32,7 +32,9 @@ class Backend:
         self.url = normalize_url(url)
         self.dialect = dialect_of(self.url)
         self.engine: Engine = (
-            make_engine(self.url, pool_size=4) if self.dialect == "postgresql" else make_engine(self.url)
+            make_engine(self.url, pool_size=16, application_name="railyard-fakes")
+            if self.dialect == "postgresql"
+            else make_engine(self.url)
         )
         self._ensure()
 
