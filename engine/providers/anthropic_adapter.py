@@ -60,7 +60,7 @@ from engine.core.model_interface import (
 )
 from engine.providers.deadline import deadline, within
 from engine.providers.loops import Clients
-from engine.providers.transport import connection_failed
+from engine.providers.transport import LIMITS, connection_failed
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -171,7 +171,7 @@ class AnthropicAdapter:
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
-                http_client=anthropic.DefaultAioHttpClient(timeout=self.timeout),
+                http_client=anthropic.DefaultAioHttpClient(timeout=self.timeout, limits=LIMITS),
             )
         except (anthropic.AnthropicError, ValueError) as exc:
             raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None

@@ -53,7 +53,7 @@ from engine.core.model_interface import (
 from engine.core.profiles import with_switch
 from engine.providers.deadline import deadline, within
 from engine.providers.loops import Clients
-from engine.providers.transport import connection_failed
+from engine.providers.transport import LIMITS, connection_failed
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -155,14 +155,18 @@ class OpenAIAdapter:
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
-                http_client=openai.DefaultAioHttpClient(timeout=self.timeout),
+                http_client=openai.DefaultAioHttpClient(timeout=self.timeout, limits=LIMITS),
             )
         except openai.OpenAIError as exc:
             raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
 
 
 def _doc(value: object) -> dict[str, Any]:
-    """A JSON object from the wire; anything else (a list, a string from a non-JSON body) is malformed."""
+    """A JSON object from the wire. The SDK hands over the text of a body not labelled JSON (some compatible
+    servers send `text/plain`, or no content type): it is read as JSON all the same, as `create` did; anything
+    else (a list, text that is not JSON) is malformed."""
+    if isinstance(value, str | bytes):
+        value = json.loads(value)
     if not isinstance(value, dict):
         raise TypeError(f"a {type(value).__name__}, not a JSON object")
     return value

@@ -1,22 +1,32 @@
-"""What the SDKs' aiohttp transport says about a failed connection, read back to the engine's codes.
+"""The HTTP transport under both SDKs, and what it says about a failed connection, read back to the engine's codes.
 
 Both SDKs run on aiohttp here (their `DefaultAioHttpClient`, chosen for the CPU it saves a worker with many
-calls in flight). Their adapter from aiohttp's errors to httpx's maps a refused connection
-(`aiohttp.ClientConnectorError`, a subclass of `ClientConnectionError`) to `httpx.ConnectTimeout`, so the SDK
-raises its timeout error for a port nobody listens on. A timeout is retried as the provider being slow; a
-refused connection is the provider being away (`PROVIDER_ERROR`), as it was on the default transport.
+calls in flight). Their adapters from aiohttp's errors to httpx's map every `aiohttp.ClientConnectionError`
+(a refused connection, a server that hung up, a reset socket) to `httpx.ConnectTimeout`, so the SDK raises
+its timeout error for a provider that is away or dropped the call. A timeout is retried as the provider being
+slow; a failed connection is `PROVIDER_ERROR`, as it was on the default transport.
+
+The pool: aiohttp's default caps a client at 100 connections and the SDKs' at 1,000; a worker holds as many
+calls as its `--concurrency`, each on a connection of its own (HTTP/1.1), so the cap is set above any worker's.
 """
 
 from __future__ import annotations
 
 import aiohttp
+import httpx2
+
+#: Connections one SDK client may hold: above any worker's calls in flight (aiohttp's own default is 100).
+MAX_CONNECTIONS = 100_000
+LIMITS = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
 
 
 def connection_failed(error: BaseException) -> bool:
     """Whether an SDK's timeout error was caused by a connection that failed rather than one that timed out."""
     cause: BaseException | None = error
     while cause is not None:
-        if isinstance(cause, aiohttp.ClientConnectorError) and not isinstance(cause, aiohttp.ServerTimeoutError):
+        if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(
+            cause, (aiohttp.ServerTimeoutError, TimeoutError)
+        ):
             return True
         cause = cause.__cause__
     return False

@@ -19,7 +19,10 @@ current trace span are context variables.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
@@ -38,13 +41,15 @@ class Offload(Protocol):
 
 
 class Inline:
-    """Run in place: for a caller that is waiting for this one step anyway."""
+    """Store work in place, for a caller that is waiting for this one step anyway; slow work on a thread, since
+    it is user code (a tool, a synchronous adapter) that may run an event loop of its own (`asyncio.run`), which
+    it cannot do on the thread whose loop is running the step."""
 
     async def store(self, fn: Callable[[], T]) -> T:
         return fn()
 
     async def wait(self, fn: Callable[[], T]) -> T:
-        return fn()
+        return await asyncio.to_thread(fn)  # the context (lease, span) goes along
 
 
 INLINE = Inline()
@@ -78,17 +83,56 @@ async def _on(pool: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
 def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     """The coroutine's result for a synchronous caller (`Engine.run` from plain code).
 
-    It runs on a loop of its own, and the model clients opened on that loop are closed when it ends. Called
-    from inside a running loop (a notebook, an async application calling the synchronous API), it runs on a
-    thread of its own rather than fail: the caller's loop is blocked for the step, as any blocking call would.
+    Each thread keeps one event loop for its synchronous calls, so the model clients opened on it (an SDK
+    client's TLS context and its open connections, or a custom adapter's own client) serve every later call
+    of that thread instead of being built again each time; the loop and its clients are closed when the thread
+    ends, or at exit. The caller's context variables (a lease, a trace span) go with each call.
+
+    Called from inside a running loop (a notebook, an async application calling the synchronous API), it runs
+    on a thread of its own rather than fail: the caller's loop is blocked for the step, as any blocking call is.
     """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_closing(coroutine))
+        return _thread_loop().run(coroutine, context=contextvars.copy_context())
     context = contextvars.copy_context()
     with ThreadPoolExecutor(1, thread_name_prefix="railyard-sync") as pool:
         return pool.submit(context.run, asyncio.run, _closing(coroutine)).result()
+
+
+class _ThreadLoop(threading.local):
+    runner: asyncio.Runner | None = None
+
+
+_loops = _ThreadLoop()
+
+
+def _thread_loop() -> asyncio.Runner:
+    runner = _loops.runner
+    if runner is None:
+        runner = _loops.runner = asyncio.Runner()
+        # Closed (its clients first) when the thread ends and its locals go, or at exit for the threads left.
+        holder = _Holder(runner)
+        _loops.holder = holder
+        weakref.finalize(holder, _close, runner)
+    return runner
+
+
+class _Holder:
+    """Dies with its thread's locals, taking the thread's loop with it (`weakref.finalize`)."""
+
+    def __init__(self, runner: asyncio.Runner) -> None:
+        self.runner = runner
+
+
+def _close(runner: asyncio.Runner) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        with contextlib.suppress(Exception):  # at exit or in a finaliser nothing must raise
+            runner.run(close_loop_clients())
+    with contextlib.suppress(Exception):
+        runner.close()
 
 
 async def _closing(coroutine: Coroutine[Any, Any, T]) -> T:

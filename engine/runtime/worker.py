@@ -46,6 +46,7 @@ from engine.core.payloads import EventData
 from engine.core.profiles import load_profiles
 from engine.core.rows import Claim, WorkerReport
 from engine.observability import hooks
+from engine.providers.loops import close_loop_clients
 from engine.runtime import config
 from engine.runtime.engine import Engine
 from engine.runtime.leases import Lease, holding
@@ -153,6 +154,7 @@ class Worker:
         self.started_at = now()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._awake: asyncio.Event | None = None
+        self._ticked = time.monotonic()  # when the loop last ran (`_tick`)
         self._stop = threading.Event()
         self._held: set[str] = set()  # the tasks whose leases the heartbeat extends
         self._held_lock = threading.Lock()
@@ -221,30 +223,53 @@ class Worker:
 
         def done(task: asyncio.Task[None]) -> None:
             in_hand.discard(task)
+            if not task.cancelled() and (error := task.exception()) is not None:  # `_work` catches; never silent
+                log.error("a task's work ended with %s: %s", type(error).__name__, error)
             if self._awake is not None:
                 self._awake.set()
 
+        ticking = asyncio.create_task(self._tick())
         try:
             with self._serving(listen=not once):  # one claim: no wake-up to wait for
-                while not stopping():
-                    self._awake.clear()  # before the claim: a wake-up that arrives during it is not lost
-                    free = self.concurrency - len(in_hand)
-                    if free > 0:
-                        for claim in await io.store(partial(self._claim, free)):
-                            claimed += 1
-                            task = asyncio.create_task(self._work(claim, stopping, io))
-                            in_hand.add(task)
-                            task.add_done_callback(done)
-                    if once:
-                        break
-                    with suppress(TimeoutError):
-                        await asyncio.wait_for(self._awake.wait(), self.poll_seconds)
-                if in_hand:
-                    await asyncio.gather(*in_hand)
+                try:
+                    while not stopping():
+                        self._awake.clear()  # before the claim: a wake-up that arrives during it is not lost
+                        free = self.concurrency - len(in_hand)
+                        if free > 0:
+                            for claim in await io.store(partial(self._claim, free)):
+                                claimed += 1
+                                task = asyncio.create_task(self._work(claim, stopping, io))
+                                in_hand.add(task)
+                                task.add_done_callback(done)
+                        if once:
+                            break
+                        with suppress(TimeoutError):
+                            await asyncio.wait_for(self._awake.wait(), self.poll_seconds)
+                except asyncio.CancelledError:
+                    # Ctrl-C in a program that runs `Worker.run` itself (asyncio's own SIGINT handler cancels the
+                    # loop's main task): stop as on SIGTERM, letting each task in hand finish the step it is in
+                    # and be handed back, so no call already paid for is thrown away and no lease is left held.
+                    # A second Ctrl-C interrupts that at once.
+                    log.warning(
+                        "interrupted: finishing the %s steps in hand, then handing their tasks back", len(in_hand)
+                    )
+                    self._stop.set()
+                    await asyncio.gather(*in_hand, return_exceptions=True)
+                    raise
+                await asyncio.gather(*in_hand, return_exceptions=True)
         finally:
+            ticking.cancel()
             self._loop = self._awake = None
-            io.close()
+            io.close()  # after the tasks in hand: their releases run on it
+            await close_loop_clients()  # the model clients' connections end with the worker
         return claimed
+
+    async def _tick(self) -> None:
+        """Say the loop is running, for the heartbeat: a loop blocked by a call that should have been awaited
+        must not keep its leases alive (`_heartbeat`)."""
+        while True:
+            self._ticked = time.monotonic()
+            await asyncio.sleep(1.0)
 
     def _claim(self, limit: int) -> list[Claim]:
         started = time.perf_counter() if hooks.active else 0.0
@@ -290,6 +315,14 @@ class Worker:
 
     # -- one task -------------------------------------------------------
     async def _work(self, claim: Claim, stopping: Callable[[], bool], io: Offload) -> None:
+        """One claim, from the step to the release. Never raises: whatever fails is logged, and a task whose
+        release could not be written is left to its lease, which expires by itself."""
+        try:
+            await self._hold(claim, stopping, io)
+        except Exception:
+            log.exception("task %s: its claim could not be finished; its lease expires by itself", claim.task_id)
+
+    async def _hold(self, claim: Claim, stopping: Callable[[], bool], io: Offload) -> None:
         lease = Lease(claim.task_id, self.name, claim.epoch)
         task_id = claim.task_id
         started = time.perf_counter()
@@ -304,8 +337,7 @@ class Worker:
             log.info(
                 "task %s: a stranded attempt may still be running; looking again at %s", task_id, waiting.settle_after
             )
-            settle_after = waiting.settle_after
-            await io.store(lambda: self.engine.store.postpone(task_id, claim.epoch, settle_after))
+            await self._postpone(io, claim, waiting.settle_after)
         except LeaseLost:
             self.counts.add("lease_losses")
             if hooks.active:
@@ -314,7 +346,11 @@ class Worker:
         except ConcurrencyConflict:
             self.counts.add("conflicts")
             log.info("task %s: moved by someone else meanwhile; it will be looked at again", task_id)
-        except Exception as exc:  # one bad task never stops a worker
+        except (Exception, asyncio.CancelledError) as exc:  # one bad task never stops a worker
+            current = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and (current is None or current.cancelling()):
+                raise  # the loop itself is being torn down (a second Ctrl-C): not this task's failure
+            # (A CancelledError nobody asked for was raised by the step's own code, an adapter say: a failure.)
             if isinstance(exc, RailyardError) and exc.code in CONFIGURATION:
                 # A deployment or configuration mistake, not a poison task: this process lacks the task's version
                 # (or has other code under its number), a model, a tool. Leave the task untouched for a worker
@@ -324,14 +360,12 @@ class Worker:
                 log.error(
                     "task %s: %s (%s); left as it is, for a worker that can run it", task_id, exc.code, exc.message
                 )
-                later = now() + timedelta(seconds=self.retry_backoff)
-                await io.store(lambda: self.engine.store.postpone(task_id, claim.epoch, later))
+                await self._postpone(io, claim, now() + timedelta(seconds=self.retry_backoff))
                 return
             failed = True
             self.counts.add("failures")
             log.error("task %s: %s while advancing (%.200s)", task_id, type(exc).__name__, exc)
-            later = now() + timedelta(seconds=self.retry_backoff)
-            tries = await io.store(lambda: self.engine.store.postpone(task_id, claim.epoch, later, failed=True))
+            tries = await self._postpone(io, claim, now() + timedelta(seconds=self.retry_backoff), failed=True)
             if tries >= self.max_failures:
                 await io.store(partial(self._give_up, lease, exc, tries))
         finally:
@@ -343,7 +377,16 @@ class Worker:
                 self.counts.add("released")
             except RailyardError as error:  # the lease expires by itself
                 log.error("task %s: release failed: %s", task_id, error.code)
-            log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
+                log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
+
+    async def _postpone(self, io: Offload, claim: Claim, until: datetime, *, failed: bool = False) -> int:
+        """Put the task off until `until`; the failed steps it counts now, or 0 when the store did not answer
+        (the lease then expires by itself and the task is tried again)."""
+        try:
+            return await io.store(lambda: self.engine.store.postpone(claim.task_id, claim.epoch, until, failed=failed))
+        except RailyardError as error:
+            log.error("task %s: could not put it off: %s", claim.task_id, error.code)
+            return 0
 
     async def _advance(self, task_id: str, stopping: Callable[[], bool], io: Offload) -> None:
         task = await io.store(lambda: self.engine.load(task_id))
@@ -362,7 +405,7 @@ class Worker:
             self.counts.add("handed_back")
             log.info("task %s: handed back at seq %s (the worker is stopping)", task_id, after.seq)
 
-    def _give_up(self, lease: Lease, exc: Exception, tries: int) -> None:
+    def _give_up(self, lease: Lease, exc: BaseException, tries: int) -> None:
         """A poison task: after `max_failures` raising steps, move it to the limit state (a human looks)."""
         try:
             with holding(lease):
@@ -387,7 +430,15 @@ class Worker:
             try:
                 with self._held_lock:
                     held = list(self._held)
-                if held:
+                stalled = time.monotonic() - self._ticked
+                if held and self._loop is not None and stalled > self.lease_seconds / 2:
+                    # Something blocks the event loop (a synchronous call made on it): none of the tasks in hand is
+                    # moving, so their leases are let go rather than kept alive; another worker takes them over and
+                    # this one's next append is refused (LEASE_LOST).
+                    log.error(
+                        "heartbeat: the event loop has not run for %.0f s; %s leases left to expire", stalled, len(held)
+                    )
+                elif held:
                     kept = self.engine.store.heartbeat(self.name, held, lease_seconds=self.lease_seconds)
                     if kept < len(held):
                         log.warning("heartbeat: %s of %s leases were taken over", len(held) - kept, len(held))
