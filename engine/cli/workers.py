@@ -18,7 +18,9 @@ from engine.runtime.engine import Engine
 
 
 def worker(
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Tasks held at once (each a coroutine on the worker's event loop).")] = 4,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Tasks held at once (coroutines on one event loop).")
+    ] = 4,
     once: Annotated[bool, typer.Option("--once", help="Claim one batch, advance it, exit.")] = False,
     workflows: Annotated[
         str | None, typer.Option("--workflows", help="Only these workflows (comma-separated names).")
