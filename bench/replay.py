@@ -19,8 +19,9 @@ before any data is generated, because Linux carries a parent's peak RSS into a c
 Next to each rate it prints the measuring process's own CPU time per row: on a machine that other
 work keeps busy the rates fall, the CPU time much less.
 
-The data is sealed with the engine's own `seal` (real hashes over real bodies), its snapshots folded
-with the engine's own `apply`, and bulk-loaded with COPY: nothing goes through `Engine.fire`. Before
+The data is sealed with the engine's own hash chain (real hashes over real bodies: the hash `seal`
+computes, `harness.sealed_log`), its snapshots folded with the engine's own `apply`, and bulk-loaded
+with COPY (`harness.BulkLoad`): nothing goes through `Engine.fire`. Before
 measuring, `Engine.load` and `Engine.replay` accept a generated task, which proves the rows are ones
 the engine wrote or would write.
 
