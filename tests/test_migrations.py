@@ -82,6 +82,37 @@ def test_upgrading_a_database_that_holds_ended_tasks_counts_them_once(empty_db: 
         store.close()
 
 
+def test_ended_tasks_inserted_in_bulk_are_counted(empty_db: str) -> None:
+    """Rows that arrive already ended (a bulk load, a restore: one statement, many rows) are counted like tasks
+    that end one by one, and so are their deletions."""
+    migrations.upgrade(empty_db)
+    store = SqlStore(empty_db)
+    try:
+        columns = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
+        rows = ", ".join(
+            f"('b-{n}', '{'triage' if n % 3 else 'refund'}', 1, 'd', '{'done' if n % 5 else 'working'}', "
+            f"'{'terminal' if n % 5 else 'runnable'}', 1, 'h', '2026-01-01', '2026-01-01')"
+            for n in range(300)
+        )
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"INSERT INTO tasks ({columns}) VALUES {rows}")
+        counted = {(c["workflow"], c["status"]): c["tasks"] for c in store.status_counts()}
+        assert counted == {
+            ("refund", "runnable"): 20,
+            ("refund", "terminal"): 80,
+            ("triage", "runnable"): 40,
+            ("triage", "terminal"): 160,
+        }
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM tasks WHERE workflow = 'triage'")
+        assert [(c["workflow"], c["status"], c["tasks"]) for c in store.status_counts()] == [
+            ("refund", "runnable", 20),
+            ("refund", "terminal", 80),
+        ]
+    finally:
+        store.close()
+
+
 def test_upgrade_is_idempotent(empty_db: str) -> None:
     migrations.upgrade(empty_db)
     migrations.upgrade(empty_db)

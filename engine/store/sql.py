@@ -29,6 +29,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     null,
     select,
     tuple_,
@@ -742,7 +743,9 @@ class SqlStore:
                 leased.label("leased"),
                 func.min(tasks.c.next_run_at).label("oldest_due"),
             )
-            .where(tasks.c.status != "terminal")
+            # A literal, not a parameter: a generic plan of a prepared statement must still prove ix_tasks_due's
+            # predicate (a parameter could be any status), as the claim's SQL does.
+            .where(tasks.c.status != literal_column("'terminal'"))
             .group_by(tasks.c.workflow, tasks.c.status)
         )
         ended_tasks = func.sum(terminal_counts.c.tasks)
