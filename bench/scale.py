@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import random
+import re
 import statistics
 import sys
 import time
@@ -80,6 +81,7 @@ from harness import (
     wait_quiet,
 )
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy import event
 
 from engine import (
     Action,
@@ -89,6 +91,7 @@ from engine import (
     MemoryStore,
     Registry,
     ScriptedModel,
+    SqlStore,
     StaticRoles,
     Terminal,
     Workflow,
@@ -99,6 +102,7 @@ from engine.api.tokens import Principal
 from engine.api.views import work_queue
 from engine.audit.parallel import available_jobs
 from engine.core.canonical import now
+from engine.store import postgres
 
 APPROVER = "ann"
 ROLE = "approver"
@@ -217,7 +221,8 @@ def vacuum(dsn: str) -> float:
     measurement); the seconds it took."""
     started = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for table in ("tasks", "events", "snapshots", "task_fields"):
+        # terminal_counts too: a bulk load updates its few rows once per COPY statement, leaving dead versions.
+        for table in ("tasks", "events", "snapshots", "task_fields", "terminal_counts"):
             conn.execute(f"VACUUM (ANALYZE) {table}")
     return time.perf_counter() - started
 
@@ -268,13 +273,16 @@ QUICK = Plan(
 class Database:
     """One of the two databases measured side by side: its engine, the tasks to load, what its status must count."""
 
-    def __init__(self, name: str, url: str, ids: list[str], expect: dict[str, int]) -> None:
+    def __init__(self, name: str, url: str, ids: list[str], live: list[str], expect: dict[str, int]) -> None:
         self.name = name
         self.url = url
         self.eng = make_engine(url)
-        self.ids = ids
+        # Each load takes a task not loaded before in the run, so that no round finds the pages an earlier one read.
+        rng = random.Random(7)
+        self.any_tasks = iter(rng.sample(ids, len(ids)))
+        self.live_tasks = iter(rng.sample(live, len(live)))
+        self.live = live
         self.expect = expect
-        self.rng = random.Random(7)
         self.owner = f"bench-scale-{name}"
         self.principal = Principal(actor=APPROVER, roles=frozenset({ROLE}), token_hash="bench")
 
@@ -295,7 +303,14 @@ class Database:
         return elapsed
 
     def load(self) -> float:
-        task_id = self.rng.choice(self.ids)
+        """`Engine.load` of any task: in the large database almost always a finished one, its pages rarely cached."""
+        return self._load(next(self.any_tasks))
+
+    def load_live(self) -> float:
+        """`Engine.load` of a live task: what a worker's step does after its claim."""
+        return self._load(next(self.live_tasks))
+
+    def _load(self, task_id: str) -> float:
         t0 = time.perf_counter()
         self.eng.load(task_id)
         return time.perf_counter() - t0
@@ -330,6 +345,7 @@ class Database:
 LATENCIES: list[tuple[str, Callable[[Database], float], Callable[[Plan], int]]] = [
     ("claim", Database.claim, lambda p: p.claims),
     ("load", Database.load, lambda p: p.loads),
+    ("load_live", Database.load_live, lambda p: p.loads),
     ("approvals_page", Database.approvals_page, lambda p: p.pages),
     ("work_queue", Database.work_queue, lambda p: p.queues),
     ("status", Database.status, lambda p: p.statuses),
@@ -373,6 +389,45 @@ def measure_rounds(small: Database, large: Database, plan: Plan) -> dict[str, An
             }
             for name, _, _ in LATENCIES
         }
+    return out
+
+
+def sent(db: Database, call: Callable[[], Any]) -> list[tuple[str, Any]]:
+    """The SQLAlchemy statements `call` sends to the database, with their parameters (psycopg's style)."""
+    store = db.eng.store
+    assert isinstance(store, SqlStore)
+    seen: list[tuple[str, Any]] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool) -> None:
+        seen.append((statement, parameters))
+
+    event.listen(store.engine, "before_cursor_execute", note)
+    try:
+        call()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", note)
+    return seen
+
+
+def plans(db: Database, ended_id: str | None) -> dict[str, list[str]]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the statements behind the latencies, as the store sends them (a claim's UPDATE
+    in a transaction rolled back): where a figure grows, the plan says why."""
+    at = now()
+    claim = {"owner": "explain", "until": at + timedelta(seconds=60), "now": at, "limit": 1, "workflows": None}
+    wanted: list[tuple[str, str, Any]] = [
+        ("claim", postgres.CLAIM, claim),
+        ("load of a live task", postgres.LOAD, {"task_id": db.live[0]}),
+    ]
+    if ended_id is not None:
+        wanted.append(("load of a finished task", postgres.LOAD, {"task_id": ended_id}))
+    for what, call in (("approvals_page", db.approvals_page), ("status", db.status)):
+        wanted += [(f"{what}, statement {n}", q, p) for n, (q, p) in enumerate(sent(db, call), start=1)]
+    out: dict[str, list[str]] = {}
+    with psycopg.connect(libpq(db.url)) as conn:
+        for name, sql, params in wanted:
+            rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+            conn.rollback()
+            out[name] = [re.sub(r"'\{[^}]{80,}\}'", "'{...}'", r[0]) for r in rows]
     return out
 
 
@@ -449,8 +504,9 @@ class Figure:
 FIGURES = [
     Figure("claim_p50_ms", "Store.claim p50", ("claim", "p50_ms"), "ms"),
     Figure("claim_p99_ms", "Store.claim p99", ("claim", "p99_ms"), "ms"),
-    Figure("load_p50_ms", "Engine.load p50", ("load", "p50_ms"), "ms"),
-    Figure("load_p99_ms", "Engine.load p99", ("load", "p99_ms"), "ms"),
+    Figure("load_p50_ms", "Engine.load of any task p50", ("load", "p50_ms"), "ms"),
+    Figure("load_p99_ms", "Engine.load of any task p99", ("load", "p99_ms"), "ms"),
+    Figure("load_live_p50_ms", "Engine.load of a live task p50", ("load_live", "p50_ms"), "ms"),
     Figure("approvals_page_p50_ms", "Engine.approvals_page(limit=50) p50", ("approvals_page", "p50_ms"), "ms"),
     Figure("work_queue_p50_ms", "work_queue, a page of 50, p50", ("work_queue", "p50_ms"), "ms"),
     Figure("status_p50_ms", "railyard status's queries p50", ("status", "p50_ms"), "ms"),
@@ -483,6 +539,9 @@ def replay_figures(*runs: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--tasks", type=int, help="tasks in the large database (default 1,000,000; quick 10,000)")
+    parser.add_argument(
+        "--explain", action="store_true", help="print EXPLAIN (ANALYZE, BUFFERS) of each statement on both databases"
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.tasks is not None:
@@ -521,9 +580,9 @@ def main(argv: list[str] | None = None) -> int:
         small_ids = load_live(small_dsn, plan, at)
         large_live = load_live(large_dsn, plan, at)
         print(f"  loading {ended:,} finished tasks ...", file=sys.stderr, flush=True)
-        finished = load_parallel(
-            large_dsn, "ended", ended, at - timedelta(days=30), at - timedelta(hours=1), plan.loads * plan.rounds
-        )
+        # Enough finished ids that no load in any round repeats one.
+        keep = 2 * (plan.loads + WARM) * plan.rounds
+        finished = load_parallel(large_dsn, "ended", ended, at - timedelta(days=30), at - timedelta(hours=1), keep)
         loads["ended"] = {
             "events": finished["events"],
             "seconds": round(finished["seconds"], 1),
@@ -543,13 +602,14 @@ def main(argv: list[str] | None = None) -> int:
         # Loads are drawn from every task of the database: in the large one, live and finished in proportion.
         share = round(len(finished["sample"]) * plan.live / ended)
         large_ids = random.Random(11).sample(large_live, min(share, len(large_live))) + finished["sample"]
-        small = Database("small", small_url, small_ids, live)
-        large = Database("large", large_url, large_ids, {**live, "terminal": ended})
+        small = Database("small", small_url, small_ids, small_ids, live)
+        large = Database("large", large_url, large_ids, large_live, {**live, "terminal": ended})
         try:
             check_generated(small.eng, {"runnable": small_ids[0], "approval": small_ids[-1]})
             check_generated(large.eng, {"ended": finished["sample"][0]})
             print(f"  measuring at {plan.live:,} and at {plan.tasks:,} tasks ...", file=sys.stderr, flush=True)
             measured = measure_rounds(small, large, plan)
+            explained = {"small": plans(small, None), "large": plans(large, finished["sample"][0])}
         finally:
             small.close()
             large.close()
@@ -606,6 +666,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"    CPUs busy during the rounds (everything, PostgreSQL included): {', '.join(f'{b:.0%}' for b in busy)}"
         )
+    if args.explain:
+        for name, found in explained.items():
+            for what, lines in found.items():
+                print(f"\nEXPLAIN (ANALYZE, BUFFERS), {what}, {name} database:")
+                print("\n".join(f"    {line}" for line in lines))
+        print()
     print_targets(targets)
     waited = sum(r["waited_s"] for r in measured["rounds"])
     print(f"({elapsed:.0f} s; waited {waited:.0f} s in all for the CPUs to be quiet)")
@@ -623,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "targets": targets,
         "all_met": all(t["met"] is True for t in targets),
-        "detail": {**results, "rounds": measured["rounds"], "loads": loads},
+        "detail": {**results, "rounds": measured["rounds"], "loads": loads, "plans": explained},
     }
     print(json.dumps(result, separators=(",", ":")))
     return 0
