@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/workers.py
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/llm_bound.py
+	$(BIN)/python bench/scale.py
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/replay.py --quick
@@ -48,6 +49,7 @@ bench-quick: $(STAMP)
 	$(BIN)/python bench/workers.py --quick
 	$(BIN)/python bench/checkpoint.py --quick
 	$(BIN)/python bench/llm_bound.py --quick
+	$(BIN)/python bench/scale.py --quick
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check engine workflows migrations tests bench tools

@@ -1,8 +1,9 @@
 """What the benchmarks share: the workflow they drive, the raw-SQL baselines written by hand, writer processes,
-the machine's facts and how busy its CPUs are, the bench database, statistics and the targets they print.
+engine-valid logs generated in bulk and loaded with COPY, `replay --all` in a process of its own for its peak
+memory, the machine's facts and how busy its CPUs are, the bench database, statistics and the targets they print.
 
-Each benchmark (`append.py`, `agent_step.py`, `replay.py`, `workers.py`) imports from here and from no other
-benchmark.
+Each benchmark (`append.py`, `agent_step.py`, `replay.py`, `workers.py`, `scale.py`, ...) imports from here and
+from no other benchmark.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -18,11 +20,13 @@ import secrets
 import sqlite3
 import statistics
 import subprocess
+import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,12 @@ from engine import (
     Workflow,
     verify_chain,
 )
+from engine.core.canonical import GENESIS_HASH, canonical_json, sha256_hex
+from engine.core.definition import START
+from engine.core.events import Event, stored_body, with_stored_data
+from engine.core.fold import TaskState, apply, initial
+from engine.core.payloads import EventData
+from engine.core.timers import next_run_at
 
 DEFAULT_PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 ACTOR = "bench"
@@ -284,6 +294,233 @@ class EngineWriter:
     def fire(self) -> None:
         self.n += 1
         self.eng.fire(self.task_id, "tick", {"n": self.n}, actor=ACTOR)
+
+
+# -- bulk data: sealed by the engine's functions, loaded with COPY -------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One event of a generated log before it is sealed: everything but the task, seq, time and hashes. `text` is
+    the canonical JSON of `data`, encoded once however many tasks take the step."""
+
+    actor: str
+    from_state: str | None
+    trigger: str
+    to_state: str
+    data: EventData
+    text: str
+
+
+def step(actor: str, from_state: str | None, trigger: str, to_state: str, data: EventData) -> Step:
+    return Step(actor, from_state, trigger, to_state, data, canonical_json(data))
+
+
+def steps_of(events: Iterable[Event]) -> list[Step]:
+    """The steps of a log the engine wrote, to be sealed again for other tasks: the same transitions and data."""
+    return [step(e.actor, e.from_state, e.trigger, e.to_state, e.data) for e in events]
+
+
+def sealed_log(
+    definition: Workflow, task_id: str, steps: Iterable[Step], start_at: datetime
+) -> Iterator[tuple[Event, TaskState]]:
+    """`steps` as task `task_id`'s events, one microsecond apart, and the fold after each, as the engine would
+    have written them: each hash is `sha256(prev_hash || canonical body)`, the body built around the data's
+    text by `stored_body` (what replay checks a stored event with), and each fold is the engine's own `apply`."""
+    prev = GENESIS_HASH
+    task: TaskState | None = None
+    for seq, s in enumerate(steps, start=1):
+        at = start_at + timedelta(microseconds=seq - 1)
+        digest = sha256_hex(prev + stored_body(task_id, seq, at, s.actor, s.from_state, s.trigger, s.to_state, s.text))
+        event = with_stored_data(
+            Event(task_id, seq, at, s.actor, s.from_state, s.trigger, s.to_state, s.data, prev, digest), s.text
+        )
+        task = initial(definition, event) if task is None else apply(definition, task, event)
+        yield event, task
+        prev = digest
+
+
+def start_step(definition: Workflow, actor: str = ACTOR) -> Step:
+    """The `start` event of a task of `definition` with an empty input, as `Engine.start` writes it."""
+    return step(
+        actor,
+        None,
+        START,
+        definition.initial_state,
+        {"workflow": definition.ref, "digest": definition.digest, "input": {}},
+    )
+
+
+def task_log(definition: Workflow, n_events: int, start_at: datetime) -> Iterator[tuple[Event, TaskState]]:
+    """A task's events (`start`, then `tick`s) and the fold after each, as the engine would have written them."""
+    state = definition.initial_state
+    ticks = (step(ACTOR, state, "tick", state, {"args": {"n": seq}}) for seq in range(2, n_events + 1))
+    return sealed_log(definition, str(uuid.uuid4()), itertools.chain([start_step(definition)], ticks), start_at)
+
+
+#: A snapshot every this many events, as the engine writes them by default.
+SNAPSHOT_EVERY = 10
+EVENT_COLUMNS = "task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
+TASK_COLUMNS = (
+    "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at, next_run_at, started_by"
+)
+SNAPSHOT_COLUMNS = "task_id, seq, hash, doc, created_at"
+#: The columns' types, for a binary COPY.
+EVENT_TYPES = ["text", "int4", "timestamptz", "text", "text", "text", "text", "text", "text", "text"]
+TASK_TYPES = ["text", "text", "int4", "text", "text", "text", "int4", "text", "timestamptz", "timestamptz"]
+TASK_TYPES += ["timestamptz", "text"]
+SNAPSHOT_TYPES = ["text", "int4", "text", "text", "timestamptz"]
+
+
+class BulkLoad:
+    """Rows for COPY, a batch at a time: each task's row, its events and its snapshots (one every
+    `SNAPSHOT_EVERY` events), in one transaction per batch, the rows first (the events reference them).
+
+    What a row holds is what the engine's `append` leaves: the fold's state, status, seq and last hash, the time
+    of its first and last event, `next_run_at` by the engine's own rule (`engine.core.timers`), the starter.
+    """
+
+    def __init__(self, dsn: str, batch_events: int = 50_000) -> None:
+        self.conn = psycopg.connect(dsn)
+        self.batch_events = batch_events
+        self.rows: list[tuple[Any, ...]] = []
+        self.events: list[tuple[Any, ...]] = []
+        self.snapshots: list[tuple[Any, ...]] = []
+        self.loaded_events = 0
+
+    def __enter__(self) -> BulkLoad:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                self.flush()
+        finally:
+            self.conn.close()
+
+    def add(self, definition: Workflow, log: Iterable[tuple[Event, TaskState]]) -> TaskState:
+        """Queue one task's log (and its row); returns its final state."""
+        first: Event | None = None
+        event: Event | None = None
+        task: TaskState | None = None
+        for event, task in log:
+            first = first or event
+            self.events.append(
+                (
+                    event.task_id,
+                    event.seq,
+                    event.at,
+                    event.actor,
+                    event.from_state,
+                    event.trigger,
+                    event.to_state,
+                    event.stored_data if event.stored_data is not None else canonical_json(event.data),
+                    event.prev_hash,
+                    event.hash,
+                )
+            )
+            if event.seq % SNAPSHOT_EVERY == 0:
+                self.snapshots.append((event.task_id, event.seq, event.hash, canonical_json(task.to_doc()), event.at))
+        assert first is not None and event is not None and task is not None
+        self.rows.append(
+            (
+                task.task_id,
+                definition.name,
+                definition.version,
+                definition.digest,
+                task.state,
+                str(task.status),
+                task.seq,
+                task.last_hash,
+                first.at,
+                event.at,
+                next_run_at(definition, task.state, event.at),
+                first.actor,
+            )
+        )
+        if len(self.events) >= self.batch_events:
+            self.flush()
+        return task
+
+    def flush(self) -> None:
+        with self.conn.cursor() as cur:
+            for table, columns, types, values in (
+                ("tasks", TASK_COLUMNS, TASK_TYPES, self.rows),
+                ("events", EVENT_COLUMNS, EVENT_TYPES, self.events),
+                ("snapshots", SNAPSHOT_COLUMNS, SNAPSHOT_TYPES, self.snapshots),
+            ):
+                if values:
+                    # Binary: psycopg's C dumpers write a row in about 3 µs, against 12 µs for text (measured).
+                    with cur.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+                        copy.set_types(types)
+                        for value in values:
+                            copy.write_row(value)
+        self.conn.commit()
+        self.loaded_events += len(self.events)
+        self.rows, self.events, self.snapshots = [], [], []
+
+
+def load_tasks(dsn: str, definition: Workflow, n_tasks: int, n_events: int) -> list[str]:
+    """Generate and COPY `n_tasks` tasks of `n_events` events each, with their snapshots and rows; returns the ids."""
+    at = datetime.now(UTC) - timedelta(days=1)
+    with BulkLoad(dsn) as bulk:
+        ids = [bulk.add(definition, task_log(definition, n_events, at)).task_id for _ in range(n_tasks)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    return ids
+
+
+# -- replay --all in a process of its own, for its peak memory ---------------------------------------
+MEMORY_CHILD = """
+import resource, sys, time
+sys.path[:0] = {paths!r}
+from {module} import make_engine
+imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+url = sys.stdin.readline().strip()  # sent once the data is loaded
+eng = make_engine(url)
+started = time.perf_counter()
+tasks = events = findings = 0
+for report in eng.replay_all(jobs={jobs}):
+    tasks += 1
+    events += report.events
+    findings += len(report.findings)
+elapsed = time.perf_counter() - started
+print(tasks, events, findings, imported, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, elapsed,
+      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def start_memory_child(jobs: int, module: str = "replay") -> subprocess.Popen[str]:
+    """A replay_all process, started before the data is generated and waiting for the database URL; the engine
+    is `make_engine(url)` of the benchmark `module` (which knows its workflows).
+
+    Linux carries a parent's peak RSS into a child across exec (`ru_maxrss` would report the
+    benchmark's own peak, with its generated rows): started early, the child inherits only the
+    small parent it was forked from, and its `ru_maxrss` is its own.
+    """
+    here = str(Path(__file__).resolve().parent)
+    return subprocess.Popen(
+        [sys.executable, "-c", MEMORY_CHILD.format(paths=[here], jobs=jobs, module=module)],
+        cwd=here,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def replay_all_memory(child: subprocess.Popen[str], url: str) -> dict[str, Any]:
+    """Peak RSS of `replay_all()` over the whole database, in its own interpreter (kilobytes on Linux)."""
+    out, _ = child.communicate(url + "\n", timeout=3600)
+    assert child.returncode == 0, out
+    tasks, events, findings, imported, maxrss, seconds, workers = out.split()
+    return {
+        "tasks": int(tasks),
+        "events": int(events),
+        "findings": int(findings),
+        "peak_rss_mb": round(int(maxrss) / 1024, 1),
+        "import_rss_mb": round(int(imported) / 1024, 1),
+        "worker_peak_rss_mb": round(int(workers) / 1024, 1),
+        "seconds": round(float(seconds), 2),
+        "events_per_s": round(int(events) / float(seconds)),
+    }
 
 
 # -- what each kind of measurement runs -------------------------------------------------------------

@@ -19,8 +19,9 @@ before any data is generated, because Linux carries a parent's peak RSS into a c
 Next to each rate it prints the measuring process's own CPU time per row: on a machine that other
 work keeps busy the rates fall, the CPU time much less.
 
-The data is sealed with the engine's own `seal` (real hashes over real bodies), its snapshots folded
-with the engine's own `apply`, and bulk-loaded with COPY: nothing goes through `Engine.fire`. Before
+The data is sealed with the engine's own hash chain (real hashes over real bodies: the hash `seal`
+computes, `harness.sealed_log`), its snapshots folded with the engine's own `apply`, and bulk-loaded
+with COPY (`harness.BulkLoad`): nothing goes through `Engine.fire`. Before
 measuring, `Engine.load` and `Engine.replay` accept a generated task, which proves the rows are ones
 the engine wrote or would write.
 
@@ -35,40 +36,33 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from harness import (
     BUSY_WARNING,
+    EVENT_COLUMNS,
+    SNAPSHOT_EVERY,
     background_busy,
     bench_database,
     bench_parser,
     libpq,
+    load_tasks,
     machine,
     pg_server_url,
     print_targets,
+    replay_all_memory,
+    start_memory_child,
     target,
     tick_workflow,
 )
 
-from engine import Engine, Registry, StaticRoles, Workflow, migrations
+from engine import Engine, Registry, StaticRoles, migrations
 from engine.audit.parallel import available_jobs
-from engine.core.canonical import GENESIS_HASH, canonical_json
-from engine.core.definition import START
-from engine.core.events import Event, seal
-from engine.core.fold import TaskState, apply, initial
-
-ACTOR = "bench"
-SNAPSHOT_EVERY = 10
-
 
 #: (a) and (b) live in two workflows, so replay_all(workflow=...) reads exactly (b)'s tasks.
 LONG = tick_workflow("bench_long")
@@ -87,103 +81,9 @@ class Plan:
 FULL = Plan(rounds=5, long_events=100_000, short_tasks=10_000, short_events=20, memory_total=1_000_000)
 QUICK = Plan(rounds=2, long_events=20_000, short_tasks=1_000, short_events=20, memory_total=120_000)
 
-EVENT_COLUMNS = "task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash"
-TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
-
 
 def make_engine(url: str) -> Engine:
     return Engine(url, registry=Registry([LONG, SHORT]), authoriser=StaticRoles({}), snapshot_every=SNAPSHOT_EVERY)
-
-
-# -- bulk data: sealed by the engine's functions, loaded with COPY -------------------------------------------
-def task_log(definition: Workflow, n_events: int, start_at: datetime) -> Iterator[tuple[Event, TaskState]]:
-    """A task's events (`start`, then `tick`s) and the fold after each, as the engine would have written them."""
-    task_id = str(uuid.uuid4())
-    first = seal(
-        task_id=task_id,
-        seq=1,
-        at=start_at,
-        actor=ACTOR,
-        from_state=None,
-        trigger=START,
-        to_state=definition.initial_state,
-        data={"workflow": definition.ref, "digest": definition.digest, "input": {}},
-        prev_hash=GENESIS_HASH,
-    )
-    task = initial(definition, first)
-    yield first, task
-    state = definition.initial_state
-    for seq in range(2, n_events + 1):
-        event = seal(
-            task_id=task_id,
-            seq=seq,
-            at=start_at + timedelta(microseconds=seq),
-            actor=ACTOR,
-            from_state=state,
-            trigger="tick",
-            to_state=state,
-            data={"args": {"n": seq}},
-            prev_hash=task.last_hash,
-        )
-        task = apply(definition, task, event)
-        yield event, task
-
-
-def load_tasks(dsn: str, definition: Workflow, n_tasks: int, n_events: int) -> list[str]:
-    """Generate and COPY `n_tasks` tasks of `n_events` events each, with their snapshots and rows; returns the ids.
-
-    The rows go first (the events reference them), so one call holds its events in memory until the COPY.
-    """
-    at = datetime.now(UTC) - timedelta(days=1)
-    rows: list[tuple[Any, ...]] = []
-    events: list[tuple[Any, ...]] = []
-    snapshots: list[tuple[Any, ...]] = []
-    for _ in range(n_tasks):
-        task: TaskState | None = None
-        for event, task in task_log(definition, n_events, at):
-            events.append(
-                (
-                    event.task_id,
-                    event.seq,
-                    event.at,
-                    event.actor,
-                    event.from_state,
-                    event.trigger,
-                    event.to_state,
-                    canonical_json(event.data),
-                    event.prev_hash,
-                    event.hash,
-                )
-            )
-            if event.seq % SNAPSHOT_EVERY == 0:
-                snapshots.append((event.task_id, event.seq, event.hash, canonical_json(task.to_doc()), at))
-        assert task is not None
-        rows.append(
-            (
-                task.task_id,
-                definition.name,
-                definition.version,
-                definition.digest,
-                task.state,
-                str(task.status),
-                task.seq,
-                task.last_hash,
-                at,
-                at,
-            )
-        )
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
-        for sql, values in (
-            (f"COPY tasks ({TASK_COLUMNS}) FROM STDIN", rows),
-            (f"COPY events ({EVENT_COLUMNS}) FROM STDIN", events),
-            ("COPY snapshots (task_id, seq, hash, doc, created_at) FROM STDIN", snapshots),
-        ):
-            with cur.copy(sql) as copy:
-                for value in values:
-                    copy.write_row(value)
-        conn.commit()
-        cur.execute("ANALYZE")
-    return [r[0] for r in rows]
 
 
 # -- measurements --------------------------------------------------------------------------------------------
@@ -217,59 +117,6 @@ def replay_many(eng: Engine, workflow: str, jobs: int) -> Sample:
         assert report.ok, (report.task_id, report.findings[:3])
         events += report.events
     return time.perf_counter() - started, events, time.process_time() - cpu
-
-
-MEMORY_CHILD = """
-import resource, sys, time
-sys.path[:0] = {paths!r}
-from replay import make_engine
-imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-url = sys.stdin.readline().strip()  # sent once the data is loaded
-eng = make_engine(url)
-started = time.perf_counter()
-tasks = events = findings = 0
-for report in eng.replay_all(jobs={jobs}):
-    tasks += 1
-    events += report.events
-    findings += len(report.findings)
-elapsed = time.perf_counter() - started
-print(tasks, events, findings, imported, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, elapsed,
-      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-"""
-
-
-def start_memory_child(jobs: int) -> subprocess.Popen[str]:
-    """A replay_all process, started before the data is generated and waiting for the database URL.
-
-    Linux carries a parent's peak RSS into a child across exec (`ru_maxrss` would report the
-    benchmark's own peak, with its generated rows): started early, the child inherits only the
-    small parent it was forked from, and its `ru_maxrss` is its own.
-    """
-    here = str(Path(__file__).resolve().parent)
-    return subprocess.Popen(
-        [sys.executable, "-c", MEMORY_CHILD.format(paths=[here], jobs=jobs)],
-        cwd=here,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-def replay_all_memory(child: subprocess.Popen[str], url: str) -> dict[str, Any]:
-    """Peak RSS of `replay_all()` over the whole database, in its own interpreter (kilobytes on Linux)."""
-    out, _ = child.communicate(url + "\n", timeout=3600)
-    assert child.returncode == 0, out
-    tasks, events, findings, imported, maxrss, seconds, workers = out.split()
-    return {
-        "tasks": int(tasks),
-        "events": int(events),
-        "findings": int(findings),
-        "peak_rss_mb": round(int(maxrss) / 1024, 1),
-        "import_rss_mb": round(int(imported) / 1024, 1),
-        "worker_peak_rss_mb": round(int(workers) / 1024, 1),
-        "seconds": round(float(seconds), 2),
-        "events_per_s": round(int(events) / float(seconds)),
-    }
 
 
 def median_rate(samples: list[Sample]) -> dict[str, Any]:

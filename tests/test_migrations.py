@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, pool
 
-from engine import migrations
+from engine import SqlStore, migrations
 from engine.store.database import normalize_url
 from tests.support.postgres import create_pg_database, drop_pg_database
+from tests.support.stores import T0, ended, started
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -47,21 +48,75 @@ def test_upgrade_from_empty_to_head_and_back(empty_db: str) -> None:
         "page_sessions",
         "login_failures",
         "task_fields",
+        "terminal_counts",
         "alembic_version",
     }
-    assert migrations.current(empty_db) == "0008"
+    assert migrations.current(empty_db) == "0009"
     migrations.check(empty_db)  # raises if the metadata and the migrated schema differ
     migrations.downgrade(empty_db, "base")
     assert tables(empty_db) == {"alembic_version"}
     assert migrations.current(empty_db) is None
     migrations.upgrade(empty_db)  # and up again: downgrade left nothing behind
-    assert migrations.current(empty_db) == "0008"
+    assert migrations.current(empty_db) == "0009"
+
+
+def test_upgrading_a_database_that_holds_ended_tasks_counts_them_once(empty_db: str) -> None:
+    """Migration 0009 counts the tasks that ended before it (the status counts read those counts from then on),
+    and a downgrade and upgrade count them again from the rows, not on top of the old counts."""
+    migrations.upgrade(empty_db, "0008")
+    store = SqlStore(empty_db)
+    try:
+        for n in range(3):
+            ended(store, f"r-{n}")
+        ended(store, "t-0", workflow="triage")
+        started(store, "r-live", next_run_at=T0)
+        expected = [("refund", "runnable", 1), ("refund", "terminal", 3), ("triage", "terminal", 1)]
+        for _ in range(2):
+            migrations.upgrade(empty_db)
+            assert [(c["workflow"], c["status"], c["tasks"]) for c in store.status_counts()] == expected
+            migrations.downgrade(empty_db, "0008")
+        migrations.upgrade(empty_db)
+        ended(store, "t-1", workflow="triage")  # and the triggers count from there on
+        assert [c["tasks"] for c in store.status_counts() if c["workflow"] == "triage"] == [2]
+    finally:
+        store.close()
+
+
+def test_ended_tasks_inserted_in_bulk_are_counted(empty_db: str) -> None:
+    """Rows that arrive already ended (a bulk load, a restore: one statement, many rows) are counted like tasks
+    that end one by one, and so are their deletions."""
+    migrations.upgrade(empty_db)
+    store = SqlStore(empty_db)
+    try:
+        columns = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
+        rows = ", ".join(
+            f"('b-{n}', '{'triage' if n % 3 else 'refund'}', 1, 'd', '{'done' if n % 5 else 'working'}', "
+            f"'{'terminal' if n % 5 else 'runnable'}', 1, 'h', '2026-01-01', '2026-01-01')"
+            for n in range(300)
+        )
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"INSERT INTO tasks ({columns}) VALUES {rows}")
+        counted = {(c["workflow"], c["status"]): c["tasks"] for c in store.status_counts()}
+        assert counted == {
+            ("refund", "runnable"): 20,
+            ("refund", "terminal"): 80,
+            ("triage", "runnable"): 40,
+            ("triage", "terminal"): 160,
+        }
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM tasks WHERE workflow = 'triage'")
+        assert [(c["workflow"], c["status"], c["tasks"]) for c in store.status_counts()] == [
+            ("refund", "runnable", 20),
+            ("refund", "terminal", 80),
+        ]
+    finally:
+        store.close()
 
 
 def test_upgrade_is_idempotent(empty_db: str) -> None:
     migrations.upgrade(empty_db)
     migrations.upgrade(empty_db)
-    assert migrations.current(empty_db) == "0008"
+    assert migrations.current(empty_db) == "0009"
 
 
 @pytest.mark.parametrize("url", ["sqlite:///offline.db", "postgresql+psycopg://u@h/db"])

@@ -31,7 +31,7 @@ from engine.core.rows import Claim, Snapshot, TaskRow, WorkerReport
 from engine.store import MemoryStore, SqlStore, Store, open_store
 from engine.store.protocol import PageSession, TaskQuery
 from tests.support.races import together
-from tests.support.stores import BACKENDS, T0, Log, opened, started, store_for
+from tests.support.stores import BACKENDS, T0, Log, ended, opened, started, store_for
 
 LATER = T0 + timedelta(hours=1)
 
@@ -582,6 +582,39 @@ def test_status_counts_per_workflow_and_status(store: Store) -> None:
         {"workflow": "triage", "status": "blocked", "tasks": 1, "leased": 0, "oldest_due": None},
     ]
     assert store.status_counts(T0 + timedelta(minutes=7))[0]["leased"] == 0  # the lease expired
+
+
+def test_ended_tasks_are_counted_per_workflow_as_they_end(store: Store) -> None:
+    """The ended tasks' counts come from what the database keeps as rows end (SQL stores: migration 0009), so they
+    must follow every way a task ends, and nothing else."""
+    for n in range(3):
+        ended(store, f"r-{n}")
+    ended(store, "t-0", workflow="triage")
+    live = started(store, "r-live", next_run_at=T0)
+    store.append("r-live", 1, live.take(2), status="blocked")  # not ended: counted with the live ones
+    store.append("r-live", 3, live.take(1), status="runnable", next_run_at=T0)
+    # A terminal task's row moved again without changing its status (an archive's tombstone) is still counted once.
+    store.mark_archived([("r-0", 2)], "archive.jsonl", "a" * 64)
+    assert [(c["workflow"], c["status"], c["tasks"], c["leased"], c["oldest_due"]) for c in store.status_counts()] == [
+        ("refund", "runnable", 1, 0, T0),
+        ("refund", "terminal", 3, 0, None),
+        ("triage", "terminal", 1, 0, None),
+    ]
+
+
+def test_ended_tasks_are_counted_exactly_when_many_end_at_once(store: Store) -> None:
+    """Workers ending tasks of one workflow at the same instant each count theirs: none is lost, none twice."""
+    logs = [Log(f"r-{n:02d}") for n in range(24)]
+    for log in logs:
+        store.create(log.row(next_run_at=T0), log.first)
+    ends = [log.next("finish", "done") for log in logs]
+    results = together(
+        *(partial(store.append, log.task_id, 1, [end], status="terminal") for log, end in zip(logs, ends, strict=True))
+    )
+    assert results == [None] * len(logs)
+    assert store.status_counts() == [
+        {"workflow": "refund", "status": "terminal", "tasks": len(logs), "leased": 0, "oldest_due": None}
+    ]
 
 
 def test_a_worker_report_is_refreshed_in_place_and_stopped_workers_are_not_listed(store: Store) -> None:

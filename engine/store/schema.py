@@ -7,6 +7,7 @@ cannot drift apart silently.
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     DateTime,
     ForeignKey,
@@ -82,6 +83,18 @@ task_fields = Table(
     Column("name", String(64), primary_key=True),
     Column("value", String(200), nullable=False),
     Index("ix_task_fields_value", "value", "task_id"),
+)
+
+#: How many tasks of each workflow have ended (migration 0009), in slots whose sum is the count: kept by triggers on
+#: `tasks` (a row becoming, inserted as, leaving or deleted as `terminal`), so that `railyard status` and the task
+#: gauges read the live tasks and these few rows, never the finished tasks themselves. PostgreSQL spreads a
+#: workflow over 16 slots by a hash of the task id, so that workers ending its tasks at once do not queue on one row.
+terminal_counts = Table(
+    "terminal_counts",
+    metadata,
+    Column("workflow", String(64), primary_key=True),
+    Column("slot", Integer, primary_key=True),
+    Column("tasks", BigInteger, nullable=False),
 )
 
 #: A page session per login: the cookie holds a random id, this row its SHA-256. Logout deletes the row, so a

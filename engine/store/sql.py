@@ -29,6 +29,8 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
+    null,
     select,
     tuple_,
     union_all,
@@ -55,6 +57,7 @@ from engine.store.schema import (
     snapshots,
     task_fields,
     tasks,
+    terminal_counts,
     workers,
 )
 from engine.store.wakeups import Listener
@@ -723,10 +726,17 @@ class SqlStore:
             return list(conn.execute(query).scalars())
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:
-        """Per workflow and status: how many tasks, how many of them leased, and the oldest due time."""
+        """Per workflow and status: how many tasks, how many of them leased, and the oldest due time.
+
+        The unfinished tasks are grouped through the partial index of them (`ix_tasks_due`); the ended ones are
+        the sums of `terminal_counts`, which the database keeps (migration 0009). So the cost follows the live
+        tasks, not the finished ones: in bench/scale.py 5.4 ms at 1,000,000 tasks (990,000 ended) against 7.0 at
+        10,000, where the GROUP BY over the whole table it replaces took 209 ms against 2.8. An ended task holds
+        no lease and is never due.
+        """
         at = at or now()
         leased = func.sum(case((tasks.c.lease_expires_at > at, 1), else_=0))
-        query = (
+        live = (
             select(
                 tasks.c.workflow,
                 tasks.c.status,
@@ -734,16 +744,32 @@ class SqlStore:
                 leased.label("leased"),
                 func.min(tasks.c.next_run_at).label("oldest_due"),
             )
+            # A literal, not a parameter: a generic plan of a prepared statement must still prove ix_tasks_due's
+            # predicate (a parameter could be any status), as the claim's SQL does.
+            .where(tasks.c.status != literal_column("'terminal'"))
             .group_by(tasks.c.workflow, tasks.c.status)
-            .order_by(tasks.c.workflow, tasks.c.status)
         )
+        ended_tasks = func.sum(terminal_counts.c.tasks)
+        ended = (
+            select(
+                terminal_counts.c.workflow,
+                literal("terminal", type_=tasks.c.status.type).label("status"),
+                ended_tasks.label("tasks"),
+                literal(0).label("leased"),
+                null().label("oldest_due"),
+            )
+            .group_by(terminal_counts.c.workflow)
+            .having(ended_tasks > 0)
+        )
+        both = union_all(live, ended).subquery()
+        query = select(both).order_by(both.c.workflow, both.c.status)
         with self._errors(), self._reader() as conn:
             rows = conn.execute(query).all()
         return [
             {
                 "workflow": r.workflow,
                 "status": r.status,
-                "tasks": r.tasks,
+                "tasks": int(r.tasks),
                 "leased": int(r.leased or 0),
                 "oldest_due": utc(r.oldest_due) if r.oldest_due is not None else None,
             }

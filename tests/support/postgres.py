@@ -66,5 +66,5 @@ def truncate(url: str) -> None:
         conn.execute("SET session_replication_role = replica")
         conn.execute(
             "TRUNCATE snapshots, events, task_fields, tasks, workers, checkpoints, archive_permits, page_sessions, "
-            "login_failures"
+            "login_failures, terminal_counts"
         )

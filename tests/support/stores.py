@@ -128,3 +128,11 @@ def started(store: Store, task_id: str, **row: Any) -> Log:
     log = Log(task_id)
     store.create(log.row(**row), log.first)
     return log
+
+
+def ended(store: Store, task_id: str, workflow: str = "refund") -> Log:
+    """A task created runnable in `store`, then ended by its next append."""
+    log = Log(task_id, workflow=workflow)
+    store.create(log.row(next_run_at=T0), log.first)
+    store.append(task_id, 1, [log.next("finish", "done")], status="terminal")
+    return log
