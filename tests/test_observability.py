@@ -229,10 +229,10 @@ class TakenOver:
         self.eng, self.inner = eng, inner
         self.model, self.profile = inner.model, inner.profile
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
         expire_leases(self.eng)
         assert self.eng.store.claim("thief", limit=1, lease_seconds=30, workflows=["ticket_triage"])
-        return self.inner.complete(request)
+        return await self.inner.complete(request)
 
 
 def test_metrics_after_a_worker_run_have_every_family(eng: Engine, server: ProviderServer) -> None:
