@@ -149,7 +149,7 @@ class RepeatModel:
         self.calls = 0
         self.last_request: ModelRequest | None = None
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
         self.calls += 1
         self.last_request = request
         if "tool_calls" in self.turn:

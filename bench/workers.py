@@ -131,13 +131,14 @@ def short_workflow(name: str) -> Workflow:
 
 
 class Clerk:
-    """A deterministic model: look the record up, then finish. Stateless, so one serves every thread."""
+    """A deterministic model: look the record up, then finish. Stateless, so one serves every task; async, like
+    the shipped adapters, so the step is measured as they run it (a plain `def` would add a thread hop a call)."""
 
     provider = "scripted"
     model = "clerk"
     profile = "anthropic"
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
         if 'name="lookup"' not in request.messages[1].content:
             call = ToolCall("c1", "lookup", '{"key": "K-1"}')
         else:
