@@ -188,3 +188,51 @@ def test_ctrl_c_in_an_embedded_worker_finishes_the_calls_in_flight_and_releases(
     assert "cannot schedule new futures after shutdown" not in err
     assert "unhandled exception during asyncio.run() shutdown" not in err
     assert _leased(eng) == 0, f"{_leased(eng)} tasks left leased to a worker that is gone"
+
+
+ENGINE_RUN = textwrap.dedent("""
+    import asyncio, sys
+    sys.path[:0] = [sys.argv[2]]
+    from engine import Action, Agent, Engine, ModelResponse, Registry, Terminal, Workflow
+    from engine.core.model_interface import ToolCall
+    ONE_TURN = Workflow(name="one_turn", version=1, description="One model turn",
+        states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")])
+    class Slow:
+        provider, model, profile = "scripted", "m", "anthropic"
+        cleaned = False
+        async def complete(self, request):
+            try:
+                print("calling", flush=True)
+                await asyncio.sleep(30)
+            finally:
+                Slow.cleaned = True
+            return ModelResponse(tool_calls=(ToolCall("c1", "finish", "{}"),), finish_reason="tool_calls")
+    class Quick(Slow):
+        async def complete(self, request):
+            return ModelResponse(tool_calls=(ToolCall("c1", "finish", "{}"),), finish_reason="tool_calls")
+    eng = Engine(sys.argv[1], Registry([ONE_TURN]))
+    task = eng.start("one_turn", {}, actor="a")
+    try:
+        eng.run(task, model=Slow())
+    except KeyboardInterrupt:
+        print("interrupted", Slow.cleaned, eng.load(task).state, flush=True)
+    print("again", eng.run(task, model=Quick()).state, flush=True)
+""")
+
+
+def test_ctrl_c_during_engine_run_raises_after_the_step_unwinds_and_the_thread_runs_again(tmp_path: Path) -> None:
+    """A plain program calling `Engine.run`, Ctrl-C while the model is called: KeyboardInterrupt reaches the
+    program as from any synchronous call, after the step's own cleanups ran (the model call's `finally`); nothing
+    was recorded for the interrupted turn, and the next `Engine.run` on the same thread (its loop) works."""
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    migrations.upgrade(url)
+    root = str(Path(__file__).parent.parent)
+    p = subprocess.Popen(
+        [sys.executable, "-c", ENGINE_RUN, url, root], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "calling"
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.split("\n")[:2] == ["interrupted True answering", "again done"], out + err

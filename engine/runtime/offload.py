@@ -80,7 +80,7 @@ async def _on(pool: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
     return await asyncio.get_running_loop().run_in_executor(pool, context.run, fn)
 
 
-def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+def run_sync(coroutine: Coroutine[Any, Any, T], *, serving: bool = False) -> T:
     """The coroutine's result for a synchronous caller (`Engine.run` from plain code).
 
     Each thread keeps one event loop for its synchronous calls, so the model clients opened on it (an SDK
@@ -88,16 +88,40 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     of that thread instead of being built again each time; the loop and its clients are closed when the thread
     ends, or at exit. The caller's context variables (a lease, a trace span) go with each call.
 
+    A call (`serving=False`) runs on the loop directly: `asyncio.Runner.run` installs and removes a SIGINT
+    handler around every call, and `signal.signal` formats the handler it replaces (a partial holding the
+    task, so the task's whole repr), which was a sixth of a step's CPU. Ctrl-C during a call raises
+    KeyboardInterrupt, as in any synchronous call, once the step has been cancelled and its cleanups have run.
+    A worker (`serving=True`) runs under `Runner.run`: there the first Ctrl-C only cancels the loop's main task,
+    which the worker turns into a drain (finish the steps in hand, hand the tasks back), and only a second one
+    interrupts; the cost is paid once per worker, not per step.
+
     Called from inside a running loop (a notebook, an async application calling the synchronous API), it runs
     on a thread of its own rather than fail: the caller's loop is blocked for the step, as any blocking call is.
     """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _thread_loop().run(coroutine, context=contextvars.copy_context())
+        runner = _thread_loop()
+        context = contextvars.copy_context()
+        if serving:
+            return runner.run(coroutine, context=context)
+        return _call(runner.get_loop(), coroutine, context)
     context = contextvars.copy_context()
     with ThreadPoolExecutor(1, thread_name_prefix="railyard-sync") as pool:
         return pool.submit(context.run, asyncio.run, _closing(coroutine)).result()
+
+
+def _call(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
+    task = loop.create_task(coroutine, context=context)
+    try:
+        return loop.run_until_complete(task)
+    except KeyboardInterrupt:
+        if not task.done():  # interrupted while the loop waited: let the step unwind (finally blocks, releases)
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(task)
+        raise
 
 
 class _ThreadLoop(threading.local):

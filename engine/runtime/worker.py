@@ -207,7 +207,7 @@ class Worker:
         def stopping() -> bool:
             return self._stop.is_set() or (stop is not None and stop.is_set())
 
-        run_sync(self._serve(stopping))
+        run_sync(self._serve(stopping), serving=True)
 
     def run_once(self) -> int:
         """Claim up to `concurrency` due tasks and advance them; returns how many were claimed."""
