@@ -60,7 +60,7 @@ from engine.core.model_interface import (
 )
 from engine.providers.deadline import deadline, within
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, connection_failed
+from engine.providers.transport import LIMITS, connection_failed, json_object
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -133,8 +133,9 @@ class AnthropicAdapter:
                 events = await client.messages.create(**payload, extra_body=self.extra_body)
                 async with events:  # closed however the reading ends
                     return _read_stream([e.to_dict() async for e in within(events, until)], sent)
-            message = await client.messages.create(**payload, extra_body=self.extra_body)
-            return parse_message(message.to_dict(), sent)
+            body = {**payload, **self.extra_body} if self.extra_body else payload  # as the SDK merges `extra_body`
+            answer = await client.post("/v1/messages", body=body, cast_to=object)
+            return parse_message(json_object(answer), sent)
         except ModelError:
             raise
         except anthropic.APITimeoutError as exc:

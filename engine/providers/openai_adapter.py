@@ -53,7 +53,7 @@ from engine.core.model_interface import (
 from engine.core.profiles import with_switch
 from engine.providers.deadline import deadline, within
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, connection_failed
+from engine.providers.transport import LIMITS, connection_failed, json_object
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -119,9 +119,9 @@ class OpenAIAdapter:
                     "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=stream
                 )
                 async with chunks:  # closed however the reading ends
-                    return _read_stream([_doc(c) async for c in within(chunks, until)], sent)
+                    return _read_stream([json_object(c) async for c in within(chunks, until)], sent)
             answer = await client.post("/chat/completions", body=body, cast_to=object)
-            return parse_completion(_doc(answer), sent)
+            return parse_completion(json_object(answer), sent)
         except ModelError:
             raise
         except openai.APITimeoutError as exc:
@@ -159,17 +159,6 @@ class OpenAIAdapter:
             )
         except openai.OpenAIError as exc:
             raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
-
-
-def _doc(value: object) -> dict[str, Any]:
-    """A JSON object from the wire. The SDK hands over the text of a body not labelled JSON (some compatible
-    servers send `text/plain`, or no content type): it is read as JSON all the same, as `create` did; anything
-    else (a list, text that is not JSON) is malformed."""
-    if isinstance(value, str | bytes):
-        value = json.loads(value)
-    if not isinstance(value, dict):
-        raise TypeError(f"a {type(value).__name__}, not a JSON object")
-    return value
 
 
 # -- request --------------------------------------------------------------

@@ -12,6 +12,9 @@ calls as its `--concurrency`, each on a connection of its own (HTTP/1.1), so the
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import aiohttp
 import httpx2
 
@@ -30,3 +33,16 @@ def connection_failed(error: BaseException) -> bool:
             return True
         cause = cause.__cause__
     return False
+
+
+def json_object(value: object) -> dict[str, Any]:
+    """A JSON object from the wire, as the SDK's `post(..., cast_to=object)` hands it over. The adapters send
+    through `post` rather than `create`, whose typed transform of the body and pydantic models of the answer cost
+    a worker a third of its CPU (docs/performance.md). The SDK hands over the text of a body not labelled JSON
+    (some compatible servers send `text/plain`, or no content type): it is read as JSON all the same, as `create`
+    did; anything else (a list, text that is not JSON) is malformed."""
+    if isinstance(value, str | bytes):
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise TypeError(f"a {type(value).__name__}, not a JSON object")
+    return value

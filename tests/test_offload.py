@@ -1,0 +1,122 @@
+"""The worker's hand-off of blocking work to threads (`engine.runtime.offload.Threads`), as the worker relies on it:
+every call's result or exception comes back to the coroutine that asked, with the caller's context (the lease's
+fencing token rides on a context variable); never more threads than asked for, whatever the number of tasks in
+hand (each store thread holds a database connection); a coroutine that stops waiting leaves the others
+unharmed; closing waits for the work running and refuses new work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+
+from engine.runtime.offload import Threads
+
+LEASE: contextvars.ContextVar[str] = contextvars.ContextVar("lease", default="none")
+
+
+def test_results_exceptions_and_context_come_back_to_each_caller() -> None:
+    async def main() -> None:
+        io = Threads(3, 2, "t")
+
+        async def one(i: int) -> tuple[int, str, str]:
+            LEASE.set(f"epoch-{i}")
+            value = await io.store(lambda: i * 2)
+            seen = await io.store(LEASE.get)
+            where = await io.wait(lambda: threading.current_thread().name)
+            return value, seen, where
+
+        try:
+            results = await asyncio.gather(*(one(i) for i in range(500)))
+            assert [r[0] for r in results] == [i * 2 for i in range(500)]
+            assert [r[1] for r in results] == [f"epoch-{i}" for i in range(500)]
+            assert all(r[2].startswith("t-wait") for r in results)
+
+            def boom() -> None:
+                raise KeyError("gone")
+
+            with pytest.raises(KeyError, match="gone"):
+                await io.store(boom)
+            assert await io.store(lambda: "still serving") == "still serving"
+        finally:
+            io.close()
+
+    asyncio.run(main())
+
+
+def test_never_more_threads_than_asked_for() -> None:
+    names: set[str] = set()
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def work() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            names.add(threading.current_thread().name)
+        time.sleep(0.002)
+        with lock:
+            running -= 1
+
+    async def main() -> None:
+        io = Threads(4, 2, "t")
+        try:
+            await asyncio.gather(*(io.store(work) for _ in range(400)))
+        finally:
+            io.close()
+
+    asyncio.run(main())
+    assert most == 4
+    assert len(names) == 4
+
+
+def test_a_caller_that_stops_waiting_does_not_disturb_the_others() -> None:
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def slow() -> str:
+        started.set()
+        release.wait(5)
+        finished.append("slow")
+        return "slow"
+
+    async def main() -> None:
+        io = Threads(2, 1, "t")
+        try:
+            waiting = asyncio.create_task(io.store(slow))
+            await asyncio.to_thread(started.wait, 5)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            release.set()
+            assert await io.store(lambda: "next") == "next"
+        finally:
+            io.close()
+
+    asyncio.run(main())
+    assert finished == ["slow"]  # the call itself ran to its end, as a thread's work does
+
+
+def test_close_waits_for_running_work_and_refuses_new_work() -> None:
+    done: list[int] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        done.append(1)
+
+    async def main() -> None:
+        io = Threads(2, 1, "t")
+        task = asyncio.create_task(io.store(slow))
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(io.close)
+        assert done == [1]
+        await task
+        with pytest.raises(RuntimeError):
+            await io.store(lambda: None)
+
+    asyncio.run(main())
