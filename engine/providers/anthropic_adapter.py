@@ -58,7 +58,7 @@ from engine.core.model_interface import (
     ToolSpec,
     Usage,
 )
-from engine.providers.deadline import deadline, within
+from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
 from engine.providers.transport import LIMITS, connection_failed, json_object
 
@@ -128,13 +128,13 @@ class AnthropicAdapter:
         sent = refusable(request)
         client = self._clients.here()
         try:
-            if self.stream:
-                until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
-                events = await client.messages.create(**payload, extra_body=self.extra_body)
-                async with events:  # closed however the reading ends
-                    return _read_stream([e.to_dict() async for e in within(events, until)], sent)
-            body = {**payload, **self.extra_body} if self.extra_body else payload  # as the SDK merges `extra_body`
-            answer = await client.post("/v1/messages", body=body, cast_to=object)
+            async with bounded(self.timeout):  # the call's deadline, not a read's: a trickle is cut too
+                if self.stream:
+                    events = await client.messages.create(**payload, extra_body=self.extra_body)
+                    async with events:  # closed however the reading ends
+                        return _read_stream([e.to_dict() async for e in events], sent)
+                body = {**payload, **self.extra_body} if self.extra_body else payload  # as the SDK merges it
+                answer = await client.post("/v1/messages", body=body, cast_to=object)
             return parse_message(json_object(answer), sent)
         except ModelError:
             raise

@@ -1,33 +1,29 @@
-"""An overall deadline for a streamed call: the SDKs' timeout bounds each read, not the call.
+"""A call's overall deadline: the SDKs' timeout bounds each connect and each read, not the call.
 
-A stream that sends a chunk just before every read timeout would otherwise hold
-a call open for as long as it trickles. The adapters read their streams through
-`within`, which gives up (`PROVIDER_TIMEOUT`, retried like any timeout) at the
-first chunk that arrives after the deadline; a read that waits for a chunk is
-itself cut by the SDK's read timeout, so an attempt lasts under twice the
-timeout, whatever the stream does.
+A provider, or a gateway in front of it, that sends something just inside every read timeout would otherwise
+hold a call open for as long as it keeps doing so: a stream's chunks, a stream's keep-alives (SSE comments on the
+OpenAI wire, `ping` events on the Anthropic one, which the SDKs read and never hand over), or the bytes of a
+non-streamed body. Each adapter runs the whole attempt, sending and reading, inside `bounded`: at the deadline
+the attempt is cancelled where it waits and is `PROVIDER_TIMEOUT`, retried like any timeout. Checking the
+clock at each chunk instead (as the adapters did while they were synchronous) missed the keep-alives: a 1 s
+call lasted 31 s.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import TypeVar
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from engine.core.errors import Code
 from engine.core.model_errors import ModelError
 
-T = TypeVar("T")
 
-
-def deadline(seconds: float) -> float:
-    """The `time.monotonic()` by which a call sent now must have ended."""
-    return time.monotonic() + seconds
-
-
-async def within(items: AsyncIterable[T], until: float) -> AsyncIterator[T]:
-    """`items` as they arrive, until `until` (a `deadline`) has passed; then `PROVIDER_TIMEOUT`."""
-    async for item in items:
-        if time.monotonic() > until:
-            raise ModelError(Code.PROVIDER_TIMEOUT, "the stream was still arriving at the call's deadline")
-        yield item
+@asynccontextmanager
+async def bounded(seconds: float) -> AsyncIterator[None]:
+    """Cut what runs inside after `seconds`: `PROVIDER_TIMEOUT`."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise ModelError(Code.PROVIDER_TIMEOUT, f"no complete answer within the call's {seconds:g} s") from None

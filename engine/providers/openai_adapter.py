@@ -51,7 +51,7 @@ from engine.core.model_interface import (
     Usage,
 )
 from engine.core.profiles import with_switch
-from engine.providers.deadline import deadline, within
+from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
 from engine.providers.transport import LIMITS, connection_failed, json_object
 
@@ -112,15 +112,15 @@ class OpenAIAdapter:
         sent = refusable(request)
         client = self._clients.here()
         try:
-            if self.stream:
-                until = deadline(self.timeout)  # the call's, not a read's: a trickling stream is cut too
-                stream = openai.AsyncStream[object]
-                chunks = await client.post(
-                    "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=stream
-                )
-                async with chunks:  # closed however the reading ends
-                    return _read_stream([json_object(c) async for c in within(chunks, until)], sent)
-            answer = await client.post("/chat/completions", body=body, cast_to=object)
+            async with bounded(self.timeout):  # the call's deadline, not a read's: a trickle is cut too
+                if self.stream:
+                    stream = openai.AsyncStream[object]
+                    chunks = await client.post(
+                        "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=stream
+                    )
+                    async with chunks:  # closed however the reading ends
+                        return _read_stream([json_object(c) async for c in chunks], sent)
+                answer = await client.post("/chat/completions", body=body, cast_to=object)
             return parse_completion(json_object(answer), sent)
         except ModelError:
             raise

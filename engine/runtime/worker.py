@@ -375,9 +375,9 @@ class Worker:
                 succeeded = cleared and not failed
                 await io.store(lambda: self.engine.store.release(task_id, claim.epoch, step_succeeded=succeeded))
                 self.counts.add("released")
+                log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
             except RailyardError as error:  # the lease expires by itself
                 log.error("task %s: release failed: %s", task_id, error.code)
-                log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
 
     async def _postpone(self, io: Offload, claim: Claim, until: datetime, *, failed: bool = False) -> int:
         """Put the task off until `until`; the failed steps it counts now, or 0 when the store did not answer
