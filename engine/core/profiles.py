@@ -85,7 +85,7 @@ class CapabilityProfile:
     def thinking_switch(self, model: str, thinking: bool) -> dict[str, Any]:
         """The body fields that switch thinking on or off for `model` (a copy: adapters may merge into it)."""
         if not thinking:
-            return copy.deepcopy(self.thinking_off)
+            return copy.deepcopy(self.thinking_off) if self.thinking_off else {}
         for pattern, fields_on in self.thinking_on_by_model.items():
             if fnmatch.fnmatchcase(model, pattern):
                 return copy.deepcopy(fields_on)
@@ -229,6 +229,8 @@ def with_switch(extra_body: dict[str, Any] | None, switch: dict[str, Any]) -> di
     fields), so the turn's `thinking_switch` is exactly what the body carries; thinking is set with
     `--thinking`, never by an extra body.
     """
+    if not switch:  # most profiles switch nothing off: no copy to walk, on every call
+        return copy.deepcopy(extra_body) if extra_body else {}
     merged = copy.deepcopy(extra_body) if extra_body else {}
     for key, value in switch.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
