@@ -223,18 +223,22 @@ def test_an_append_under_a_lease_that_was_taken_over_is_lease_lost(store: Store)
     assert store.events("t-1") == log.events
 
 
-def test_a_task_that_ends_drops_its_lease_in_the_same_write(store: Store) -> None:
+def test_a_task_that_ends_drops_its_lease_and_its_failed_steps_in_the_same_write(store: Store) -> None:
+    """The worker sends no release after an ending append (one round trip a task fewer): the row must already be
+    what a release would have left, lease free and the count of failed steps cleared."""
     log = started(store, "t-1", next_run_at=T0)
     [claim] = store.claim("w1", limit=1, lease_seconds=600, at=T0)
+    assert store.postpone("t-1", claim.epoch, T0, failed=True) == 1
     store.append("t-1", 1, log.take(1), status="terminal", lease_epoch=claim.epoch)
     row = store.row("t-1")
     assert row is not None
-    assert (row.status, row.lease_owner, row.lease_expires_at, row.lease_epoch, row.next_run_at) == (
+    assert (row.status, row.lease_owner, row.lease_expires_at, row.lease_epoch, row.next_run_at, row.failures) == (
         "terminal",
         None,
         None,
         claim.epoch,
         None,
+        0,
     )
 
 

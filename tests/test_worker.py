@@ -151,6 +151,9 @@ def test_a_task_that_raises_is_retried_later_and_the_worker_goes_on(eng: Engine)
     make_due(eng)
     assert Worker(eng, model=Finisher()).run_once() == 2
     assert eng.get(good).state == eng.get(bad).state == "done"
+    for task_id in (good, bad):  # the ending append left the row as a release would: free, failures cleared
+        row = eng.store.row(task_id)
+        assert row is not None and (row.lease_owner, row.lease_expires_at, row.failures) == (None, None, 0)
 
 
 def test_a_task_that_keeps_raising_is_handed_off_with_internal_error(eng: Engine) -> None:

@@ -328,11 +328,12 @@ class Worker:
         started = time.perf_counter()
         failed = False
         cleared = True  # whether this claim's end clears the task's count of failed steps
+        ended = False  # whether its last append ended the task, which dropped the lease in the same write
         with self._held_lock:
             self._held.add(task_id)
         try:
             with holding(lease):
-                await self._advance(task_id, stopping, io)
+                ended = await self._advance(task_id, stopping, io)
         except AttemptInFlight as waiting:
             log.info(
                 "task %s: a stranded attempt may still be running; looking again at %s", task_id, waiting.settle_after
@@ -373,7 +374,8 @@ class Worker:
                 self._held.discard(task_id)
             try:
                 succeeded = cleared and not failed
-                await io.store(lambda: self.engine.store.release(task_id, claim.epoch, step_succeeded=succeeded))
+                if not ended:  # an ending append already gave the lease back and cleared the failed steps
+                    await io.store(lambda: self.engine.store.release(task_id, claim.epoch, step_succeeded=succeeded))
                 self.counts.add("released")
                 log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
             except RailyardError as error:  # the lease expires by itself
@@ -388,15 +390,17 @@ class Worker:
             log.error("task %s: could not put it off: %s", claim.task_id, error.code)
             return 0
 
-    async def _advance(self, task_id: str, stopping: Callable[[], bool], io: Offload) -> None:
+    async def _advance(self, task_id: str, stopping: Callable[[], bool], io: Offload) -> bool:
+        """Step the task until it waits, ends or the worker stops; whether it ended."""
         task = await io.store(lambda: self.engine.load(task_id))
         if task.status is Status.BLOCKED:
             # A blocked task is due only when its deadline passed: fire it, once (a second worker conflicts).
             definition = self.engine.definition_of(task)
             if definition.candidates(task.state, EXPIRED):
-                await io.store(lambda: self.engine.transition(task, EXPIRED, actor="system:timer", system=True))
+                fired = await io.store(lambda: self.engine.transition(task, EXPIRED, actor="system:timer", system=True))
                 self.counts.add("transitions")
-            return
+                return fired.terminal
+            return False
         after = await self.engine.drive(
             task, model=self.model, thinking=self.thinking, max_turns=self.max_turns, until=stopping, io=io
         )
@@ -404,6 +408,7 @@ class Worker:
         if stopping() and after.status is Status.RUNNABLE:
             self.counts.add("handed_back")
             log.info("task %s: handed back at seq %s (the worker is stopping)", task_id, after.seq)
+        return after.terminal
 
     def _give_up(self, lease: Lease, exc: BaseException, tries: int) -> None:
         """A poison task: after `max_failures` raising steps, move it to the limit state (a human looks)."""

@@ -221,8 +221,9 @@ class MemoryStore:
             last = new_events[-1]
             task.seq, task.state, task.status, task.last_hash = last.seq, last.to_state, status, last.hash
             task.updated_at, task.next_run_at = now(), _utc_or_none(next_run_at)
-            if status == "terminal":  # a task that ends drops its lease in the same write
+            if status == "terminal":  # a task that ends drops its lease (and its failed steps) in the same write
                 task.lease_owner = task.lease_expires_at = None
+                task.failures = 0
             task.events.extend(_stored(e) for e in new_events)
             if snapshot is not None:
                 seq, digest, doc = snapshot

@@ -102,7 +102,8 @@ def append_statement(n_events: int, with_snapshot: bool) -> str:
         "WITH upd AS (UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s,"
         " next_run_at = %s::timestamptz,"
         " lease_owner = CASE WHEN %s::text = 'terminal' THEN NULL ELSE lease_owner END,"
-        " lease_expires_at = CASE WHEN %s::text = 'terminal' THEN NULL ELSE lease_expires_at END"
+        " lease_expires_at = CASE WHEN %s::text = 'terminal' THEN NULL ELSE lease_expires_at END,"
+        " failures = CASE WHEN %s::text = 'terminal' THEN 0 ELSE failures END"
         " WHERE task_id = %s AND seq = %s AND (%s::int IS NULL OR lease_epoch = %s::int) RETURNING task_id),"
         " ev AS (INSERT INTO events (task_id, seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash)"
         " SELECT upd.task_id, v.seq, v.at, v.actor, v.from_state, v.trigger, v.to_state, v.data, v.prev_hash, v.hash"
@@ -132,6 +133,7 @@ def append(
         last.hash,
         at,
         next_run_at,
+        status,
         status,
         status,
         task_id,

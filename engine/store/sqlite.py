@@ -79,11 +79,13 @@ def load(cur: Any, task_id: str) -> list[Any]:
 
 
 # One BEGIN IMMEDIATE transaction of these.
-# A task that ends drops its lease in the same write: nothing is left held by a worker that dies right after.
+# A task that ends drops its lease in the same write, and its count of failed steps with it: nothing is left held by
+# a worker that dies right after, and the worker has nothing to release (`Worker._hold`).
 MOVE_TASK = (
     "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ?, next_run_at = ?,"
     " lease_owner = CASE WHEN ? = 'terminal' THEN NULL ELSE lease_owner END,"
-    " lease_expires_at = CASE WHEN ? = 'terminal' THEN NULL ELSE lease_expires_at END"
+    " lease_expires_at = CASE WHEN ? = 'terminal' THEN NULL ELSE lease_expires_at END,"
+    " failures = CASE WHEN ? = 'terminal' THEN 0 ELSE failures END"
     " WHERE task_id = ? AND seq = ? AND (? IS NULL OR lease_epoch = ?)"
 )
 INSERT_EVENT = (
@@ -119,6 +121,7 @@ def append(
                 last.hash,
                 at,
                 due,
+                status,
                 status,
                 status,
                 task_id,
