@@ -42,7 +42,6 @@ last line of output is one JSON object: figures, baselines, ratios and targets.
 from __future__ import annotations
 
 import cProfile
-import hashlib
 import io
 import json
 import os
@@ -75,6 +74,7 @@ from harness import (
     pg_server_url,
     print_background,
     print_targets,
+    reference_work,
     wait_quiet,
 )
 from sqlalchemy.engine import make_url
@@ -244,16 +244,11 @@ class RawTask:
         self.seq, self.last_hash = raw.seq, raw.last_hash
 
 
-#: Fixed pure-Python work, the same in every run and at every commit: how fast the machine was during the
-#: run (a VM's speed drifts from run to run, and the step's overhead is mostly CPU).
-REFERENCE_DOC = {f"key{i}": [i, str(i) * 3, {"x": i / 7, "y": None}] for i in range(40)}
-
-
 class ReferenceWork:
+    """The fixed work of `harness.reference_work`: how fast the machine was during the run."""
+
     def run(self, n: int) -> None:
-        for _ in range(n):
-            for _ in range(3):
-                hashlib.sha256(json.dumps(REFERENCE_DOC, sort_keys=True).encode()).hexdigest()
+        reference_work(n)
 
 
 Held = EngineTask | RawTask | ReferenceWork

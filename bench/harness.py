@@ -612,6 +612,29 @@ def _worker(cfg: Config, inbox: Any, outbox: Any, wid: int) -> None:
         runners.close()
 
 
+#: Fixed pure-Python work, the same in every run and at every commit: how fast the machine was during a run (a
+#: VM's speed drifts from run to run, by half on these machines, and what the benchmarks measure is mostly CPU).
+REFERENCE_DOC = {f"key{i}": [i, str(i) * 3, {"x": i / 7, "y": None}] for i in range(40)}
+
+
+def reference_work(n: int) -> None:
+    """`n` units of the fixed work (JSON and sha256): 0.17-0.26 ms a unit on the 2-vCPU machines measured."""
+    for _ in range(n):
+        for _ in range(3):
+            hashlib.sha256(json.dumps(REFERENCE_DOC, sort_keys=True).encode()).hexdigest()
+
+
+def reference_ms(units: int = 300) -> float:
+    """Milliseconds one unit of the fixed work takes now: the median over `units`, so a preempted one does not
+    count."""
+    times = []
+    for _ in range(units):
+        began = time.perf_counter()
+        reference_work(1)
+        times.append(time.perf_counter() - began)
+    return round(statistics.median(times) * 1000, 4)
+
+
 def cpu_ticks() -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs from /proc/stat (Linux); None elsewhere."""
     try:

@@ -51,6 +51,7 @@ from harness import (
     pg_server_url,
     print_background,
     print_targets,
+    reference_ms,
     target,
     wait_quiet,
 )
@@ -441,6 +442,7 @@ def run_case(case: Case, url: str, workdir: Path, tasks: int) -> dict[str, Any]:
         with psycopg.connect(libpq(url), autocommit=True) as conn:
             conn.execute("UPDATE tasks SET next_run_at = %s", (datetime.now(UTC) + timedelta(days=1),))
     approver = Approver(url) if case.workflow == "refund" else None
+    speed = reference_ms()  # how fast the machine is right now: a VM's speed drifts from case to case
     with fake_model(case.latency) as (port, _server_pid), approver or contextlib.nullcontext():
         env, argv = worker_env(case, url, port, workdir)
         # The workers' logs go to a file: a pipe nobody reads fills up, and a worker blocked on its log is what
@@ -465,7 +467,8 @@ def run_case(case: Case, url: str, workdir: Path, tasks: int) -> dict[str, Any]:
                     w.kill()
             for log in logs:
                 log.close()
-    return figures(case, tasks, window, rss, totals, approver) | verify(registry, url, ids, case, totals)
+    found = figures(case, tasks, window, rss, totals, approver) | {"reference_work_ms": speed}
+    return found | verify(registry, url, ids, case, totals)
 
 
 def figures(
@@ -595,7 +598,8 @@ def show(result: dict[str, Any]) -> str:
         f"ms/turn), fake server {result['server_cpu_ms_per_task']} ms, PostgreSQL {postgres} (the server; "
         f"{result['postgres_active_ms_per_task']} ms active in this database){approver}; RSS "
         f"{result['worker_rss_mib']:.0f} MiB, {result['pg_connections_per_worker']} PG connections/worker, "
-        f"{result['pg_sessions_per_task']} sessions opened/task; CPUs {busy} busy"
+        f"{result['pg_sessions_per_task']} sessions opened/task; CPUs {busy} busy; reference work "
+        f"{result['reference_work_ms']} ms"
     )
 
 
