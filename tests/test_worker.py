@@ -283,3 +283,27 @@ def test_railyard_worker_advances_tasks_and_stops_on_sigterm(tmp_path: Path) -> 
         assert err.count("railyard.transitions") == 3 and "trigger=finish to=done code=-" in err
         assert all(eng.get(t).state == "done" for t in task_ids)
         assert all(eng.store.row(t).lease_owner is None for t in task_ids)  # type: ignore[union-attr]
+
+
+def test_the_heartbeat_warns_of_leases_taken_over_and_only_of_those(
+    eng: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Of three tasks a worker has in hand when its heartbeat runs, one ended meanwhile (its last append dropped
+    the lease), one was released and is no longer in hand, and one's lease expired and another worker claimed it.
+    Only that one is reported taken over; the others used to be counted too ("3 of 3 leases were taken over")."""
+    ended, released, taken = (eng.start("counter", {}, actor="ann") for _ in range(3))
+    worker = Worker(eng, name="w1", model=Finisher())
+    claims = {c.task_id: c for c in eng.store.claim("w1", limit=3, lease_seconds=60)}
+    assert set(claims) == {ended, released, taken}
+    with holding(Lease(ended, "w1", claims[ended].epoch)):
+        eng.run(ended, model=Finisher())  # ends: its append drops the lease
+    eng.store.release(released, claims[released].epoch)
+    expire_leases(eng)
+    [other] = [c for c in eng.store.claim("w2", limit=3, lease_seconds=60) if c.task_id == taken]
+    worker._held.update({ended, taken})  # `released` left the worker's hands before the beat's UPDATE
+    with caplog.at_level("WARNING", logger="railyard.worker"):
+        worker._extend_leases([ended, released, taken])
+    warnings = [r.getMessage() for r in caplog.records if "taken over" in r.getMessage()]
+    assert warnings == [f"heartbeat: 1 of 3 leases were taken over: {taken}"]
+    row = eng.store.row(taken)
+    assert row is not None and (row.lease_owner, row.lease_epoch) == ("w2", other.epoch)

@@ -444,14 +444,32 @@ class Worker:
                         "heartbeat: the event loop has not run for %.0f s; %s leases left to expire", stalled, len(held)
                     )
                 elif held:
-                    kept = self.engine.store.heartbeat(self.name, held, lease_seconds=self.lease_seconds)
-                    if kept < len(held):
-                        log.warning("heartbeat: %s of %s leases were taken over", len(held) - kept, len(held))
+                    self._extend_leases(held)
                 if time.monotonic() - last_report >= self.report_seconds:
                     last_report = time.monotonic()
                     self._report()
             except RailyardError as error:
                 log.warning("heartbeat failed: %s", error.code)
+
+    def _extend_leases(self, held: list[str]) -> None:
+        """Extend the leases of the tasks in hand, and say which were taken over by another worker.
+
+        A lease not extended is not always one taken over: the task may have ended (its last append drops the
+        lease) or been released since `held` was read. Only a task still in hand whose row names another
+        owner is reported, so the warning means what it says."""
+        kept = self.engine.store.heartbeat(self.name, held, lease_seconds=self.lease_seconds)
+        missing = [task_id for task_id in held if task_id not in kept]
+        if not missing:
+            return
+        with self._held_lock:
+            missing = [task_id for task_id in missing if task_id in self._held]
+        taken = []
+        for task_id in missing:
+            row = self.engine.store.row(task_id)
+            if row is not None and row.lease_owner not in (None, self.name):
+                taken.append(task_id)
+        if taken:
+            log.warning("heartbeat: %s of %s leases were taken over: %s", len(taken), len(held), ", ".join(taken))
 
     def _checkpoints(self, done: threading.Event, every: float) -> None:
         """Sign a checkpoint of every task's head every `every` seconds, the first one at once."""

@@ -262,16 +262,16 @@ class MemoryStore:
                 claimed.append(Claim(task.task_id, task.lease_epoch, task.next_run_at))
             return claimed
 
-    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> int:
+    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> frozenset[str]:
         until = now() + timedelta(seconds=lease_seconds)
-        held = 0
+        held = set()
         with self._lock:
             for task_id in set(task_ids):
                 task = self._tasks.get(task_id)
                 if task is not None and task.lease_owner == owner:
                     task.lease_expires_at = until
-                    held += 1
-        return held
+                    held.add(task_id)
+        return frozenset(held)
 
     def release(self, task_id: str, epoch: int, *, step_succeeded: bool = True) -> None:
         with self._lock:

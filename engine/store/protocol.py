@@ -143,8 +143,8 @@ class Store(Protocol):
         """Lease up to `limit` due tasks to `owner`, the longest-due first; each claim bumps the lease epoch."""
         ...
 
-    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> int:
-        """Extend the leases `owner` still holds on `task_ids`; returns how many it holds."""
+    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> frozenset[str]:
+        """Extend the leases `owner` still holds on `task_ids`; returns the ids it holds (and extended)."""
         ...
 
     def release(self, task_id: str, epoch: int, *, step_succeeded: bool = True) -> None:

@@ -241,21 +241,22 @@ class SqlStore:
             finally:
                 raw.close()
 
-    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> int:
-        """Extend the leases `owner` still holds on `task_ids`, in one statement; returns how many it holds.
+    def heartbeat(self, owner: str, task_ids: Sequence[str], *, lease_seconds: float) -> frozenset[str]:
+        """Extend the leases `owner` still holds on `task_ids`, in one statement; returns the ids it holds.
 
         By primary key, so a heartbeat never scans the table. A lease another worker took
         over carries that worker's name now, so it is not extended.
         """
         if not task_ids:
-            return 0
+            return frozenset()
         with self._errors(), self._writer() as conn:
             result = conn.execute(
                 update(tasks)
                 .where(tasks.c.task_id.in_(list(task_ids)), tasks.c.lease_owner == owner)
                 .values(lease_expires_at=now() + timedelta(seconds=lease_seconds))
+                .returning(tasks.c.task_id)
             )
-            return int(result.rowcount)
+            return frozenset(result.scalars())
 
     def release(self, task_id: str, epoch: int, *, step_succeeded: bool = True) -> None:
         """Give the lease back (only if still held at `epoch`); the epoch stays, so old appends stay fenced.
