@@ -304,7 +304,8 @@ class Code(StrEnum):
     CONFIG_INVALID = (
         "CONFIG_INVALID",
         Category.CONFIG,
-        "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
+        "A setting is unusable (a workflow module that does not import, an unreadable roles file, a provider's key "
+        "not set).",
     )
     DATABASE_URL_INVALID = (
         "DATABASE_URL_INVALID",
