@@ -9,7 +9,7 @@ reference refund workflow end to end (three model turns, a read tool, an approva
 refund approver, a write tool against the fake payment provider).
 
 For each case it reports tasks/s, the ratio to the Little's-law limit (calls in flight / (turns per task x
-latency)) and to the rate the CPUs allow, model turns per task and calls in flight at the fake server (most and
+mean latency)) and to the rate the CPUs allow, model turns per task and calls in flight at the fake server (most and
 mean), worker CPU per model turn and per task, the fake server's, PostgreSQL's and (for the refund) the approver's
 CPU per task apart, worker peak RSS, PostgreSQL connections per worker and the sessions opened per task; then
 checks each task is terminal and its log replays clean, each model call answered is one turn in the logs, and for
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -93,7 +94,7 @@ TURNS = {"one_turn": 1, "refund": 3}
 @dataclass(frozen=True)
 class Case:
     latency: str  # fake_model.py's --latency
-    median_s: float  # for the Little's-law limit
+    median_s: float  # the latency's median: how many tasks make a run of the intended length
     concurrency: int
     processes: int
     workflow: str = "one_turn"
@@ -102,6 +103,18 @@ class Case:
     @property
     def name(self) -> str:
         return f"{self.workflow} {self.wire} {self.latency} c={self.concurrency} p={self.processes}"
+
+    @property
+    def mean_s(self) -> float:
+        """The latency's mean, which Little's law takes (the time a call spends in flight, on average): for a
+        lognormal, median x exp(sigma^2 / 2), with sigma from its p99 as `fake_model.latency_of` draws it. The
+        median would overstate the limit: 2 s median and 10 s p99 have a mean of 2.54 s."""
+        kind, *values = self.latency.split(":")
+        if kind == "lognormal":
+            median, p99 = float(values[0]), float(values[1])
+            sigma = (math.log(p99) - math.log(median)) / 2.326
+            return median * math.exp(sigma * sigma / 2)
+        return float(values[0])
 
 
 def with_app(url: str, name: str) -> str:
@@ -481,7 +494,7 @@ def figures(
     pg_cpu = None if first.postgres is None or last.postgres is None else last.postgres - first.postgres
     rate = counted / window.seconds
     turns_per_task = totals["requests_total"] / tasks
-    limit = case.concurrency * case.processes / (case.median_s * turns_per_task)
+    limit = case.concurrency * case.processes / (case.mean_s * turns_per_task)
     busy = None
     if first.ticks is not None and last.ticks is not None and last.ticks[1] > first.ticks[1]:
         busy = round((last.ticks[0] - first.ticks[0]) / (last.ticks[1] - first.ticks[1]), 2)
