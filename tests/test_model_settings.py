@@ -369,39 +369,3 @@ def test_options_apply_to_the_model_named_by_railyard_model_too(
     assert code == 0, err
     assert time.monotonic() - began < 5 and len(server.requests) == 1
     assert history(task_id)[-1]["data"]["turn"]["attempts"] == 1
-
-
-@pytest.mark.parametrize(
-    ("model", "names"),
-    [
-        ("openai:gpt-4.1", ["OPENAI_API_KEY"]),
-        ("anthropic:claude-sonnet-4-5", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"]),
-    ],
-)
-def test_a_missing_api_key_is_a_configuration_error_that_leaves_the_task_alone(
-    server: ProviderServer, monkeypatch: pytest.MonkeyPatch, model: str, names: list[str]
-) -> None:
-    """Without the provider's key every call is refused; before, each task a run or a worker reached was moved to
-    `~provider_error` (PROVIDER_AUTH, not retried) and had to be sent back by hand, one by one."""
-    for name in names:
-        monkeypatch.delenv(name, raising=False)
-    task_id = start_ticket()
-    before = history(task_id)
-    code, _, err = invoke("run", task_id, "--model", model)
-    assert code == 2 and "CONFIG_INVALID" in err and names[0] in err, err
-    code, _, err = invoke("worker", "--once", "--model", model)
-    assert code == 2 and "CONFIG_INVALID" in err, err
-    # A worker whose model comes from RAILYARD_MODEL opens it in the step: the task is put off, untouched.
-    monkeypatch.setenv("RAILYARD_MODEL", model)
-    code, _, err = invoke("worker", "--once")
-    assert history(task_id) == before
-    assert server.requests == []
-    monkeypatch.setenv(names[-1], "test-key")  # the key set: the same task runs
-    server.reply(
-        ANSWER
-        if model.startswith("openai")
-        else anthropic_message(tool_use_block("t1", "decide", DECISION), stop_reason="tool_use")
-    )
-    code, _, err = invoke("run", task_id, "--model", model)
-    assert code == 0, err
-    assert history(task_id)[-1]["trigger"] == "decide"

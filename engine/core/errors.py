@@ -304,8 +304,7 @@ class Code(StrEnum):
     CONFIG_INVALID = (
         "CONFIG_INVALID",
         Category.CONFIG,
-        "A setting is unusable (a workflow module that does not import, an unreadable roles file, a provider's key "
-        "not set).",
+        "A setting is unusable (a workflow module that does not import, an unreadable roles file).",
     )
     DATABASE_URL_INVALID = (
         "DATABASE_URL_INVALID",

@@ -8,7 +8,6 @@ RAILYARD_MODEL) applies them the same way.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,30 +39,5 @@ def open_model(spec: str, cli: Mapping[str, Any] | None = None) -> ModelAdapter:
                 code=Code.CONFIG_INVALID,
             )
         return adapter_from_spec(spec)
-    missing = credentials_missing(kind)
-    if missing:
-        raise RailyardError(
-            f"model {spec!r}: {missing} is not set, so every call would be refused; set it (any value for a "
-            "compatible server that takes none)",
-            code=Code.CONFIG_INVALID,
-        )
     settings, _ = settings_for(profile_for(kind, model, load_profiles()).name, cli)
     return adapter_from_spec(spec, settings)
-
-
-#: The variables each SDK reads its credentials from; one of each set is enough.
-CREDENTIALS = {"openai": ("OPENAI_API_KEY",), "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")}
-
-
-def credentials_missing(kind: str) -> str | None:
-    """The variable to set when a provider's SDK would find no credentials, else None.
-
-    Checked when a process opens its model, not at the first call: a worker without a key would otherwise take
-    every task it claims to `~provider_error` (PROVIDER_AUTH is not retried), where a deployment mistake should
-    leave the tasks alone and stop the process (`railyard worker` and `run` exit 2, CONFIG_INVALID; a worker's
-    model opened from RAILYARD_MODEL inside a step leaves the task untouched, as for any configuration error).
-    An adapter built in Python with `api_key=` does not pass through here."""
-    names = CREDENTIALS.get(kind, ())
-    if names and not any(os.environ.get(name) for name in names):
-        return " or ".join(names)
-    return None
