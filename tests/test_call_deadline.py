@@ -17,7 +17,7 @@ from engine.core.errors import Code
 from engine.core.model_errors import ModelError
 from engine.providers.anthropic_adapter import AnthropicAdapter
 from engine.providers.openai_adapter import OpenAIAdapter
-from tests.support.raw_server import Raw, completion
+from tests.support.raw_server import Raw, completion, http
 from tests.test_worker_loop import call
 
 TIMEOUT = 1.0
@@ -68,5 +68,29 @@ def test_the_timeout_ends_the_call_whatever_arrives_meanwhile(case: str) -> None
     finally:
         srv.close()
     assert caught.value.code == Code.PROVIDER_TIMEOUT
-    assert TIMEOUT <= took < TIMEOUT + 1.0, f"the call took {took:.1f} s against a {TIMEOUT} s timeout"
+    assert TIMEOUT <= took < TIMEOUT + 3.0, f"the call took {took:.1f} s against a {TIMEOUT} s timeout"  # not FOR
     assert srv.requests == 1
+
+
+def test_the_sdks_own_retries_each_get_a_timeout() -> None:
+    """An adapter built with the SDK's retries (`max_retries`, Python only) and a provider that says 429 with
+    `retry-after: 4`: the SDK waits and retries inside the call, which the call's deadline must leave room for
+    (timeout x (1 + max_retries)); before, it cut the wait at 3 s and reported a timeout (attacker review)."""
+    sent = {"n": 0}
+
+    def answer(c: socket.socket, _body: bytes) -> None:
+        sent["n"] += 1
+        if sent["n"] == 1:
+            slow_down = b'{"error": {"message": "slow down"}}'
+            c.sendall(http(429, slow_down, extra="retry-after: 4\r\nConnection: close\r\n"))
+        else:
+            c.sendall(http(200, completion(), extra="Connection: close\r\n"))
+        c.close()
+
+    srv = Raw(answer)
+    try:
+        adapter = OpenAIAdapter("m", base_url=srv.url, api_key="k", timeout=3.0, max_retries=2)
+        assert call(adapter).tool_calls[0].name == "finish"
+    finally:
+        srv.close()
+    assert srv.requests == 2

@@ -120,3 +120,56 @@ def test_close_waits_for_running_work_and_refuses_new_work() -> None:
             await io.store(lambda: None)
 
     asyncio.run(main())
+
+
+def test_a_result_the_loop_cannot_take_does_not_strand_the_others_settled_with_it() -> None:
+    """A call that raises StopIteration (next() on an exhausted iterator in a synchronous adapter) cannot have its
+    exception set on an asyncio future. Its result arrives in the same batch as another call's: that one must still
+    be delivered, and the caller of the bad one gets an error rather than waiting for ever (attacker review)."""
+    gate = threading.Event()
+
+    def bad() -> None:
+        gate.wait(5)
+        raise StopIteration
+
+    def good() -> str:
+        gate.wait(5)
+        time.sleep(0.01)
+        return "ok"
+
+    async def main() -> None:
+        io = Threads(2, 2, "t")
+        try:
+            failing, working = asyncio.ensure_future(io.wait(bad)), asyncio.ensure_future(io.wait(good))
+            await asyncio.sleep(0.05)
+            gate.set()
+            time.sleep(0.2)  # the loop is busy: both results arrive before the one settle that takes them
+            assert await asyncio.wait_for(working, 3) == "ok"
+            with pytest.raises(RuntimeError, match="StopIteration"):
+                await asyncio.wait_for(failing, 3)
+        finally:
+            io.close()
+
+    asyncio.run(main())
+
+
+def test_a_queued_call_whose_caller_stopped_waiting_is_not_run() -> None:
+    """As with run_in_executor: a call not yet started when its caller is cancelled never runs (it may be a write
+    whose caller was told it did not happen)."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        io = Threads(1, 1, "t")
+        try:
+            first = asyncio.ensure_future(io.store(lambda: time.sleep(0.3)))
+            await asyncio.sleep(0.01)
+            second = asyncio.ensure_future(io.store(lambda: ran.append("second")))
+            await asyncio.sleep(0.01)
+            second.cancel()
+            await first
+            assert await io.store(lambda: "after") == "after"  # the thread goes on serving
+        finally:
+            io.close()
+
+    asyncio.run(main())
+    assert ran == []

@@ -4,7 +4,9 @@ A provider, or a gateway in front of it, that sends something just inside every 
 hold a call open for as long as it keeps doing so: a stream's chunks, a stream's keep-alives (SSE comments on the
 OpenAI wire, `ping` events on the Anthropic one, which the SDKs read and never hand over), or the bytes of a
 non-streamed body. Each adapter runs the whole attempt, sending and reading, inside `bounded`: at the deadline
-the attempt is cancelled where it waits and is `PROVIDER_TIMEOUT`, retried like any timeout. Checking the
+the attempt is cancelled where it waits and is `PROVIDER_TIMEOUT`, retried like any timeout. An adapter built
+with the SDK's own retries (`max_retries`, from Python only; the engine's retries are the default) gives each of
+them a timeout's worth: `timeout x (1 + max_retries)` in all. Checking the
 clock at each chunk instead (as the adapters did while they were synchronous) missed the keep-alives: a 1 s
 call lasted 31 s.
 """

@@ -112,7 +112,7 @@ class OpenAIAdapter:
         sent = refusable(request)
         client = self._clients.here()
         try:
-            async with bounded(self.timeout):  # the call's deadline, not a read's: a trickle is cut too
+            async with bounded(self.timeout * (1 + self.max_retries)):  # the call's deadline: a trickle is cut too
                 if self.stream:
                     stream = openai.AsyncStream[object]
                     chunks = await client.post(

@@ -117,6 +117,10 @@ class _Pool:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             returns, future, context, fn = job
+            if future.cancelled():  # its caller stopped waiting before it started: not run (a write, maybe)
+                with self._lock:
+                    self._idle += 1
+                continue
             try:
                 returns.put(future, context.run(fn), None)
             except BaseException as error:  # handed to the awaiting coroutine, as run_in_executor does
@@ -160,10 +164,13 @@ class _Returns:
             future, result, error = done.popleft()
             if future.cancelled():  # the coroutine stopped waiting; the call itself ran to its end
                 continue
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+            try:
+                if error is None:
+                    future.set_result(result)
+                else:
+                    future.set_exception(error)
+            except (TypeError, RuntimeError) as refused:  # StopIteration cannot be set on a future: say why, go on
+                future.set_exception(RuntimeError(f"the call raised {type(error).__name__}: {refused}"))
 
 
 def run_sync(coroutine: Coroutine[Any, Any, T], *, serving: bool = False) -> T:
