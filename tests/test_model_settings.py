@@ -369,3 +369,37 @@ def test_options_apply_to_the_model_named_by_railyard_model_too(
     assert code == 0, err
     assert time.monotonic() - began < 5 and len(server.requests) == 1
     assert history(task_id)[-1]["data"]["turn"]["attempts"] == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "names"),
+    [
+        ("openai:gpt-4.1", ["OPENAI_API_KEY"]),
+        ("anthropic:claude-sonnet-4-5", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"]),
+    ],
+)
+def test_no_credentials_is_a_configuration_error_that_leaves_the_task_alone(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch, model: str, names: list[str]
+) -> None:
+    """With no credentials the SDK can find, every call would be refused; before, each task a run or a worker
+    reached was moved to `~provider_error` (PROVIDER_AUTH, not retried) and had to be sent back by hand. Whether
+    credentials resolve is the SDK's to say (keys, tokens, profiles, workload identity): the engine asks it."""
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    task_id = start_ticket()
+    before = history(task_id)
+    code, _, err = invoke("run", task_id, "--model", model)
+    assert code == 2 and "MODEL_NOT_CONFIGURED" in err, err
+    code, _, err = invoke("worker", "--once", "--model", model)  # claims it, leaves it for a worker with a key
+    assert code == 0 and "config errors 1" in err, err
+    assert history(task_id) == before
+    assert server.requests == []
+    monkeypatch.setenv(names[0], "test-key")  # the key set: the same task runs
+    server.reply(
+        ANSWER
+        if model.startswith("openai")
+        else anthropic_message(tool_use_block("t1", "decide", DECISION), stop_reason="tool_use")
+    )
+    code, _, err = invoke("run", task_id, "--model", model)
+    assert code == 0, err
+    assert history(task_id)[-1]["trigger"] == "decide"

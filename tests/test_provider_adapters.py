@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine import Code
+from engine import Code, RailyardError
 from engine.core.model_errors import ModelError
 from engine.core.model_interface import Message, ModelRequest, ReasoningBlock, ResponseSchema, ToolCall, ToolSpec
 from engine.providers.anthropic_adapter import AnthropicAdapter
@@ -854,12 +854,16 @@ def test_an_unreachable_provider_is_a_provider_error(provider: Any) -> None:
     assert fails(provider(gone).complete, request()).code == Code.PROVIDER_ERROR
 
 
-def test_openai_missing_api_key_is_an_auth_error_without_a_call(
+def test_openai_without_credentials_is_a_configuration_error_without_a_call(
     server: ProviderServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No key at all is the deployment's mistake, not a failure of the call: `MODEL_NOT_CONFIGURED`, a RailyardError
+    the step does not record (it was PROVIDER_AUTH, which took each task to `~provider_error`)."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     adapter = sync(OpenAIAdapter("test-model", base_url=server.openai_base_url))
-    assert fails(adapter.complete, request()).code == Code.PROVIDER_AUTH
+    with pytest.raises(RailyardError) as caught:
+        adapter.complete(request())
+    assert caught.value.code == Code.MODEL_NOT_CONFIGURED and "OPENAI_API_KEY" in caught.value.message
     assert server.requests == []
 
 

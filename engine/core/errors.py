@@ -149,7 +149,8 @@ class Code(StrEnum):
     MODEL_NOT_CONFIGURED = (
         "MODEL_NOT_CONFIGURED",
         Category.CONFIG,
-        "A model step needs a model: set RAILYARD_MODEL or pass one (scripted:PATH, openai:M, anthropic:M).",
+        "A model step needs a model: set RAILYARD_MODEL or pass one (scripted:PATH, openai:M, anthropic:M); or the "
+        "provider's SDK found no credentials (OPENAI_API_KEY, ANTHROPIC_API_KEY or the SDK's other sources).",
     )
     # Provider errors (a model call failed)
     TOOL_CHOICE_UNSUPPORTED = (

@@ -60,7 +60,7 @@ from engine.core.model_interface import (
 )
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, connection_failed, json_object
+from engine.providers.transport import LIMITS, connection_failed, json_object, no_credentials
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -160,12 +160,11 @@ class AnthropicAdapter:
             raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}") from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             if "authentication method" in str(exc):  # the SDK's TypeError when no credentials resolve
-                raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
+                raise no_credentials("anthropic", str(exc)) from None
             raise ModelError(Code.PROVIDER_ERROR, f"malformed response: {type(exc).__name__}") from None
 
     def _new_client(self) -> anthropic.AsyncAnthropic:
-        # Built on first use, inside the call, so that a missing key is a ModelError of the call like every other
-        # failure.
+        # Built on first use, inside the call: without credentials the SDK refuses here or at the request.
         try:
             return anthropic.AsyncAnthropic(
                 api_key=self._api_key,
@@ -175,7 +174,7 @@ class AnthropicAdapter:
                 http_client=anthropic.DefaultAioHttpClient(timeout=self.timeout, limits=LIMITS),
             )
         except (anthropic.AnthropicError, ValueError) as exc:
-            raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
+            raise no_credentials("anthropic", str(exc)) from None
 
 
 # -- request --------------------------------------------------------------

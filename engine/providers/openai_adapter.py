@@ -53,7 +53,7 @@ from engine.core.model_interface import (
 from engine.core.profiles import with_switch
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, connection_failed, json_object
+from engine.providers.transport import LIMITS, connection_failed, json_object, no_credentials
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -147,8 +147,7 @@ class OpenAIAdapter:
             raise ModelError(Code.PROVIDER_ERROR, f"malformed response: {type(exc).__name__}") from None
 
     def _new_client(self) -> openai.AsyncOpenAI:
-        # Built on first use, inside the call, so that a missing key is a ModelError of the call like every other
-        # failure.
+        # Built on first use, inside the call: without credentials the SDK refuses here (`no_credentials`).
         try:
             return openai.AsyncOpenAI(
                 api_key=self._api_key,
@@ -158,7 +157,7 @@ class OpenAIAdapter:
                 http_client=openai.DefaultAioHttpClient(timeout=self.timeout, limits=LIMITS),
             )
         except openai.OpenAIError as exc:
-            raise ModelError(Code.PROVIDER_AUTH, str(exc)) from None
+            raise no_credentials("openai", str(exc)) from None
 
 
 # -- request --------------------------------------------------------------

@@ -18,6 +18,8 @@ from typing import Any
 import aiohttp
 import httpx2
 
+from engine.core.errors import Code, RailyardError
+
 #: Connections one SDK client may hold: above any worker's calls in flight (aiohttp's own default is 100).
 MAX_CONNECTIONS = 100_000
 LIMITS = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
@@ -46,3 +48,14 @@ def json_object(value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TypeError(f"a {type(value).__name__}, not a JSON object")
     return value
+
+
+def no_credentials(provider: str, detail: str) -> RailyardError:
+    """The SDK resolved no credentials at all: the deployment's configuration, not a failure of one call.
+
+    Raised from the adapter instead of a `ModelError`, so the step records nothing and stops
+    (`MODEL_NOT_CONFIGURED`: `railyard run` exits 2, a worker leaves the task untouched for a worker that has a
+    key). As `PROVIDER_AUTH`, not retried, it moved every task a keyless worker claimed to `~provider_error`.
+    Which sources count is the SDK's to say (keys, tokens, profiles, workload identity), not the engine's: a
+    key the provider refuses is still `PROVIDER_AUTH`."""
+    return RailyardError(f"{provider}: no credentials: {detail}", code=Code.MODEL_NOT_CONFIGURED)
