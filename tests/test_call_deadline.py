@@ -74,22 +74,23 @@ def test_the_timeout_ends_the_call_whatever_arrives_meanwhile(case: str) -> None
 
 def test_the_sdks_own_retries_each_get_a_timeout() -> None:
     """An adapter built with the SDK's retries (`max_retries`, Python only) and a provider that says 429 with
-    `retry-after: 4`: the SDK waits and retries inside the call, which the call's deadline must leave room for
-    (timeout x (1 + max_retries)); before, it cut the wait at 3 s and reported a timeout (attacker review)."""
+    `retry-after: 5`: the SDK waits and retries inside the call, as long as the provider says, so the call has no
+    overall deadline; a deadline cut the wait at 3 s and reported a timeout (attacker reviews: at timeout x (1 +
+    max_retries) too, with timeout 2, one retry and retry-after 5)."""
     sent = {"n": 0}
 
     def answer(c: socket.socket, _body: bytes) -> None:
         sent["n"] += 1
         if sent["n"] == 1:
             slow_down = b'{"error": {"message": "slow down"}}'
-            c.sendall(http(429, slow_down, extra="retry-after: 4\r\nConnection: close\r\n"))
+            c.sendall(http(429, slow_down, extra="retry-after: 5\r\nConnection: close\r\n"))
         else:
             c.sendall(http(200, completion(), extra="Connection: close\r\n"))
         c.close()
 
     srv = Raw(answer)
     try:
-        adapter = OpenAIAdapter("m", base_url=srv.url, api_key="k", timeout=3.0, max_retries=2)
+        adapter = OpenAIAdapter("m", base_url=srv.url, api_key="k", timeout=2.0, max_retries=1)
         assert call(adapter).tool_calls[0].name == "finish"
     finally:
         srv.close()

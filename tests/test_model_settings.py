@@ -403,3 +403,23 @@ def test_no_credentials_is_a_configuration_error_that_leaves_the_task_alone(
     code, _, err = invoke("run", task_id, "--model", model)
     assert code == 0, err
     assert history(task_id)[-1]["trigger"] == "decide"
+
+
+def test_the_demo_stops_when_its_model_has_no_credentials(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`railyard demo --model openai:...` without a key: the first model step is MODEL_NOT_CONFIGURED and leaves
+    the refund untouched, so the demo must stop there (exit 2). Going on, its third scenario's worker (serving every
+    refund, with a silent scripted model) took up that untouched refund and wrote a provider_error by a model the
+    user never chose into it (second attacker review)."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, _, err = invoke("demo", "--model", "openai:gpt-4.1", "--timeout", "1", "--retries", "0")
+    assert code == 2 and "MODEL_NOT_CONFIGURED" in err, err
+    import os
+    import sqlite3
+
+    path = os.environ["RAILYARD_DATABASE_URL"].removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        actors = [row[0] for row in db.execute("SELECT actor FROM events")]
+    assert actors and not [a for a in actors if a.startswith("model:")], actors  # only the starts: no model wrote
+    assert server.requests == []

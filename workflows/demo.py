@@ -31,6 +31,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from engine import (
+    Code,
     Engine,
     Event,
     ModelAdapter,
@@ -85,6 +86,8 @@ class Demo:
         try:
             result = action()
         except RailyardError as refusal:
+            if refusal.code in (Code.MODEL_NOT_CONFIGURED, Code.CONFIG_INVALID):  # no model, no credentials:
+                raise  # the demo cannot go on (its later scenarios would take up this one's task)
             after = self.engine.get(task_id).seq
             self.console.print(
                 f"   [red]refused[/] {refusal.code}: {refusal.message}"

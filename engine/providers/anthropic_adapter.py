@@ -128,7 +128,7 @@ class AnthropicAdapter:
         sent = refusable(request)
         client = self._clients.here()
         try:
-            async with bounded(self.timeout * (1 + self.max_retries)):  # the call's deadline: a trickle is cut too
+            async with bounded(None if self.max_retries else self.timeout):  # a trickle is cut too
                 if self.stream:
                     events = await client.messages.create(**payload, extra_body=self.extra_body)
                     async with events:  # closed however the reading ends

@@ -112,7 +112,7 @@ class OpenAIAdapter:
         sent = refusable(request)
         client = self._clients.here()
         try:
-            async with bounded(self.timeout * (1 + self.max_retries)):  # the call's deadline: a trickle is cut too
+            async with bounded(None if self.max_retries else self.timeout):  # a trickle is cut too
                 if self.stream:
                     stream = openai.AsyncStream[object]
                     chunks = await client.post(
