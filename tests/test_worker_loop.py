@@ -136,13 +136,17 @@ def test_a_failed_postpone_does_not_stop_the_worker(eng: Engine, monkeypatch: py
     worker.run(stop)  # must not raise
 
 
-EMBEDDED = textwrap.dedent("""
+#: What both subprocess programs below start with: the project on the path, the one-turn workflow.
+PRELUDE = textwrap.dedent("""
     import asyncio, sys, time
     sys.path[:0] = [sys.argv[2]]
     from engine import Action, Agent, Engine, ModelResponse, Registry, Terminal, Worker, Workflow
     from engine.core.model_interface import ToolCall
     ONE_TURN = Workflow(name="one_turn", version=1, description="One model turn",
         states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")])
+""")
+
+EMBEDDED = PRELUDE + textwrap.dedent("""
     class Slow:
         provider, model, profile = "scripted", "m", "anthropic"
         async def complete(self, request):
@@ -190,13 +194,7 @@ def test_ctrl_c_in_an_embedded_worker_finishes_the_calls_in_flight_and_releases(
     assert _leased(eng) == 0, f"{_leased(eng)} tasks left leased to a worker that is gone"
 
 
-ENGINE_RUN = textwrap.dedent("""
-    import asyncio, sys
-    sys.path[:0] = [sys.argv[2]]
-    from engine import Action, Agent, Engine, ModelResponse, Registry, Terminal, Workflow
-    from engine.core.model_interface import ToolCall
-    ONE_TURN = Workflow(name="one_turn", version=1, description="One model turn",
-        states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")])
+ENGINE_RUN = PRELUDE + textwrap.dedent("""
     class Slow:
         provider, model, profile = "scripted", "m", "anthropic"
         cleaned = False

@@ -229,8 +229,6 @@ def with_switch(extra_body: dict[str, Any] | None, switch: dict[str, Any]) -> di
     fields), so the turn's `thinking_switch` is exactly what the body carries; thinking is set with
     `--thinking`, never by an extra body.
     """
-    if not switch:  # most profiles switch nothing off: no copy to walk, on every call
-        return copy.deepcopy(extra_body) if extra_body else {}
     merged = copy.deepcopy(extra_body) if extra_body else {}
     for key, value in switch.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):

@@ -106,8 +106,8 @@ class _Pool:
                 thread = threading.Thread(target=self._serve, name=f"{self._name}-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
-            else:
-                self._idle -= 1 if self._idle else 0
+            elif self._idle:  # an idle thread takes it
+                self._idle -= 1
         returns = self._returns
         if returns is None or returns.loop is not loop:
             returns = self._returns = _Returns(loop)
@@ -117,14 +117,11 @@ class _Pool:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             returns, future, context, fn = job
-            if future.cancelled():  # its caller stopped waiting before it started: not run (a write, maybe)
-                with self._lock:
-                    self._idle += 1
-                continue
-            try:
-                returns.put(future, context.run(fn), None)
-            except BaseException as error:  # handed to the awaiting coroutine, as run_in_executor does
-                returns.put(future, None, error)
+            if not future.cancelled():  # a caller that stopped waiting before it started: not run (a write, maybe)
+                try:
+                    returns.put(future, context.run(fn), None)
+                except BaseException as error:  # handed to the awaiting coroutine, as run_in_executor does
+                    returns.put(future, None, error)
             with self._lock:
                 self._idle += 1
 
