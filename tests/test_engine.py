@@ -185,6 +185,28 @@ def test_a_task_row_out_of_step_with_its_log_is_refused(eng: Engine) -> None:
     assert caught.value.code is Code.STATE_MISMATCH
 
 
+def test_loading_many_tasks_folds_each_as_load_does_and_leaves_out_what_load_refuses(db_url: str) -> None:
+    """A worker loads the tasks of a claim together: each must be the state `load` gives, and a task `load`
+    would refuse (pinned to a version this process lacks, a row out of step with its log, no such task) is left
+    out for `load` to refuse on its own, with its code."""
+    with Engine(db_url, Registry([REFUND_V1, COUNTER]), authoriser=StaticRoles(ROLES), snapshot_every=5) as eng:
+        counted = eng.load(eng.start("counter", {}, actor="ann"))
+        for n in range(7):  # past a snapshot: folded from it
+            counted = eng.transition(counted, "tick", {"n": n}, actor="model")
+        refund = eng.start("refund", ORDER, actor="ann")
+        skewed = eng.start("counter", {}, actor="ann")
+    with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("UPDATE tasks SET state = 'elsewhere' WHERE task_id = :t"), {"t": skewed})
+    with Engine(db_url, Registry([COUNTER]), authoriser=StaticRoles(ROLES), snapshot_every=5) as eng:
+        loaded = eng.load_many([refund, counted.task_id, "nobody", skewed])
+        assert loaded == {counted.task_id: counted}
+        assert loaded[counted.task_id] == eng.load(counted.task_id)
+        for task_id, code in ((refund, Code.DEFINITION_MISSING), (skewed, Code.STATE_MISMATCH)):
+            with pytest.raises(RailyardError) as caught:
+                eng.load(task_id)
+            assert caught.value.code is code
+
+
 def test_loading_a_task_whose_version_is_gone_or_changed_is_refused(db_url: str) -> None:
     with Engine(db_url, Registry([REFUND_V1]), authoriser=StaticRoles(ROLES)) as eng:
         task_id = eng.start("refund", ORDER, actor="ann")

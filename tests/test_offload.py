@@ -75,6 +75,32 @@ def test_never_more_threads_than_asked_for() -> None:
     assert len(names) == 4
 
 
+def test_a_claim_is_not_queued_behind_store_work() -> None:
+    """A burst of appends fills the store threads; the claim that refills the slots they free runs at once, on a
+    thread of its own."""
+    release = threading.Event()
+
+    def append() -> str:
+        release.wait(10)
+        return "appended"
+
+    async def main() -> tuple[str, bool, list[str]]:
+        io = Threads(2, 2, "w")
+        try:
+            appends = [asyncio.ensure_future(io.store(append)) for _ in range(20)]
+            claimed = await asyncio.wait_for(io.claim(lambda: threading.current_thread().name), 5)
+            waiting = not any(a.done() for a in appends)
+            release.set()
+            return claimed, waiting, await asyncio.gather(*appends)
+        finally:
+            release.set()
+            io.close()
+
+    claimed, appends_waiting, appended = asyncio.run(main())
+    assert claimed == "w-claims-0" and appends_waiting
+    assert appended == ["appended"] * 20
+
+
 def test_a_caller_that_stops_waiting_does_not_disturb_the_others() -> None:
     started, release = threading.Event(), threading.Event()
     finished: list[str] = []

@@ -312,6 +312,33 @@ def test_a_load_starts_from_the_newest_snapshot_at_or_below_the_row(store: Store
     assert store.snapshots("nobody") == [] and store.snapshot_seqs("nobody") == []
 
 
+def test_loading_many_tasks_at_once_reads_each_as_its_own_load_does(store: Store) -> None:
+    """What a worker reads for the tasks one claim gave it: each task exactly as `load` reads it (snapshot or
+    none, the events after it up to the row), a task that does not exist left out, and nothing asked, nothing
+    read."""
+    plain = started(store, "a-plain")
+    plain_events = plain.take(2)
+    store.append("a-plain", 1, plain_events, status="runnable")
+    snapped = started(store, "b-snapped")
+    store.append("b-snapped", 1, snapped.take(2), status="runnable", snapshot=(3, snapped.events[2].hash, '{"at":3}'))
+    store.append("b-snapped", 3, snapped.take(2), status="runnable")
+    at_snapshot = started(store, "c-at-snapshot")
+    store.append(
+        "c-at-snapshot", 1, at_snapshot.take(1), status="terminal", snapshot=(2, at_snapshot.events[1].hash, "{}")
+    )
+    fresh = started(store, "d-fresh")
+    asked = ["d-fresh", "nobody", "c-at-snapshot", "a-plain", "b-snapped"]
+    loaded = store.load_many(asked)
+    assert sorted(loaded) == ["a-plain", "b-snapped", "c-at-snapshot", "d-fresh"]
+    for task_id in loaded:
+        assert loaded[task_id] == store.load(task_id)
+    assert loaded["b-snapped"].snapshot == Snapshot("b-snapped", 3, snapped.events[2].hash, '{"at":3}')
+    assert loaded["b-snapped"].events == snapped.events[3:]
+    assert loaded["c-at-snapshot"].events == [] and loaded["a-plain"].events == plain.events
+    assert loaded["d-fresh"].events == [fresh.first] and loaded["d-fresh"].snapshot is None
+    assert store.load_many([]) == {} and store.load_many(["nobody"]) == {}
+
+
 def test_seq_at_is_the_last_event_written_at_or_before_a_time(store: Store) -> None:
     log = started(store, "t-1")
     store.append("t-1", 1, log.take(3), status="runnable")  # events at T0, T0 + 1 s, + 2 s, + 3 s

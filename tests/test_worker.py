@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from engine import Action, Approval, Code, Engine, LeaseLost, Registry, StaticRoles, Terminal, Worker, Workflow
+from engine import Action, Agent, Approval, Code, Engine, LeaseLost, Registry, StaticRoles, Terminal, Worker, Workflow
 from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
 from engine.runtime.leases import Lease, holding
 from tests.support.reference import expire_leases, make_due
@@ -132,6 +132,30 @@ def test_a_deadline_that_passed_while_no_worker_ran_fires_exactly_once(eng: Engi
     assert eng.get(task_id).state == "expired_out"
     assert eng.history(task_id)[-1].actor == "system:timer"
     assert Worker(eng).run_once() == 0
+
+
+def test_a_task_of_a_version_the_worker_lacks_is_left_untouched_while_the_tasks_claimed_with_it_run(
+    db_url: str,
+) -> None:
+    """A claim loads its tasks together; one that cannot be loaded here (pinned to a version this deployment
+    lacks) is still met on its own: left as it is, for a worker that has the version, and not counted as its
+    failure, while the tasks claimed with it run to their end."""
+    newer = Workflow(
+        name="counter", version=2, states=[Agent("counting", actions=[Action("finish", "done")]), Terminal("done")]
+    )
+    with Engine(db_url, Registry([COUNTER]), authoriser=StaticRoles(ROLES)) as engine:
+        counters = [engine.start("counter", {}, actor="ann") for _ in range(3)]
+    with Engine(db_url, Registry([COUNTER, newer]), authoriser=StaticRoles(ROLES)) as engine:
+        orphan = engine.start("counter", {}, actor="ann")  # on version 2
+    with Engine(db_url, Registry([COUNTER]), authoriser=StaticRoles(ROLES)) as engine:
+        before = engine.store.events(orphan)
+        worker = Worker(engine, name="lacking", model=Finisher(), concurrency=8, listen=False, max_failures=1)
+        assert worker.run_once() == 4
+        assert engine.store.events(orphan) == before
+        row = engine.store.row(orphan)
+        assert row is not None and row.lease_owner is None and row.failures == 0
+        assert (worker.counts.config_errors, worker.counts.failures) == (1, 0)
+        assert [engine.get(task_id).state for task_id in counters] == ["done"] * 3
 
 
 def test_a_task_that_raises_is_retried_later_and_the_worker_goes_on(eng: Engine) -> None:

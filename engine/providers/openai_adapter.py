@@ -53,7 +53,7 @@ from engine.core.model_interface import (
 from engine.core.profiles import with_switch
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, connection_failed, json_object, no_credentials
+from engine.providers.transport import LIMITS, connection_failed, endpoint, json_object, no_credentials
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -99,6 +99,8 @@ class OpenAIAdapter:
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self._api_key = api_key
         self._clients: Clients[openai.AsyncOpenAI] = Clients(self._new_client)
+        #: The last client handed out and the absolute URL of `/chat/completions` under its base URL (`endpoint`).
+        self._endpoint: tuple[openai.AsyncOpenAI | None, str] = (None, "")
 
     # -- the call ---------------------------------------------------------
 
@@ -111,16 +113,17 @@ class OpenAIAdapter:
         body = {**payload, **extra_body} if extra_body else payload  # the SDK merges `extra_body` the same way
         sent = refusable(request)
         client = self._clients.here()
+        if self._endpoint[0] is not client:  # one tuple: threads with loops of their own read a consistent pair
+            self._endpoint = (client, endpoint(client.base_url, "/chat/completions"))
+        url = self._endpoint[1]
         try:
             async with bounded(None if self.max_retries else self.timeout):  # a trickle is cut too
                 if self.stream:
                     stream = openai.AsyncStream[object]
-                    chunks = await client.post(
-                        "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=stream
-                    )
+                    chunks = await client.post(url, body=body, cast_to=object, stream=True, stream_cls=stream)
                     async with chunks:  # closed however the reading ends
                         return _read_stream([json_object(c) async for c in chunks], sent)
-                answer = await client.post("/chat/completions", body=body, cast_to=object)
+                answer = await client.post(url, body=body, cast_to=object)
             return parse_completion(json_object(answer), sent)
         except ModelError:
             raise

@@ -25,6 +25,13 @@ MAX_CONNECTIONS = 100_000
 LIMITS = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
 
 
+def endpoint(base_url: httpx2.URL, path: str) -> str:
+    """`path` joined to an SDK client's `base_url` as the SDK joins a relative one (`_prepare_url`), as an absolute
+    URL: the adapters pass it so, which spares the SDK parsing and joining it again on every call (35 µs of a
+    worker's turn, measured in issue #18's profile)."""
+    return str(base_url.copy_with(raw_path=base_url.raw_path + path.lstrip("/").encode("ascii")))
+
+
 def connection_failed(error: BaseException) -> bool:
     """Whether an SDK's timeout error was caused by a connection that failed rather than one that timed out."""
     cause: BaseException | None = error

@@ -843,6 +843,20 @@ class Engine:
         self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
         return self._fold_checked(loaded)
 
+    def load_many(self, task_ids: Sequence[str]) -> dict[str, TaskState]:
+        """`load` of each task, read in one round trip: what a worker does with the tasks one claim gave it.
+
+        A task that `load` would refuse (not found, pinned to a version this process lacks, a log that does
+        not fold) is left out rather than raised: the caller loads it on its own, and `load` says why."""
+        states: dict[str, TaskState] = {}
+        for task_id, loaded in self.store.load_many(task_ids).items():
+            try:
+                self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
+                states[task_id] = self._fold_checked(loaded)
+            except Exception:  # `load` of this task raises it again, where its caller handles it
+                continue
+        return states
+
     def get(self, task_id: str) -> TaskView:
         return self.view(self.load(task_id))
 

@@ -64,9 +64,15 @@ class Threads:
     def __init__(self, store_threads: int, wait_threads: int, name: str) -> None:
         self._store = _Pool(max(1, store_threads), f"{name}-store")
         self._wait = _Pool(max(1, wait_threads), f"{name}-wait")
+        self._claims = _Pool(1, f"{name}-claims")
 
     async def store(self, fn: Callable[[], T]) -> T:
         return await self._store.run(fn)
+
+    async def claim(self, fn: Callable[[], T]) -> T:
+        """A worker's claims, on a thread (and a connection) of their own: not queued behind the appends of a
+        burst of answers, whose tasks' slots they fill."""
+        return await self._claims.run(fn)
 
     async def wait(self, fn: Callable[[], T]) -> T:
         return await self._wait.run(fn)
@@ -75,6 +81,7 @@ class Threads:
         """Wait for what is running; nothing new is accepted."""
         self._store.close()
         self._wait.close()
+        self._claims.close()
 
 
 class _Pool:

@@ -3,8 +3,9 @@
 One event loop, not a thread per task: a task in hand is a coroutine (`Engine.drive`, the code `Engine.run`
 runs), its model calls are awaited, and the synchronous work around them goes to bounded thread pools
 (`engine.runtime.offload.Threads`): the store's reads and appends on `store_threads` threads (so a worker
-holds a bounded number of database connections however many tasks it has in hand), tool steps and
-synchronous model adapters on threads of their own. So the number of model calls in flight is bounded by
+holds a bounded number of database connections however many tasks it has in hand), its claims on one thread
+of their own (never queued behind a burst of appends), tool steps and synchronous model adapters on threads
+of their own. So the number of model calls in flight is bounded by
 `concurrency`, not by the operating system's threads (issue #18: a thread a task capped one process at about
 600 calls and cost 1 MB each).
 
@@ -41,6 +42,7 @@ from typing import Any
 from engine.core.canonical import now
 from engine.core.definition import EXPIRED, LIMIT, StateKind, Status
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
+from engine.core.fold import TaskState
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData
 from engine.core.profiles import load_profiles
@@ -236,9 +238,9 @@ class Worker:
                         self._awake.clear()  # before the claim: a wake-up that arrives during it is not lost
                         free = self.concurrency - len(in_hand)
                         if free > 0:
-                            for claim in await io.store(partial(self._claim, free)):
+                            for claim, loaded in await io.claim(partial(self._claim, free)):
                                 claimed += 1
-                                task = asyncio.create_task(self._work(claim, stopping, io))
+                                task = asyncio.create_task(self._work(claim, loaded, stopping, io))
                                 in_hand.add(task)
                                 task.add_done_callback(done)
                         if once:
@@ -271,7 +273,11 @@ class Worker:
             self._ticked = time.monotonic()
             await asyncio.sleep(1.0)
 
-    def _claim(self, limit: int) -> list[Claim]:
+    def _claim(self, limit: int) -> list[tuple[Claim, TaskState | None]]:
+        """Claim up to `limit` due tasks and load them: one hand-off (to the claims' own thread, `Threads.claim`)
+        and two round trips, where a load of its own for each task was a hand-off and a statement more per step
+        (issue #18). A task the batch left out (`Engine.load_many`) is None: its step loads it on its own, and
+        meets why."""
         started = time.perf_counter() if hooks.active else 0.0
         try:
             claimed = self.engine.store.claim(
@@ -285,7 +291,13 @@ class Worker:
             self.counts.claimed_one((at - claim.due_at).total_seconds() * 1000)
         if hooks.active:
             hooks.claimed(self.name, claimed, started, at)
-        return claimed
+        if not claimed:
+            return []
+        try:
+            loaded = self.engine.load_many([claim.task_id for claim in claimed])
+        except RailyardError:  # each step loads its task again, and says what failed
+            loaded = {}
+        return [(claim, loaded.get(claim.task_id)) for claim in claimed]
 
     @contextmanager
     def _serving(self, *, listen: bool = True) -> Iterator[None]:
@@ -314,15 +326,15 @@ class Worker:
             self._report(stopped_at=now())
 
     # -- one task -------------------------------------------------------
-    async def _work(self, claim: Claim, stopping: Callable[[], bool], io: Offload) -> None:
+    async def _work(self, claim: Claim, loaded: TaskState | None, stopping: Callable[[], bool], io: Offload) -> None:
         """One claim, from the step to the release. Never raises: whatever fails is logged, and a task whose
         release could not be written is left to its lease, which expires by itself."""
         try:
-            await self._hold(claim, stopping, io)
+            await self._hold(claim, loaded, stopping, io)
         except Exception:
             log.exception("task %s: its claim could not be finished; its lease expires by itself", claim.task_id)
 
-    async def _hold(self, claim: Claim, stopping: Callable[[], bool], io: Offload) -> None:
+    async def _hold(self, claim: Claim, loaded: TaskState | None, stopping: Callable[[], bool], io: Offload) -> None:
         lease = Lease(claim.task_id, self.name, claim.epoch)
         task_id = claim.task_id
         started = time.perf_counter()
@@ -333,7 +345,7 @@ class Worker:
             self._held.add(task_id)
         try:
             with holding(lease):
-                ended = await self._advance(task_id, stopping, io)
+                ended = await self._advance(task_id, loaded, stopping, io)
         except AttemptInFlight as waiting:
             log.info(
                 "task %s: a stranded attempt may still be running; looking again at %s", task_id, waiting.settle_after
@@ -374,10 +386,14 @@ class Worker:
                 self._held.discard(task_id)
             try:
                 succeeded = cleared and not failed
-                if not ended:  # an ending append already gave the lease back and cleared the failed steps
+                held_ms = (time.perf_counter() - started) * 1000
+                if ended:  # the ending append already gave the lease back and cleared the failed steps, and
+                    # its transition's line says the task ended: no second line per task at INFO
+                    log.debug("task %s ended after %.1f ms", task_id, held_ms)
+                else:
                     await io.store(lambda: self.engine.store.release(task_id, claim.epoch, step_succeeded=succeeded))
+                    log.info("task %s released after %.1f ms", task_id, held_ms)
                 self.counts.add("released")
-                log.info("task %s released after %.1f ms", task_id, (time.perf_counter() - started) * 1000)
             except RailyardError as error:  # the lease expires by itself
                 log.error("task %s: release failed: %s", task_id, error.code)
 
@@ -390,9 +406,10 @@ class Worker:
             log.error("task %s: could not put it off: %s", claim.task_id, error.code)
             return 0
 
-    async def _advance(self, task_id: str, stopping: Callable[[], bool], io: Offload) -> bool:
-        """Step the task until it waits, ends or the worker stops; whether it ended."""
-        task = await io.store(lambda: self.engine.load(task_id))
+    async def _advance(self, task_id: str, loaded: TaskState | None, stopping: Callable[[], bool], io: Offload) -> bool:
+        """Step the task (as its claim loaded it, or loaded now) until it waits, ends or the worker stops; whether
+        it ended."""
+        task = loaded if loaded is not None else await io.store(lambda: self.engine.load(task_id))
         if task.status is Status.BLOCKED:
             # A blocked task is due only when its deadline passed: fire it, once (a second worker conflicts).
             definition = self.engine.definition_of(task)

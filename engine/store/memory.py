@@ -356,6 +356,10 @@ class MemoryStore:
             tail = [task.event(e) for e in task.events if start < e.seq <= task.seq]
             return Loaded(task.head(), snap, tail)
 
+    def load_many(self, task_ids: Sequence[str]) -> dict[str, Loaded]:
+        found = {task_id: self.load(task_id) for task_id in task_ids}
+        return {task_id: loaded for task_id, loaded in found.items() if loaded is not None}
+
     def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
         with self._lock:
             task = self._tasks.get(task_id)

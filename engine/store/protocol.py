@@ -181,6 +181,11 @@ class Store(Protocol):
         """The task row, its newest snapshot and the events after that snapshot up to the row's seq, in one view."""
         ...
 
+    def load_many(self, task_ids: Sequence[str]) -> dict[str, Loaded]:
+        """`load` of each task by its id, in one round trip (what a worker reads for the tasks a claim gave it);
+        a task that does not exist is not in the answer. Each task is read in one view, as by `load`."""
+        ...
+
     def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
         """The task's events with `after_seq < seq <= upto_seq`, in order."""
         ...

@@ -89,6 +89,8 @@ class Dialect(Protocol):
 
     def load(self, cur: Any, task_id: str) -> list[Any]: ...
 
+    def load_many(self, cur: Any, task_ids: Sequence[str]) -> list[list[Any]]: ...
+
     def append(
         self,
         raw: Any,
@@ -375,42 +377,19 @@ class SqlStore:
                 rows = self.sql.load(raw.cursor(), task_id)  # the driver's own cursor (psycopg accepts prepare=)
             finally:
                 raw.close()
-        if not rows or rows[0][0] != 0:
-            return None
-        _, seq, workflow, digest, state, status, last_hash, tid, _, version, created, updated = rows[0]
-        row = TaskRow(
-            tid,
-            workflow,
-            version,
-            digest,
-            state,
-            status,
-            seq,
-            last_hash,
-            read_instant(created),
-            read_instant(updated),
-        )
-        snap = None
-        tail: list[Event] = []
-        for r in rows[1:]:
-            if r[0] == 1:
-                snap = Snapshot(task_id, r[1], r[2], r[3])
-            else:
-                tail.append(
-                    Event(
-                        task_id,
-                        r[1],
-                        read_instant(r[10]),
-                        r[2],
-                        r[3],
-                        r[4],
-                        r[5],
-                        stored_data(r[6], task_id, r[1]),
-                        r[7],
-                        r[8],
-                    )
-                )
-        return Loaded(row, snap, tail)
+        return _loaded(rows)
+
+    def load_many(self, task_ids: Sequence[str]) -> dict[str, Loaded]:
+        """`load` of each task, in one statement; a task not found is not in the answer."""
+        if not task_ids:
+            return {}
+        with self._errors():
+            raw = self.engine.raw_connection()
+            try:
+                found = self.sql.load_many(raw.cursor(), task_ids)
+            finally:
+                raw.close()
+        return {loaded.row.task_id: loaded for rows in found if (loaded := _loaded(rows)) is not None}
 
     def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
         """The task's events with `after_seq < seq <= upto_seq`, in order."""
@@ -975,6 +954,46 @@ def _event_values(ev: Event) -> dict[str, Any]:
         "prev_hash": ev.prev_hash,
         "hash": ev.hash,
     }
+
+
+def _loaded(rows: list[Any]) -> Loaded | None:
+    """A `Loaded` from the rows of one task's `LOAD` (none: the task does not exist)."""
+    if not rows or rows[0][0] != 0:
+        return None
+    _, seq, workflow, digest, state, status, last_hash, task_id, _, version, created, updated = rows[0]
+    row = TaskRow(
+        task_id,
+        workflow,
+        version,
+        digest,
+        state,
+        status,
+        seq,
+        last_hash,
+        read_instant(created),
+        read_instant(updated),
+    )
+    snap = None
+    tail: list[Event] = []
+    for r in rows[1:]:
+        if r[0] == 1:
+            snap = Snapshot(task_id, r[1], r[2], r[3])
+        else:
+            tail.append(
+                Event(
+                    task_id,
+                    r[1],
+                    read_instant(r[10]),
+                    r[2],
+                    r[3],
+                    r[4],
+                    r[5],
+                    stored_data(r[6], task_id, r[1]),
+                    r[7],
+                    r[8],
+                )
+            )
+    return Loaded(row, snap, tail)
 
 
 def _task_row(r: Row[Any]) -> TaskRow:

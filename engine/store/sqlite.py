@@ -78,6 +78,17 @@ def load(cur: Any, task_id: str) -> list[Any]:
     return rows
 
 
+def load_many(cur: Any, task_ids: Sequence[str]) -> list[list[Any]]:
+    """The rows of `LOAD` of each task found: one statement each, in one transaction (one consistent view), since
+    an embedded database has no round trips to save."""
+    cur.execute("BEGIN")
+    try:
+        found = [load(cur, task_id) for task_id in task_ids]
+    finally:
+        cur.execute("ROLLBACK")
+    return [rows for rows in found if rows]
+
+
 # One BEGIN IMMEDIATE transaction of these.
 # A task that ends drops its lease in the same write, and its count of failed steps with it: nothing is left held by
 # a worker that dies right after, and the worker has nothing to release (`Worker._hold`).
