@@ -616,6 +616,32 @@ def show(result: dict[str, Any]) -> str:
     )
 
 
+def at_512_target(result: dict[str, Any]) -> dict[str, Any]:
+    """Issue #18's target at 512 in flight and 1 s: at least 0.8 of Little's law or, where the CPUs are the bound
+    (the rate they allow is below Little's law), within 1.2x of that rate. Judged on the bound that applies, which
+    the note names with both shares."""
+    littles, cpu = result["littles_law_limit"], result["cpu_bound_tasks_per_s"]
+    shares = (
+        f"{result['ratio']:.3f} of Little's law ({littles:.0f}/s), "
+        f"{result['share_of_cpu_bound']:.3f} of the CPU-bound rate ({cpu:.0f}/s)"
+    )
+    if littles <= cpu:
+        return target(
+            "share of Little's law at 512 in flight",
+            result["ratio"],
+            ">=",
+            0.8,
+            f"issue #18; Little's law is the bound here, the CPUs allow more: {shares}",
+        )
+    return target(
+        "share of the CPU-bound rate at 512 in flight",
+        result["share_of_cpu_bound"],
+        ">=",
+        round(1 / 1.2, 3),
+        f"issue #18: within 1.2x of it; the CPUs are the bound here: {shares}",
+    )
+
+
 def main() -> int:
     parser = bench_parser(__doc__)
     args = parser.parse_args()
@@ -650,17 +676,7 @@ def main() -> int:
             target("PostgreSQL connections, one worker", big["pg_connections_per_worker"], "<", 10.01, "issue #18"),
         ]
     if "one_turn openai fixed:1 c=512 p=1" in by_name:
-        at_512 = by_name["one_turn openai fixed:1 c=512 p=1"]
-        targets += [
-            target("share of Little's law at 512 in flight", at_512["ratio"], ">=", 0.8, "issue #18, or the next"),
-            target(
-                "share of the CPU-bound rate at 512 in flight",
-                at_512["share_of_cpu_bound"],
-                ">=",
-                round(1 / 1.2, 3),
-                "issue #18: within 1.2x of it, where the CPUs are the bound",
-            ),
-        ]
+        targets.append(at_512_target(by_name["one_turn openai fixed:1 c=512 p=1"]))
     print_targets(targets)
     print(
         json.dumps(

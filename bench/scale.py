@@ -227,6 +227,86 @@ def vacuum(dsn: str) -> float:
     return time.perf_counter() - started
 
 
+#: What `Engine.load` descends, and so what a server must keep in memory for a load to cost the same at any size:
+#: the tasks' rows and their primary key, the snapshots and theirs, the events' primary key (a task's events after
+#: its newest snapshot, whose rows a finished task does not have).
+LOAD_RELATIONS = (
+    "SELECT c.oid::regclass::text, pg_relation_size(c.oid) FROM pg_class c WHERE c.oid IN ("
+    "'tasks'::regclass, 'snapshots'::regclass, "
+    "(SELECT indexrelid FROM pg_index WHERE indrelid = 'tasks'::regclass AND indisprimary), "
+    "(SELECT indexrelid FROM pg_index WHERE indrelid = 'snapshots'::regclass AND indisprimary), "
+    "(SELECT indexrelid FROM pg_index WHERE indrelid = 'events'::regclass AND indisprimary)) ORDER BY 1"
+)
+
+
+def load_working_set(dsn: str) -> dict[str, int]:
+    """The bytes of each relation `Engine.load` reads (`LOAD_RELATIONS`)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {name: size for name, size in conn.execute(LOAD_RELATIONS).fetchall()}
+
+
+def shared_buffers(dsn: str) -> int:
+    """The server's `shared_buffers`, in bytes."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT setting::bigint * pg_size_bytes(unit) FROM pg_settings WHERE name = 'shared_buffers'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def prewarm(dsn: str, relations: list[str]) -> str | None:
+    """Read `relations` into `shared_buffers` (`pg_prewarm`), as a server that has been serving them holds them:
+    a bulk load and a vacuum go through a small ring of buffers and leave almost nothing there. None when done,
+    else why not."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+            for relation in relations:
+                conn.execute("SELECT pg_prewarm(%s::regclass)", (relation,))
+    except psycopg.Error as error:
+        return f"{type(error).__name__}: {str(error).strip()}"
+    return None
+
+
+def memory_plan(small_dsn: str, large_dsn: str, warm: bool) -> dict[str, Any]:
+    """`shared_buffers` against the loads' working sets; both prewarmed when `warm` and both fit."""
+    buffers = shared_buffers(large_dsn)
+    sets = {"small": load_working_set(small_dsn), "large": load_working_set(large_dsn)}
+    total = sum(sum(found.values()) for found in sets.values())
+    fits = total <= 0.9 * buffers  # room left for the claims', the pages' and the catalogs' own pages
+    refused = None
+    if warm and fits:
+        for dsn, name in ((small_dsn, "small"), (large_dsn, "large")):
+            refused = refused or prewarm(dsn, sorted(sets[name]))
+    return {
+        "shared_buffers_bytes": buffers,
+        "load_working_set_bytes": {name: sum(found.values()) for name, found in sets.items()},
+        "load_relations_bytes": sets,
+        "fits": fits,
+        "prewarmed": warm and fits and refused is None,
+        "prewarm_refused": refused,
+    }
+
+
+def describe_memory(memory: dict[str, Any]) -> str:
+    mib = 1024 * 1024
+    sets = memory["load_working_set_bytes"]
+    line = (
+        f"shared_buffers {memory['shared_buffers_bytes'] / mib:,.0f} MiB; what Engine.load reads (tasks and snapshots, "
+        f"the primary keys of tasks, snapshots and events) {sets['small'] / mib:,.0f} MiB small, "
+        f"{sets['large'] / mib:,.0f} MiB large: "
+    )
+    if not memory["fits"]:
+        return line + (
+            "they do not fit, so loads at the large size read pages from the operating system's cache and "
+            "Engine.load is not flat (docs/operations.md, PostgreSQL's memory); not prewarmed"
+        )
+    if memory["prewarm_refused"]:
+        return line + f"they fit; not prewarmed ({memory['prewarm_refused']})"
+    return line + ("they fit, prewarmed (pg_prewarm)" if memory["prewarmed"] else "they fit; not prewarmed")
+
+
 def check_generated(eng: Engine, ids: dict[str, str]) -> None:
     """Each kind of generated task is one the engine accepts: it loads, its chain holds, its replay finds nothing."""
     for kind, task_id in ids.items():
@@ -542,6 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--explain", action="store_true", help="print EXPLAIN (ANALYZE, BUFFERS) of each statement on both databases"
     )
+    parser.add_argument(
+        "--no-prewarm",
+        action="store_true",
+        help="measure with shared_buffers as the load and vacuum left it, even where what loads read fits in it",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.tasks is not None:
@@ -598,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        memory = memory_plan(small_dsn, large_dsn, warm=not args.no_prewarm)
+        print(f"  {describe_memory(memory)}", file=sys.stderr, flush=True)
         live = {"terminal": 0, "runnable": plan.live - plan.approvals, "blocked": plan.approvals}
         # Loads are drawn from every task of the database: in the large one, live and finished in proportion.
         share = round(len(finished["sample"]) * plan.live / ended)
@@ -661,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
         f"    for reference, the GROUP BY over the whole tasks table that status ran before migration 0009: "
         f"{before_0009[0]:,.3f} ms and {before_0009[1]:,.3f} ms ({before_0009[1] / before_0009[0]:.1f}x)"
     )
+    print(f"    {describe_memory(memory)}")
     busy = [r["cpu_busy"] for r in measured["rounds"] if "cpu_busy" in r]
     if busy:
         print(
@@ -689,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "targets": targets,
         "all_met": all(t["met"] is True for t in targets),
+        "memory": memory,
         "detail": {**results, "rounds": measured["rounds"], "loads": loads, "plans": explained},
     }
     print(json.dumps(result, separators=(",", ":")))

@@ -66,6 +66,17 @@ tasks = Table(
     # A task id prefix search is `LIKE 'p%'`, which a PostgreSQL btree serves only with pattern ops when the
     # database collation is not C; on SQLite it is a second index on task_id, written once per task.
     Index("ix_tasks_task_id_pattern", "task_id", postgresql_ops={"task_id": "varchar_pattern_ops"}),
+    # The approvals inbox's and the work queue's blocked tasks by where they stand, oldest first (migration 0010).
+    Index(
+        "ix_tasks_blocked",
+        "workflow",
+        "version",
+        "state",
+        "created_at",
+        "task_id",
+        postgresql_where=text("status = 'blocked'"),
+        sqlite_where=text("status = 'blocked'"),
+    ),
     # What a claim scans: the unfinished tasks by due time, however many finished ones the table holds.
     Index(
         "ix_tasks_due",

@@ -677,8 +677,10 @@ class SqlStore:
         first): the work queue reads these instead of loading every blocked task to find out where it stands."""
         if not states:
             return []
+        # The status as a literal: the partial index of blocked tasks (migration 0010) then serves a generic plan too.
         query = select(tasks.c.task_id).where(
-            tasks.c.status == "blocked", tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states))
+            tasks.c.status == literal_column("'blocked'"),
+            tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states)),
         )
         if waiting_before is not None:
             query = query.where(tasks.c.updated_at < waiting_before)
