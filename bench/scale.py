@@ -228,14 +228,15 @@ def vacuum(dsn: str) -> float:
 
 
 #: What `Engine.load` descends, and so what a server must keep in memory for a load to cost the same at any size:
-#: the tasks' rows and their primary key, the snapshots and theirs, the events' primary key (a task's events after
-#: its newest snapshot, whose rows a finished task does not have).
+#: the tasks' rows and the indexes that lead with the task id (the primary key, and the pattern index of the id
+#: prefix search, which the planner takes for an equality as readily), the snapshots and their primary key, the
+#: events' primary key (a task's events after its newest snapshot, whose rows a finished task does not have).
 LOAD_RELATIONS = (
     "SELECT c.oid::regclass::text, pg_relation_size(c.oid) FROM pg_class c WHERE c.oid IN ("
-    "'tasks'::regclass, 'snapshots'::regclass, "
-    "(SELECT indexrelid FROM pg_index WHERE indrelid = 'tasks'::regclass AND indisprimary), "
-    "(SELECT indexrelid FROM pg_index WHERE indrelid = 'snapshots'::regclass AND indisprimary), "
-    "(SELECT indexrelid FROM pg_index WHERE indrelid = 'events'::regclass AND indisprimary)) ORDER BY 1"
+    "'tasks'::regclass, 'snapshots'::regclass) OR c.oid IN ("
+    "SELECT i.indexrelid FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+    "WHERE a.attname = 'task_id' AND (i.indrelid = 'tasks'::regclass OR i.indisprimary AND i.indrelid IN "
+    "('snapshots'::regclass, 'events'::regclass))) ORDER BY 1"
 )
 
 
@@ -294,7 +295,7 @@ def describe_memory(memory: dict[str, Any]) -> str:
     sets = memory["load_working_set_bytes"]
     line = (
         f"shared_buffers {memory['shared_buffers_bytes'] / mib:,.0f} MiB; what Engine.load reads (tasks and snapshots, "
-        f"the primary keys of tasks, snapshots and events) {sets['small'] / mib:,.0f} MiB small, "
+        f"their indexes by task id, the events' primary key) {sets['small'] / mib:,.0f} MiB small, "
         f"{sets['large'] / mib:,.0f} MiB large: "
     )
     if not memory["fits"]:
