@@ -42,7 +42,10 @@ LOG_HEADS = (
 
 #: Task row (k = 0), its newest snapshot at or below the row's seq (k = 1) and the events after
 #: that snapshot up to the row's seq (k = 2), in one statement: one round trip and one consistent
-#: view, so a writer cannot slip in between the reads. Named parameter: task_id.
+#: view, so a writer cannot slip in between the reads. When the snapshot is the row's head there are
+#: no such events, and the last condition, which names no column of `events`, is a one-time filter
+#: that skips the descent of their primary key (4 of a load's 15 buffers at 10,000,000 events).
+#: Named parameter: task_id.
 LOAD = """
 WITH t AS (
     SELECT task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at
@@ -61,6 +64,7 @@ UNION ALL
 SELECT 2, e.seq, e.actor, e.from_state, e.trigger, e.to_state, e.data, e.prev_hash, e.hash, NULL, e.at, NULL
 FROM events e
 WHERE e.task_id = %(task_id)s AND e.seq > COALESCE((SELECT seq FROM s), 0) AND e.seq <= (SELECT seq FROM t)
+  AND COALESCE((SELECT seq FROM s), 0) < (SELECT seq FROM t)
 ORDER BY 1, 2
 """
 
@@ -88,6 +92,7 @@ SELECT e.task_id, 2, e.seq, e.actor, e.from_state, e.trigger, e.to_state, e.data
        e.at, NULL
 FROM t LEFT JOIN s ON s.task_id = t.task_id
 JOIN events e ON e.task_id = t.task_id AND e.seq > COALESCE(s.seq, 0) AND e.seq <= t.seq
+WHERE COALESCE(s.seq, 0) < t.seq
 ORDER BY 1, 2, 3
 """
 
