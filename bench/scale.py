@@ -300,8 +300,8 @@ def describe_memory(memory: dict[str, Any]) -> str:
     )
     if not memory["fits"]:
         return line + (
-            "they do not fit, so loads at the large size read pages from the operating system's cache and "
-            "Engine.load is not flat (docs/operations.md, PostgreSQL's memory); not prewarmed"
+            "they do not fit: loads at the large size read some of their pages from the operating system's "
+            "cache (docs/operations.md, PostgreSQL's memory); not prewarmed"
         )
     if memory["prewarm_refused"]:
         return line + f"they fit; not prewarmed ({memory['prewarm_refused']})"
