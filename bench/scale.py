@@ -38,7 +38,7 @@ database's triggers in place, by one process per CPU. Before measuring, each kin
 by `Engine.load`, its chain checked by `verify_chain`, and `Engine.replay` finds nothing in it; the replay of
 every task then proves all of them.
 
-    python bench/scale.py                  # full run: 1,000,000 tasks, 12-16 minutes on 2 busy CPUs, 12 GB
+    python bench/scale.py                  # full run: 1,000,000 tasks, 5 minutes on 2 idle CPUs (16 busy), 12 GB
     python bench/scale.py --tasks 100000   # the same with 100,000 tasks in the large database
     python bench/scale.py --quick          # 1,000 live tasks, 10,000 in all: about a minute, a smoke test
 """
