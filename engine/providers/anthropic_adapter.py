@@ -60,7 +60,7 @@ from engine.core.model_interface import (
 )
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, connection_failed, endpoint, json_object, no_credentials
+from engine.providers.transport import LIMITS, Endpoint, connection_failed, json_object, no_credentials
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -114,8 +114,7 @@ class AnthropicAdapter:
         self.thinking_budget = thinking_budget
         self._api_key = api_key
         self._clients: Clients[anthropic.AsyncAnthropic] = Clients(self._new_client)
-        #: The last client handed out and the absolute URL of `/v1/messages` under its base URL (`endpoint`).
-        self._endpoint: tuple[anthropic.AsyncAnthropic | None, str] = (None, "")
+        self._endpoint = Endpoint("/v1/messages")
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Send one request; return the answer or raise `ModelError`."""
@@ -129,9 +128,7 @@ class AnthropicAdapter:
         )
         sent = refusable(request)
         client = self._clients.here()
-        if self._endpoint[0] is not client:  # one tuple: threads with loops of their own read a consistent pair
-            self._endpoint = (client, endpoint(client.base_url, "/v1/messages"))
-        url = self._endpoint[1]
+        url = self._endpoint.of(client)
         try:
             async with bounded(None if self.max_retries else self.timeout):  # a trickle is cut too
                 if self.stream:

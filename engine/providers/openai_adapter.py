@@ -53,7 +53,7 @@ from engine.core.model_interface import (
 from engine.core.profiles import with_switch
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, connection_failed, endpoint, json_object, no_credentials
+from engine.providers.transport import LIMITS, Endpoint, connection_failed, json_object, no_credentials
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -99,8 +99,7 @@ class OpenAIAdapter:
         self.max_tokens_param: MaxTokensParam = max_tokens_param
         self._api_key = api_key
         self._clients: Clients[openai.AsyncOpenAI] = Clients(self._new_client)
-        #: The last client handed out and the absolute URL of `/chat/completions` under its base URL (`endpoint`).
-        self._endpoint: tuple[openai.AsyncOpenAI | None, str] = (None, "")
+        self._endpoint = Endpoint("/chat/completions")
 
     # -- the call ---------------------------------------------------------
 
@@ -113,9 +112,7 @@ class OpenAIAdapter:
         body = {**payload, **extra_body} if extra_body else payload  # the SDK merges `extra_body` the same way
         sent = refusable(request)
         client = self._clients.here()
-        if self._endpoint[0] is not client:  # one tuple: threads with loops of their own read a consistent pair
-            self._endpoint = (client, endpoint(client.base_url, "/chat/completions"))
-        url = self._endpoint[1]
+        url = self._endpoint.of(client)
         try:
             async with bounded(None if self.max_retries else self.timeout):  # a trickle is cut too
                 if self.stream:

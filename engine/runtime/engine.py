@@ -839,9 +839,7 @@ class Engine:
         loaded = self.store.load(task_id)
         if loaded is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
-        # The version the task runs on now must be loadable before anything else is read.
-        self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
-        return self._fold_checked(loaded)
+        return self._state(loaded)
 
     def load_many(self, task_ids: Sequence[str]) -> dict[str, TaskState]:
         """`load` of each task, read in one round trip: what a worker does with the tasks one claim gave it.
@@ -851,8 +849,7 @@ class Engine:
         states: dict[str, TaskState] = {}
         for task_id, loaded in self.store.load_many(task_ids).items():
             try:
-                self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
-                states[task_id] = self._fold_checked(loaded)
+                states[task_id] = self._state(loaded)
             except Exception:  # `load` of this task raises it again, where its caller handles it
                 continue
         return states
@@ -1096,6 +1093,11 @@ class Engine:
                 loaded_digest=definition.digest,
             )
         return definition
+
+    def _state(self, loaded: Loaded) -> TaskState:
+        # The version the task runs on now must be loadable before anything else is read.
+        self._definition(loaded.row.workflow, loaded.row.version, loaded.row.digest)
+        return self._fold_checked(loaded)
 
     def _fold_checked(self, loaded: Loaded) -> TaskState:
         """Fold from the snapshot (or from zero), each event under the version the task was on when it was written."""
