@@ -80,6 +80,7 @@ from harness import (
 from sqlalchemy.engine import make_url
 
 from engine import (
+    ANYONE,
     Action,
     Agent,
     Budgets,
@@ -121,6 +122,8 @@ AGENT_WORKFLOW = Workflow(
         Terminal("done"),
     ],
     budgets=Budgets(model_turns=10**9),
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import make_url
 
 from engine import (
+    ANYONE,
     Action,
     Agent,
     Engine,
@@ -71,6 +72,8 @@ def tick_workflow(name: str) -> Workflow:
             Agent("working", actions=[Action("tick", "working", TickArgs), Action("finish", "done")]),
             Terminal("done"),
         ],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
 
 

@@ -70,7 +70,7 @@ from workflows.refund import APPROVER  # noqa: E402
 
 RAILYARD = Path(sys.executable).with_name("railyard")
 WORKFLOW_MODULE = """
-from engine import Action, Agent, Terminal, Workflow
+from engine import ANYONE, Action, Agent, Terminal, Workflow
 from workflows.refund import REFUND_V1
 
 ONE_TURN = Workflow(
@@ -78,6 +78,7 @@ ONE_TURN = Workflow(
     version=1,
     description="One model turn: the only action ends the task.",
     states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")],
+    operator_role=ANYONE,
 )
 """
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -84,6 +84,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import event
 
 from engine import (
+    ANYONE,
     Action,
     Agent,
     Approval,
@@ -133,6 +134,8 @@ SCALE = Workflow(
         Approval("review", role=ROLE, actions=[Action("approve", "done"), Action("reject", "done")]),
         Terminal("done"),
     ],
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 EVENTS_PER_TASK = 10

@@ -60,6 +60,7 @@ from harness import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine import (
+    ANYONE,
     Action,
     Agent,
     Engine,
@@ -127,6 +128,8 @@ def short_workflow(name: str) -> Workflow:
             Tool("looking", tool="lookup", on_succeeded="asking", on_failed="asking", on_unknown="asking"),
             Terminal("done"),
         ],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
 
 

@@ -3,7 +3,7 @@
 The public surface a user reads first:
 
 - declare a workflow: `Workflow`, the state kinds `Agent`, `Tool`, `Approval`, `Wait`, `Terminal`,
-  and `Action` (with a pydantic argument model, guards and a role);
+  and `Action` (with a pydantic argument model, guards and a role; `ANYONE` says any signed-in person may);
 - run it: `Engine` (`start`, `fire`, `cancel`, `get`, `history`, `load`, `transition`);
 - give it tools: `ToolCatalog`, `ToolDef`, `ToolKind`, `ToolInvocation`, `Reconciled`, `ToolFailed`,
   and the argument types `MinorUnits`, `CurrencyCode`, `Money`, `UtcTimestamp`;
@@ -19,10 +19,12 @@ CONTRIBUTING.md), and a deep import is a missing export.
 
 import logging
 
+from engine.core.access import AUDITOR, Caller
 from engine.core.canonical import GENESIS_HASH, canonical_json, sha256_hex
 from engine.core.chain import Finding, verify_chain
 from engine.core.decide import Decision, decide
 from engine.core.definition import (
+    ANYONE,
     Action,
     Agent,
     Approval,
@@ -85,12 +87,15 @@ from engine.store import MemoryStore, SqlStore, Store, migrations, redact_url
 logging.getLogger("railyard").addHandler(logging.NullHandler())
 
 __all__ = [
+    "ANYONE",
+    "AUDITOR",
     "GENESIS_HASH",
     "SETTLE_MARGIN_SECONDS",
     "Action",
     "Agent",
     "Approval",
     "Budgets",
+    "Caller",
     "CardField",
     "Code",
     "ConcurrencyConflict",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine import Code, Engine, MemoryStore, ModelRequest, RailyardError, Registry, ScriptedModel, StaticRoles
+from engine import ANYONE, Code, Engine, MemoryStore, ModelRequest, RailyardError, Registry, ScriptedModel, StaticRoles
 from engine.core.forcing import RANK, Rung, escalation_path, ladder
 from engine.core.profiles import BUILTIN_PROFILES, load_profiles
 from engine.providers.scripted import call
@@ -527,6 +527,8 @@ def test_sensitive_fields_never_reach_the_log() -> None:
         name="cards",
         version=1,
         states=[Agent("collecting", actions=[Action("store_card", "done", Card)]), Terminal("done")],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
     secret = "4111111111111111"
     with Engine(store=MemoryStore(), registry=Registry([flow])) as eng:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from engine import Code, Engine, Registry, Workflow
+from engine import ANYONE, Code, Engine, Registry, Workflow
 from engine.api import STATUS_BY_CODE, create_app
 from tests.support.api import (
     REFUND,
@@ -651,13 +651,29 @@ def test_replay_checks_the_log(client: TestClient, engine: Engine) -> None:
 
 def test_a_task_pinned_to_a_version_this_server_lacks_is_a_409(db_url: str, engine: Engine, tmp_path: Path) -> None:
     task_id = engine.start("refund", ORDER, actor="ann", version=1)
-    changed = Workflow(name="refund", version=1, input=OrderInput, states=refund_states(), description="edited")
+    changed = Workflow(
+        name="refund",
+        version=1,
+        input=OrderInput,
+        states=refund_states(),
+        description="edited",
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
+    )
     for registry, code in ((Registry([]), Code.DEFINITION_MISSING), (Registry([changed]), Code.DEFINITION_CHANGED)):
         with (
             Engine(db_url, registry, authoriser=token_table()) as other,
             TestClient(create_app(other, token_table())) as client,
         ):
             documented(client)
+            if code is Code.DEFINITION_MISSING:
+                # No definition here names a role of bob's: the task is absent to him (deny by default); the
+                # auditor, who reads everything, is told why it cannot be read.
+                refused(client.get(f"/api/tasks/{task_id}", headers=bearer("bob")), 404, Code.TASK_NOT_FOUND)
+                refused(client.get(f"/api/tasks/{task_id}", headers=bearer("audrey")), 409, code)
+                cancel = client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "x"}, headers=bearer("bob"))
+                refused(cancel, 404, Code.TASK_NOT_FOUND)
+                continue
             refused(client.get(f"/api/tasks/{task_id}", headers=bearer("bob")), 409, code)
             refused(client.post(f"/api/tasks/{task_id}/cancel", json={"reason": "x"}, headers=bearer("bob")), 409, code)
 

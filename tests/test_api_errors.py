@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -237,9 +237,19 @@ def test_each_status_an_operation_documents_is_one_a_request_provokes(world: Wor
             path = path.replace(world.waiting, again).replace(world.ended, task)
             ask(client, provoked, operation_id, method, path, json=body, headers=bearer("dana"))
 
-    # 409: a task pinned to a version this server's code does not define
+    # 409: a task pinned to a version this server's code does not define (404 to whoever no definition here names
+    # a role of: deny by default; the auditor reads it, and is told why it cannot be)
     with (
         Engine(world.db_url, Registry([]), authoriser=token_table()) as other,
+        TestClient(create_app(other, token_table(), session_secret="s")) as client,
+    ):
+        documented(client)
+        each(client, on_a_task)
+        each(client, on_a_task, who="audrey")
+    # ... and one whose code changed without a new version: still read by whoever its roles name
+    changed = Registry([replace(wf, description=f"{wf.description} (edited)") for wf in world.engine.registry])
+    with (
+        Engine(world.db_url, changed, authoriser=token_table()) as other,
         TestClient(create_app(other, token_table(), session_secret="s")) as client,
     ):
         documented(client)

@@ -18,7 +18,16 @@ from fastapi.testclient import TestClient
 from engine import Engine
 from engine.api import create_app
 from engine.api.auth import LOGIN_FAILURES_PER_ACCOUNT, LOGIN_FAILURES_PER_ADDRESS, LOGIN_WINDOW_SECONDS
-from tests.support.api import live_server, make_api_engine, make_app, to_approval, to_open_write, token_table
+from tests.support.api import (
+    csrf_of,
+    live_server,
+    login,
+    make_api_engine,
+    make_app,
+    to_approval,
+    to_open_write,
+    token_table,
+)
 
 SCRIPT = "<script>alert('reason')</script>"
 
@@ -35,26 +44,12 @@ def client(engine: Engine) -> Iterator[TestClient]:
         yield c
 
 
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', html)
-    assert found, html
-    return found.group(1)
-
-
 def seqs_of(html: str, task_id: str) -> list[str]:
     """The seq each decision form of `task_id` carries, in page order."""
     forms = re.findall(
         rf'<form method="post" action="/tasks/{re.escape(task_id)}/(?:approve|reject)".*?</form>', html, flags=re.S
     )
     return [m.group(1) for f in forms if (m := re.search(r'name="seq" value="(\d+)"', f))]
-
-
-def login(client: TestClient, who: str) -> str:
-    """Log in through the form; returns the CSRF token of the new session (from the next page)."""
-    page = client.get("/login")
-    response = client.post("/login", data={"token": f"tok-{who}", "csrf": csrf_of(page.text)})
-    assert response.status_code == 303 and response.headers["location"] == "/inbox"
-    return csrf_of(client.get("/inbox").text)
 
 
 def after_redirect(client: TestClient, response: Any, to: str) -> str:

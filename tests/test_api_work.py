@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from engine import Engine, Registry, ScriptedModel
 from engine.api import TokenTable, create_app
 from engine.providers.scripted import call
-from tests.support.api import documented
+from tests.support.api import documented, login
 from tests.support.reference import DAMAGED, books, fake_systems, refund  # noqa: F401  (books: a fixture)
 from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE, fakes
 from workflows.scripts import TICKET_DOUBLE_CHARGE, TICKET_DOUBLE_CHARGE_INPUT
@@ -23,7 +23,8 @@ from workflows.scripts import TICKET_DOUBLE_CHARGE, TICKET_DOUBLE_CHARGE_INPUT
 TOKENS: dict[str, tuple[str, set[str]]] = {
     "tok-dana": ("dana", {"refund_approver", "expense_approver"}),
     "tok-sam": ("sam", {"support_agent"}),
-    "tok-olga": ("olga", {"expense_operator"}),
+    "tok-olga": ("olga", {"expense_operator", "refund_operator"}),
+    "tok-pat": ("pat", {"customer_portal"}),
     "tok-ann": ("ann", set()),
     "tok-audrey": ("audrey", {"auditor"}),
 }
@@ -41,16 +42,6 @@ def client(eng: Engine) -> Iterator[TestClient]:
     app = create_app(eng, TokenTable.from_tokens(TOKENS), session_secret="test-secret")
     with TestClient(app, follow_redirects=False) as c:
         yield documented(c)
-
-
-def login(client: TestClient, who: str) -> str:
-    page = client.get("/login")
-    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
-    assert csrf
-    assert client.post("/login", data={"token": f"tok-{who}", "csrf": csrf.group(1)}).status_code == 303
-    found = re.search(r'name="csrf" value="([^"]+)"', client.get("/inbox").text)
-    assert found
-    return found.group(1)
 
 
 def flash(client: TestClient, response: Any, task_id: str) -> str:
@@ -109,26 +100,29 @@ def test_the_queue_holds_every_kind_of_work_for_the_roles_held_and_counts_the_re
     login(client, "dana")
     html = client.get("/inbox").text
     assert f'id="approval-{approval}"' in html and f'id="approval-{expense}"' in html
-    assert f'id="work-{failure}"' in html and 'data-kind="failure"' in html
-    assert ticket not in html  # sam's, not dana's: counted, not drawn
-    assert "1 more wait on roles which you do not hold" in html
+    assert failure not in html  # an operator's: counted, not drawn
+    assert ticket not in html  # sam's workflow, where dana holds no role: neither drawn nor counted
+    assert "1 more wait on roles which you do not hold" in html  # the failed payment: an operator's to retry
     body = client.get("/api/work", headers={"Authorization": "Bearer tok-dana"}).json()
-    # Nearest deadline first (the refund's 48 h, the expense's 72 h), then those without one, oldest first.
-    assert [i["task_id"] for i in body["items"]] == [approval, expense, failure]
+    # Nearest deadline first (the refund's 48 h, the expense's 72 h).
+    assert [i["task_id"] for i in body["items"]] == [approval, expense]
     kinds = {i["task_id"]: (i["kind"], i["triggers"]) for i in body["items"]}
-    assert kinds[failure] == ("failure", ["retry_refund", "give_up", "cancel"])
-    assert kinds[expense] == ("approval", ["approve", "send_back", "cancel"])  # no reject: expense has none
+    assert kinds[expense] == ("approval", ["approve", "send_back"])  # no reject: expense has none; no cancel:
+    assert kinds[approval] == ("approval", ["approve", "reject"])  # cancelling is the operators'
     assert {(c["kind"], c["workflow"]): (c["yours"], c["others"]) for c in body["counts"]} == {
         ("approval", "refund"): (1, 0),
         ("approval", "expense"): (1, 0),
-        ("failure", "refund"): (1, 0),
-        ("handoff", "ticket_triage"): (0, 1),  # the agent hands off to its queue,
+        ("failure", "refund"): (0, 1),
     }
+    olga = client.get("/api/work", headers={"Authorization": "Bearer tok-olga"}).json()
+    assert [(i["task_id"], i["kind"], i["triggers"]) for i in olga["items"]] == [
+        (failure, "failure", ["retry_refund", "give_up", "cancel"])
+    ]
     sam = client.get("/api/work", headers={"Authorization": "Bearer tok-sam"}).json()
     assert [(i["task_id"], i["kind"], i["triggers"]) for i in sam["items"]] == [
-        (ticket, "handoff", ["resolve", "ask_customer", "cancel", "redrive"])  # back to the agent: anyone may
+        (ticket, "handoff", ["resolve", "ask_customer", "cancel", "redrive"])  # support agents run the queue
     ]
-    only = client.get("/api/work", params={"kind": "failure"}, headers={"Authorization": "Bearer tok-dana"}).json()
+    only = client.get("/api/work", params={"kind": "failure"}, headers={"Authorization": "Bearer tok-olga"}).json()
     assert [i["task_id"] for i in only["items"]] == [failure]
     audrey = client.get("/api/work", headers={"Authorization": "Bearer tok-audrey"}).json()
     assert audrey["items"] == []  # a read-only token may fire nothing
@@ -161,7 +155,9 @@ def test_an_operator_retries_a_failed_payment_from_the_task_page(
     books: fakes.Systems,  # noqa: F811
 ) -> None:
     task_id = refund_failed(eng, books)
-    csrf = login(client, "dana")
+    login(client, "dana")  # the approver reads it, and may not retry it
+    assert 'value="retry_refund"' not in client.get(f"/tasks/{task_id}").text
+    csrf = login(client, "olga")
     html = client.get(f"/tasks/{task_id}").text
     assert "Confirm: retry refund (runs payments_refund for 129.99 EUR)" in html  # a write asks first
     seq = str(eng.load(task_id).seq)
@@ -191,9 +187,9 @@ def test_a_support_agent_resolves_a_queued_ticket_and_a_form_without_its_note_ch
 
 def test_cancel_from_a_task_page_and_a_trigger_the_role_lacks_is_refused(client: TestClient, eng: Engine) -> None:
     task_id = ticket_queued(eng)
-    csrf = login(client, "dana")  # no support_agent role: only cancel is offered (cancel_role is unset)
+    csrf = login(client, "pat")  # the portal reads tickets, and may neither resolve nor cancel one
     html = client.get(f"/tasks/{task_id}").text
-    assert 'name="trigger" value="cancel"' in html and 'value="resolve"' not in html
+    assert 'name="trigger" value="cancel"' not in html and 'value="resolve"' not in html
     seq = str(eng.load(task_id).seq)
     refused = client.post(
         f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "resolve", "arg.note": "x"}
@@ -204,6 +200,8 @@ def test_cancel_from_a_task_page_and_a_trigger_the_role_lacks_is_refused(client:
         forged = client.post(f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": trigger})
         assert re.search(r"FORBIDDEN|TRIGGER_NOT_ALLOWED|PAYLOAD_INVALID", flash(client, forged, task_id)), trigger
     assert len(eng.history(task_id)) == before  # nothing written
+    csrf = login(client, "sam")  # the support agent runs the queue: cancel is offered
+    assert 'name="trigger" value="cancel"' in client.get(f"/tasks/{task_id}").text
     stale = client.post(
         f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": "1", "trigger": "cancel", "arg.reason": "dup"}
     )
@@ -213,7 +211,7 @@ def test_cancel_from_a_task_page_and_a_trigger_the_role_lacks_is_refused(client:
     )
     assert "cancel is recorded" in flash(client, done, task_id)
     last = eng.history(task_id)[-1]
-    assert (last.actor, last.trigger, last.to_state) == ("dana", "cancel", "cancelled")
+    assert (last.actor, last.trigger, last.to_state) == ("sam", "cancel", "cancelled")
 
 
 def test_the_work_api_is_bounded_and_pages_oldest_first_without_repeats(client: TestClient, eng: Engine) -> None:
@@ -262,7 +260,7 @@ def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_w
     assert "approved" in flash(client, approved, task_id)
     books.arm("payments.refund", "lost_reply")  # the provider paid; its answer never came back
     assert eng.run(task_id).state == "retryable_failure"
-    eng.fire(task_id, "retry_refund", actor="dana")
+    eng.fire(task_id, "retry_refund", actor="olga")
     assert eng.run(task_id).state == "completed"
     html = client.get(f"/tasks/{task_id}").text
     text = words(html)
@@ -378,10 +376,10 @@ def test_the_counts_are_of_what_the_filters_select_and_say_so(
 
     approval, failure = refund_at_approval(eng), refund_failed(eng, books)
     old, new = expense_in_review(eng, "eve"), expense_in_review(eng, "finn")
-    ticket = ticket_queued(eng)  # sam's: dana counts it among the others
+    ticket = ticket_queued(eng)  # sam's workflow, where dana holds no role: not even counted
     two_days_ago = datetime.now(UTC) - timedelta(days=2)
     with sql_store(eng).engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        for task_id in (old, ticket):
+        for task_id in (old, failure, ticket):
             conn.execute(
                 text("UPDATE tasks SET updated_at = :at WHERE task_id = :id"), {"at": two_days_ago, "id": task_id}
             )
@@ -396,32 +394,32 @@ def test_the_counts_are_of_what_the_filters_select_and_say_so(
     assert everything[0] == {
         ("approval", "refund"): (1, 0),
         ("approval", "expense"): (2, 0),
-        ("failure", "refund"): (1, 0),
-        ("handoff", "ticket_triage"): (0, 1),
+        ("failure", "refund"): (0, 1),  # an operator's to retry: counted, not listed
     }
-    assert everything[1] == {"yours": 4, "others": 1} and len(everything[2]) == 4
+    assert everything[1] == {"yours": 3, "others": 1} and len(everything[2]) == 3
     assert queue(kind="approval") == (
         {("approval", "refund"): (1, 0), ("approval", "expense"): (2, 0)},
         {"yours": 3, "others": 0},
         [approval, old, new],
     )
     assert queue(workflow="refund") == (
-        {("approval", "refund"): (1, 0), ("failure", "refund"): (1, 0)},
-        {"yours": 2, "others": 0},
-        [approval, failure],
+        {("approval", "refund"): (1, 0), ("failure", "refund"): (0, 1)},
+        {"yours": 1, "others": 1},
+        [approval],
     )
     assert queue(older_than="1d") == (
-        {("approval", "expense"): (1, 0), ("handoff", "ticket_triage"): (0, 1)},
-        {"yours": 1, "others": 1},  # the ticket waited as long, on a role dana lacks: counted, not listed
+        {("approval", "expense"): (1, 0), ("failure", "refund"): (0, 1)},
+        {"yours": 1, "others": 1},  # the failure waited as long, on a role dana lacks: counted, not listed
         [old],
     )
+    assert queue(workflow="ticket_triage") == ({}, {"yours": 0, "others": 0}, [])  # what she may not read
     assert queue(kind="failure", workflow="expense") == ({}, {"yours": 0, "others": 0}, [])
     # Every page's items add up to the total of what the filters select.
     assert sum(len(queue(kind=k)[2]) for k in ("approval", "failure", "handoff")) == everything[1]["yours"]
 
     login(client, "dana")
-    text_of = words(client.get("/inbox", params={"workflow": "refund", "older_than": "1d"}).text)
-    assert "Of the work these filters select (workflow refund, waiting longer than a day)" in text_of
+    text_of = words(client.get("/inbox", params={"workflow": "ticket_triage", "older_than": "1d"}).text)
+    assert "Of the work these filters select (workflow ticket_triage, waiting longer than a day)" in text_of
     assert "Nothing these filters select waits on anyone." in text_of
     page = client.get("/inbox", params={"kind": "approval"}).text
     shown = words(page)
@@ -430,7 +428,7 @@ def test_the_counts_are_of_what_the_filters_select_and_say_so(
         and "Failures to retry" not in shown.split("by kind and workflow")[1].split("Nearest deadline")[0]
     )
     # The kind menu says what choosing each kind would find under the other filters, whatever kind is chosen.
-    assert re.search(r'<option value="failure">Failures to retry \(1\)</option>', page)
+    assert re.search(r'<option value="failure">Failures to retry \(0\)</option>', page)  # none of them hers
     assert re.search(r'<option value="approval" selected>Approvals \(3\)</option>', page)
     assert 'id="total-yours">3<' in page and 'id="total-others">0<' in page
     everything_page = words(client.get("/inbox").text)
@@ -525,7 +523,7 @@ def test_the_timeline_of_a_repaired_approved_and_crash_recovered_refund_says_eac
     assert said.startswith("payments_refund: succeeded, recovered by reconciliation"), said
 
 
-def test_an_approver_sends_a_task_that_ran_out_of_budget_back_from_its_page(
+def test_an_operator_sends_a_task_that_ran_out_of_budget_back_from_its_page(
     db_url: str,
     books: fakes.Systems,  # noqa: F811
 ) -> None:
@@ -542,9 +540,9 @@ def test_an_approver_sends_a_task_that_ran_out_of_budget_back_from_its_page(
         task_id = eng.start("refund", DAMAGED, actor="ann", version=2)
         looping = ScriptedModel([call("query_order", order_id="O-1001")] * 6, profile="anthropic")
         assert eng.run(task_id, model=looping).state == "limit_exceeded"
-        csrf = login(c, "sam")  # no refund role: the redrive (the workflow's settle role) is not offered
+        csrf = login(c, "dana")  # the approver: the redrive (the workflow's operator role) is not offered
         assert 'class="trigger trigger-redrive"' not in c.get(f"/tasks/{task_id}").text
-        csrf = login(c, "dana")
+        csrf = login(c, "olga")
         html = c.get(f"/tasks/{task_id}").text
         form = re.search(
             r'<form method="post" action="/tasks/[^"]+/redrive" class="trigger trigger-redrive">.*?</form>', html, re.S
@@ -565,9 +563,9 @@ def test_an_approver_sends_a_task_that_ran_out_of_budget_back_from_its_page(
         assert "Sent back to collecting_information" in flash(c, done, task_id)
         last = eng.history(task_id)[-1]
         assert (last.actor, last.trigger, last.to_state, last.data["reason"]) == (
-            "dana",
+            "olga",
             "redrive",
             "collecting_information",
             "The order is found now",
         )
-        assert "redriven by dana, budgets reset: The order is found now" in words(c.get(f"/tasks/{task_id}").text)
+        assert "redriven by olga, budgets reset: The order is found now" in words(c.get(f"/tasks/{task_id}").text)

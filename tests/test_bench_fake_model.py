@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from engine import (
+    ANYONE,
     Action,
     Agent,
     Engine,
@@ -40,6 +41,8 @@ ONE_TURN = Workflow(
     version=1,
     description="One model turn: the only action ends the task.",
     states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")],
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 

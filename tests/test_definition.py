@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 import workflows as reference
 from engine import (
+    ANYONE,
     Action,
     Agent,
     Approval,
@@ -63,6 +64,8 @@ def test_every_defect_is_reported_at_once() -> None:
                 Terminal("paid", actions=[Action("again", "start_here")]),  # terminal with exits
                 Terminal("paid"),  # duplicate state name
             ],
+            operator_role=ANYONE,
+            model_override_role=ANYONE,
         )
     error = caught.value
     assert error.code is Code.DEFINITION_INVALID
@@ -92,6 +95,8 @@ def test_reserved_names_kind_rules_and_deadlines_are_checked() -> None:
                 Wait("d", actions=[Action("ping", "z")], on_expired="z"),  # on_expired without deadline
                 Terminal("z"),
             ],
+            operator_role=ANYONE,
+            model_override_role=ANYONE,
         )
     problems = "\n".join(caught.value.problems)
     assert "workflow name 'Bad Name'" in problems
@@ -116,27 +121,55 @@ def test_shared_trigger_needs_one_argument_model() -> None:
                 Terminal("b"),
                 Terminal("c"),
             ],
+            operator_role=ANYONE,
+            model_override_role=ANYONE,
         )
 
 
 def test_initial_state_must_exist_and_not_be_terminal() -> None:
     with pytest.raises(DefinitionError, match="initial state 'done' is terminal"):
         Workflow(
-            name="w", version=1, initial="done", states=[Agent("a", actions=[Action("x", "done")]), Terminal("done")]
+            name="w",
+            version=1,
+            initial="done",
+            states=[Agent("a", actions=[Action("x", "done")]), Terminal("done")],
+            operator_role=ANYONE,
+            model_override_role=ANYONE,
         )
 
 
 def test_digest_is_stable_and_covers_content() -> None:
-    again = Workflow(name="refund", version=1, input=OrderInput, states=refund_states())
+    again = Workflow(
+        name="refund",
+        version=1,
+        input=OrderInput,
+        states=refund_states(),
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
+    )
     assert again.digest == REFUND_V1.digest
-    changed = Workflow(name="refund", version=1, input=OrderInput, states=refund_states(), description="edited")
+    changed = Workflow(
+        name="refund",
+        version=1,
+        input=OrderInput,
+        states=refund_states(),
+        description="edited",
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
+    )
     assert changed.digest != REFUND_V1.digest
     assert len(REFUND_V1.digest) == 64
 
 
 def test_argument_schema_change_changes_the_digest() -> None:
     def make(model: type[BaseModel]) -> Workflow:
-        return Workflow(name="w", version=1, states=[Agent("a", actions=[Action("x", "b", model)]), Terminal("b")])
+        return Workflow(
+            name="w",
+            version=1,
+            states=[Agent("a", actions=[Action("x", "b", model)]), Terminal("b")],
+            operator_role=ANYONE,
+            model_override_role=ANYONE,
+        )
 
     assert make(Strict).digest != make(OtherStrict).digest
 
@@ -168,7 +201,15 @@ def test_registry_holds_versions_side_by_side_newest_by_default() -> None:
 
 
 def test_registry_refuses_two_contents_under_one_version() -> None:
-    changed = Workflow(name="refund", version=1, input=OrderInput, states=refund_states(), description="edited")
+    changed = Workflow(
+        name="refund",
+        version=1,
+        input=OrderInput,
+        states=refund_states(),
+        description="edited",
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
+    )
     with pytest.raises(DefinitionError, match="two different definitions claim refund@1"):
         Registry([REFUND_V1, changed])
 
@@ -204,6 +245,8 @@ def test_a_declared_cancelled_state_must_be_terminal() -> None:
                 Terminal("b"),
                 Wait("cancelled", actions=[Action("back", "a")]),
             ],
+            operator_role=ANYONE,
+            model_override_role=ANYONE,
         )
 
 
@@ -222,7 +265,11 @@ def test_registry_reports_a_module_that_fails_while_importing(
 
 def test_a_version_compiles_its_machine_when_first_needed_and_once() -> None:
     lazy = Workflow(
-        name="lazy", version=1, states=[Wait("waiting", actions=[Action("done", "finished")]), Terminal("finished")]
+        name="lazy",
+        version=1,
+        states=[Wait("waiting", actions=[Action("done", "finished", role=ANYONE)]), Terminal("finished")],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
     assert lazy._machine is None  # built, validated and digested without a machine
     machine = lazy.machine
@@ -232,8 +279,8 @@ def test_a_version_compiles_its_machine_when_first_needed_and_once() -> None:
 
 def test_searchable_fields_are_fields_of_the_input_and_leave_the_digest_alone() -> None:
     def lookup(**options: Any) -> Workflow:
-        states = [Wait("waiting", actions=[Action("finish", "done")]), Terminal("done")]
-        return Workflow("lookup", 1, states, **options)
+        states = [Wait("waiting", actions=[Action("finish", "done", role=ANYONE)]), Terminal("done")]
+        return Workflow("lookup", 1, states, **options, operator_role=ANYONE, model_override_role=ANYONE)
 
     with pytest.raises(DefinitionError) as caught:
         lookup(input=OrderInput, searchable=("customer", "order_no"))
@@ -257,8 +304,10 @@ def test_the_reference_workflows_declare_what_people_look_tasks_up_by() -> None:
 
 def test_decision_cards_name_human_states_and_fields_and_leave_the_digest_alone() -> None:
     def lookup(**options: Any) -> Workflow:
-        states = [Wait("waiting", actions=[Action("finish", "done")]), Terminal("done")]
-        return Workflow("lookup", 1, states, input=OrderInput, **options)
+        states = [Wait("waiting", actions=[Action("finish", "done", role=ANYONE)]), Terminal("done")]
+        return Workflow(
+            "lookup", 1, states, input=OrderInput, **options, operator_role=ANYONE, model_override_role=ANYONE
+        )
 
     amount = CardField("amount", "input.balance", "balance", "money", currency="EUR")
     card = DecisionCard("Balance {amount} of {customer}", (amount, CardField("customer", "input.customer")))

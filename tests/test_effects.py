@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from engine import (
+    ANYONE,
     Code,
     Engine,
     RailyardError,
@@ -129,11 +130,11 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_and_a_paid_refund_goes_to
     )
     try:
         wait_for(lambda: books.held("payments.refund"), what="the payment call to reach the provider")
-        during = eng.cancel(task_id, actor="ann", reason="The customer called it off.")
+        during = eng.cancel(task_id, actor="olga", reason="The customer called it off.")
         # Recorded, not applied: the payment's outcome is not known yet, so the task cannot end now.
         assert during.state == "executing" and during.cancel_requested is not None
         view = eng.get(task_id)
-        assert view.cancel_requested is not None and view.cancel_requested["actor"] == "ann"
+        assert view.cancel_requested is not None and view.cancel_requested["actor"] == "olga"
         assert view.unsettled is not None and view.unsettled["status"] == "pending"
         books.release("payments.refund")  # the provider pays after all
         _, stderr = worker.communicate(timeout=60)
@@ -150,7 +151,7 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_and_a_paid_refund_goes_to
     assert books.payments.executions() == {action_id: 1}
     assert eng.replay(task_id).ok
     # A refund approver closes the review; the payment stays in the log and the books.
-    assert eng.fire(task_id, "acknowledge", {"note": "Told the customer."}, actor="dana").state == "completed"
+    assert eng.fire(task_id, "acknowledge", {"note": "Told the customer."}, actor="olga").state == "completed"
 
 
 @pytest.mark.parametrize(("hold", "ends_in"), [("hold_before", "cancelled"), ("hold_after", "paid_after_cancel")])
@@ -168,7 +169,7 @@ def test_a_worker_killed_while_a_cancel_waits_is_reconciled_and_the_cancel_compl
     )
     try:
         wait_for(lambda: books.held("payments.refund"), what="the payment call to reach the provider")
-        eng.cancel(task_id, actor="ann", reason="Withdrawn.")
+        eng.cancel(task_id, actor="olga", reason="Withdrawn.")
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
     finally:
@@ -185,7 +186,7 @@ def test_a_worker_killed_while_a_cancel_waits_is_reconciled_and_the_cancel_compl
     if ends_in == "cancelled":  # the provider never paid: asked, it said so, and the cancel took effect
         assert paid == {}
         assert [e.trigger for e in events][-3:] == ["cancel_requested", "reconcile", "cancel"]
-        assert events[-1].actor == "ann"
+        assert events[-1].actor == "olga"
     else:  # it paid: the reconciled outcome is recorded before anything else, and the review state shows it
         assert paid == {action_id: 1}
         assert (events[-1].trigger, events[-1].data["reconciled"]) == ("succeeded", True)
@@ -194,7 +195,7 @@ def test_a_worker_killed_while_a_cancel_waits_is_reconciled_and_the_cancel_compl
 
 
 def test_the_cli_says_a_cancel_waits_for_the_payment_in_flight(
-    db_url: str, eng: Engine, books: fakes.Systems, monkeypatch: pytest.MonkeyPatch
+    db_url: str, eng: Engine, books: fakes.Systems, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from typer.testing import CliRunner
 
@@ -205,10 +206,15 @@ def test_the_cli_says_a_cancel_waits_for_the_payment_in_flight(
     record_intent(eng, task)  # a worker has the payment in flight
     monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
     monkeypatch.delenv("RAILYARD_WORKFLOWS", raising=False)
+    roles = tmp_path / "roles.toml"
+    roles.write_text('[users]\nolga = ["refund_operator"]\n', encoding="utf-8")
+    monkeypatch.setenv("RAILYARD_ROLES_FILE", str(roles))
     runner = CliRunner()
-    done = runner.invoke(app, ["cancel", task_id, "--as", "ann", "--reason", "Customer called."])
+    refused = runner.invoke(app, ["cancel", task_id, "--as", "ann", "--reason", "Customer called."])
+    assert refused.exit_code == 1 and "FORBIDDEN" in refused.stderr  # deny by default: ann holds no role
+    done = runner.invoke(app, ["cancel", task_id, "--as", "olga", "--reason", "Customer called."])
     assert done.exit_code == 0, done.output
-    assert "executing" in done.stdout and "cancel requested by ann" in done.stdout
+    assert "executing" in done.stdout and "cancel requested by olga" in done.stdout
     assert "payments_refund" in done.stdout
     shown = runner.invoke(app, ["show", task_id])
     assert "cancel requested" in shown.stdout and "write open" in shown.stdout
@@ -392,6 +398,8 @@ def transfer_workflow(bank: Bank, *, askable: bool) -> Workflow:
             Terminal("done"),
             Terminal("closed"),
         ],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
 
 
@@ -512,14 +520,14 @@ def test_the_refund_cannot_be_closed_while_its_payment_is_unknown_and_a_settled_
     approve(eng, task_id)
     books.arm("payments.refund", "lost_reply")
     assert eng.run(task_id).state == "retryable_failure"
-    eng.fire(task_id, "give_up", actor="dana")
-    assert refused(lambda: eng.fire(task_id, "close", {"reason": "No."}, actor="dana")).code is Code.OUTCOME_UNSETTLED
+    eng.fire(task_id, "give_up", actor="olga")
+    assert refused(lambda: eng.fire(task_id, "close", {"reason": "No."}, actor="olga")).code is Code.OUTCOME_UNSETTLED
     assert (
         refused(lambda: eng.migrate(task_id, 2, {"needs_human": "needs_human"}, "dana", "x")).code
         is Code.MIGRATION_INVALID
     )
-    eng.cancel(task_id, actor="ann", reason="Withdrawn.")
-    assert eng.settle(task_id, "dana", "executed", "provider dashboard").state == "paid_after_cancel"
+    eng.cancel(task_id, actor="olga", reason="Withdrawn.")
+    assert eng.settle(task_id, "olga", "executed", "provider dashboard").state == "paid_after_cancel"
     assert undeclared(eng.history(task_id)) == []
     assert eng.replay(task_id).ok
 

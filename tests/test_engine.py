@@ -8,7 +8,17 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from engine import Code, ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, Workflow, verify_chain
+from engine import (
+    ANYONE,
+    Code,
+    ConcurrencyConflict,
+    Engine,
+    RailyardError,
+    Registry,
+    StaticRoles,
+    Workflow,
+    verify_chain,
+)
 from tests.support.insider import sql
 from tests.support.postgres import libpq as _libpq
 from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
@@ -214,7 +224,15 @@ def test_loading_a_task_whose_version_is_gone_or_changed_is_refused(db_url: str)
         with pytest.raises(RailyardError) as missing:
             eng.get(task_id)
         assert missing.value.code is Code.DEFINITION_MISSING
-    changed = Workflow(name="refund", version=1, input=OrderInput, states=refund_states(), description="edited")
+    changed = Workflow(
+        name="refund",
+        version=1,
+        input=OrderInput,
+        states=refund_states(),
+        description="edited",
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
+    )
     with Engine(db_url, Registry([changed]), authoriser=StaticRoles(ROLES)) as eng:
         with pytest.raises(RailyardError) as caught:
             eng.fire(task_id, "note", {"note": "x"}, actor="model")

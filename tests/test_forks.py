@@ -213,9 +213,9 @@ def test_a_refund_cannot_be_forked_before_its_payment_and_can_after_its_outcome_
     assert eng.run(task_id).state == "retryable_failure"
     assert books.payments.executions() == {action_id: 1}
     unknown = eng.get(task_id).seq
-    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard, refund R-1")
+    eng.settle(task_id, actor="olga", outcome="executed", evidence="provider dashboard, refund R-1")
     settled = eng.get(task_id).seq
-    eng.fire(task_id, "retry_refund", actor="dana")
+    eng.fire(task_id, "retry_refund", actor="olga")
     assert eng.run(task_id).state == "completed"
     before = heads(eng)
     for seq in range(1, unknown + 1):  # before the payment, or at its open outcome: refused
@@ -229,10 +229,10 @@ def test_a_refund_cannot_be_forked_before_its_payment_and_can_after_its_outcome_
     # sending it again.
     fork = eng.fork(task_id, settled, actor="olga", reason="finish it in a fresh task")
     assert eng.load(fork).effect["status"] == "executed"  # type: ignore[index]
-    eng.fire(fork, "retry_refund", actor="erin")
+    eng.fire(fork, "retry_refund", actor="otto")
     assert eng.run(fork).state == "completed"
     last = eng.history(fork)[-1]
-    assert (last.trigger, last.data.get("asserted", {}).get("by")) == ("succeeded", "dana")
+    assert (last.trigger, last.data.get("asserted", {}).get("by")) == ("succeeded", "olga")
     assert books.payments.executions() == {action_id: 1}  # paid once, by the source, never by the fork
     assert eng.replay(fork).ok and eng.replay(task_id).ok
 
@@ -358,11 +358,11 @@ def test_a_handed_off_refund_is_redriven_to_the_state_it_was_in_and_never_to_one
     task_id = eng.start("refund", DAMAGED, actor="ann", version=1)
     # The model never proposes anything usable: after the repairs, the task is handed to a person.
     assert eng.run(task_id, model=ScriptedModel([{"text": "hmm"}] * 4, profile="anthropic")).state == "needs_human"
-    assert refused(lambda: eng.redrive(task_id, "eligible", actor="dana", reason="x")).code is Code.REDRIVE_INVALID
-    assert refused(lambda: eng.redrive(task_id, "executing", actor="dana", reason="x")).code is Code.REDRIVE_INVALID
+    assert refused(lambda: eng.redrive(task_id, "eligible", actor="olga", reason="x")).code is Code.REDRIVE_INVALID
+    assert refused(lambda: eng.redrive(task_id, "executing", actor="olga", reason="x")).code is Code.REDRIVE_INVALID
     error = refused(lambda: eng.redrive(task_id, "collecting_information", actor="bob", reason="x"))
-    assert error.code is Code.FORBIDDEN and "refund_approver" in error.message  # the workflow's settle_role
-    eng.redrive(task_id, "collecting_information", actor="dana", reason="model fixed")
+    assert error.code is Code.FORBIDDEN and "refund_operator" in error.message  # the workflow's operator_role
+    eng.redrive(task_id, "collecting_information", actor="olga", reason="model fixed")
     to_approval(eng, task_id)
     assert eng.replay(task_id).ok, eng.replay(task_id).findings
     assert books.payments.requests() == []
@@ -374,15 +374,15 @@ def test_a_refund_whose_payment_happened_is_never_redriven_to_pay_it_again(eng: 
     action_id = approve(eng, task_id)
     books.arm("payments.refund", "lost_reply")
     assert eng.run(task_id).state == "retryable_failure"
-    eng.fire(task_id, "give_up", actor="dana")  # to needs_human, the outcome still unknown
+    eng.fire(task_id, "give_up", actor="olga")  # to needs_human, the outcome still unknown
     before = heads(eng)
     for target in ("collecting_information", "executing"):
-        error = refused(lambda target=target: eng.redrive(task_id, target, actor="dana", reason="x"))
+        error = refused(lambda target=target: eng.redrive(task_id, target, actor="olga", reason="x"))
         assert error.code is Code.WRITE_WOULD_REPEAT and action_id in error.message, target
-    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard")
+    eng.settle(task_id, actor="olga", outcome="executed", evidence="provider dashboard")
     before = heads(eng)
     for target in ("collecting_information", "executing"):
-        error = refused(lambda target=target: eng.redrive(task_id, target, actor="dana", reason="x"))
+        error = refused(lambda target=target: eng.redrive(task_id, target, actor="olga", reason="x"))
         assert error.code is Code.WRITE_WOULD_REPEAT and "executed" in error.message, target
     assert heads(eng) == before
     assert books.payments.executions() == {action_id: 1}
@@ -396,8 +396,8 @@ def test_a_refund_the_provider_declined_is_redriven_to_its_payment_and_paid_once
     action_id = approve(eng, task_id)
     books.arm("payments.refund", "remote_error")
     assert eng.run(task_id).state == "retryable_failure"
-    eng.fire(task_id, "give_up", actor="dana")
-    eng.redrive(task_id, "executing", actor="dana", reason="the provider fixed its outage")
+    eng.fire(task_id, "give_up", actor="olga")
+    eng.redrive(task_id, "executing", actor="olga", reason="the provider fixed its outage")
     assert eng.run(task_id).state == "completed"
     assert books.payments.executions() == {action_id: 1}
     assert eng.replay(task_id).ok, eng.replay(task_id).findings
@@ -475,7 +475,7 @@ runner = CliRunner()
 @pytest.fixture
 def cli(db_url: str, books: fakes.Systems, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
     roles = tmp_path / "roles.toml"
-    roles.write_text('[users]\ndana = ["refund_approver"]\n', encoding="utf-8")
+    roles.write_text('[users]\ndana = ["refund_approver"]\nolga = ["refund_operator"]\n', encoding="utf-8")
     monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
     monkeypatch.setenv("RAILYARD_WORKFLOWS", "workflows")
     monkeypatch.setenv("RAILYARD_ROLES_FILE", str(roles))
@@ -514,10 +514,10 @@ def test_fork_and_redrive_on_the_command_line_with_their_exit_codes(
     assert cli.run(task_id, model=ScriptedModel([{"text": "hmm"}] * 4, profile="anthropic")).state == "needs_human"
     code, _, err = invoke("redrive", task_id, "--to", "collecting_information", "--as", "bob", "--reason", "x")
     assert code == EXIT_REFUSED and "FORBIDDEN" in err
-    code, _, err = invoke("redrive", task_id, "--to", "eligible", "--as", "dana", "--reason", "x")
+    code, _, err = invoke("redrive", task_id, "--to", "eligible", "--as", "olga", "--reason", "x")
     assert code == EXIT_REFUSED and "REDRIVE_INVALID" in err
     code, out, _ = invoke(
-        "redrive", task_id, "--to", "collecting_information", "--as", "dana", "--reason", "x", "--json"
+        "redrive", task_id, "--to", "collecting_information", "--as", "olga", "--reason", "x", "--json"
     )
     assert code == EXIT_OK and json.loads(out)["state"] == "collecting_information"
 
@@ -561,7 +561,9 @@ def test_fork_and_redrive_over_http_with_their_statuses(db_url: str) -> None:
             assert bad.status_code == 422
             url_redrive = f"/api/tasks/{task_id}/redrive"
             bad = http.post(url_redrive, json={"to_state": "working", "reason": "x"}, headers=bearer("bob"))
-            assert (bad.status_code, bad.json()["code"]) == (403, "FORBIDDEN")
+            assert (bad.status_code, bad.json()["code"]) == (404, "TASK_NOT_FOUND")  # no role in flow: absent
+            bad = http.post(url_redrive, json={"to_state": "working", "reason": "x"}, headers=bearer("audrey"))
+            assert (bad.status_code, bad.json()["code"]) == (403, "FORBIDDEN")  # reads, never acts
             bad = http.post(url_redrive, json={"to_state": "done", "reason": "x"}, headers=bearer("olga"))
             assert (bad.status_code, bad.json()["code"]) == (422, "REDRIVE_INVALID")
             stale = {**bearer("olga"), "If-Match": '"1"'}
@@ -634,7 +636,7 @@ def drive(eng: Engine, task_id: str) -> str:
         if task.state == "awaiting_approval" and task.prepared is not None:
             eng.approve(task_id, actor="erin", prepared_digest=task.prepared["digest"])
         elif task.state == "retryable_failure":
-            eng.fire(task_id, "retry_refund", actor="erin")
+            eng.fire(task_id, "retry_refund", actor="otto")
         else:
             return task.state
     return eng.get(task_id).state
@@ -646,8 +648,8 @@ def test_no_fork_of_a_paid_refund_at_any_seq_pays_it_again(eng: Engine, books: f
     action_id = approve(eng, task_id)
     books.arm("payments.refund", "lost_reply")
     assert eng.run(task_id).state == "retryable_failure"
-    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard")
-    eng.fire(task_id, "retry_refund", actor="dana")
+    eng.settle(task_id, actor="olga", outcome="executed", evidence="provider dashboard")
+    eng.fire(task_id, "retry_refund", actor="olga")
     assert eng.run(task_id).state == "completed"
     allowed = []
     for seq in range(1, eng.get(task_id).seq + 1):
@@ -703,8 +705,8 @@ def test_a_forged_fork_or_redrive_the_engine_would_refuse_is_found_by_replay(eng
     approve(eng, task_id)
     books.arm("payments.refund", "lost_reply")
     assert eng.run(task_id).state == "retryable_failure"
-    eng.fire(task_id, "give_up", actor="dana")
-    eng.settle(task_id, actor="dana", outcome="executed", evidence="provider dashboard")
+    eng.fire(task_id, "give_up", actor="olga")
+    eng.settle(task_id, actor="olga", outcome="executed", evidence="provider dashboard")
 
     point = seq_of(eng, task_id, "assess_eligibility")  # before the payment, of a task that goes on
     assert refused(lambda: eng.fork(task_id, point, actor="olga", reason="x")).code is Code.FORK_INVALID
@@ -740,7 +742,7 @@ def test_a_forged_fork_or_redrive_the_engine_would_refuse_is_found_by_replay(eng
 
     # A redrive back to the agent state would propose the payment again: the engine refuses it, and replay
     # finds a forged one.
-    back = refused(lambda: eng.redrive(task_id, "collecting_information", actor="dana", reason="x"))
+    back = refused(lambda: eng.redrive(task_id, "collecting_information", actor="olga", reason="x"))
     assert back.code is Code.WRITE_WOULD_REPEAT
     entered = next(e.seq for e in reversed(eng.history(task_id)) if e.to_state == "collecting_information")
     forge(

@@ -246,9 +246,9 @@ def test_metrics_after_a_worker_run_have_every_family(eng: Engine, server: Provi
         waiting = eng.start("refund", DAMAGED, actor="ann", version=1)  # runnable, due, claimed by nobody
         cancelled = eng.start("refund", DAMAGED, actor="ann", version=1)
         stale = eng.load(cancelled)
-        eng.cancel(cancelled, actor="ann", reason="duplicate")
+        eng.cancel(cancelled, actor="olga", reason="duplicate")
         with pytest.raises(ConcurrencyConflict):
-            eng.transition(stale, "cancel", {"reason": "duplicate"}, actor="ann")
+            eng.transition(stale, "cancel", {"reason": "duplicate"}, actor="olga")
         samples = scrape(base)
 
     assert eng.get(waiting).status == "runnable"

@@ -28,7 +28,7 @@ from workflows import fakes
 from workflows.fakes.seed import EVIDENCE, ORDERS
 
 EXAMPLES = 120
-ACTORS = ["ann", "dana", "erin", "bob", "model:scripted:scripted"]
+ACTORS = ["ann", "dana", "erin", "olga", "bob", "model:scripted:scripted"]
 APPROVERS = {actor for actor, roles in ROLES.items() if "refund_approver" in roles}
 REFUNDABLE = {o["order_id"]: o["total"] - o["refunded"] for o in ORDERS}
 CURRENCY = {o["order_id"]: o["currency"] for o in ORDERS}
@@ -146,7 +146,7 @@ def stories(draw: st.DrawFn) -> tuple[str, list[tuple[Any, ...]]]:
             )
         ),
         ("run",),
-        ("fire", "retry_refund", draw(st.sampled_from(["dana", "erin", "bob"]))),
+        ("fire", "retry_refund", draw(st.sampled_from(["olga", "otto", "dana", "bob"]))),
         ("run",),
     ]
     for move in draw(moves):
@@ -160,7 +160,7 @@ def apply(eng: Engine, books: fakes.Systems, task_id: str, move: tuple[Any, ...]
         if kind == "model":
             task = eng.load(task_id)
             if task.state.endswith("~provider_error"):  # an operator sends it back to the model
-                eng.fire(task_id, "retry", actor="ops")
+                eng.fire(task_id, "retry", actor="olga")
             eng.run(task_id, model=ScriptedModel(list(move[1]), profile="anthropic"), max_turns=2 * len(move[1]))
         elif kind == "approve":
             prepared = eng.load(task_id).prepared

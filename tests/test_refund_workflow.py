@@ -209,7 +209,7 @@ def test_each_guard_refuses_with_a_reason_the_model_can_act_on(
         **proposal,
     }
     with pytest.raises(RailyardError) as caught:
-        decide(REFUND_V1, task, "propose_refund", payload, actor="model")
+        decide(REFUND_V1, task, "propose_refund", payload, actor="model", by_model=True)
     assert caught.value.code is Code.DOMAIN_INVALID
     assert caught.value.details["reasons"] == [reason]
     decide(
@@ -218,6 +218,7 @@ def test_each_guard_refuses_with_a_reason_the_model_can_act_on(
         "propose_refund",
         {**payload, "order_id": order_id, "amount": 100, "currency": currency, "evidence_ids": []},
         actor="model",
+        by_model=True,
     )  # the repaired proposal passes
 
 
@@ -242,7 +243,7 @@ def test_schema_limits_reason_and_evidence_are_schema_errors_not_guards(eng: Eng
     base = {"order_id": "O-1001", "amount": 100, "currency": "EUR", "reason": "damaged", "evidence_ids": []}
     for bad in ({"reason": "x" * 301}, {"evidence_ids": ["EV-1"] * 11}, {"amount": 12.5}, {"currency": "eur"}):
         with pytest.raises(RailyardError) as caught:
-            decide(REFUND_V1, task, "propose_refund", {**base, **bad}, actor="model")
+            decide(REFUND_V1, task, "propose_refund", {**base, **bad}, actor="model", by_model=True)
         assert caught.value.code is Code.PAYLOAD_INVALID, bad
 
 
@@ -292,7 +293,7 @@ def test_an_approval_nobody_gives_in_48_hours_expires_to_a_human(eng: Engine, bo
     )
     assert refused(lambda: approve(eng, task_id)).code is Code.TASK_NOT_AWAITING_APPROVAL
     assert books.payments.requests() == []
-    assert eng.fire(task_id, "reopen", actor="dana").state == "collecting_information"  # no payment was attempted
+    assert eng.fire(task_id, "reopen", actor="olga").state == "collecting_information"  # no payment was attempted
 
 
 def test_the_model_asks_the_customer_and_the_portal_relays_the_answer(eng: Engine, books: fakes.Systems) -> None:
@@ -333,7 +334,7 @@ def test_a_reply_lost_after_paying_leaves_the_outcome_unknown_and_a_retry_never_
     action_id = prepared(eng, task_id)["action_id"]
     assert books.payments.executions() == {action_id: 1}  # it did pay: only the answer was lost
     assert refused(lambda: eng.fire(task_id, "retry_refund", actor="bob")).code is Code.FORBIDDEN
-    eng.fire(task_id, "retry_refund", actor="dana")
+    eng.fire(task_id, "retry_refund", actor="olga")
     assert eng.run(task_id).state == "completed"
     events = eng.history(task_id)
     # The retry asked the provider what became of the action id before sending anything: it was paid.
@@ -356,9 +357,9 @@ def test_a_provider_that_declines_fails_the_call_and_a_human_settles_it(eng: Eng
     outcome = eng.history(task_id)[-1].data["outcome"]
     assert (outcome["outcome"], outcome["code"]) == ("failed", "TOOL_REMOTE_ERROR")
     assert books.payments.executions() == {}
-    eng.fire(task_id, "give_up", actor="dana")
-    assert refused(lambda: eng.fire(task_id, "reopen", actor="dana")).code is Code.DOMAIN_INVALID
-    closed = eng.fire(task_id, "close", {"reason": "Refunded by bank transfer instead."}, actor="dana")
+    eng.fire(task_id, "give_up", actor="olga")
+    assert refused(lambda: eng.fire(task_id, "reopen", actor="olga")).code is Code.DOMAIN_INVALID
+    closed = eng.fire(task_id, "close", {"reason": "Refunded by bank transfer instead."}, actor="olga")
     assert closed.state == "rejected"
 
 
@@ -369,7 +370,7 @@ def test_a_provider_that_never_answers_is_unknown_and_the_retry_pays_once(eng: E
     assert eng.run(task_id).state == "retryable_failure"
     outcome = eng.history(task_id)[-1].data["outcome"]
     assert (outcome["outcome"], outcome["code"]) == ("unknown", "TOOL_TIMEOUT")
-    eng.fire(task_id, "retry_refund", actor="erin")
+    eng.fire(task_id, "retry_refund", actor="otto")
     # The timed-out call may still land: nothing is asked or sent until it cannot.
     assert refused(lambda: eng.run(task_id)).code is Code.OUTCOME_UNSETTLED
     time.sleep(SETTLE_SECONDS)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from engine import Code, Engine, Refused, Registry, ScriptedModel, StaticRoles, StoreError, TaskState, Workflow
+from engine import ANYONE, Code, Engine, Refused, Registry, ScriptedModel, StaticRoles, StoreError, TaskState, Workflow
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
 from engine.core.definition import CALL, RECONCILE
 from engine.core.effects import CANCEL_REQUESTED, SETTLE
@@ -287,7 +287,13 @@ def test_a_snapshot_only_reformatted_is_not_a_finding(make_engine: MakeEngine, d
 def test_a_definition_changed_without_a_new_version_is_found(db_url: str, eng: Engine) -> None:
     task_id, _ = refund_to_completion(eng)
     edited = Workflow(
-        name="refund", version=1, input=OrderInput, states=refund_states(), description="edited in place, same version"
+        name="refund",
+        version=1,
+        input=OrderInput,
+        states=refund_states(),
+        description="edited in place, same version",
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
     with Engine(db_url, Registry([edited, REFUND_V2, COUNTER]), authoriser=StaticRoles(ROLES)) as later:
         report = later.replay(task_id)

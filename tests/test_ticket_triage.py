@@ -106,9 +106,9 @@ def test_a_decision_about_another_ticket_is_refused_and_repaired(eng: Engine) ->
     assert {e["msg"] for e in repair.data["turn"]["errors"]} == {
         "is_this_ticket: this task is about ticket T-5001, not T-5002"
     }  # no noise from the routing guards
-    with pytest.raises(RailyardError) as caught:  # the same check holds outside a model turn
+    with pytest.raises(RailyardError) as caught:  # the same check holds for a person standing in for the model
         eng.fire(
-            eng.start("ticket_triage", T5001, actor="helpdesk"), "query_ticket", {"ticket_id": "T-5003"}, actor="model"
+            eng.start("ticket_triage", T5001, actor="helpdesk"), "query_ticket", {"ticket_id": "T-5003"}, actor="sam"
         )
     assert caught.value.code is Code.DOMAIN_INVALID
 

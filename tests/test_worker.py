@@ -16,7 +16,20 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from engine import Action, Agent, Approval, Code, Engine, LeaseLost, Registry, StaticRoles, Terminal, Worker, Workflow
+from engine import (
+    ANYONE,
+    Action,
+    Agent,
+    Approval,
+    Code,
+    Engine,
+    LeaseLost,
+    Registry,
+    StaticRoles,
+    Terminal,
+    Worker,
+    Workflow,
+)
 from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
 from engine.runtime.leases import Lease, holding
 from tests.support.reference import expire_leases, make_due
@@ -41,6 +54,8 @@ GATED = Workflow(
         Terminal("done"),
         Terminal("expired_out"),
     ],
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 
@@ -141,7 +156,11 @@ def test_a_task_of_a_version_the_worker_lacks_is_left_untouched_while_the_tasks_
     lacks) is still met on its own: left as it is, for a worker that has the version, and not counted as its
     failure, while the tasks claimed with it run to their end."""
     newer = Workflow(
-        name="counter", version=2, states=[Agent("counting", actions=[Action("finish", "done")]), Terminal("done")]
+        name="counter",
+        version=2,
+        states=[Agent("counting", actions=[Action("finish", "done")]), Terminal("done")],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
     with Engine(db_url, Registry([COUNTER]), authoriser=StaticRoles(ROLES)) as engine:
         counters = [engine.start("counter", {}, actor="ann") for _ in range(3)]

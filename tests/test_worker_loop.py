@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from engine import Action, Agent, Engine, ModelResponse, Registry, Terminal, Worker, Workflow, migrations
+from engine import ANYONE, Action, Agent, Engine, ModelResponse, Registry, Terminal, Worker, Workflow, migrations
 from engine.core.errors import Code, StoreError
 from engine.core.model_errors import ModelError
 from engine.core.model_interface import Message, ModelRequest, ToolCall
@@ -33,6 +33,8 @@ ONE_TURN = Workflow(
     version=1,
     description="One model turn",
     states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")],
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 REQ = ModelRequest(model="m", messages=(Message("system", "s"), Message("user", "u")))
 
@@ -140,10 +142,10 @@ def test_a_failed_postpone_does_not_stop_the_worker(eng: Engine, monkeypatch: py
 PRELUDE = textwrap.dedent("""
     import asyncio, sys, time
     sys.path[:0] = [sys.argv[2]]
-    from engine import Action, Agent, Engine, ModelResponse, Registry, Terminal, Worker, Workflow
+    from engine import ANYONE, Action, Agent, Engine, ModelResponse, Registry, Terminal, Worker, Workflow
     from engine.core.model_interface import ToolCall
     ONE_TURN = Workflow(name="one_turn", version=1, description="One model turn",
-        states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")])
+        states=[Agent("answering", actions=[Action("finish", "done")]), Terminal("done")], operator_role=ANYONE)
 """)
 
 EMBEDDED = PRELUDE + textwrap.dedent("""

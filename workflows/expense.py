@@ -60,6 +60,9 @@ EXPENSE = Workflow(
     input=ExpenseInput,
     searchable=("employee",),
     cards={"review": CLAIM_CARD},
+    # Operators pick up claims nobody decided in time, cancel them, and may draft a claim by hand.
+    operator_role="expense_operator",
+    model_override_role="expense_operator",
     states=[
         Agent(
             "drafting",

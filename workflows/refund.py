@@ -50,6 +50,10 @@ from workflows.refund_tools import (
 )
 
 APPROVER = "refund_approver"
+#: Who runs refunds that stopped: retries a failed payment, sends a task back, settles, cancels, and may do the
+#: agent's work by hand (the event then says they stood in for the model). Never the approver's role: separation
+#: of duties holds between whoever proposes a refund and whoever approves it.
+OPERATOR = "refund_operator"
 #: The role of the system that relays the customer's answers (the customer portal).
 PORTAL = "customer_portal"
 APPROVAL_DEADLINE = timedelta(hours=48)
@@ -139,7 +143,8 @@ def _refund_workflow(
         # A cancel that arrives while the payment is in flight waits for its outcome; if the money went out, a
         # refund approver sees it here instead of the task quietly ending `cancelled`.
         effect_after_cancel="paid_after_cancel",
-        settle_role=APPROVER,
+        operator_role=OPERATOR,
+        model_override_role=OPERATOR,
         states=[
             Agent(
                 "collecting_information",
@@ -218,23 +223,23 @@ def _refund_workflow(
                 description="The provider refused the refund, or its answer was lost. Retrying sends the same "
                 "action id, which the provider never pays twice.",
                 actions=[
-                    Action("retry_refund", "executing", role=APPROVER),
-                    Action("give_up", "needs_human", role=APPROVER),
+                    Action("retry_refund", "executing", role=OPERATOR),
+                    Action("give_up", "needs_human", role=OPERATOR),
                 ],
             ),
             Wait(
                 "needs_human",
                 description="A person takes over: the agent gave up, or nobody approved in time.",
                 actions=[
-                    Action("reopen", "collecting_information", guards=[no_payment_attempted], role=APPROVER),
-                    Action("close", "rejected", Rejection, role=APPROVER),
+                    Action("reopen", "collecting_information", guards=[no_payment_attempted], role=OPERATOR),
+                    Action("close", "rejected", Rejection, role=OPERATOR),
                 ],
             ),
             Wait(
                 "paid_after_cancel",
                 description="The task was cancelled while the payment was in flight, and the provider paid: the "
                 "outcome event names the action id and the amount. Tell the customer, then close it.",
-                actions=[Action("acknowledge", "completed", Acknowledgement, role=APPROVER)],
+                actions=[Action("acknowledge", "completed", Acknowledgement, role=OPERATOR)],
             ),
             Terminal("completed", description="The refund was paid."),
             Terminal("rejected", description="No refund."),

@@ -166,6 +166,9 @@ TICKET_TRIAGE = Workflow(
         )
     },
     tools=TICKET_TOOLS,
+    # Support agents run the queue: they take hand-offs, retry, cancel, and may read or decide a ticket by hand.
+    operator_role=SUPPORT,
+    model_override_role=SUPPORT,
     states=[
         Agent(
             "reading",

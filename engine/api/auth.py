@@ -38,7 +38,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from engine.api.tokens import AUDITOR, Principal, TokenTable, hash_token
+from engine.api.tokens import Principal, TokenTable, hash_token
+from engine.core.access import AUDITOR
 from engine.core.canonical import now
 from engine.core.errors import Code, Refused
 from engine.runtime.engine import Engine

@@ -117,9 +117,11 @@ from engine.api.views import (
 )
 from engine.core.approvals import DECISIONS
 from engine.core.canonical import format_instant
-from engine.core.definition import Status, Workflow
+from engine.core.definition import StateKind, Status, Workflow
 from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
+from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
+from engine.runtime.queries import readable, require_visible
 from engine.runtime.registry import Registry
 
 #: What a generated client names each operation (`client.approve_task(...)`): a verb and the thing it acts on.
@@ -179,6 +181,23 @@ pages = APIRouter(include_in_schema=False)
 ROUTERS = (task_api, approval_api, workflow_api, pages)
 
 TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="Task id.")]
+
+
+def visible_task(task_id: TaskId, ctx: Ctx, who: Reader) -> str:
+    """The path's task, if the caller may read it: one they may not is answered as one that does not exist."""
+    require_visible(ctx.engine, task_id, who.caller)
+    return task_id
+
+
+#: A task id in an API path, checked against what the caller may read before the route runs.
+VisibleTask = Annotated[str, Depends(visible_task)]
+
+
+def awaits_approval(engine: Engine, task_id: str) -> bool:
+    """Whether the task stands at an approval gate, where `approve` and `reject` are decisions on a prepared call
+    (they take the digest shown); elsewhere they are ordinary actions (an agent's `reject`, fired in its place)."""
+    task = engine.load(task_id)
+    return engine.definition_of(task).state(task.state).kind is StateKind.APPROVAL
 
 
 # -- preconditions: ETags on task reads, If-Match (or expected_seq) on commands --------------------
@@ -406,7 +425,7 @@ def next_link(path: str, params: dict[str, Any], cursor: str | None) -> str | No
 def tasks(
     request: Request,
     ctx: Ctx,
-    _who: Reader,
+    who: Reader,
     workflow: WorkflowFilter = "",
     state: State = "",
     status: StatusFilter = "",
@@ -420,7 +439,7 @@ def tasks(
     """Tasks, newest first (by creation time, then id), a page at a time: follow `next` (or send `next_cursor`
     as `cursor` with the same filters) until it is null. Tasks created meanwhile never shift a page."""
     where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, limit)
-    found = list_tasks(ctx.engine, where)
+    found = list_tasks(ctx.engine, where, who.caller)
     return {
         "tasks": [
             {**asdict(t), "created_at": format_instant(t.created_at), "updated_at": format_instant(t.updated_at)}
@@ -433,7 +452,7 @@ def tasks(
 
 
 @task_api.get("/tasks/{task_id}", response_model=TaskBody, responses=refusals(STORED, TASK, tagged=200))
-def get_task(task_id: TaskId, ctx: Ctx, _who: Reader, response: Response) -> dict[str, Any]:
+def get_task(task_id: VisibleTask, ctx: Ctx, _who: Reader, response: Response) -> dict[str, Any]:
     """Where the task stands: state, status, seq and the triggers it allows now. The ETag is the seq."""
     return task_body(response, ctx.engine.get(task_id))
 
@@ -443,7 +462,7 @@ def get_task(task_id: TaskId, ctx: Ctx, _who: Reader, response: Response) -> dic
     response_model=list[EventBody],
     responses=refusals(STORED, Code.TASK_NOT_FOUND, EVENTS_BROKEN),
 )
-def history(task_id: TaskId, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
+def history(task_id: VisibleTask, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
     """Every event of the task's log, in order, with its hashes."""
     return [e.to_dict() for e in ctx.engine.history(task_id)]
 
@@ -454,12 +473,12 @@ def history(task_id: TaskId, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
     responses=refusals(COMMAND, ENDED, TRIGGER, Code.IDENTITY_OVERRIDE, tagged=200),
 )
 def signal(
-    task_id: TaskId, body: SignalRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+    task_id: VisibleTask, body: SignalRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
     """Fire a trigger the current state allows (a customer's reply, an operator's resume). System triggers (tool
     outcomes, deadlines, repairs) are refused with FORBIDDEN; approval decisions go through /approve and /reject.
     With If-Match (the task's ETag) a task that moved since is 412; with `expected_seq` in the body, 409."""
-    if body.trigger in DECISIONS:  # they go through /approve and /reject, which take the digest shown
+    if body.trigger in DECISIONS and awaits_approval(ctx.engine, task_id):  # /approve and /reject take the digest
         raise Refused(
             f"{body.trigger!r} is an approval decision: POST /api/tasks/{{id}}/{body.trigger} instead",
             code=Code.TRIGGER_NOT_ALLOWED,
@@ -478,7 +497,7 @@ def signal(
     responses=refusals(COMMAND, ENDED, tagged=200),
 )
 def cancel(
-    task_id: TaskId, body: CancelRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+    task_id: VisibleTask, body: CancelRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
     """Cancel the task from any non-terminal state; the reason is recorded. While a write tool call is in flight
     the cancel is recorded as requested (`cancel_requested`) and takes effect when the call settles."""
@@ -494,7 +513,7 @@ def cancel(
     responses=refusals(COMMAND, Code.TRIGGER_NOT_ALLOWED, Code.OUTCOME_UNSETTLED, tagged=200),
 )
 def settle(
-    task_id: TaskId, body: SettleRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+    task_id: VisibleTask, body: SettleRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
     """Record what happened to the write tool call whose outcome is unknown (`unsettled`): an operator's assertion,
     with the evidence it rests on, that the call was executed or not. The engine checks the operator's role."""
@@ -521,7 +540,7 @@ def settle(
         tagged=201,
     ),
 )
-def fork(task_id: TaskId, body: ForkRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
+def fork(task_id: VisibleTask, body: ForkRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
     """Start a new task from this task's state as of `at_seq` (`railyard fork`); the source is only read. Refused
     with 409 WRITE_WOULD_REPEAT where the fork could make a write the source made, or may make, a second time."""
     new_id = ctx.engine.fork(task_id, body.at_seq, actor=who.actor, reason=body.reason, version=body.version)
@@ -535,7 +554,7 @@ def fork(task_id: TaskId, body: ForkRequest, ctx: Ctx, who: Writer, response: Re
     responses=refusals(COMMAND, Code.REDRIVE_INVALID, Code.WRITE_WOULD_REPEAT, tagged=200),
 )
 def redrive(
-    task_id: TaskId, body: RedriveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+    task_id: VisibleTask, body: RedriveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
     """Send a handed-off or limit-state task back to an agent or tool state it was in (`railyard redrive`); its
     budgets start again. The engine checks the role (the workflow's redrive, settle or cancel role)."""
@@ -548,7 +567,7 @@ def redrive(
 
 
 @task_api.get("/tasks/{task_id}/replay", response_model=ReplayBody, responses=refusals(STORED, Code.TASK_NOT_FOUND))
-def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
+def replay(task_id: VisibleTask, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
     legal in its pinned definition, and that the fold matches the stored state. `ok` is false with findings."""
     report: dict[str, Any] = ctx.engine.replay(task_id).to_dict()
@@ -561,7 +580,7 @@ def replay(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     response_model=DiagramBody,
     responses=refusals(STORED, TASK),
 )
-def task_diagram_body(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]:
+def task_diagram_body(task_id: VisibleTask, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """The task's workflow version as a Mermaid state diagram, with the path the task took highlighted."""
     task = ctx.engine.load(task_id)
     return task_diagram(ctx.engine.definition_of(task), ctx.engine.events_of(task))
@@ -572,7 +591,7 @@ def task_diagram_body(task_id: TaskId, ctx: Ctx, _who: Reader) -> dict[str, Any]
 def approvals(
     request: Request,
     ctx: Ctx,
-    _who: Reader,
+    who: Reader,
     role: Annotated[str | None, Query(max_length=200, description="Only decisions this role takes.")] = None,
     cursor: Cursor = "",
     limit: Limit = PAGE_SIZE,
@@ -580,9 +599,11 @@ def approvals(
     """Tasks waiting at an approval state, oldest first, each with the prepared call and its digest; a page at
     a time, like the task list."""
     after = decode_cursor(cursor) if cursor else None
-    if after is not None and ctx.engine.store.row(after) is None:
+    if after is not None and not queries.exists(ctx.engine, after):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    found, last = ctx.engine.approvals_page(role=role, after=after, limit=limit)
+    found, last = ctx.engine.approvals_page(
+        role=role, after=after, limit=limit, workflows=readable(ctx.engine, who.caller)
+    )
     page = [one_name(a) for a in found]
     more = encode_cursor(last) if last is not None else None
     return {
@@ -649,7 +670,7 @@ def work(
     ),
 )
 def approve(
-    task_id: TaskId, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+    task_id: VisibleTask, body: ApproveRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
     """Approve the prepared call whose digest the body names. Two approvers at once: one decision, the other 409
     (412 if it sent If-Match)."""
@@ -665,7 +686,7 @@ def approve(
     "/tasks/{task_id}/reject", response_model=TaskBody, responses=refusals(COMMAND, DECISION, tagged=200)
 )
 def reject(
-    task_id: TaskId, body: RejectRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
+    task_id: VisibleTask, body: RejectRequest, ctx: Ctx, who: Writer, response: Response, if_match: IfMatch = None
 ) -> dict[str, Any]:
     """Reject the decision the task waits on; the reason is recorded with it."""
     pre = precondition(if_match, body.expected_seq)
@@ -905,7 +926,7 @@ def tasks_page(
     cursor: Cursor = "",
 ) -> Response:
     where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, PAGE_SIZE)
-    found = list_tasks(ctx.engine, where)
+    found = list_tasks(ctx.engine, where, session.principal.caller)
     chosen = {k: v for k, v in asdict(where).items() if k not in ("cursor", "limit")}
     return render(
         request,
@@ -929,6 +950,7 @@ def task_page_view(
     session: PageSession,
     internal: Annotated[bool, Query(description="Draw internal states (`~force`, `~handoff`) apart.")] = False,
 ) -> Response:
+    require_visible(ctx.engine, task_id, session.principal.caller)
     page = task_page(ctx.engine, task_id, session.principal, internal=internal)
     return render(request, "task.html", session=session, page=page)
 
@@ -944,6 +966,7 @@ def approve_page(
 ) -> Response:
     with flashed(session, "Your decision (approved) is recorded."):
         require_writer(session.principal)
+        require_visible(ctx.engine, task_id, session.principal.caller)
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.approve(
@@ -966,6 +989,7 @@ def reject_page(
 ) -> Response:
     with flashed(session, "Your decision (rejected) is recorded."):
         require_writer(session.principal)
+        require_visible(ctx.engine, task_id, session.principal.caller)
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
@@ -985,6 +1009,7 @@ def redrive_page(
     write would run twice)."""
     with flashed(session, f"Sent back to {to_state}: the redrive is recorded."):
         require_writer(session.principal)
+        require_visible(ctx.engine, task_id, session.principal.caller)
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.redrive(
@@ -1011,7 +1036,8 @@ def fire_page(
     the digest shown): its payload is the form's `arg.*` fields, typed by the action's model."""
     with flashed(session, f"Done: {trigger.replace('_', ' ')} is recorded."):
         require_writer(session.principal)
-        if trigger in DECISIONS:
+        require_visible(ctx.engine, task_id, session.principal.caller)
+        if trigger in DECISIONS and awaits_approval(ctx.engine, task_id):
             raise Refused(
                 f"{trigger!r} is an approval decision: use its own form", code=Code.TRIGGER_NOT_ALLOWED, trigger=trigger
             )

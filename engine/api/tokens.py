@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core.access import AUDITOR, Caller
 from engine.core.errors import Code, RailyardError
 from engine.runtime.engine import MAX_ACTOR_LENGTH
 
-#: A role that may read everything and write nothing, whatever other roles the token lists.
-AUDITOR = "auditor"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -56,6 +55,11 @@ class Principal:
     @property
     def read_only(self) -> bool:
         return AUDITOR in self.roles
+
+    @property
+    def caller(self) -> Caller:
+        """Who this is to the one authorisation point (`engine.core.access`)."""
+        return Caller(self.actor, self.roles)
 
 
 class TokenTable:

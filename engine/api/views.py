@@ -44,6 +44,8 @@ from engine.api.route import Visit, task_route, visits_of
 from engine.api.schemas import TASK_ID_PATTERN
 from engine.api.tokens import Principal
 from engine.audit.reads import path_visits
+from engine.core import access
+from engine.core.access import Caller, holds
 from engine.core.approvals import DECISIONS, decision_role, pending_view, self_approval
 from engine.core.definition import (
     CANCEL,
@@ -67,8 +69,9 @@ from engine.core.fold import TaskState
 from engine.core.forks import last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.payloads import event_code
 from engine.core.summary import compact, details, summarise
+from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
-from engine.store.protocol import TaskQuery
+from engine.runtime.queries import TaskQuery, readable
 
 # -- values in display form ------------------------------------------------------------------------
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
@@ -293,6 +296,8 @@ class Reason:
     proposed_by: str | None = None
     seq: int | None = None
     at: str | None = None
+    #: The role a person proposed it with, standing in for the model (None: the model proposed it).
+    stood_in: str | None = None
 
 
 def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
@@ -314,7 +319,9 @@ def model_reason(events: Iterable[Event], digest: str | None) -> Reason:
         for m in messages
         if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content")
     ]
-    return Reason(argument, text, proposing.actor, proposing.seq, when(proposing.at))
+    stood_in = proposing.data.get("stood_in")
+    role = stood_in.get("role") if isinstance(stood_in, Mapping) else None
+    return Reason(argument, text, proposing.actor, proposing.seq, when(proposing.at), role)
 
 
 # -- the task lists --------------------------------------------------------------------------------
@@ -422,15 +429,18 @@ def states_of(registry: Iterable[Workflow], state: str) -> tuple[str, ...]:
     return (state, *sorted(inner))
 
 
-def list_tasks(engine: Engine, where: TaskFilter) -> TaskList:
-    """One page of tasks, newest first; one keyset query (and one for the page's fields) however many exist."""
+def list_tasks(engine: Engine, where: TaskFilter, caller: Caller | None = None) -> TaskList:
+    """One page of tasks, newest first; one keyset query (and one for the page's fields) however many exist.
+    Only the tasks `caller` may read are listed (`runtime.queries.readable`; None: the trusted process)."""
     limit = max(1, min(where.limit, MAX_LIMIT))
     after = decode_cursor(where.cursor) if where.cursor else None
-    if after is not None and engine.store.row(after) is None:
+    if after is not None and not queries.exists(engine, after):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
     q = (where.q or "").strip()
+    names = readable(engine, caller)
     query = TaskQuery(
         workflow=where.workflow or None,
+        workflows=sorted(names) if names is not None else None,
         states=states_of(engine.registry, where.state) if where.state else (),
         status=where.status or None,
         started_by=(where.started_by or "").strip() or None,
@@ -441,7 +451,7 @@ def list_tasks(engine: Engine, where: TaskFilter) -> TaskList:
         after=after,
         limit=limit + 1,
     )
-    rows = engine.store.list_tasks(query)
+    rows = queries.list_tasks(engine, query)
     shown = [
         ListedTask(
             t.row.task_id,
@@ -542,7 +552,7 @@ def why_not(principal: Principal, definition: Workflow, task: TaskState) -> str 
     if principal.read_only:
         return "your token is read-only (auditor)"
     role = decision_role(definition, task.state, "approve")
-    if role not in principal.roles:
+    if not holds(principal.roles, role):
         return f"deciding needs the role {role!r}, which you do not hold"
     if self_approval(definition, task, principal.actor):
         return "you started this task or proposed the call: someone else must approve it (you may reject it)"
@@ -751,11 +761,9 @@ def queue_triggers(definition: Workflow, state: str) -> list[str]:
 
 
 def may_fire(definition: Workflow, state: str, trigger: str, principal: Principal) -> bool:
-    """Whether the roles let `principal` fire `trigger` in `state` (the engine checks again, and its answer
-    counts): a read-only token fires nothing; an action without a role is anyone's."""
-    if principal.read_only:
-        return False
-    return any(a.role is None or a.role in principal.roles for a in definition.candidates(state, trigger))
+    """Whether `principal` may fire `trigger` in `state`, as the one authorisation point says (the engine asks it
+    again when the trigger is fired, and its answer counts)."""
+    return access.may_fire(definition, state, trigger, principal.caller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -933,20 +941,13 @@ def buttons(definition: Workflow, task: TaskState, principal: Principal) -> list
     return out
 
 
-def redrive_role(definition: Workflow) -> str | None:
-    """The role `Engine.redrive` checks: the workflow's redrive role, else its settle role, else its cancel role
-    (None: anyone who may write)."""
-    return definition.redrive_role or definition.settle_role or definition.cancel_role
-
-
 def redrive_button(definition: Workflow, task: TaskState, events: list[Event], principal: Principal) -> Button | None:
     """The Send back button of a task handed to a person because its agent or tool states could not go on (a
     hand-off, a budget's limit): to one of the agent or tool states it was in that `Engine.redrive` would take,
     repeating no write, for someone holding the redrive role. The engine checks it all again when it is posted."""
     if task.terminal or principal.read_only or task.state not in definition.redrive_sources():
         return None
-    role = redrive_role(definition)
-    if role is not None and role not in principal.roles:
+    if access.operator_refusal(definition, task.state, REDRIVE, principal.caller, task.task_id) is not None:
         return None
     if task.unsettled is not None:  # the engine refuses every redrive while a write's outcome is open
         return None
@@ -1072,7 +1073,10 @@ class WorkPage:
 def _queue_states(engine: Engine, principal: Principal) -> list[tuple[Workflow, str, WorkKind, bool]]:
     """Every (version, state) a task can wait on a person in, its kind, and whether this person may act there."""
     out = []
+    names = readable(engine, principal.caller)
     for definition in engine.registry:
+        if names is not None and definition.name not in names:
+            continue  # what a person may not read is neither shown nor counted
         for state in definition.all_states:
             kind = work_kind(definition, state.name)
             if kind is None:
@@ -1097,7 +1101,7 @@ def work_queue(
     lacks are counted, never loaded or drawn."""
     limit = max(1, min(limit, WORK_MAX_LIMIT))
     after = decode_cursor(cursor) if cursor else None
-    if after is not None and engine.store.row(after) is None:
+    if after is not None and not queries.exists(engine, after):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
     at = datetime.now(UTC)
     waiting_before = at - AGES[older_than] if older_than else None
@@ -1106,13 +1110,17 @@ def work_queue(
     ]
     counts: dict[tuple[WorkKind, str], list[int]] = {}
     for definition, state, k, mine in states:
-        n = len(engine.store.blocked_in([(definition.name, definition.version, state)], waiting_before=waiting_before))
+        n = len(
+            queries.blocked_in(engine, [(definition.name, definition.version, state)], waiting_before=waiting_before)
+        )
         if n:
             entry = counts.setdefault((k, definition.name), [0, 0])
             entry[0 if mine else 1] += n
     by_kind = {k: sum(n[0] for (of, _w), n in counts.items() if of is k) for k in WorkKind}
     wanted = [(d.name, d.version, s) for d, s, k, mine in states if mine and (not kind or k == kind)]
-    ids = engine.store.blocked_in(wanted, after=after, limit=limit + 1, by_deadline=True, waiting_before=waiting_before)
+    ids = queries.blocked_in(
+        engine, wanted, after=after, limit=limit + 1, by_deadline=True, waiting_before=waiting_before
+    )
     items = []
     for task_id in ids[:limit]:
         item = work_item(engine, task_id, principal, at)
@@ -1155,7 +1163,7 @@ def work_of(
     approval: ApprovalView | None,
 ) -> WorkItem | None:
     """The task as a piece of someone's work (None: it does not wait on a person)."""
-    row = engine.store.row(task.task_id)
+    row = queries.row(engine, task.task_id)
     kind = work_kind(definition, task.state)
     if row is None or kind is None or task.terminal or not events:
         return None

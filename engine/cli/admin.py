@@ -75,6 +75,8 @@ def workflows(as_json: JsonFlag = False) -> None:
             "initial": wf.initial_state,
             "states": len(wf.states),
             "description": wf.description,
+            # Who may act on its tasks (and so read them); `anyone`: a trigger any signed-in person may fire.
+            "roles": sorted(wf.roles()),
         }
         for wf in registry()
     ]

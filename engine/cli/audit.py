@@ -103,11 +103,12 @@ def export(
     """
     from engine.audit.checkpoint import proofs, read
     from engine.audit.export import export_lines
+    from engine.runtime import queries
 
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
     since_at = instant(since, "--since")
     with open_engine() as engine:
-        if task_id is not None and engine.store.row(task_id) is None:
+        if task_id is not None and not queries.exists(engine, task_id):
             fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
         try:
             proof_of = proofs(read(checkpoint)) if checkpoint is not None else None

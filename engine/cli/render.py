@@ -38,7 +38,7 @@ from engine.runtime.engine import TaskView
 HISTORY_WIDTH = 160
 
 #: How wide tables are drawn when the output is not a terminal (a file, a pipe, a log): no terminal to fit.
-PIPE_WIDTH = 160
+PIPE_WIDTH = 240
 
 # soft_wrap: a line is never cut into two (a demo step, a table's title), whatever the width; piped, tables get
 # PIPE_WIDTH rather than Rich's 80 columns.
@@ -489,13 +489,21 @@ def workflows(rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         print_json(rows)
         return
-    columns = ("workflow", "version", "states", "initial", "digest", "description")
+    columns = ("workflow", "version", "states", "initial", "roles", "digest", "description")
     out.print(
         _table(
             "Workflows",
             columns,
             (
-                (r["workflow"], str(r["version"]), str(r["states"]), r["initial"], r["digest"][:12], r["description"])
+                (
+                    r["workflow"],
+                    str(r["version"]),
+                    str(r["states"]),
+                    r["initial"],
+                    ", ".join(r["roles"]),
+                    r["digest"][:12],
+                    r["description"],
+                )
                 for r in rows
             ),
         )

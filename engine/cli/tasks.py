@@ -27,6 +27,7 @@ from engine.cli.options import (
     parse_json,
 )
 from engine.core.events import Event
+from engine.runtime import queries
 from engine.runtime.engine import Engine
 
 #: A worker not heard from for this long is not listed by `railyard status` (it reports every 10 s).
@@ -202,7 +203,7 @@ def run(
         adapter = open_model(spec, settings) if spec else None
         before = engine.get(task_id).seq
         task = engine.run(task_id, model=adapter, thinking=thinking, max_turns=max_turns)
-        events = engine.store.events(task_id, after_seq=before)
+        events = queries.events_after(engine, task_id, before)
         view = engine.get(task.task_id)
     render.ran(view, events, as_json)
 
@@ -213,8 +214,8 @@ def status(as_json: JsonFlag = False) -> None:
 
     at = now()
     with open_engine() as engine:
-        counts = engine.store.status_counts(at)
-        live = engine.store.workers(seen_since=at - timedelta(seconds=WORKER_SEEN_SECONDS))
+        counts = queries.status_counts(engine, at)
+        live = queries.workers(engine, at - timedelta(seconds=WORKER_SEEN_SECONDS))
     rows: dict[str, dict[str, Any]] = {}
     for c in counts:
         row = rows.setdefault(

@@ -6,6 +6,9 @@ without reading anything. Checks run in a fixed order and each fails with its
 own stable code: terminal task, trigger allowed in this state, identity fields in
 the payload, payload schema, domain guards, engine-only triggers, the actor's role;
 then risk, which does not refuse but may route the transition to its risk target.
+A caller who may take none of the trigger's actions (`engine.core.access`) is
+refused before the payload and the guards: their refusal reveals nothing the
+guards read.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from engine.core.access import Caller, fire_refusal, is_models, override_role
 from engine.core.approvals import self_approval
 from engine.core.definition import (
     CANCEL,
@@ -55,11 +59,14 @@ def decide(
     actor: str,
     roles: Set[str] = frozenset(),
     system: bool = False,
+    by_model: bool = False,
 ) -> Decision:
     """Accept `trigger` with `payload` from `actor`, or raise `Refused` with the first failing check's code.
 
     `system` is True only when the engine itself fires (a tool outcome, a deadline):
     those triggers are refused to every other caller, whatever roles it holds.
+    `by_model` is True only for the agent runner's accepted proposal: an agent state's actions are the model's,
+    and a person fires one only with the role to stand in for it (`engine.core.access`).
     """
     if task.terminal:
         raise Refused(
@@ -89,31 +96,22 @@ def decide(
             task_id=task.task_id,
             trigger=trigger,
         )
+    caller = Caller(actor, frozenset(roles))
+    permissions = [_permission(definition, task, a, caller, system=system, by_model=by_model) for a in candidates]
+    if permissions[0] is not None and all(p is not None for p in permissions):
+        # Who may not fire the trigger learns nothing of the task from its refusal: no payload or guard is checked
+        # for them (a guard's reason reads real state: a balance, an order's total).
+        raise permissions[0]
     args_model, args_json = validate_payload(candidates[0].args, trigger, payload)
 
     refusals: list[str] = []
-    for action in candidates:
+    for action, refusal in zip(candidates, permissions, strict=True):
         reasons = _guard_refusals(action, GuardContext(task=task, args=args_model, actor=actor))
         if reasons:
             refusals.extend(reasons)
             continue
-        if action.system and not system:
-            raise Refused(
-                f"{trigger!r} is fired by the engine only, not by {actor!r}",
-                code=Code.FORBIDDEN,
-                task_id=task.task_id,
-                trigger=trigger,
-                actor=actor,
-            )
-        if action.role is not None and action.role not in roles:
-            raise Refused(
-                f"{actor!r} may not fire {trigger!r}: role {action.role!r} required",
-                code=Code.FORBIDDEN,
-                task_id=task.task_id,
-                trigger=trigger,
-                role=action.role,
-                actor=actor,
-            )
+        if refusal is not None:  # the first action whose guards pass is this one, and the caller may not take it
+            raise refusal
         if trigger == "approve" and self_approval(definition, task, actor):
             # `fire` reaches approval actions without `Engine.approve`; separation of duties must hold there too.
             raise Refused(
@@ -124,6 +122,10 @@ def decide(
                 reason="self_approval",
             )
         data: EventData = {}
+        if not by_model and is_models(definition, task.state, trigger):
+            # A person fired the model's action: the event says so, and as whom (separation of duties then
+            # treats them as the proposer, as the fold records the actor of a prepared call).
+            data["stood_in"] = {"role": str(override_role(definition, task.state, trigger))}
         if args_json is not None:
             data["args"] = redact(action.args, args_json)
         if action.guards:
@@ -229,6 +231,30 @@ def _refuse_unsettling(
                 trigger=trigger,
                 unsettled=dict(unsettled),
             )
+
+
+def _permission(
+    definition: Workflow, task: TaskState, action: Action, caller: Caller, *, system: bool, by_model: bool
+) -> Refused | None:
+    """Why `caller` may not take `action`: an engine-only trigger, or what the one authorisation point says."""
+    if action.system and not system:
+        return Refused(
+            f"{action.name!r} is fired by the engine only, not by {caller.actor!r}",
+            code=Code.FORBIDDEN,
+            task_id=task.task_id,
+            trigger=action.name,
+            actor=caller.actor,
+        )
+    return fire_refusal(
+        definition,
+        task.state,
+        action.name,
+        action.role,
+        caller,
+        task_id=task.task_id,
+        system=system,
+        by_model=by_model,
+    )
 
 
 def _guard_refusals(action: Action, ctx: GuardContext) -> list[str]:

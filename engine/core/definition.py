@@ -88,6 +88,9 @@ MIGRATE = "migrate"
 FORK = "fork"
 #: An operator sent a handed-off or limit-state task back to a state it visited (`Engine.redrive`).
 REDRIVE = "redrive"
+#: The role that says, explicitly, that any signed-in person may fire a trigger (deny by default otherwise:
+#: `engine.core.access`). Shown as such on the diagram and by `railyard workflows`.
+ANYONE = "anyone"
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,9 @@ class Agent(State):
 
     max_repairs: int = 3
     on_exhausted: str | None = None
+    #: Who may fire this state's actions in the model's place (else the workflow's `model_override_role`; an
+    #: action's own `role` narrows it further). Unset everywhere: only the model proposes here.
+    override_role: str | None = None
     kind: ClassVar[StateKind] = StateKind.AGENT
 
     @property
@@ -285,6 +291,8 @@ class Agent(State):
     def spec(self) -> dict[str, Any]:
         out = super().spec()
         out.update(max_repairs=self.max_repairs, on_exhausted=self.on_exhausted)
+        if self.override_role:  # added later: present only when set, so older digests stay put
+            out["override_role"] = self.override_role
         return out
 
 
@@ -299,8 +307,9 @@ class Repairing(Agent):
         return self.repairs
 
 
-def agent_substates(state: Agent) -> list[State]:
-    """The states an agent state compiles into besides itself."""
+def agent_substates(state: Agent, retry_role: str | None = None) -> list[State]:
+    """The states an agent state compiles into besides itself; `retry_role` may send the task back from the
+    generated wait states (the workflow's operator: `Workflow.operator_of`)."""
     out: list[State] = [
         Repairing(
             f"{state.name}{FORCE_SUFFIX}",
@@ -308,11 +317,12 @@ def agent_substates(state: Agent) -> list[State]:
             f"Repairing a proposal in {state.name}.",
             state.max_repairs,
             state.on_exhausted,
+            state.override_role,
             repairs=state.name,
         ),
         Wait(
             f"{state.name}{PROVIDER_ERROR_SUFFIX}",
-            [Action(RETRY, state.name)],
+            [Action(RETRY, state.name, role=retry_role)],
             f"A model call in {state.name} failed for good; an operator retries or cancels.",
         ),
     ]
@@ -320,7 +330,7 @@ def agent_substates(state: Agent) -> list[State]:
         out.append(
             Wait(
                 f"{state.name}{HANDOFF_SUFFIX}",
-                [Action(RETRY, state.name)],
+                [Action(RETRY, state.name, role=retry_role)],
                 f"The model could not produce a valid proposal in {state.name}; a human takes over.",
             )
         )
@@ -502,6 +512,13 @@ class Workflow:
     #: What a decision card shows in each human state that declares one (`DecisionCard`). Presentation, not
     #: behaviour: not in the digest, like `searchable`.
     cards: Mapping[str, DecisionCard] = field(default_factory=dict)
+    #: Who runs the workflow's tasks when they stop: cancel, settle, send back (`redrive`, `fork`) and `retry` a
+    #: hand-off, wherever the narrower `cancel_role`, `settle_role` and `redrive_role` are unset. `ANYONE` lets any
+    #: signed-in person; unset with one of them unset, the definition does not validate (deny by default).
+    operator_role: str | None = None
+    #: Who may fire an agent state's actions in the model's place (`Agent.override_role` narrows it per state);
+    #: unset, only the model proposes. The event records the role the person stood in with.
+    model_override_role: str | None = None
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -517,7 +534,8 @@ class Workflow:
             states.append(Wait(LIMIT_STATE, description="A budget ran out; a human decides (or cancels)."))
         object.__setattr__(self, "states", tuple(states))
         object.__setattr__(self, "searchable", tuple(self.searchable))
-        generated = [sub for s in states if type(s) is Agent for sub in agent_substates(s)]
+        retry_role = self.operator_of(RETRY)
+        generated = [sub for s in states if type(s) is Agent for sub in agent_substates(s, retry_role)]
         object.__setattr__(self, "_all", (*states, *generated))
         problems = _validate(self)
         if problems:
@@ -559,6 +577,31 @@ class Workflow:
             compiled = compile_machine(self)
             object.__setattr__(self, "_machine", compiled)
         return compiled
+
+    # -- who may act (engine.core.access decides with these) ------------------------------------------
+    def operator_of(self, trigger: str) -> str | None:
+        """The role that fires one of the engine's built-in human triggers: `cancel` (`cancel_role`), `settle`
+        (`settle_role`, else `cancel_role`), `redrive`, `fork` and `retry` (`redrive_role`, else `settle_role`,
+        else `cancel_role`); each falls back to `operator_role` (None: nobody may)."""
+        chain: tuple[str | None, ...]
+        if trigger == CANCEL:
+            chain = (self.cancel_role,)
+        elif trigger == SETTLE:
+            chain = (self.settle_role, self.cancel_role)
+        else:  # redrive, fork, retry: sending a task on again after it stopped
+            chain = (self.redrive_role, self.settle_role, self.cancel_role)
+        return next((r for r in chain if r), None) or self.operator_role
+
+    def roles(self) -> frozenset[str]:
+        """Every role the definition names (`ANYONE` included when it is used): who may read its tasks."""
+        named = {self.operator_role, self.model_override_role, self.cancel_role, self.settle_role, self.redrive_role}
+        for state in self._all:
+            named.update(a.role for a in state.actions)
+            if isinstance(state, Approval):
+                named.add(state.role)
+            if isinstance(state, Agent):
+                named.add(state.override_role)
+        return frozenset(r for r in named if r)
 
     # -- queries the runtime uses -----------------------------------------
     def state(self, name: str) -> State:
@@ -614,6 +657,8 @@ class Workflow:
             **({"effect_after_cancel": self.effect_after_cancel} if self.effect_after_cancel else {}),
             **({"settle_role": self.settle_role} if self.settle_role else {}),
             **({"redrive_role": self.redrive_role} if self.redrive_role else {}),
+            **({"operator_role": self.operator_role} if self.operator_role else {}),
+            **({"model_override_role": self.model_override_role} if self.model_override_role else {}),
         }
 
     def redrive_sources(self) -> frozenset[str]:
@@ -634,15 +679,14 @@ class Workflow:
 def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
     out = [*_cancel_routes(wf, state), *state.outgoing()]
     if state.kind is not StateKind.TERMINAL:
-        out.append(Action(CANCEL, CANCELLED_STATE, CancelArgs, role=wf.cancel_role))
+        cancel_role = wf.operator_of(CANCEL)
+        out.append(Action(CANCEL, CANCELLED_STATE, CancelArgs, role=cancel_role))
         # While a write's outcome is open a cancel is recorded as a request (`engine.effects`), and an operator
         # may record what they verified about the write; with a cancel waiting, that settles where the cancel says.
         out.append(
-            Action(
-                CANCEL_REQUESTED, state.name, CancelArgs, guards=(write_unsettled,), role=wf.cancel_role, system=True
-            )
+            Action(CANCEL_REQUESTED, state.name, CancelArgs, guards=(write_unsettled,), role=cancel_role, system=True)
         )
-        settle_role = wf.settle_role or wf.cancel_role
+        settle_role = wf.operator_of(SETTLE)
         out.extend(
             [
                 Action(
@@ -730,6 +774,11 @@ def _validate(wf: Workflow) -> list[str]:
         problems.extend(_validate_state(wf, state, names))
 
     problems.extend(_validate_cards(wf, names))
+    if wf.operator_of(CANCEL) is None:
+        problems.append(
+            "triggers 'cancel', 'settle', 'redrive', 'fork' and 'retry' name no role: set operator_role (or "
+            "cancel_role), or operator_role=ANYONE for any signed-in person"
+        )
     if wf.effect_after_cancel is not None and wf.effect_after_cancel not in names:
         problems.append(f"effect_after_cancel names unknown state {wf.effect_after_cancel!r}")
     cancelled = names.get(CANCELLED_STATE)
@@ -779,6 +828,13 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
             )
     if isinstance(state, Approval) and not state.role:
         problems.append(f"{where} is an approval state with no role")
+    if isinstance(state, Wait):
+        problems.extend(
+            f"{where}: trigger {a.name!r} names no role: say who may fire it (role=...), or role=ANYONE for any "
+            "signed-in person"
+            for a in state.actions
+            if not a.role and not a.system
+        )
     if isinstance(state, Approval | Wait):
         if state.kind is StateKind.APPROVAL and not state.actions:
             problems.append(f"{where} is an approval state with no action")

@@ -32,6 +32,11 @@ class CompiledMachine:
             for source, action in workflow.transitions()
             for target in action.targets()
         ]
+        from engine.core.definition import ANYONE
+
+        self._anyone = frozenset(
+            (source, action.name) for source, action in workflow.transitions() if action.role == ANYONE
+        )
         self.machine = Machine(
             model=None,
             states=self._states,
@@ -80,6 +85,13 @@ class CompiledMachine:
             # A cancel request and an operator's settlement are notes any state may take while a write is open:
             # drawn on every state they would bury the route; where they lead (cancelled) is drawn already.
             if t["trigger"] not in UNDRAWN or (t["source"], t["trigger"], t["dest"]) in taken
+        ]
+        # A trigger any signed-in person may fire says so on its edge: deny by default is the rule, this the exception.
+        transitions = [
+            {**t, "label": f"{t.get('label', t['trigger'])} [anyone]"}
+            if (t["source"], t["trigger"]) in self._anyone
+            else t
+            for t in transitions
         ]
         engine: Literal["mermaid", "graphviz"] = "mermaid" if fmt == "mermaid" else "graphviz"
         gm = GraphMachine(

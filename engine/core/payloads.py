@@ -176,6 +176,12 @@ class Proposal(TypedDict):
     action: Annotated[str, Doc("the action the model proposed")]
 
 
+class StoodIn(TypedDict):
+    """A person fired one of an agent state's actions in the model's place."""
+
+    role: Annotated[str, Doc("the role that let them stand in for the model (`model_override_role`)")]
+
+
 class ApprovalRecord(TypedDict):
     """Who decided on a prepared call, as what, and on which digest."""
 
@@ -239,6 +245,9 @@ class _StepKeys(TypedDict, total=False):
     risk: Annotated[Risk, Doc("the risk check that routed it to the action's risk target", "a risky action")]
     prepared: Annotated[PreparedCallData, Doc("the tool call it prepared", "an action that prepares a call")]
     proposal: Annotated[Proposal, Doc("the action a model turn proposed and the engine accepted", "a model's action")]
+    stood_in: Annotated[
+        StoodIn, Doc("a person fired the model's action in its place, holding this role", "a person's agent action")
+    ]
     approval: Annotated[ApprovalRecord, Doc("the approver's decision", "`approve`, `reject`")]
     settled: Annotated[Settled, Doc("the operator's assertion about an open write", "`settle`")]
     requested_at_seq: Annotated[
@@ -313,6 +322,7 @@ RECORDS: tuple[type, ...] = (
     Settled,
     Risk,
     Proposal,
+    StoodIn,
     ApprovalRecord,
     ForkOrigin,
     Carried,

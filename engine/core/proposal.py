@@ -120,7 +120,7 @@ def interpret(definition: Workflow, task: TaskState, response: ModelResponse, ru
                 [{"loc": ["action"], "msg": "not an allowed action here", "type": "action"}],
             )
         try:
-            decision = decide(definition, task, name, arguments, actor=actor)
+            decision = decide(definition, task, name, arguments, actor=actor, by_model=True)
         except Refused as refusal:
             code = _REFUSAL_CODES.get(refusal.code, refusal.code)
             errors = refusal.details.get("errors") or [

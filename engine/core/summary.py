@@ -107,6 +107,8 @@ def details(event: Event, width: int | None = 300, *, earlier: Sequence[Event] =
     comments) are included: callers that must not show them use `summarise(values=False)` alone."""
     data = event.data
     out: list[str] = []
+    if (stood_in := data.get("stood_in")) is not None:
+        out.append(f"{event.actor} fired the model's action in its place, as {stood_in.get('role')}")
     if (turn := data.get("turn")) is not None:
         attempts = turn.get("attempts")
         out.append(

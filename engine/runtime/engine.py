@@ -18,8 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
 from engine.audit import checkpoint as checkpoints
 from engine.audit import parallel as replay_jobs
 from engine.audit.archive import (
@@ -32,27 +30,27 @@ from engine.audit.archive import (
 )
 from engine.audit.checkpoint import Taken
 from engine.audit.reads import AsOf, origin_check, replay_task, replay_tasks, state_as_of, task_logs, task_path
-from engine.core.approvals import DECISIONS, check_decision, full_digest, pending_view
-from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, now, parse_instant
+from engine.core import commands
+from engine.core.access import Caller, operator_refusal
+from engine.core.approvals import DECISIONS, pending_view
+from engine.core.canonical import canonical_json, format_instant, now, parse_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Head, Header, descends, extends
-from engine.core.decide import Decision, decide, validate_payload
-from engine.core.definition import CANCEL, FORK, MIGRATE, REDRIVE, START, Agent, Approval, StateKind, Tool, Workflow
+from engine.core.commands import NewTask
+from engine.core.decide import Decision, decide
+from engine.core.definition import CANCEL, FORK, MIGRATE, Agent, Approval, StateKind, Tool, Workflow
 from engine.core.effects import SETTLE, lands_until
 from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, RailyardError, Refused
 from engine.core.events import Event, seal
-from engine.core.fold import TaskState, apply, fold, initial, pinned_at_start, predates_effects
+from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
 from engine.core.forks import (
     EXECUTED_OR_MAY,
     FORKED_FROM,
-    fork_data,
-    last_entry,
-    redrive_problem,
     repeat_hazard,
     writes,
 )
 from engine.core.model_interface import ModelAdapter
-from engine.core.payloads import EventData, Settled, event_code
+from engine.core.payloads import EventData, event_code
 from engine.core.replay import OriginCheck, ReplayReport
 from engine.core.summary import summarise
 from engine.core.timers import next_run_at
@@ -171,37 +169,17 @@ class Engine:
         """Start a task on `workflow` (newest version unless `version`); returns its id."""
         _check_actor(actor)
         definition = self.registry.get(workflow, version)
-        _, input_json = validate_payload(definition.input, f"{definition.ref} input", input)
-        task_id = str(uuid.uuid4())
-        at = now()
-        first = seal(
-            task_id=task_id,
-            seq=1,
-            at=at,
-            actor=actor,
-            from_state=None,
-            trigger=START,
-            to_state=definition.initial_state,
-            data={"workflow": definition.ref, "digest": definition.digest, "input": input_json or {}},
-            prev_hash=GENESIS_HASH,
-        )
-        row = TaskRow(
-            task_id=task_id,
-            workflow=definition.name,
-            version=definition.version,
-            digest=definition.digest,
-            state=first.to_state,
-            status=str(definition.status_of(first.to_state)),
-            seq=1,
-            last_hash=first.hash,
-            created_at=at,
-            updated_at=at,
-            next_run_at=next_run_at(definition, first.to_state, at),
-        )
-        self.store.create(row, first, definition.search_values(input_json))
+        created = commands.start(definition, input, caller=Caller(actor), task_id=str(uuid.uuid4()), at=now())
+        return self._create(definition, created)
+
+    def _create(self, definition: Workflow, created: NewTask) -> str:
+        """The one create path: a new task's row and first event in one write, then the hooks and the log line."""
+        self.store.create(created.row, created.first, created.fields)
         if hooks.active:
-            hooks.transition(first, definition.name, definition.version, time.perf_counter())
-        return task_id
+            hooks.transition(created.first, definition.name, definition.version, time.perf_counter())
+        if transitions_log.isEnabledFor(logging.INFO):
+            _log_transition(created.first, 0.0)
+        return created.row.task_id
 
     def fire(
         self,
@@ -434,21 +412,28 @@ class Engine:
         return [pending_view(definition, task) for definition, task in found]
 
     def approvals_page(
-        self, *, role: str | None = None, after: str | None = None, limit: int
+        self,
+        *,
+        role: str | None = None,
+        after: str | None = None,
+        limit: int,
+        workflows: Set[str] | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """A page of `approvals` and the task id the next page starts after (None at the end). The page is cut
         where the store's list is, not where the loaded tasks are: a task skipped on this page (it moved, or its
-        version's code changed) does not end the list early."""
-        ids = self.store.blocked_in(self._approval_states(role), after=after, limit=limit + 1)
+        version's code changed) does not end the list early. `workflows`: only tasks of these (what a caller may
+        read, `runtime.queries.readable`)."""
+        ids = self.store.blocked_in(self._approval_states(role, workflows), after=after, limit=limit + 1)
         more = len(ids) > limit
         ids = ids[:limit]
         found = self._approval_tasks(ids, role)
         return [pending_view(definition, task) for definition, task in found], (ids[-1] if more and ids else None)
 
-    def _approval_states(self, role: str | None) -> list[tuple[str, int, str]]:
+    def _approval_states(self, role: str | None, workflows: Set[str] | None = None) -> list[tuple[str, int, str]]:
         return [
             (definition.name, definition.version, state.name)
             for definition in self.registry
+            if workflows is None or definition.name in workflows
             for state in definition.states
             if isinstance(state, Approval) and (role is None or state.role == role)
         ]
@@ -484,18 +469,16 @@ class Engine:
     ) -> TaskState:
         """`loaded`: the task as the caller just loaded it (then `expected_seq` was checked already)."""
         _check_actor(actor)
-        roles = self.authoriser.roles_of(actor)
         task = loaded if loaded is not None else self._as_seen(task_id, expected_seq)
-        definition = self.definition_of(task)
-        if verdict == "reject" and digest is None and task.prepared:
-            digest = task.prepared["digest"]
-        if digest is not None and task.prepared and digest != task.prepared["digest"]:
-            digest = full_digest(digest, task.prepared["digest"], self._prepared_digests(task.task_id))
-        check = check_decision(definition, task, verdict, actor=actor, roles=roles, digest=digest, comment=comment)
-        action = definition.candidates(task.state, check.trigger)[0]
-        payload = _comment_payload(action.args, comment)
-        decision = decide(definition, task, check.trigger, payload, actor=actor, roles=roles)
-        decision = replace(decision, data={**decision.data, "approval": check.record})
+        decision = commands.approval(
+            self.definition_of(task),
+            task,
+            verdict,
+            caller=self._caller(actor),
+            digest=digest,
+            comment=comment,
+            earlier_digests=lambda: self._prepared_digests(task.task_id),
+        )
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
     def _prepared_digests(self, task_id: str) -> set[str]:
@@ -530,42 +513,11 @@ class Engine:
         return self._settle(self._as_seen(task_id, expected_seq), actor, outcome, evidence)
 
     def _settle(self, task: TaskState, actor: str, outcome: Any, evidence: Any) -> TaskState:
-        unsettled = task.unsettled
-        if unsettled is None:
-            raise Refused(
-                f"task {task.task_id} has no write whose outcome is open: nothing to settle",
-                code=Code.TRIGGER_NOT_ALLOWED,
-                task_id=task.task_id,
-                state=task.state,
-            )
         definition = self.definition_of(task)
-        decision = decide(
-            definition,
-            task,
-            SETTLE,
-            {"outcome": outcome, "evidence": evidence},
-            actor=actor,
-            roles=self.authoriser.roles_of(actor),
-            system=True,
+        running = self._attempt_running(definition, task) if task.unsettled is not None else None
+        decision = commands.settle(
+            definition, task, caller=self._caller(actor), outcome=outcome, evidence=evidence, running=running
         )
-        running = self._attempt_running(definition, task)
-        if running is not None:
-            raise Refused(
-                f"write {unsettled['tool']} (action {unsettled['action_id']}) may still be running "
-                f"({running}): what it did cannot be verified yet; settle it once it can no longer land",
-                code=Code.OUTCOME_UNSETTLED,
-                task_id=task.task_id,
-                unsettled=dict(unsettled),
-            )
-        args = decision.data.get("args") or {}
-        settled: Settled = {
-            "action_id": unsettled["action_id"],
-            "tool": unsettled["tool"],
-            "outcome": args["outcome"],
-            "evidence": args["evidence"],
-            "was": unsettled["status"],
-        }
-        decision = replace(decision, data={**decision.data, "settled": settled})
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
     def _attempt_running(self, definition: Workflow, task: TaskState) -> str | None:
@@ -587,6 +539,10 @@ class Engine:
             if until is not None and at < until:
                 return f"its call may land until {format_instant(until)}"
         return None
+
+    def _caller(self, actor: str) -> Caller:
+        """The trusted caller an actor is: the roles the authoriser gives it."""
+        return Caller(actor, frozenset(self.authoriser.roles_of(actor)))
 
     def _as_seen(self, task_id: str, expected_seq: int | None) -> TaskState:
         """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one."""
@@ -621,7 +577,7 @@ class Engine:
         task = self.load(task_id)
         source = self.definition_of(task)
         target = self.registry.get(task.workflow, to_version)
-        problem = migration_problem(source, target, task, state_map, reason)
+        problem = commands.migration_problem(source, target, task, state_map, reason)
         if problem is not None:
             raise Refused(
                 f"cannot migrate {task.ref} to {target.ref}: {problem}",
@@ -677,6 +633,11 @@ class Engine:
         row = self.store.row(task_id)
         if row is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        refusal = operator_refusal(
+            self._definition(row.workflow, row.version, row.digest), row.state, FORK, self._caller(actor), task_id
+        )
+        if refusal is not None:
+            raise refusal
 
         def invalid(problem: str) -> Refused:
             return Refused(
@@ -709,46 +670,18 @@ class Engine:
             )
         origin = self.definition_of(source)
         target = self.registry.get(source.workflow, version)
-        if target.version != origin.version:
-            problem = migration_problem(origin, target, source, {source.state: source.state}, reason)
-            if problem is not None:
-                raise invalid(f"to {target.ref}: {problem}")
-        new_id = str(uuid.uuid4())
-        at = now()
-        first = seal(
-            task_id=new_id,
-            seq=1,
-            at=at,
-            actor=actor,
-            from_state=None,
-            trigger=FORK,
-            to_state=source.state,
-            data=fork_data(target, source, source.digest, reason, source.usage.get("started_at")),
-            prev_hash=GENESIS_HASH,
+        created = commands.fork(
+            origin,
+            target,
+            source,
+            source_id=task_id,
+            caller=self._caller(actor),
+            reason=reason,
+            task_id=str(uuid.uuid4()),
+            at=now(),
+            forked_from=FORKED_FROM,  # how the next fork of the same source finds this one
         )
-        task = initial(target, first)
-        self.store.create(
-            TaskRow(
-                task_id=new_id,
-                workflow=target.name,
-                version=target.version,
-                digest=target.digest,
-                state=task.state,
-                status=str(task.status),
-                seq=1,
-                last_hash=first.hash,
-                created_at=at,
-                updated_at=at,
-                next_run_at=next_run_at(target, task.state, at),
-            ),
-            first,
-            fields={FORKED_FROM: task_id},  # how the next fork of the same source finds this one
-        )
-        if transitions_log.isEnabledFor(logging.INFO):
-            _log_transition(first, 0.0)
-        if hooks.active:
-            hooks.transition(first, target.name, target.version, time.perf_counter())
-        return new_id
+        return self._create(target, created)
 
     def _sibling_hazard(self, source_id: str) -> str | None:
         """Why another fork of `source_id` could make a write twice: a fork of it that is still running (both
@@ -777,60 +710,15 @@ class Engine:
         """
         _check_actor(actor)
         task = self._as_seen(task_id, expected_seq)
-        definition = self.definition_of(task)
-
-        def refuse(problem: str, code: Code = Code.REDRIVE_INVALID) -> Refused:
-            return Refused(
-                f"cannot redrive task {task_id} to {to_state!r}: {problem}",
-                code=code,
-                task_id=task_id,
-                state=task.state,
-            )
-
-        events = self.events_of(task)
-        entered = last_entry(events, to_state)
-        problem = redrive_problem(definition, task, to_state, entered)
-        if problem is not None:
-            raise refuse(problem)
-        if not isinstance(reason, str) or not reason.strip():
-            raise refuse("a reason is required")
-        role = definition.redrive_role or definition.settle_role or definition.cancel_role
-        if role is not None and role not in self.authoriser.roles_of(actor):
-            raise Refused(
-                f"{actor!r} may not redrive {task_id}: role {role!r} required",
-                code=Code.FORBIDDEN,
-                task_id=task_id,
-                trigger=REDRIVE,
-                role=role,
-                actor=actor,
-            )
-        assert entered is not None
-        if isinstance(definition.state(to_state), Tool):
-            # The checks on the way into a tool state (an approval of this very call, its deadline, who may
-            # approve) were made for the call the task held then: going back runs only that call.
-            then = self.as_of(task_id, seq=entered).prepared
-            was = then["action_id"] if then is not None else None
-            held = task.prepared["action_id"] if task.prepared is not None else None
-            if was != held:
-                raise refuse(
-                    f"the call it holds now (action {held}) is not the one it held when it last entered {to_state!r} "
-                    f"at seq {entered} (action {was}): what let that one in (an approval) was not given for this "
-                    "one; redrive to the agent state instead"
-                )
-        hazard = repeat_hazard(
-            writes(events, entered), entered, task.prepared["action_id"] if task.prepared else None, source_live=False
+        decision = commands.redrive(
+            self.definition_of(task),
+            task,
+            self.events_of(task),
+            to_state,
+            caller=self._caller(actor),
+            reason=reason,
+            state_at=lambda seq: self.as_of(task_id, seq=seq),
         )
-        if task.unsettled is not None:
-            hazard = (
-                f"write {task.unsettled['tool']} (action {task.unsettled['action_id']}) is "
-                f"{task.unsettled['status']}: its outcome is open"
-            )
-        if hazard is not None:
-            raise refuse(hazard, Code.WRITE_WOULD_REPEAT)
-        # Every counter the budgets read starts again (turns, calls, repeats, tokens, the deadline): the event keeps
-        # what they were.
-        data: EventData = {"reason": reason, "redrive_from_seq": entered, "reset": dict(task.usage)}
-        decision = Decision(trigger=REDRIVE, from_state=task.state, to_state=to_state, data=data)
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
     # -- queries --------------------------------------------------------
@@ -1162,42 +1050,6 @@ def _log_transition(event: Event, duration_ms: float) -> None:
         duration_ms,
         json.dumps(summarise(event, values=False), ensure_ascii=False),
     )
-
-
-def _comment_payload(args: type[BaseModel] | None, comment: str) -> dict[str, Any] | None:
-    """Hand the approver's comment to the decision's argument model, under whichever name it uses."""
-    if args is None:
-        return None
-    for name in ("comment", "reason", "note"):
-        if name in args.model_fields:
-            return {name: comment}
-    return {}
-
-
-def migration_problem(
-    source: Workflow, target: Workflow, task: TaskState, state_map: Mapping[str, str], reason: str
-) -> str | None:
-    """Why this migration may not happen, or None: a pure check, so the CLI and API refuse alike."""
-    if target.version == source.version:
-        return "the task is already on that version"
-    if task.terminal:
-        return f"the task has ended (in {task.state!r})"
-    if task.unsettled is not None:
-        return (
-            f"write {task.unsettled['tool']} (action {task.unsettled['action_id']}) is "
-            f"{task.unsettled['status']}: migrate once its outcome is settled"
-        )
-    if not isinstance(reason, str) or not reason.strip():
-        return "a reason is required"
-    unknown_from = sorted(name for name in state_map if not source.has_state(name))
-    unknown_to = sorted(name for name in state_map.values() if not target.has_state(name))
-    if unknown_from:
-        return f"the map names states {source.ref} does not have: {', '.join(unknown_from)}"
-    if unknown_to:
-        return f"the map targets states {target.ref} does not have: {', '.join(unknown_to)}"
-    if task.state not in state_map:
-        return f"the task is in {task.state!r}, which the map does not name: only mapped states move"
-    return None
 
 
 def _matches(task: TaskState, row: TaskRow) -> bool:

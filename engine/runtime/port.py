@@ -13,14 +13,11 @@ from engine.core.decide import Decision
 from engine.core.definition import Workflow
 from engine.core.fold import TaskState
 from engine.core.payloads import EventData
-from engine.runtime.roles import Authoriser
 
 
 class TaskPort(Protocol):
     """Load, look up the definition, and append a decided step under optimistic concurrency."""
 
-    #: Who holds which roles: a cancel a runner completes is decided with its requester's.
-    authoriser: Authoriser
     #: Request shapes a provider refused (profile:model:thinking:rung), shared by the tasks of one process.
     refused_shapes: set[str]
     #: Rungs that worked after escalating (profile:model:thinking:rung): where the next task starts.

@@ -175,13 +175,17 @@ class ToolRunner:
         request = task.cancel_requested or {}
         requester = str(request.get("actor") or ACTOR)
         definition = self.engine.definition_of(task)
+        # The requester's role was checked when the request was recorded (`cancel_requested` needs the cancel
+        # role): the engine completes it on that authority, whatever this process's authoriser says of them now
+        # (a worker need not share the server's tokens, and a role revoked since does not strand the request).
+        held = definition.operator_of(CANCEL)
         decision = decide(
             definition,
             task,
             CANCEL,
             {"reason": request.get("reason") or "cancel requested"},
             actor=requester,
-            roles=self.engine.authoriser.roles_of(requester),
+            roles=frozenset({held} if held else ()),
         )
         decision = replace(decision, data={**decision.data, "requested_at_seq": request.get("seq")})
         return await self.io.store(lambda: self.engine.commit(task, decision, actor=requester))

@@ -686,6 +686,7 @@ def _selected(t: _Task, q: TaskQuery) -> bool:
     )
     return (
         (not q.workflow or t.workflow == q.workflow)
+        and (q.workflows is None or t.workflow in q.workflows)
         and (not q.states or t.state in q.states)
         and (not q.status or t.status == q.status)
         and (not q.started_by or t.started_by == q.started_by)

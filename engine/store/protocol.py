@@ -37,6 +37,8 @@ class TaskQuery:
     """
 
     workflow: str | None = None
+    #: Only tasks of these workflows (None: any): what the caller may read (`engine.core.access.may_read`).
+    workflows: Sequence[str] | None = None
     #: Any of these states (empty: any state).
     states: Sequence[str] = ()
     status: str | None = None

@@ -622,6 +622,8 @@ class SqlStore:
         where: list[ColumnElement[bool]] = []
         if query.workflow:
             where.append(tasks.c.workflow == query.workflow)
+        if query.workflows is not None:
+            where.append(tasks.c.workflow.in_(list(query.workflows)))
         if query.states:
             where.append(tasks.c.state.in_(list(query.states)))
         if query.status:

@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from engine import Engine, Registry, ScriptedModel
 from engine.api import TokenTable, create_app
@@ -184,3 +185,17 @@ def documented(client: Any) -> Any:
 
     client.event_hooks = {**client.event_hooks, "response": [*client.event_hooks.get("response", []), check]}
     return client
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html
+    return found.group(1)
+
+
+def login(client: TestClient, who: str) -> str:
+    """Log in through the form with `tok-WHO`; returns the CSRF token of the new session (from the next page)."""
+    page = client.get("/login")
+    response = client.post("/login", data={"token": f"tok-{who}", "csrf": csrf_of(page.text)})
+    assert response.status_code == 303 and response.headers["location"] == "/inbox", response.text
+    return csrf_of(client.get("/inbox").text)

@@ -14,10 +14,14 @@ from engine.providers.scripted import call
 from tests.support.stores import sql_store
 from workflows import REFUND_V1, REFUND_V2, TICKET_TRIAGE, fakes
 
-#: dana and erin approve refunds; bob holds no role; the portal relays customers' answers; sam works tickets.
+#: dana and erin approve refunds; olga and otto run them when they stop (retry, send back, settle, cancel, stand in
+#: for the model); bob holds no role; the portal relays customers' answers; sam works tickets; audrey audits.
 ROLES = {
     "dana": {"refund_approver"},
     "erin": {"refund_approver"},
+    "olga": {"refund_operator"},
+    "otto": {"refund_operator"},
+    "audrey": {"auditor"},
     "portal": {"customer_portal"},
     "sam": {"support_agent"},
 }

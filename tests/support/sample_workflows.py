@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, Approval, GuardContext, Terminal, Tool, Wait, Workflow
+from engine import ANYONE, Action, Agent, Approval, GuardContext, Terminal, Tool, Wait, Workflow
 
 ROLES = {"dana": {"approver"}, "olga": {"operator"}}
 
@@ -89,9 +89,17 @@ def refund_states() -> list:  # type: ignore[type-arg]
     return states
 
 
-REFUND_V1 = Workflow(name="refund", version=1, input=OrderInput, states=refund_states())
+REFUND_V1 = Workflow(
+    name="refund", version=1, input=OrderInput, states=refund_states(), operator_role=ANYONE, model_override_role=ANYONE
+)
 REFUND_V2 = Workflow(
-    name="refund", version=2, input=OrderInput, states=refund_states(), description="v2: same states, new description"
+    name="refund",
+    version=2,
+    input=OrderInput,
+    states=refund_states(),
+    description="v2: same states, new description",
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 
@@ -108,6 +116,8 @@ COUNTER = Workflow(
         Agent("counting", actions=[Action("tick", "counting", TickArgs), Action("finish", "done")]),
         Terminal("done"),
     ],
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 
@@ -157,6 +167,8 @@ TRIAGE = Workflow(
         Approval("escalation_review", role="approver", actions=[Action("confirm", "decided")]),
         Terminal("decided"),
     ],
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine import (
+    ANYONE,
     Action,
     Agent,
     Approval,
@@ -226,6 +227,8 @@ def make_workflow(ledger: Ledger, budgets: Budgets | None = None) -> Workflow:
             Terminal("completed"),
             Terminal("rejected"),
         ],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
 
 
@@ -271,6 +274,8 @@ def make_auto_workflow(ledger: Ledger) -> Workflow:
             Terminal("completed"),
             Terminal("rejected"),
         ],
+        operator_role=ANYONE,
+        model_override_role=ANYONE,
     )
 
 

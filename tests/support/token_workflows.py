@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine import Action, Agent, Budgets, Terminal, Workflow
+from engine import ANYONE, Action, Agent, Budgets, Terminal, Workflow
 from tests.support.sample_workflows import TicketDecision, TicketInput
 
 #: At most 100 tokens over the whole task.
@@ -15,6 +15,8 @@ CAPPED = Workflow(
         Terminal("decided"),
     ],
     budgets=Budgets(tokens=100),
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )
 
 #: At most 100 tokens in each agent state: drafting's tokens do not count against reviewing's.
@@ -28,4 +30,6 @@ PER_STATE = Workflow(
         Terminal("decided"),
     ],
     budgets=Budgets(state_tokens=100),
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
 )

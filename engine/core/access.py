@@ -1,0 +1,159 @@
+"""Who may act and who may read: the one authorisation point, a pure function of the definition and the caller.
+
+Deny by default. Every trigger a person fires names the role that may fire it
+(`Action.role`, an approval state's `role`, the workflow's `operator_role` and
+its narrower `cancel_role`, `settle_role`, `redrive_role`), or says explicitly
+that any signed-in person may (`ANYONE`); a definition that leaves one unset does
+not validate (`engine.core.definition`). An agent state's actions are the
+model's: a person fires one only while holding the role the workflow declares
+for standing in (`Agent.override_role`, else `Workflow.model_override_role`),
+and the event records that they did. The `auditor` role reads everything and
+fires nothing.
+
+A person reads the tasks of the workflows that name a role they hold (or that
+let anyone act); what they may not read is absent, never an error that says
+it exists. `decide`, the approval checks, the read side and the pages all ask
+here; nothing above re-derives a role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from dataclasses import dataclass
+
+from engine.core.definition import ANYONE, CANCEL, Agent, Workflow
+from engine.core.errors import Code, Refused
+
+#: A role that may read everything and write nothing, whatever other roles the caller holds.
+AUDITOR = "auditor"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking, as the trusted caller says (a token, a session, the authoriser): never a request's field."""
+
+    actor: str
+    roles: frozenset[str] = frozenset()
+
+    @property
+    def read_only(self) -> bool:
+        return AUDITOR in self.roles
+
+
+def holds(roles: Set[str], role: str | None) -> bool:
+    """Whether `roles` satisfy a declared `role`: `ANYONE` is every signed-in person, None nobody (deny by default)."""
+    return role is not None and (role == ANYONE or role in roles)
+
+
+def is_models(definition: Workflow, state: str, trigger: str) -> bool:
+    """Whether `trigger` in `state` is one of the model's actions: a declared action of an agent state."""
+    found = definition.state(state)
+    return isinstance(found, Agent) and trigger != CANCEL and any(a.name == trigger for a in found.actions)
+
+
+def override_role(definition: Workflow, state: str, trigger: str) -> str | None:
+    """The role a person needs to fire the model's `trigger` in agent state `state` in its place: the action's own
+    role, else the state's `override_role`, else the workflow's `model_override_role` (None: nobody may)."""
+    found = definition.state(state)
+    assert isinstance(found, Agent)
+    own = next((a.role for a in found.actions if a.name == trigger and a.role), None)
+    return own or found.override_role or definition.model_override_role
+
+
+def role_needed(definition: Workflow, state: str, trigger: str) -> str | None:
+    """The role a person needs to fire `trigger` in `state` (None: no person may). The first candidate's role
+    stands for all: a definition gives every candidate of one trigger the same role."""
+    if is_models(definition, state, trigger):
+        return override_role(definition, state, trigger)
+    found = definition.candidates(state, trigger)
+    return found[0].role if found else None
+
+
+def fire_refusal(
+    definition: Workflow,
+    state: str,
+    trigger: str,
+    role: str | None,
+    caller: Caller,
+    *,
+    task_id: str,
+    system: bool = False,
+    by_model: bool = False,
+) -> Refused | None:
+    """Why `caller` may not fire `trigger` (an action whose role is `role`) in `state`, or None.
+
+    `by_model`: the agent runner fires the model's accepted proposal; the model's own actions need no role.
+    `system`: the engine fires one of its own triggers; those that record a person's command (a settlement, a
+    cancel waiting on a write) still check that person's role.
+    """
+    if by_model and is_models(definition, state, trigger):
+        return None
+    if is_models(definition, state, trigger):
+        needed = override_role(definition, state, trigger)
+        if needed is None:
+            return Refused(
+                f"{trigger!r} in {state!r} is the model's to propose, and {definition.ref} lets no role stand in "
+                "for it (model_override_role)",
+                code=Code.FORBIDDEN,
+                task_id=task_id,
+                trigger=trigger,
+                actor=caller.actor,
+                stand_in=True,
+            )
+        role = needed
+    elif system and role is None:
+        return None
+    if caller.read_only:
+        return Refused(
+            f"{caller.actor!r} holds the {AUDITOR!r} role, which reads and never acts",
+            code=Code.FORBIDDEN,
+            task_id=task_id,
+            trigger=trigger,
+            actor=caller.actor,
+        )
+    if not holds(caller.roles, role):
+        return Refused(
+            f"{caller.actor!r} may not fire {trigger!r}: "
+            + (f"role {role!r} required" if role is not None else "no role may (the definition names none)"),
+            code=Code.FORBIDDEN,
+            task_id=task_id,
+            trigger=trigger,
+            role=role,
+            actor=caller.actor,
+        )
+    return None
+
+
+def operator_refusal(definition: Workflow, state: str, trigger: str, caller: Caller, task_id: str) -> Refused | None:
+    """Why `caller` may not fire an operator's command that is no action of a state (`redrive`, `fork`): the
+    workflow's role for it (`Workflow.operator_of`)."""
+    return fire_refusal(definition, state, trigger, definition.operator_of(trigger), caller, task_id=task_id)
+
+
+def may_fire(definition: Workflow, state: str, trigger: str, caller: Caller) -> bool:
+    """Whether `caller` may fire `trigger` in `state` as a person (the engine checks again when it is fired)."""
+    role = role_needed(definition, state, trigger)
+    return fire_refusal(definition, state, trigger, role, caller, task_id="") is None
+
+
+def may_read(versions: Iterable[Workflow], caller: Caller | None) -> bool:
+    """Whether `caller` may read tasks of a workflow (all its `versions` together: roles carry across versions).
+
+    None is the trusted process itself (the Python API, the CLI without `--as`): it reads everything."""
+    if caller is None or caller.read_only:
+        return True
+    for definition in versions:
+        named = definition.roles()
+        if ANYONE in named or named & caller.roles:
+            return True
+    return False
+
+
+def readable_workflows(definitions: Iterable[Workflow], caller: Caller | None) -> frozenset[str] | None:
+    """The names of the workflows whose tasks `caller` may read, of those `definitions` hold (None: every one)."""
+    if caller is None or caller.read_only:
+        return None
+    by_name: dict[str, list[Workflow]] = {}
+    for definition in definitions:
+        by_name.setdefault(definition.name, []).append(definition)
+    return frozenset(name for name, versions in by_name.items() if may_read(versions, caller))
