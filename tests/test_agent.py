@@ -306,9 +306,10 @@ def test_the_rung_that_worked_is_where_the_tasks_next_visit_starts_even_after_a_
     run(eng, task_id, first, turns=3)
     assert eng.history(task_id)[-1].data["turn"]["worked"] == "anthropic:scripted:plain:auto_reminder"
     with Engine(store=eng.store, registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as other:
-        assert other.worked_rungs == set()
         resumed = ScriptedModel([call("give_up")], profile="anthropic")
-        AgentRunner(other, resumed, retry=NO_SLEEP).step(other.load(task_id))
+        fresh = AgentRunner(other, resumed, retry=NO_SLEEP)
+        assert fresh.memory.worked_rungs == set()  # a new process remembers nothing: the log does
+        fresh.step(other.load(task_id))
     assert [r.tool_choice for r in resumed.requests] == ["auto"]
 
 
@@ -551,10 +552,11 @@ def test_a_refused_shape_is_remembered_for_the_next_task_too(eng: Engine) -> Non
     refusal = {"error": {"status": 400, "message": "Thinking mode does not support this tool_choice"}}
     answer = call("decide", ticket_id="T-1", decision="RESOLVE", reason="ok")
     model = ScriptedModel([refusal, answer, answer], profile="qwen")
+    runner = AgentRunner(eng, model, retry=NO_SLEEP)  # one process's runner, and its ladder's memory
     first = eng.start("triage", TICKET, actor="ann")
-    run(eng, first, model)
+    runner.run(eng.load(first))
     second = eng.start("triage", TICKET, actor="ann")
-    assert run(eng, second, model).state == "decided"
+    assert runner.run(eng.load(second)).state == "decided"
     # The forced class is ruled out at once, for the next task too: neither the named tool nor `required`.
     assert [r.tool_choice for r in model.requests] == ["decide", "auto", "auto"]
 
@@ -576,3 +578,17 @@ def test_a_well_formed_envelope_with_a_bad_value_is_repaired_on_the_same_rung(en
     other = eng.start("refund", {"customer": "c1", "balance": 500}, actor="ann")
     run(eng, other, ScriptedModel([{"json": {"amount": 30}}, good], profile="openai"), turns=2)
     assert eng.history(other)[1].data["turn"]["escalated"]["why"] == "OUTPUT_SCHEMA_INVALID"
+
+
+def test_the_engines_runners_hand_the_ladders_memory_on_to_the_next_adapter(eng: Engine) -> None:
+    """`Engine.step` and `Engine.run` keep one runner per process; a new adapter (of the same model, as each
+    `railyard run` opens one) gets a runner that starts with what the last one learned."""
+    refusal = {"error": {"status": 400, "message": "Thinking mode does not support this tool_choice"}}
+    answer = call("decide", ticket_id="T-1", decision="RESOLVE", reason="ok")
+    first, earlier = eng.start("triage", TICKET, actor="ann"), ScriptedModel([refusal, answer], profile="qwen")
+    eng.step(first, model=earlier)  # refused: demoted
+    assert eng.step(first, model=earlier).state == "decided"  # answered without the shape: the refusal was its
+    later = ScriptedModel([answer], profile="qwen")
+    second = eng.start("triage", TICKET, actor="ann")
+    assert eng.step(second, model=later).state == "decided"
+    assert [r.tool_choice for r in later.requests] == ["auto"]  # the forced class was ruled out for it too

@@ -69,8 +69,22 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
 
 
+@dataclass
+class LadderMemory:
+    """What the forcing ladder learned in this process, shared by every task its runner serves: request shapes a
+    provider refused and rungs that worked after escalating, each keyed `profile:model:thinking:rung`. Each task's
+    log remembers its own too, so a restarted process does not re-send them for that task."""
+
+    refused_shapes: set[str] = field(default_factory=set)
+    worked_rungs: set[str] = field(default_factory=set)
+    #: By task id: a shape refused by an error that did not name it, waiting for the task's next call to confirm it
+    #: (answered without it) before `refused_shapes` gets it.
+    unconfirmed_shapes: dict[str, str] = field(default_factory=dict)
+
+
 class AgentRunner:
-    """Runs model turns for tasks in agent states, with one adapter and one thinking setting."""
+    """Runs model turns for tasks in agent states, with one adapter and one thinking setting. The ladder's memory
+    is the runner's (`memory`): a new runner for the same process may be handed the last one's."""
 
     def __init__(
         self,
@@ -81,8 +95,10 @@ class AgentRunner:
         retry: RetryPolicy | None = None,
         profiles: dict[str, CapabilityProfile] | None = None,
         io: Offload = INLINE,
+        memory: LadderMemory | None = None,
     ) -> None:
         self.engine = engine
+        self.memory = memory if memory is not None else LadderMemory()
         self.adapter = adapter
         #: Where the appends (and a synchronous adapter's call) run: in place, or on a worker's threads.
         self.io = io
@@ -121,7 +137,7 @@ class AgentRunner:
         over = exceeded(definition, task, now())
         if over is not None:
             return await self._commit(task, LIMIT, {"code": str(Code.AGENT_STEP_LIMIT_EXCEEDED), **over})
-        refused = set(task.visit.get("demoted", [])) | self.engine.refused_shapes
+        refused = set(task.visit.get("demoted", [])) | self.memory.refused_shapes
         n_actions = len(model_actions(state))
         rung = choose_rung(self.profile, self.adapter.model, self.thinking, n_actions, refused, self._start(task))
         request, added = build_request(definition, task, self.profile, self.adapter.model, self.thinking, rung, refused)
@@ -144,7 +160,7 @@ class AgentRunner:
             if error.usage is not None and (spent := error.usage.to_dict()):  # answered, then failed: it counts
                 turn["usage"] = cast(TokenUsage, spent)
             # A call that fails after an unconfirmed refusal does not confirm it: the shape stays this task's alone.
-            self.engine.unconfirmed_shapes.pop(task.task_id, None)
+            self.memory.unconfirmed_shapes.pop(task.task_id, None)
             shape = refused_shape(self.profile, self.adapter.model, self.thinking, rung, request, error.code)
             if error.code in REQUEST_SHAPE and shape not in refused:
                 # Never re-send this shape to this (model, thinking): the next turn takes the next rung its refusal
@@ -154,16 +170,16 @@ class AgentRunner:
                 # refusal was about something else, and the turn is a provider error (no loop to the turn budget).
                 turn["demoted"] = shape
                 if error.named:
-                    self.engine.refused_shapes.add(shape)  # other tasks on this process skip it too
+                    self.memory.refused_shapes.add(shape)  # other tasks on this process skip it too
                 else:
                     # The error's fields did not name the shape: only this task skips it, until the same request
                     # without the shape is answered (`unconfirmed_shapes`), which shows the shape was what was refused.
                     turn["shared"] = False
-                    self.engine.unconfirmed_shapes[task.task_id] = shape
+                    self.memory.unconfirmed_shapes[task.task_id] = shape
                 return await self._commit(task, DEMOTE, {"turn": turn})
             return await self._commit(task, PROVIDER_ERROR, {"turn": turn})
-        if (confirmed := self.engine.unconfirmed_shapes.pop(task.task_id, None)) is not None:
-            self.engine.refused_shapes.add(confirmed)  # answered without the shape: the refusal was the shape's
+        if (confirmed := self.memory.unconfirmed_shapes.pop(task.task_id, None)) is not None:
+            self.memory.refused_shapes.add(confirmed)  # answered without the shape: the refusal was the shape's
         outcome = interpret(definition, task, response, rung, actor=self.actor)
         turn["code"] = str(outcome.code) if outcome.code else None
         messages = [*added, *outcome.messages]
@@ -190,7 +206,7 @@ class AgentRunner:
         ):
             # Escalating found a rung this model follows: the next visit, and every task here, starts there.
             turn["worked"] = demotion_key(self.profile, self.adapter.model, self.thinking, rung)
-            self.engine.worked_rungs.add(turn["worked"])
+            self.memory.worked_rungs.add(turn["worked"])
         turn["messages"] = [m.to_dict() for m in messages]
         if usage := response.usage.to_dict():  # what the provider reported, and nothing when it reported nothing
             turn["usage"] = cast(TokenUsage, usage)
@@ -210,7 +226,7 @@ class AgentRunner:
         request from the one the task's own log would make: so its log says why it did not start at the top."""
         prefix = demotion_key(self.profile, self.adapter.model, self.thinking, "")
         own_refused, own_worked = set(task.visit.get("demoted", [])), set(task.visit.get("worked", []))
-        taught = (self.engine.refused_shapes - own_refused) | (self.engine.worked_rungs - own_worked)
+        taught = (self.memory.refused_shapes - own_refused) | (self.memory.worked_rungs - own_worked)
         mine = sorted(key for key in taught if key.startswith(prefix))
         if not mine:
             return []
@@ -225,7 +241,7 @@ class AgentRunner:
         task, and with `shared` for any task of the process)."""
         if (escalated := task.visit.get("rung")) in _RUNG_NAMES:  # a value this version does not know is ignored
             return Rung(escalated)
-        worked = [*task.visit.get("worked", []), *(self.engine.worked_rungs if shared else ())]
+        worked = [*task.visit.get("worked", []), *(self.memory.worked_rungs if shared else ())]
         return remembered_rung(self.profile, self.adapter.model, self.thinking, worked)
 
     async def _commit(self, task: TaskState, trigger: str, data: EventData) -> TaskState:

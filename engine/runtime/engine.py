@@ -139,14 +139,6 @@ class Engine:
         self.archive_dir = Path(archive_dir if archive_dir is not None else config.archive_dir())
         #: Event hashes of the archive files last read (`_archived_hash`), by (file, sha256), oldest first.
         self._archive_hashes: dict[tuple[str, str], dict[tuple[str, int], str]] = {}
-        #: Request shapes a provider refused (profile:model:thinking:rung), shared by every task this engine runs;
-        #: each task's log remembers its own too, so a restarted process does not re-send them for that task.
-        self.refused_shapes: set[str] = set()
-        #: Rungs that worked after escalating for a (profile, model, thinking), remembered the same way.
-        self.worked_rungs: set[str] = set()
-        #: By task id: a shape refused by an error that did not name it, waiting for the task's next call to
-        #: confirm it (answered without it) before `refused_shapes` gets it (`AgentRunner.step`).
-        self.unconfirmed_shapes: dict[str, str] = {}
         self._kept_agent: AgentRunner | None = None
 
     def close(self) -> None:
@@ -290,7 +282,7 @@ class Engine:
 
     def step(self, task_id: str, *, model: ModelAdapter | None = None, thinking: bool = False) -> TaskState:
         """Run one model turn for a task in an agent state: exactly one event, whatever the model does."""
-        runner = AgentRunner(self, self._model(model), thinking=thinking)
+        runner = self._agent(self._model(model), thinking, INLINE)
         task = self.load(task_id)
         return run_sync(hooks.step(task, "agent", runner.turn))
 
@@ -363,7 +355,9 @@ class Engine:
         kept = self._kept_agent
         if kept is not None and kept.adapter is adapter and kept.io is io and kept.requested_thinking == thinking:
             return kept
-        runner = self._kept_agent = AgentRunner(self, adapter, thinking=thinking, io=io)
+        # The ladder's memory is per process: a runner for another adapter (or offload) takes the last one's over.
+        memory = kept.memory if kept is not None else None
+        runner = self._kept_agent = AgentRunner(self, adapter, thinking=thinking, io=io, memory=memory)
         return runner
 
     def _model(self, model: ModelAdapter | None) -> ModelAdapter:

@@ -18,13 +18,6 @@ from engine.core.payloads import EventData
 class TaskPort(Protocol):
     """Load, look up the definition, and append a decided step under optimistic concurrency."""
 
-    #: Request shapes a provider refused (profile:model:thinking:rung), shared by the tasks of one process.
-    refused_shapes: set[str]
-    #: Rungs that worked after escalating (profile:model:thinking:rung): where the next task starts.
-    worked_rungs: set[str]
-    #: By task: a shape demoted on a refusal whose fields did not name it, shared once its next call is answered.
-    unconfirmed_shapes: dict[str, str]
-
     def load(self, task_id: str) -> TaskState: ...
 
     def definition_of(self, task: TaskState) -> Workflow: ...
