@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from engine import ANYONE, Code, Engine, Registry, Workflow
+from engine import Code, Engine, Registry
 from engine.api import STATUS_BY_CODE, create_app
 from tests.support.api import (
     REFUND,
@@ -22,7 +22,7 @@ from tests.support.api import (
     to_open_write,
     token_table,
 )
-from tests.support.sample_workflows import OrderInput, refund_states
+from tests.support.sample_workflows import edited_refund_v1
 
 ORDER = {"customer": "c1", "balance": 500}
 
@@ -651,15 +651,7 @@ def test_replay_checks_the_log(client: TestClient, engine: Engine) -> None:
 
 def test_a_task_pinned_to_a_version_this_server_lacks_is_a_409(db_url: str, engine: Engine, tmp_path: Path) -> None:
     task_id = engine.start("refund", ORDER, actor="ann", version=1)
-    changed = Workflow(
-        name="refund",
-        version=1,
-        input=OrderInput,
-        states=refund_states(),
-        description="edited",
-        operator_role=ANYONE,
-        model_override_role=ANYONE,
-    )
+    changed = edited_refund_v1()
     for registry, code in ((Registry([]), Code.DEFINITION_MISSING), (Registry([changed]), Code.DEFINITION_CHANGED)):
         with (
             Engine(db_url, registry, authoriser=token_table()) as other,

@@ -24,7 +24,7 @@ from engine import (
     Wait,
     Workflow,
 )
-from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, OrderInput, refund_states
+from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, OrderInput, edited_refund_v1, refund_states
 
 
 class Loose(BaseModel):
@@ -148,15 +148,7 @@ def test_digest_is_stable_and_covers_content() -> None:
         model_override_role=ANYONE,
     )
     assert again.digest == REFUND_V1.digest
-    changed = Workflow(
-        name="refund",
-        version=1,
-        input=OrderInput,
-        states=refund_states(),
-        description="edited",
-        operator_role=ANYONE,
-        model_override_role=ANYONE,
-    )
+    changed = edited_refund_v1()
     assert changed.digest != REFUND_V1.digest
     assert len(REFUND_V1.digest) == 64
 
@@ -201,15 +193,7 @@ def test_registry_holds_versions_side_by_side_newest_by_default() -> None:
 
 
 def test_registry_refuses_two_contents_under_one_version() -> None:
-    changed = Workflow(
-        name="refund",
-        version=1,
-        input=OrderInput,
-        states=refund_states(),
-        description="edited",
-        operator_role=ANYONE,
-        model_override_role=ANYONE,
-    )
+    changed = edited_refund_v1()
     with pytest.raises(DefinitionError, match="two different definitions claim refund@1"):
         Registry([REFUND_V1, changed])
 

@@ -9,19 +9,23 @@ import pytest
 from sqlalchemy import text
 
 from engine import (
-    ANYONE,
     Code,
     ConcurrencyConflict,
     Engine,
     RailyardError,
     Registry,
     StaticRoles,
-    Workflow,
     verify_chain,
 )
 from tests.support.insider import sql
 from tests.support.postgres import libpq as _libpq
-from tests.support.sample_workflows import COUNTER, REFUND_V1, REFUND_V2, ROLES, OrderInput, refund_states
+from tests.support.sample_workflows import (
+    COUNTER,
+    REFUND_V1,
+    REFUND_V2,
+    ROLES,
+    edited_refund_v1,
+)
 from tests.support.stores import sql_store
 
 MakeEngine = Callable[..., Engine]
@@ -224,15 +228,7 @@ def test_loading_a_task_whose_version_is_gone_or_changed_is_refused(db_url: str)
         with pytest.raises(RailyardError) as missing:
             eng.get(task_id)
         assert missing.value.code is Code.DEFINITION_MISSING
-    changed = Workflow(
-        name="refund",
-        version=1,
-        input=OrderInput,
-        states=refund_states(),
-        description="edited",
-        operator_role=ANYONE,
-        model_override_role=ANYONE,
-    )
+    changed = edited_refund_v1()
     with Engine(db_url, Registry([changed]), authoriser=StaticRoles(ROLES)) as eng:
         with pytest.raises(RailyardError) as caught:
             eng.fire(task_id, "note", {"note": "x"}, actor="model")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,6 +93,14 @@ def refund_states() -> list:  # type: ignore[type-arg]
 REFUND_V1 = Workflow(
     name="refund", version=1, input=OrderInput, states=refund_states(), operator_role=ANYONE, model_override_role=ANYONE
 )
+
+
+def edited_refund_v1() -> Workflow:
+    """refund@1 with its description edited and the same version: code that changed without a new version (a
+    function, so that a registry reading this module's workflows does not find two refund@1)."""
+    return dataclasses.replace(REFUND_V1, description="edited")
+
+
 REFUND_V2 = Workflow(
     name="refund",
     version=2,
