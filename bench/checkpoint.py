@@ -56,9 +56,9 @@ from engine import Engine, Registry
 url, what, key, where, public = sys.argv[1:6]
 with Engine(url, Registry([])) as engine:
     if what == "checkpoint":
-        engine.checkpoint(key, where)
+        engine.audit.checkpoint(key, where)
     else:
-        engine.judge_checkpoint(where, public)
+        engine.audit.judge_checkpoint(where, public)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
@@ -152,11 +152,11 @@ def main() -> int:
                     assert raw_scan(url) == size
                     raw_s.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
-                    header, path, _ = engine.checkpoint(key, Path(tmp) / f"cp-{size}-{r}")
+                    header, path, _ = engine.audit.checkpoint(key, Path(tmp) / f"cp-{size}-{r}")
                     take_s.append(time.perf_counter() - t0)
                     assert header.tree_size == size
                     t0 = time.perf_counter()
-                    _, reports = engine.judge_checkpoint(path, public)
+                    _, reports = engine.audit.judge_checkpoint(path, public)
                     judge_s.append(time.perf_counter() - t0)
                     assert reports == []
                 memory = {

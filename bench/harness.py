@@ -481,7 +481,7 @@ url = sys.stdin.readline().strip()  # sent once the data is loaded
 eng = make_engine(url)
 started = time.perf_counter()
 tasks = events = findings = 0
-for report in eng.replay_all(jobs={jobs}):
+for report in eng.audit.replay_all(jobs={jobs}):
     tasks += 1
     events += report.events
     findings += len(report.findings)

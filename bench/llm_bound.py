@@ -541,7 +541,7 @@ def verify(registry: Registry, url: str, ids: list[str], case: Case, totals: dic
     moved exactly once under each, under no other."""
     bench_url = with_app(url, BENCH_APP)
     with Engine(bench_url, registry, authoriser=StaticRoles({})) as eng:
-        reports = list(eng.replay_all(jobs=1))
+        reports = list(eng.audit.replay_all(jobs=1))
         histories = {task_id: eng.history(task_id) for task_id in ids} if case.workflow == "refund" else {}
     with psycopg.connect(libpq(url), autocommit=True) as conn:
         rows = conn.execute("SELECT task_id, state, status FROM tasks").fetchall()

@@ -5,13 +5,13 @@ On PostgreSQL (the engine for real audits):
   (a) one task with 100,000 events      `Engine.replay(task, jobs=N)`: every hash recomputed, the chain, seq,
                                          each transition's legality, the fold against the row and
                                          every snapshot (one every 10 events, as the engine writes them)
-  (b) 10,000 tasks x 20 events           `Engine.replay_all(workflow=..., jobs=N)`, the same checks per task
+  (b) 10,000 tasks x 20 events           `Engine.audit.replay_all(workflow=..., jobs=N)`, the same checks per task
   raw                                    psycopg by hand: `SELECT <every events column> ... ORDER BY ...`
                                          of the same rows, fetched, nothing computed
 
 N is the number of CPUs available, what `railyard replay` uses by default (`engine.audit.parallel`); the
 same replays in one process (`jobs=1`) are measured next to them. And the peak memory (`ru_maxrss`)
-of `Engine.replay_all(jobs=N)` over every task, of its process and of its largest job, each run in its
+of `Engine.audit.replay_all(jobs=N)` over every task, of its process and of its largest job, each run in its
 own subprocess, once over the data of (a) and (b) and again after more long tasks bring the database
 to 1,000,000 events: flat memory means the two are about the same. The subprocesses are started
 before any data is generated, because Linux carries a parent's peak RSS into a child across exec.
@@ -113,7 +113,7 @@ def replay_one(eng: Engine, task_id: str, jobs: int) -> Sample:
 def replay_many(eng: Engine, workflow: str, jobs: int) -> Sample:
     started, cpu = time.perf_counter(), time.process_time()
     events = 0
-    for report in eng.replay_all(workflow=workflow, jobs=jobs):
+    for report in eng.audit.replay_all(workflow=workflow, jobs=jobs):
         assert report.ok, (report.task_id, report.findings[:3])
         events += report.events
     return time.perf_counter() - started, events, time.process_time() - cpu
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             many,
             ">=",
             100_000,
-            f"Engine.replay_all(jobs={jobs}), {plan.short_tasks:,} tasks x {plan.short_events} events",
+            f"Engine.audit.replay_all(jobs={jobs}), {plan.short_tasks:,} tasks x {plan.short_events} events",
         ),
         target("one_task_vs_raw", ratios["one_task_vs_raw"], ">=", 0.3, "replay / raw SELECT, one task"),
         target("many_tasks_vs_raw", ratios["many_tasks_vs_raw"], ">=", 0.3, "replay_all / raw SELECT, many tasks"),

@@ -20,7 +20,7 @@ the rounds:
 
 Then, for each database:
 
-  replay            `Engine.replay_all(jobs=N)` over every task, in a process of its own started before any
+  replay            `Engine.audit.replay_all(jobs=N)` over every task, in a process of its own started before any
                     data was generated: events per second and its peak RSS (and its largest job's); the small
                     database is replayed before and after the large one, and its rate is the mean of the two
   bytes             `pg_table_size`, `pg_indexes_size` and `pg_total_relation_size` of events, tasks and

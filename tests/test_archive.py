@@ -55,7 +55,7 @@ def stored_events(eng: Engine, task_id: str) -> int:
 def test_ended_tasks_move_to_a_verified_file_and_stay_provable(eng: Engine) -> None:
     ended, running = ended_and_running(eng)
     before = {t: (eng.history(t), eng.get(t).to_dict()) for t in ended}
-    done = eng.archive(now() + timedelta(seconds=1))
+    done = eng.audit.archive(now() + timedelta(seconds=1))
     assert (done.tasks, done.events, len(done.files)) == (2, sum(len(before[t][0]) for t in ended), 1)
     assert (eng.archive_dir / done.files[0]).is_file()
     for task_id in ended:
@@ -67,8 +67,8 @@ def test_ended_tasks_move_to_a_verified_file_and_stay_provable(eng: Engine) -> N
         report = eng.replay(task_id)
         assert report.ok and report.events == len(before[task_id][0])
     assert stored_events(eng, running) == 2 and eng.store.archive_of(running) is None
-    assert all(r.ok for r in eng.replay_all())
-    assert eng.archive(now() + timedelta(seconds=1)).tasks == 0  # nothing left to archive
+    assert all(r.ok for r in eng.audit.replay_all())
+    assert eng.audit.archive(now() + timedelta(seconds=1)).tasks == 0  # nothing left to archive
 
 
 @pytest.mark.parametrize("batch", [500, 2])
@@ -78,7 +78,7 @@ def test_replay_all_reads_each_archive_file_once(eng: Engine, monkeypatch: pytes
     from engine.audit import archive
 
     ended = [t for _ in range(3) for t in ended_and_running(eng)[0]]
-    files = eng.archive(now() + timedelta(seconds=1), batch=batch).files
+    files = eng.audit.archive(now() + timedelta(seconds=1), batch=batch).files
     assert len(files) == 6 // min(batch, 6)
     opened: list[str] = []
     check = archive._check_file
@@ -88,28 +88,30 @@ def test_replay_all_reads_each_archive_file_once(eng: Engine, monkeypatch: pytes
         return check(path, lookup, origin)
 
     monkeypatch.setattr(archive, "_check_file", counted)
-    reports = [r for r in eng.replay_all() if r.task_id in ended]
+    reports = [r for r in eng.audit.replay_all() if r.task_id in ended]
     assert sorted(r.task_id for r in reports) == sorted(ended) and all(r.ok for r in reports)
     assert sorted(opened) == sorted(files)  # one read per file, not one per task
-    everything = [r.task_id for r in eng.replay_all(workflow="counter")]  # each task once, archived or not
+    everything = [r.task_id for r in eng.audit.replay_all(workflow="counter")]  # each task once, archived or not
     assert sorted(everything) == sorted(eng.store.task_ids(workflow="counter")) and len(everything) == 9
 
 
 def test_only_tasks_that_ended_before_the_date_are_archived(eng: Engine) -> None:
     ended, _ = ended_and_running(eng)
-    assert eng.archive(now() - timedelta(days=1)).tasks == 0
+    assert eng.audit.archive(now() - timedelta(days=1)).tasks == 0
     assert all(stored_events(eng, t) > 0 for t in ended)
 
 
 def test_an_edited_or_lost_archive_file_is_an_audit_finding(eng: Engine) -> None:
     ended, _ = ended_and_running(eng)
-    [name] = eng.archive(now() + timedelta(seconds=1)).files
+    [name] = eng.audit.archive(now() + timedelta(seconds=1)).files
     path = eng.archive_dir / name
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     assert "HASH_MISMATCH" in eng.replay(ended[0]).codes
-    assert {r.task_id: r.codes for r in eng.replay_all() if r.task_id in ended} == {t: ["HASH_MISMATCH"] for t in ended}
+    assert {r.task_id: r.codes for r in eng.audit.replay_all() if r.task_id in ended} == {
+        t: ["HASH_MISMATCH"] for t in ended
+    }
     with pytest.raises(RailyardError) as caught:
         eng.history(ended[0])
     assert caught.value.code is Code.HASH_MISMATCH
@@ -128,7 +130,7 @@ def test_a_log_that_does_not_verify_is_never_archived(eng: Engine) -> None:
             {"d": json.dumps({"args": {"n": 99}}), "t": ended[0]},
         )
     with pytest.raises(RailyardError) as caught:
-        eng.archive(now() + timedelta(seconds=1))
+        eng.audit.archive(now() + timedelta(seconds=1))
     assert caught.value.code is Code.HASH_MISMATCH
     assert all(stored_events(eng, t) > 0 for t in ended)  # nothing deleted, evidence kept
     assert all(eng.store.archive_of(t) is None for t in ended)

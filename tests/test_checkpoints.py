@@ -52,7 +52,7 @@ def started(eng: Engine, n: int = 4) -> list[str]:
 
 
 def judged(eng: Engine, path: Path, public: str) -> dict[str, list[Code]]:
-    _, reports = eng.judge_checkpoint(path, public)
+    _, reports = eng.audit.judge_checkpoint(path, public)
     return {r.task_id: [f.code for f in r.findings] for r in reports}
 
 
@@ -75,9 +75,9 @@ def test_an_honest_database_holds_what_its_checkpoint_committed_to(
 ) -> None:
     key, public = signer
     ids = started(eng)
-    header, path, _ = eng.checkpoint(key, tmp_path / "cp")
+    header, path, _ = eng.audit.checkpoint(key, tmp_path / "cp")
     assert header.tree_size == len(ids) and path.exists()
-    again, _, _ = eng.checkpoint(key, tmp_path / "cp")  # nothing changed: the same root, a checkpoint of its own
+    again, _, _ = eng.audit.checkpoint(key, tmp_path / "cp")  # nothing changed: the same root, a checkpoint of its own
     assert (again.root, again.previous_root) == (header.root, header.root)
     eng.fire(ids[0], "approve", {}, actor="dana")  # logs go on after it: they extend what it covered
     assert judged(eng, path, public) == {}
@@ -90,20 +90,20 @@ def test_truncating_a_task_and_setting_its_row_back_is_found_only_against_the_ch
 ) -> None:
     key, public = signer
     ids = started(eng)
-    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.audit.checkpoint(key, tmp_path / "cp")
     step_back(db_url, ids[1], 2)
-    assert all(r.ok for r in eng.replay_all())  # the log still proves its (shorter) state
+    assert all(r.ok for r in eng.audit.replay_all())  # the log still proves its (shorter) state
     assert judged(eng, path, public) == {ids[1]: [Code.TASK_TRUNCATED]}
 
 
 def test_deleting_a_whole_task_is_found(eng: Engine, db_url: str, signer: tuple[Path, str], tmp_path: Path) -> None:
     key, public = signer
     ids = started(eng)
-    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.audit.checkpoint(key, tmp_path / "cp")
     with sql(db_url) as conn:
         for table in ("snapshots", "events", "tasks"):
             conn.execute(text(f"DELETE FROM {table} WHERE task_id = :t"), {"t": ids[2]})
-    assert all(r.ok for r in eng.replay_all())
+    assert all(r.ok for r in eng.audit.replay_all())
     assert judged(eng, path, public) == {ids[2]: [Code.TASK_MISSING]}
 
 
@@ -112,13 +112,13 @@ def test_rewriting_a_suffix_with_recomputed_hashes_is_found(
 ) -> None:
     key, public = signer
     ids = started(eng)
-    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.audit.checkpoint(key, tmp_path / "cp")
     victim = ids[3]
     step_back(db_url, victim, 2)
     # A legal event in its place, its hash recomputed (by the engine's own code): a new truth, written by
     # someone who can write the database.
     eng.fire(victim, "propose", {"amount": 450, "reason": "damaged"}, actor="model")
-    assert all(r.ok for r in eng.replay_all())
+    assert all(r.ok for r in eng.audit.replay_all())
     assert judged(eng, path, public) == {victim: [Code.HEAD_REWRITTEN]}
 
 
@@ -127,7 +127,7 @@ def test_a_checkpoint_judged_with_another_key_proves_nothing(
 ) -> None:
     key, _ = signer
     started(eng, 2)
-    _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+    _, path, _ = eng.audit.checkpoint(key, tmp_path / "cp")
     other = keygen(tmp_path / "other.key")
     assert judged(eng, path, other) == {"": [Code.CHECKPOINT_INVALID]}
 
@@ -164,7 +164,7 @@ def test_a_checkpoint_row_cannot_be_edited_either(
 ) -> None:
     key, _ = signer
     started(eng, 1)
-    eng.checkpoint(key, tmp_path / "cp")
+    eng.audit.checkpoint(key, tmp_path / "cp")
     console = create_engine(db_url)
     try:
         for statement in ("UPDATE checkpoints SET tree_size = 0", "DELETE FROM checkpoints"):
@@ -234,7 +234,7 @@ def test_every_honest_history_verifies_and_every_edit_of_a_checkpointed_prefix_i
         for task_id, n in zip(ids, notes, strict=True):
             for _ in range(n):
                 eng.fire(task_id, "note", {"note": "x"}, actor="model")
-        _, path, _ = eng.checkpoint(key, tmp)
+        _, path, _ = eng.audit.checkpoint(key, tmp)
         for index in later:
             eng.fire(ids[index % len(ids)], "note", {"note": "after"}, actor="model")
         victim = data.draw(st.sampled_from(ids))
@@ -301,7 +301,7 @@ def test_an_export_against_a_checkpoint_finds_a_dropped_event_and_a_dropped_task
     monkeypatch.setenv("RAILYARD_WORKFLOWS", "tests.support.sample_workflows")
     with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
         ids = started(eng, 3)
-        _, checkpoint, _ = eng.checkpoint(key, tmp_path / "cp")
+        _, checkpoint, _ = eng.audit.checkpoint(key, tmp_path / "cp")
         status_of = eng.definition_of(eng.load(ids[0])).status_of
     exported = tmp_path / "all.jsonl"
     result = runner.invoke(app, ["export", "--all", "--checkpoint", str(checkpoint)])
@@ -477,7 +477,7 @@ def test_the_chain_of_checkpoints_is_the_files_and_a_verifier_may_hold_several_k
 
         # In a folder with no checkpoint, the database's note is all there is to name: here the forged one,
         # whose checkpoint no one can show, so the chain through it cannot be followed.
-        _, stray, _ = eng.checkpoint(key, tmp_path / "empty")
+        _, stray, _ = eng.audit.checkpoint(key, tmp_path / "empty")
         assert read_header(stray).previous_root == "f" * 64
         [finding] = json.loads(verify(first, {"file": str(stray)}).stdout)["findings"]
         assert finding["code"] == "CHECKPOINT_NOT_EXTENDING" and "cannot be followed" in finding["message"]
@@ -517,16 +517,16 @@ def test_an_archive_file_gone_is_said_as_such_against_a_checkpoint(
     ) as eng:
         moving, still = started(eng, 2)
         eng.fire(still, "reject", {"note": "no"}, actor="dana")
-        _, older, _ = eng.checkpoint(key, tmp_path / "cp")
+        _, older, _ = eng.audit.checkpoint(key, tmp_path / "cp")
         eng.fire(moving, "reject", {"note": "no"}, actor="dana")
-        _, newer, _ = eng.checkpoint(key, tmp_path / "cp")
-        assert eng.archive(now() + timedelta(seconds=1)).tasks == 2
-        assert judged(eng, older, public) == {} and eng.checkpoint_extends(older, newer, public) == []
+        _, newer, _ = eng.audit.checkpoint(key, tmp_path / "cp")
+        assert eng.audit.archive(now() + timedelta(seconds=1)).tasks == 2
+        assert judged(eng, older, public) == {} and eng.audit.checkpoint_extends(older, newer, public) == []
         for name in (tmp_path / "archive").iterdir():
             name.unlink()
         assert judged(eng, older, public) == {moving: [Code.ARCHIVE_MISSING]}
         assert judged(eng, newer, public) == {}  # its heads are the archived ones: the tombstones still say them
-        assert [f.code for f in eng.checkpoint_extends(older, newer, public)] == [Code.ARCHIVE_MISSING]
+        assert [f.code for f in eng.audit.checkpoint_extends(older, newer, public)] == [Code.ARCHIVE_MISSING]
 
 
 def test_a_checkpoint_the_database_cannot_note_still_stands(
@@ -560,7 +560,7 @@ def test_a_newer_head_that_does_not_chain_from_the_older_one_does_not_extend_it(
     key, public = signer
     with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
         [task_id] = started(eng, 1)
-        _, older, _ = eng.checkpoint(key, tmp_path / "cp")
+        _, older, _ = eng.audit.checkpoint(key, tmp_path / "cp")
         with sql(db_url) as conn:
             conn.execute(
                 text(
@@ -573,8 +573,8 @@ def test_a_newer_head_that_does_not_chain_from_the_older_one_does_not_extend_it(
             conn.execute(
                 text("UPDATE tasks SET seq = 4, last_hash = :h WHERE task_id = :t"), {"t": task_id, "h": "ab" * 32}
             )
-        _, newer, _ = eng.checkpoint(key, tmp_path / "cp")
-        [finding] = eng.checkpoint_extends(older, newer, public)
+        _, newer, _ = eng.audit.checkpoint(key, tmp_path / "cp")
+        [finding] = eng.audit.checkpoint_extends(older, newer, public)
         assert finding.code is Code.CHECKPOINT_NOT_EXTENDING and task_id in finding.message
 
 
@@ -585,7 +585,7 @@ def test_a_log_cut_under_a_row_left_standing_is_truncated_against_the_checkpoint
     key, public = signer
     with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
         [task_id] = started(eng, 1)
-        _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+        _, path, _ = eng.audit.checkpoint(key, tmp_path / "cp")
         with sql(db_url) as conn:
             conn.execute(text("DELETE FROM snapshots WHERE task_id = :t"), {"t": task_id})
             conn.execute(text("DELETE FROM events WHERE task_id = :t AND seq = 3"), {"t": task_id})
@@ -600,7 +600,7 @@ def test_a_session_that_may_write_the_permits_table_gets_past_the_guard_and_the_
     key, public = signer
     with Engine(db_url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
         [task_id] = started(eng, 1)
-        _, path, _ = eng.checkpoint(key, tmp_path / "cp")
+        _, path, _ = eng.audit.checkpoint(key, tmp_path / "cp")
     console = create_engine(db_url)
     try:
         with console.begin() as conn:  # no trigger dropped, no replica role: a plain session

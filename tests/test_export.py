@@ -106,19 +106,19 @@ def test_an_archived_task_is_exported_shown_as_of_and_drawn_from_its_file(db_url
     ) as eng:
         first, second = two_tasks(eng)
         eng.cancel(second, actor="ann", reason="done")
-        live = {seq: eng.as_of(first, seq) for seq in range(1, 6)}
+        live = {seq: eng.audit.as_of(first, seq) for seq in range(1, 6)}
         before = exported(eng, [first])
-        path = eng.path(first)
-        assert eng.archive(now() + timedelta(seconds=1)).tasks == 2
+        path = eng.audit.path(first)
+        assert eng.audit.archive(now() + timedelta(seconds=1)).tasks == 2
         assert eng.store.events(first) == []  # only the tombstone row is left in the database
         assert b"".join(export_lines_of(eng, [first])) == before
         assert findings(verify(b"".join(export_lines_of(eng, None)))) == []
         for seq, state in live.items():
-            assert eng.as_of(first, seq) == state
-        at = eng.as_of_event(first, 3).event.at
-        assert eng.as_of(first, at=at).seq == 3
-        assert eng.path(first) == path
+            assert eng.audit.as_of(first, seq) == state
+        at = eng.audit.as_of_event(first, 3).event.at
+        assert eng.audit.as_of(first, at=at).seq == 3
+        assert eng.audit.path(first) == path
 
 
 def export_lines_of(eng: Engine, task_ids: list[str] | None) -> list[bytes]:
-    return [line.encode("utf-8") for line in export_lines(eng.logs(task_ids))]
+    return [line.encode("utf-8") for line in export_lines(eng.audit.logs(task_ids))]

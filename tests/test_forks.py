@@ -122,7 +122,7 @@ def test_a_fork_at_several_seqs_carries_the_state_there_and_both_tasks_replay_cl
     source = rejected_by_the_model(eng)
     before = eng.history(source)
     for seq in range(1, len(before)):  # every seq but the last, terminal one
-        as_of = eng.as_of(source, seq=seq)
+        as_of = eng.audit.as_of(source, seq=seq)
         fork = eng.fork(source, seq, actor="olga", reason="re-run with the new model", version=1)
         first = eng.history(fork)[0]
         assert (first.seq, first.trigger, first.from_state, first.to_state, first.actor) == (
@@ -158,7 +158,7 @@ def test_a_fork_at_several_seqs_carries_the_state_there_and_both_tasks_replay_cl
         assert eng.replay(fork).ok, eng.replay(fork).findings
         ended(eng, fork)
     assert eng.history(source) == before  # the source is only read
-    assert all(report.ok for report in eng.replay_all()), [r.findings for r in eng.replay_all() if not r.ok]
+    assert all(report.ok for report in eng.audit.replay_all()), [r.findings for r in eng.audit.replay_all() if not r.ok]
     assert books.payments.requests() == []
 
 
@@ -179,7 +179,7 @@ def test_a_fork_goes_on_to_its_own_end_and_a_fork_of_a_fork_replays_clean(eng: E
     assert eng.get(again).state == "eligible"
     for task_id in (source, fork, again):
         assert eng.replay(task_id).ok, eng.replay(task_id).findings
-    assert all(r.ok for r in eng.replay_all(jobs=2))
+    assert all(r.ok for r in eng.audit.replay_all(jobs=2))
     assert books.payments.requests() == []
 
 
@@ -589,12 +589,12 @@ def test_a_fork_is_checked_against_its_source_in_the_archive_and_a_lost_archive_
         model = ScriptedModel([call("reject", reason="Still wear, not transit damage.")], profile="anthropic")
         assert engine.run(ended, model=model).state == "rejected"
         waiting = engine.fork(source, at, actor="olga", reason="and again", version=1)  # stays in `eligible`
-        engine.archive(now() + timedelta(seconds=1))
+        engine.audit.archive(now() + timedelta(seconds=1))
         assert engine.store.archive_of(source) is not None and engine.store.archive_of(ended) is not None
         assert engine.store.events(source) == [] and engine.store.archive_of(waiting) is None
         for task_id in (waiting, ended, source):
             assert engine.replay(task_id).ok, engine.replay(task_id).findings
-        assert all(r.ok for r in engine.replay_all())
+        assert all(r.ok for r in engine.audit.replay_all())
 
         for file in tmp_path.iterdir():  # the archive is lost: where the forks came from cannot be proven
             file.rename(file.with_suffix(".gone"))
@@ -710,7 +710,7 @@ def test_a_forged_fork_or_redrive_the_engine_would_refuse_is_found_by_replay(eng
 
     point = seq_of(eng, task_id, "assess_eligibility")  # before the payment, of a task that goes on
     assert refused(lambda: eng.fork(task_id, point, actor="olga", reason="x")).code is Code.FORK_INVALID
-    source = eng.as_of(task_id, seq=point)
+    source = eng.audit.as_of(task_id, seq=point)
     at = now()
     first = seal(
         task_id="forged-fork",

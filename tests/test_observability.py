@@ -199,7 +199,7 @@ def test_a_refund_emits_one_trace_per_step_linked_by_its_task_id(
     assert (replay.attributes or {})["railyard.findings"] == 0
     assert (replay.attributes or {})["railyard.seq"] == len(history)
     spans.clear()
-    assert [r.task_id for r in eng.replay_all(workflow="refund")] == [task_id]
+    assert [r.task_id for r in eng.audit.replay_all(workflow="refund")] == [task_id]
     (again,) = by_name(spans.get_finished_spans(), "railyard.replay")
     assert (again.attributes or {})["railyard.task.id"] == task_id and again.parent is None
 

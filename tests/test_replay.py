@@ -61,10 +61,10 @@ def test_an_untampered_log_reports_nothing(make_engine: MakeEngine) -> None:
         assert (report.ok, report.findings, report.events, report.task_id) == (True, (), events, task_id)
     assert eng.replay(counting).workflow == "counter@1"
     assert len(eng.store.snapshots(counting)) == 13  # snapshots were there to check
-    reports = list(eng.replay_all())
+    reports = list(eng.audit.replay_all())
     assert sorted(r.task_id for r in reports) == sorted([done, counting, cancelled, fresh])
     assert all(r.ok for r in reports)
-    assert [r.task_id for r in eng.replay_all(workflow="counter")] == [counting]
+    assert [r.task_id for r in eng.audit.replay_all(workflow="counter")] == [counting]
 
 
 def test_replay_all_pages_through_tasks_and_filters_by_change_time(eng: Engine) -> None:
@@ -82,8 +82,8 @@ def test_replay_all_pages_through_tasks_and_filters_by_change_time(eng: Engine) 
         else:
             assert item.task_id == owner
     newest = max(eng.store.row(t).updated_at for t in ids)  # type: ignore[union-attr]
-    assert [r.task_id for r in eng.replay_all(since=newest + timedelta(seconds=1))] == []
-    assert len(list(eng.replay_all(since=newest - timedelta(days=1)))) == 7
+    assert [r.task_id for r in eng.audit.replay_all(since=newest + timedelta(seconds=1))] == []
+    assert len(list(eng.audit.replay_all(since=newest - timedelta(days=1)))) == 7
 
 
 def test_a_task_that_does_not_exist_is_refused(eng: Engine) -> None:
@@ -379,18 +379,18 @@ def test_as_of_every_seq_is_the_state_that_was_live_then(make_engine: MakeEngine
     eng = make_engine(snapshot_every=2)
     task_id, live = refund_to_completion(eng)
     for state in live:
-        assert eng.as_of(task_id, state.seq) == state
-    assert eng.as_of(task_id) == live[-1]
+        assert eng.audit.as_of(task_id, state.seq) == state
+    assert eng.audit.as_of(task_id) == live[-1]
     events = eng.history(task_id)
     for event in events:
-        assert eng.as_of(task_id, at=event.at).seq == event.seq
-    assert eng.as_of(task_id, at=events[2].at + timedelta(microseconds=1)).seq == 3
+        assert eng.audit.as_of(task_id, at=event.at).seq == event.seq
+    assert eng.audit.as_of(task_id, at=events[2].at + timedelta(microseconds=1)).seq == 3
     elsewhere = timezone(timedelta(hours=-5))  # the same instant written with another offset
-    assert eng.as_of(task_id, at=events[2].at.astimezone(elsewhere)).seq == 3
+    assert eng.audit.as_of(task_id, at=events[2].at.astimezone(elsewhere)).seq == 3
     with pytest.raises(ValueError, match="no event at or before"):
-        eng.as_of(task_id, at=events[0].at - timedelta(seconds=1))
+        eng.audit.as_of(task_id, at=events[0].at - timedelta(seconds=1))
     with pytest.raises(ValueError, match="no seq 9"):
-        eng.as_of(task_id, 9)
+        eng.audit.as_of(task_id, 9)
 
 
 # -- random valid runs ---------------------------------------------------------------------------------------
@@ -457,7 +457,7 @@ def test_random_valid_runs_replay_clean_and_as_of_matches_live(make_engine: Make
     assert report.ok, report.findings
     assert report.events == live[-1].seq
     for state in live:
-        assert eng.as_of(task_id, state.seq) == state
+        assert eng.audit.as_of(task_id, state.seq) == state
 
 
 def test_replay_and_as_of_cross_a_migration_and_judge_it(eng: Engine) -> None:
@@ -467,8 +467,8 @@ def test_replay_and_as_of_cross_a_migration_and_judge_it(eng: Engine) -> None:
     live.append(eng.fire(task_id, "propose", {"amount": 300, "reason": "damaged"}, actor="model"))
     assert eng.replay(task_id).ok
     for state in live:
-        assert eng.as_of(task_id, state.seq) == state
-    assert (eng.as_of(task_id, 2).version, eng.as_of(task_id, 3).version) == (1, 2)
+        assert eng.audit.as_of(task_id, state.seq) == state
+    assert (eng.audit.as_of(task_id, 2).version, eng.audit.as_of(task_id, 3).version) == (1, 2)
 
     # A migration forged with valid hashes but a state map that does not send the task where it went.
     forged = eng.start("refund", ORDER, actor="ann", version=1)
@@ -547,7 +547,7 @@ def test_a_legal_verdict_remembered_for_one_task_does_not_excuse_another(eng: En
             "risk": {"check": "tests.support.sample_workflows.other", "reason": "x"},
         },
     )
-    reports = {r.task_id: r for r in eng.replay_all(workflow="triage")}
+    reports = {r.task_id: r for r in eng.audit.replay_all(workflow="triage")}
     assert reports[fair].ok and codes(reports[forged]) == ["ILLEGAL_TRANSITION"]
 
 

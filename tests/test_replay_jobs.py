@@ -92,11 +92,11 @@ def test_many_tasks_a_page_per_job_come_back_in_order_with_the_same_findings(
     eng = make_engine(snapshot_every=3)
     ids = [counter_task(eng, n % 4) for n in range(11)]
     tamper(db_url, "UPDATE events SET actor = 'mallory' WHERE task_id = :t AND seq = 2", t=ids[5])
-    serial = list(eng.replay_all())
+    serial = list(eng.audit.replay_all())
     assert [r.task_id for r in serial] == sorted(ids)
-    assert list(eng.replay_all(jobs=3)) == serial
+    assert list(eng.audit.replay_all(jobs=3)) == serial
     assert [r.task_id for r in serial if not r.ok] == [ids[5]]
-    assert list(eng.replay_all(workflow="refund", jobs=2)) == []
+    assert list(eng.audit.replay_all(workflow="refund", jobs=2)) == []
 
 
 #: The task whose page kills the job that replays it (set by the test, inherited by the forked jobs).
@@ -119,11 +119,11 @@ def test_a_job_that_dies_costs_time_not_reports(make_engine: MakeEngine, monkeyp
     eng = make_engine(snapshot_every=3)
     ids = sorted(counter_task(eng, 2) for _ in range(10))
     long_id = counter_task(eng, 30)
-    serial = list(eng.replay_all())
+    serial = list(eng.audit.replay_all())
     DOOMED[:] = [ids[4]]
     try:
         monkeypatch.setattr(replay_jobs, "_replay_page", dying_page)
-        assert list(eng.replay_all(jobs=2)) == serial
+        assert list(eng.audit.replay_all(jobs=2)) == serial
         monkeypatch.setattr(replay_jobs, "_replay_stretch", dying_stretch)
         assert eng.replay(long_id, jobs=2) == eng.replay(long_id)
     finally:
@@ -137,13 +137,13 @@ def test_jobs_that_cannot_start_leave_replay_to_this_process(
     for n in range(7):
         counter_task(eng, n)
     long_id = counter_task(eng, 30)
-    serial = list(eng.replay_all())
+    serial = list(eng.audit.replay_all())
 
     def no_semaphores(*args: Any, **kwargs: Any) -> Any:
         raise OSError("[Errno 38] Function not implemented")
 
     monkeypatch.setattr(replay_jobs, "ProcessPoolExecutor", no_semaphores)
-    assert list(eng.replay_all(jobs=2)) == serial
+    assert list(eng.audit.replay_all(jobs=2)) == serial
     assert eng.replay(long_id, jobs=2) == eng.replay(long_id)
 
 

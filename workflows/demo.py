@@ -253,7 +253,7 @@ class Demo:
         self.console.print(table)
 
     def route(self, task_id: str) -> None:
-        row, visits, current = self.engine.path(task_id)  # what `railyard graph --task` draws
+        row, visits, current = self.engine.audit.path(task_id)  # what `railyard graph --task` draws
         definition = self.engine.registry.get(row.workflow, row.version)
         diagram = definition.machine.graph("mermaid", current=current, visits=visits)
         self.console.print(

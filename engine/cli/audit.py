@@ -73,9 +73,9 @@ def replay(
         else:
             against = None
             if checkpoint is not None and public_key:
-                header, judged = engine.judge_checkpoint(checkpoint, public_key)
+                header, judged = engine.audit.judge_checkpoint(checkpoint, public_key)
                 against = (checkpoint, header, judged)
-            reports = engine.replay_all(workflow=workflow, since=since_at, jobs=jobs)
+            reports = engine.audit.replay_all(workflow=workflow, since=since_at, jobs=jobs)
             found = render.audit_totals(reports, as_json, "replayed", against)
     if found:
         raise typer.Exit(EXIT_AUDIT)
@@ -114,7 +114,7 @@ def export(
             proof_of = proofs(read(checkpoint)) if checkpoint is not None else None
         except RailyardError as error:
             fail(error)
-        items = engine.logs(None if task_id is None else [task_id], workflow=workflow, since=since_at)
+        items = engine.audit.logs(None if task_id is None else [task_id], workflow=workflow, since=since_at)
         render.jsonl(export_lines(items, proof_of))
 
 
@@ -191,7 +191,7 @@ def archive(
     assert cutoff is not None
     with open_engine() as engine:
         try:
-            done = engine.archive(cutoff, batch=batch)
+            done = engine.audit.archive(cutoff, batch=batch)
         except RailyardError as error:
             fail(error)
         directory = str(engine.archive_dir)

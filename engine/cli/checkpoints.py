@@ -36,7 +36,7 @@ def checkpoint(
     if ctx.invoked_subcommand is not None:
         return
     with open_engine() as engine:
-        taken = engine.checkpoint(directory=directory)
+        taken = engine.audit.checkpoint(directory=directory)
     render.checkpoint_written(taken, as_json)
 
 
@@ -68,7 +68,7 @@ def verify(
     across a rotation). Exit 3 with CHECKPOINT_INVALID, CHECKPOINT_NOT_EXTENDING or ARCHIVE_MISSING findings.
     """
     with open_engine() as engine:
-        found = engine.checkpoint_extends(older, newer, public_key, directory or ())
+        found = engine.audit.checkpoint_extends(older, newer, public_key, directory or ())
     render.checkpoint_verdict(found, older, newer, as_json)
     if found:
         raise typer.Exit(EXIT_AUDIT)

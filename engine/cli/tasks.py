@@ -71,7 +71,7 @@ def show(
         else:
             seq, at = _point(as_of)
             try:
-                found = engine.as_of_event(task_id, seq=seq, at=at)
+                found = engine.audit.as_of_event(task_id, seq=seq, at=at)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--as-of") from None
             view, point = engine.view(found.task), found.event

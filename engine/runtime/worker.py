@@ -492,7 +492,7 @@ class Worker:
         """Sign a checkpoint of every task's head every `every` seconds, the first one at once."""
         while True:
             try:
-                header, path, unrecorded = self.engine.checkpoint()
+                header, path, unrecorded = self.engine.audit.checkpoint()
                 log.info("checkpoint %s: %s tasks, root %s", path.name, header.tree_size, header.root)
                 if unrecorded is not None:
                     log.warning("checkpoint %s is not noted in the database: %s", path.name, unrecorded)
