@@ -228,9 +228,12 @@ def test_the_login_throttle_counts_failures_in_a_sliding_window() -> None:
     assert throttle.retry_after(address="10.0.0.1", account="dana") == 50  # the first failure leaves at 60 s
     # The account is locked from that address only: whoever typed the name cannot lock its owner out elsewhere.
     assert throttle.retry_after(address="10.0.0.2", account="dana") is None
-    assert throttle.retry_after(address="10.0.0.1", account=None) is None  # two of the address's three
-    throttle.failed(address="10.0.0.1", account=None)
-    assert throttle.retry_after(address="10.0.0.1", account="erin") == 50  # the address has spent its three
+    # dana's two count once for the address: one person's typos do not lock out everyone behind it.
+    assert throttle.retry_after(address="10.0.0.1", account=None) is None
+    throttle.failed(address="10.0.0.1", account="erin")
+    assert throttle.retry_after(address="10.0.0.1", account="ann") is None  # two of the address's three
+    throttle.failed(address="10.0.0.1", account=None)  # an unnamed guess counts every time
+    assert throttle.retry_after(address="10.0.0.1", account="ann") == 50  # the address has spent its three
     # Another server process over the same database sees the same failures.
     other = LoginThrottle(store, per_account=2, per_address=3, window_seconds=60, clock=lambda: clock[0])
     assert other.retry_after(address="10.0.0.1", account="dana") == 50
@@ -241,6 +244,8 @@ def test_the_login_throttle_counts_failures_in_a_sliding_window() -> None:
     assert throttle.retry_after(address="10.0.0.3", account="dana") == 60
     throttle.succeeded(address="10.0.0.3", account="dana")  # clears dana's count from there, not the address's
     assert throttle.retry_after(address="10.0.0.3", account="dana") is None
+    throttle.failed(address="10.0.0.3", account=None)
+    assert throttle.retry_after(address="10.0.0.3", account=None) is None  # dana's two counted once: two of three
     throttle.failed(address="10.0.0.3", account=None)
     assert throttle.retry_after(address="10.0.0.3", account=None) == 60
 

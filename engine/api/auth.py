@@ -17,8 +17,9 @@ one is 403 whatever else it lacks: the `Origin` (or, without one, the
 `Referer`) must be this server, and the form's `csrf` field must match the
 session's. SameSite=Strict already keeps other sites' forms from sending the
 cookie; these cover browsers that do not honour it. Failed logins are counted
-per client address and per account (`LoginThrottle`): past the limit, logins
-are refused with LOGIN_THROTTLED (429) until the window has passed.
+per account and per client address separately (`LoginThrottle`: an account's
+repeated failures count once for its address): past a limit, logins are
+refused with LOGIN_THROTTLED (429) until the window has passed.
 """
 
 from __future__ import annotations
@@ -140,8 +141,16 @@ class LoginThrottle:
         return max(1, math.ceil(max(waits))) if waits else None
 
     def failed(self, *, address: str | None, account: str | None) -> None:
+        """Count a failed login. A named account's failures count against it every time, and against the address
+        once per window: one person's typos lock out that person, never everyone behind the same address (an
+        office's proxy); an address is stopped by many accounts failing, or by unnamed guesses, each counted."""
         at = self._clock()
-        self._store.note_login_failure(list(_keys(address, account)), at, forget_before=at - self._window)
+        keys = _keys(address, account)
+        if account and address:
+            named = _account_key(account, address)
+            if self._store.login_failures([named], at - self._window).get(named):
+                keys.pop(f"address:{address}", None)  # this account's failures have counted for the address once
+        self._store.note_login_failure(list(keys), at, forget_before=at - self._window)
 
     def succeeded(self, *, address: str | None, account: str) -> None:
         self._store.clear_login_failures(_account_key(account, address))
