@@ -40,7 +40,9 @@ runner = CliRunner()
 #: `CODE: message`, the one line a refusal prints.
 REFUSAL = re.compile(r"^([A-Z][A-Z_]+): \S")
 #: Commands that never open the database: a bad one is no concern of theirs.
-NO_DATABASE = frozenset({"workflows", "providers", "verify-export", "tokens new", "tokens hash", "checkpoint keygen"})
+NO_DATABASE = frozenset(
+    {"workflows", "providers", "verify-export", "tokens new", "tokens hash", "tokens list", "checkpoint keygen"}
+)
 #: Options beyond the required ones, so that the command gets as far as the database: a valid input, a task.
 EXTRA = {"start": ["--input", '{"customer": "c1", "balance": 500}'], "graph": ["--task", str(uuid.uuid4())]}
 #: Commands that check the files they are given before they connect: bad files are refused first.

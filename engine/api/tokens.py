@@ -9,29 +9,44 @@ allows cannot disagree. Pure apart from `load_tokens`, which reads the file.
     actor = "dana"
     roles = ["refund_approver"]
     sha256 = "<64 hex characters>"
+    expires = 2027-06-30T00:00:00Z   # optional: refused from then on
 
-`railyard tokens new --actor dana --role refund_approver` makes a random token,
-prints it once and prints the entry to paste into the file; `railyard tokens
-hash` hashes a token read from stdin (`engine.cli.tokens`).
+`railyard tokens new --actor dana --role refund_approver [--expires 90d]` makes
+a random token, prints it once and prints the entry to paste into the file;
+`railyard tokens hash` hashes a token read from stdin; `railyard tokens list`
+shows a file's entries, expired ones marked (`engine.cli.tokens`).
+
+The server reads the file again when it changes (`TokensFile`): a token added,
+a role granted, or an entry deleted (revoked) takes effect on the next request,
+without a restart, page sessions opened with a revoked or expired token
+included. An edit that does not parse leaves the last good table in force
+and is logged.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import os
 import re
 import secrets
+import threading
+import time
 import tomllib
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from engine.core.access import AUDITOR, Caller
+from engine.core.canonical import format_instant, now, parse_instant
 from engine.core.errors import Code, RailyardError
 from engine.runtime.engine import MAX_ACTOR_LENGTH
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+log = logging.getLogger("railyard.api")
 
 
 def hash_token(token: str) -> str:
@@ -51,6 +66,11 @@ class Principal:
     actor: str
     roles: frozenset[str]
     token_hash: str
+    #: From this instant on the token is refused (None: it does not expire).
+    expires: datetime | None = None
+
+    def expired(self, at: datetime) -> bool:
+        return self.expires is not None and at >= self.expires
 
     @property
     def read_only(self) -> bool:
@@ -63,45 +83,104 @@ class Principal:
 
 
 class TokenTable:
-    """Token hashes to principals; an actor's roles are the same whichever of its tokens is used."""
+    """Token hashes to principals; an actor's roles are the same whichever of its tokens is used. An expired token
+    is no token: `authenticate` and `by_hash` answer None for it (`clock` says when now is)."""
 
-    def __init__(self, principals: Iterable[Principal] = ()) -> None:
-        self._by_hash: dict[str, Principal] = {}
-        self._roles: dict[str, frozenset[str]] = {}
+    def __init__(self, principals: Iterable[Principal] = (), *, clock: Callable[[], datetime] = now) -> None:
+        self._clock = clock
+        self._state = self._build(principals)
+
+    @staticmethod
+    def _build(principals: Iterable[Principal]) -> tuple[dict[str, Principal], dict[str, frozenset[str]]]:
+        by_hash: dict[str, Principal] = {}
+        roles: dict[str, frozenset[str]] = {}
         problems: list[str] = []
         for p in principals:
-            if p.token_hash in self._by_hash:
+            if p.token_hash in by_hash:
                 problems.append(f"a token hash is listed twice (actor {p.actor!r})")
-            if self._roles.setdefault(p.actor, p.roles) != p.roles:
+            if roles.setdefault(p.actor, p.roles) != p.roles:
                 problems.append(f"actor {p.actor!r} has tokens with different roles")
-            self._by_hash[p.token_hash] = p
+            by_hash[p.token_hash] = p
         if problems:
             raise RailyardError("tokens: " + "; ".join(problems), code=Code.CONFIG_INVALID)
+        return by_hash, roles
 
     @classmethod
     def from_tokens(cls, tokens: Mapping[str, tuple[str, Set[str]]]) -> TokenTable:
         """A table from clear tokens (`token -> (actor, roles)`): for tests and tools, never a file format."""
         return cls(Principal(actor, frozenset(roles), hash_token(token)) for token, (actor, roles) in tokens.items())
 
+    def _current(self) -> tuple[dict[str, Principal], dict[str, frozenset[str]]]:
+        """The table in force (`TokensFile` reads its file again first when it changed)."""
+        return self._state
+
     def authenticate(self, token: str) -> Principal | None:
         """The principal of a presented token, or None; compared in constant time against each stored hash."""
         presented = hash_token(token)
         found = None
-        for stored, principal in self._by_hash.items():
+        for stored, principal in self._current()[0].items():
             if hmac.compare_digest(stored, presented):
                 found = principal
-        return found
+        return found if found is not None and not found.expired(self._clock()) else None
 
     def by_hash(self, token_hash: str) -> Principal | None:
-        """The principal a session cookie names (by the hash of the token it was opened with)."""
-        return self._by_hash.get(token_hash)
+        """The principal a session cookie names (by the hash of the token it was opened with): None once that token
+        is gone from the table or expired, which ends the session."""
+        found = self._current()[0].get(token_hash)
+        return found if found is not None and not found.expired(self._clock()) else None
 
     def roles_of(self, actor: str) -> Set[str]:
         """`Authoriser`: the engine asks this when it checks roles, so approvals follow the tokens file."""
-        return self._roles.get(actor, frozenset())
+        return self._current()[1].get(actor, frozenset())
+
+    def principals(self) -> list[Principal]:
+        """Every entry, expired ones included (`railyard tokens list`)."""
+        return list(self._current()[0].values())
 
     def __len__(self) -> int:
-        return len(self._by_hash)
+        return len(self._current()[0])
+
+
+class TokensFile(TokenTable):
+    """A tokens file, read again when it changes (its size or modification time), looked at no more often than
+    `every_seconds`: people and their roles change without a restart. An edit that does not parse keeps the last
+    good table."""
+
+    def __init__(self, path: str | Path, *, clock: Callable[[], datetime] = now, every_seconds: float = 1.0) -> None:
+        self.path = Path(path)
+        self._seen = self._stamp()
+        super().__init__(read_tokens(self.path).principals(), clock=clock)
+        self._lock = threading.Lock()
+        self._every = every_seconds
+        self._checked = float("-inf")
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return None
+        return found.st_mtime_ns, found.st_size
+
+    def _current(self) -> tuple[dict[str, Principal], dict[str, frozenset[str]]]:
+        moment = time.monotonic()
+        if moment - self._checked >= self._every and self._lock.acquire(blocking=False):
+            try:
+                self._checked = moment
+                stamp = self._stamp()
+                if stamp != self._seen:
+                    self._seen = stamp
+                    try:
+                        self._state = self._build(read_tokens(self.path).principals())
+                        log.info("tokens file %s read again: %d tokens", self.path, len(self._state[0]))
+                    except RailyardError as error:
+                        log.warning(
+                            "tokens file %s changed but is not usable (%s): the last good one stays",
+                            self.path,
+                            error.message[:200],
+                        )
+            finally:
+                self._lock.release()
+        return self._state
 
 
 def parse_tokens(doc: Mapping[str, Any], source: str = "tokens file") -> TokenTable:
@@ -116,7 +195,7 @@ def parse_tokens(doc: Mapping[str, Any], source: str = "tokens file") -> TokenTa
         if not isinstance(entry, dict):
             problems.append(f"{where} is not a table")
             continue
-        unknown = sorted(set(entry) - {"actor", "roles", "sha256"})
+        unknown = sorted(set(entry) - {"actor", "roles", "sha256", "expires"})
         if unknown:
             problems.append(f"{where}: unknown keys {unknown} (a clear-text token is never stored; use sha256)")
         actor, roles, digest = entry.get("actor"), entry.get("roles", []), entry.get("sha256")
@@ -126,14 +205,34 @@ def parse_tokens(doc: Mapping[str, Any], source: str = "tokens file") -> TokenTa
             problems.append(f"{where}: roles must be a list of role names")
         if not isinstance(digest, str) or not _HEX64.match(digest):
             problems.append(f"{where}: sha256 must be 64 lowercase hex characters")
+        expires = _expiry(entry.get("expires"))
+        if "expires" in entry and expires is None:
+            problems.append(f"{where}: expires must be a date-time with its offset (2027-06-30T00:00:00Z)")
         if not problems:
-            principals.append(Principal(str(actor), frozenset(roles), str(digest)))
+            principals.append(Principal(str(actor), frozenset(roles), str(digest), expires))
     if problems:
         raise RailyardError(f"{source}: " + "; ".join(problems), code=Code.CONFIG_INVALID)
     return TokenTable(principals)
 
 
-def load_tokens(path: str | Path) -> TokenTable:
+def _expiry(value: Any) -> datetime | None:
+    """An entry's `expires`: a TOML offset date-time, or the same written as a string; None if it is neither."""
+    if isinstance(value, str):
+        try:
+            value = parse_instant(value)
+        except (TypeError, ValueError):
+            return None
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value
+    return None
+
+
+def load_tokens(path: str | Path) -> TokensFile:
+    """The server's tokens: the file, read again whenever it changes."""
+    return TokensFile(path)
+
+
+def read_tokens(path: str | Path) -> TokenTable:
     try:
         doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -141,9 +240,10 @@ def load_tokens(path: str | Path) -> TokenTable:
     return parse_tokens(doc, f"tokens file {path}")
 
 
-def toml_entry(actor: str, roles: Iterable[str], token_hash: str) -> str:
+def toml_entry(actor: str, roles: Iterable[str], token_hash: str, expires: datetime | None = None) -> str:
     """The `[[token]]` entry for a tokens file (TOML basic strings, escaped through JSON's rules)."""
     import json
 
     role_list = ", ".join(json.dumps(r) for r in roles)
-    return f'[[token]]\nactor = {json.dumps(actor)}\nroles = [{role_list}]\nsha256 = "{token_hash}"\n'
+    until = f"expires = {format_instant(expires)}\n" if expires is not None else ""
+    return f'[[token]]\nactor = {json.dumps(actor)}\nroles = [{role_list}]\nsha256 = "{token_hash}"\n{until}'

@@ -512,6 +512,28 @@ def workflows(rows: list[dict[str, Any]], as_json: bool) -> None:
         err.print("no workflows registered: set RAILYARD_WORKFLOWS to the modules that define them", highlight=False)
 
 
+def tokens(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """A tokens file's entries (`railyard tokens list`): never a token, only the start of its hash."""
+    if as_json:
+        print_json(rows)
+        return
+    out.print(
+        _table(
+            "Tokens",
+            ("actor", "roles", "expires", "sha256"),
+            (
+                (
+                    r["actor"],
+                    ", ".join(r["roles"]),
+                    (r["expires"] or "never") + (" (expired)" if r["expired"] else ""),
+                    r["sha256"][:12],
+                )
+                for r in rows
+            ),
+        )
+    )
+
+
 def providers(rows: list[dict[str, Any]], as_json: bool) -> None:
     """The capability profiles and their forcing rungs (several actions / one action)."""
     if as_json:
