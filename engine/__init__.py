@@ -5,7 +5,8 @@ The public surface a user reads first:
 - declare a workflow: `Workflow`, the state kinds `Agent`, `Tool`, `Approval`, `Wait`, `Terminal`,
   and `Action` (with a pydantic argument model, guards and a role; `ANYONE` says any signed-in person may);
 - run it: `Engine` (`start`, `fire`, `cancel`, `get`, `history`, `load`, `transition`);
-- give it tools: `ToolCatalog`, `ToolDef`, `ToolKind`, `ToolInvocation`, `Reconciled`, `ToolFailed`,
+- give it tools: `ToolCatalog`, `ToolDef`, `ToolKind`, `ToolInvocation` (with who it is made for, `Acting`),
+  `Reconciled`, `ToolFailed`,
   and the argument types `MinorUnits`, `CurrencyCode`, `Money`, `UtcTimestamp`;
 - branch on refusals: `Code` and the `RailyardError` family;
 - observe it: `enable_tracing` (OpenTelemetry spans; the OTEL_* variables do it without code) and
@@ -58,6 +59,7 @@ from engine.core.payloads import EventData, event_code
 from engine.core.replay import ReplayReport
 from engine.core.summary import summarise
 from engine.core.tools import (
+    Acting,
     CurrencyCode,
     MinorUnits,
     Money,
@@ -91,6 +93,7 @@ __all__ = [
     "AUDITOR",
     "GENESIS_HASH",
     "SETTLE_MARGIN_SECONDS",
+    "Acting",
     "Action",
     "Agent",
     "Approval",

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from engine import (
     ANYONE,
     AUDITOR,
+    Acting,
     Action,
     Agent,
     Approval,
@@ -27,8 +28,15 @@ from engine import (
     DefinitionError,
     Engine,
     RailyardError,
+    Registry,
     ScriptedModel,
+    StaticRoles,
     Terminal,
+    Tool,
+    ToolCatalog,
+    ToolDef,
+    ToolInvocation,
+    ToolKind,
     Wait,
     Workflow,
 )
@@ -388,3 +396,44 @@ def test_a_hand_off_is_work_for_an_operator_only_and_nobody_without_a_role_is_ha
     assert queue["dana"]["items"] == [] and queue["dana"]["total"] == {"yours": 0, "others": 1}  # seen, not hers
     for person in ("bob", "sam"):
         assert queue[person]["items"] == [] and queue[person]["total"] == {"yours": 0, "others": 0}
+
+
+class Lookup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    q: str
+
+
+class Found(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+
+
+def test_a_tool_is_told_who_started_the_task_and_who_proposed_the_call(db_url: str) -> None:
+    """Tools receive the acting identity in their trusted context (`ToolInvocation.acting`), from the log: a tool
+    guarding an object checks ownership against it, never against what the model wrote."""
+    seen: list[Acting] = []
+
+    def lookup(call: ToolInvocation) -> Found:
+        seen.append(call.acting)
+        return Found(ok=True)
+
+    catalog = ToolCatalog("who", 1, [ToolDef("lookup", Lookup, Found, ToolKind.READ, lookup)])
+    flow = Workflow(
+        name="who",
+        version=1,
+        tools=catalog,
+        operator_role="ops",
+        model_override_role="ops",
+        states=[
+            Agent("asking", actions=[Action("lookup", "looking", Lookup, prepares="lookup"), Action("end", "done")]),
+            Tool("looking", tool="lookup", on_succeeded="asking", on_failed="asking", on_unknown="asking"),
+            Terminal("done"),
+        ],
+    )
+    with Engine(db_url, Registry([flow]), authoriser=StaticRoles({"olga": {"ops"}})) as engine:
+        task_id = engine.start("who", actor="portal")
+        engine.fire(task_id, "lookup", {"q": "by hand"}, actor="olga")  # standing in for the model
+        engine.run(task_id, max_turns=1)  # the tool state only
+        model = ScriptedModel([call("lookup", q="by the model")], profile="anthropic")
+        engine.run(task_id, model=model, max_turns=2)
+    assert seen == [Acting("portal", "olga"), Acting("portal", "model:scripted:scripted")]

@@ -389,8 +389,8 @@ def test_a_worker_that_dies_after_the_provider_paid_is_reconciled_by_action_id(
     approve(eng, task_id)
     action_id = prepared(eng, task_id)["action_id"]
 
-    def pays_then_dies(tool: Any, call_: Any) -> Any:
-        real_execute(tool, call_)  # the provider pays ...
+    def pays_then_dies(tool: Any, call_: Any, acting: Any) -> Any:
+        real_execute(tool, call_, acting)  # the provider pays ...
         raise KeyboardInterrupt  # ... and the worker stops before it records the answer
 
     monkeypatch.setattr("engine.runtime.tool_runner.execute", pays_then_dies)

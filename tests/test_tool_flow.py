@@ -125,8 +125,8 @@ def test_a_cancel_while_the_payment_is_in_flight_waits_for_its_outcome(
 
     seen: list[Any] = []
 
-    def cancel_while_running(tool: Any, prepared: Any) -> Any:
-        outcome = real_execute(tool, prepared)
+    def cancel_while_running(tool: Any, prepared: Any, acting: Any) -> Any:
+        outcome = real_execute(tool, prepared, acting)
         seen.append(eng.cancel(task_id, actor="ann", reason="customer called"))
         return outcome
 
@@ -262,10 +262,10 @@ def test_a_read_tool_is_simply_retried_and_a_failure_is_shown_to_the_model(
     task_id = eng.start("shop_refund", {"customer": "c1"}, actor="ann")
     crash = {"once": True}
 
-    def dies_once(tool: Any, prepared: Any) -> Any:
+    def dies_once(tool: Any, prepared: Any, acting: Any) -> Any:
         if crash.pop("once", False):
             raise KeyboardInterrupt  # the worker stops after the intent, before any outcome
-        return real_execute(tool, prepared)
+        return real_execute(tool, prepared, acting)
 
     monkeypatch.setattr("engine.runtime.tool_runner.execute", dies_once)
     with pytest.raises(KeyboardInterrupt):

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 from engine.core.errors import Code, Refused
 from engine.core.payloads import Outcome
 from engine.core.tools.catalog import Reconciled, ToolDef, ToolFailed, ToolKind
-from engine.core.tools.prepared import PreparedToolCall, ToolInvocation
+from engine.core.tools.prepared import Acting, PreparedToolCall, ToolInvocation
 from engine.core.tools.results import accept_result, clean_text
 
 log = logging.getLogger("railyard.tools")
@@ -110,7 +110,7 @@ def _elapsed_ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
-def execute(tool: ToolDef, prepared: PreparedToolCall) -> ToolOutcome:
+def execute(tool: ToolDef, prepared: PreparedToolCall, acting: Acting = Acting()) -> ToolOutcome:
     """Run `prepared` with `tool`: never raises for anything the tool does, only for a mismatched call.
 
     succeeded: the result passed `accept_result`. A read tool fails on a timeout,
@@ -126,7 +126,7 @@ def execute(tool: ToolDef, prepared: PreparedToolCall) -> ToolOutcome:
         )
     label = f"tool {tool.name} action {prepared.action_id}"
     uncertain: Literal["failed", "unknown"] = "unknown" if tool.kind is ToolKind.WRITE else "failed"
-    invocation = ToolInvocation(prepared, tool.timeout)
+    invocation = ToolInvocation(prepared, tool.timeout, acting)
     started = time.monotonic()
     call = _run_with_timeout(lambda: tool.run(invocation), tool.timeout, label)
     elapsed = _elapsed_ms(started)

@@ -43,7 +43,7 @@ from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, Refused
 from engine.core.fold import TaskState
 from engine.core.payloads import Asserted, EventData
 from engine.core.tools.catalog import ToolDef, ToolKind
-from engine.core.tools.prepared import PreparedToolCall
+from engine.core.tools.prepared import Acting, PreparedToolCall
 from engine.observability import hooks
 from engine.runtime.execute import ToolOutcome, execute, outcome_of, reconcile
 from engine.runtime.offload import INLINE, Offload
@@ -203,7 +203,8 @@ class ToolRunner:
             {"intent": prepared.to_dict(), "attempt": attempt, "requested_at": format_instant(now())},
             late=False,
         )
-        outcome = await self.io.wait(lambda: execute(tool, prepared))
+        acting = Acting(task.started_by, task.prepared_by)
+        outcome = await self.io.wait(lambda: execute(tool, prepared, acting))
         if hooks.active:
             code = str(outcome.code) if outcome.code is not None else None
             hooks.tool_call(

@@ -13,12 +13,13 @@ import, may import `engine.core.tools` at module level.
 """
 
 from engine.core.tools.catalog import Reconciled, ToolCatalog, ToolDef, ToolFailed, ToolKind
-from engine.core.tools.prepared import PreparedToolCall, ToolInvocation, action_id_for, prepare, resolve
+from engine.core.tools.prepared import Acting, PreparedToolCall, ToolInvocation, action_id_for, prepare, resolve
 from engine.core.tools.results import RESULT_NOTICE, accept_result, wrap_error_for_model, wrap_for_model
 from engine.core.tools.types import CurrencyCode, MinorUnits, Money, UtcTimestamp
 
 __all__ = [
     "RESULT_NOTICE",
+    "Acting",
     "CurrencyCode",
     "MinorUnits",
     "Money",

@@ -281,9 +281,20 @@ def resolve(catalog: ToolCatalog, prepared: PreparedToolCall) -> ToolDef:
     return tool
 
 
+@dataclass(frozen=True, slots=True)
+class Acting:
+    """Who the call is made for, from the task's log (trusted; never the model's arguments): whoever started the
+    task and whoever proposed the call (the model's actor, or the person who stood in for it). A tool that guards
+    an object (a customer's order) checks ownership against these, not against anything the model wrote."""
+
+    started_by: str = ""
+    proposed_by: str | None = None
+
+
 @dataclass(frozen=True)
 class ToolInvocation:
-    """What a tool implementation receives: the prepared call, and how long the engine will wait for it.
+    """What a tool implementation receives: the prepared call, how long the engine will wait for it, and who it
+    is made for (`acting`, trusted).
 
     Send `idempotency_key` to the remote (it is the action id), and set any
     network timeout below `timeout`: past it the engine stops waiting and the
@@ -292,6 +303,7 @@ class ToolInvocation:
 
     prepared: PreparedToolCall
     timeout: float
+    acting: Acting = Acting()
 
     @property
     def task_id(self) -> str:
