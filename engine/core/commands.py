@@ -23,7 +23,7 @@ from engine.core.access import Caller, operator_refusal
 from engine.core.approvals import check_decision, full_digest
 from engine.core.canonical import GENESIS_HASH
 from engine.core.decide import Decision, decide, validate_payload
-from engine.core.definition import FORK, REDRIVE, START, Tool, Workflow
+from engine.core.definition import CANCEL, FORK, REDRIVE, START, Tool, Workflow
 from engine.core.effects import SETTLE
 from engine.core.errors import Code, Refused
 from engine.core.events import Event, seal
@@ -99,6 +99,12 @@ def start(
         data={"workflow": definition.ref, "digest": definition.digest, "input": input_json or {}},
         fields=definition.search_values(input_json),
     )
+
+
+def cancel(definition: Workflow, task: TaskState, *, caller: Caller, reason: str) -> Decision:
+    """Stop the task, from any state that is not terminal: to `cancelled`, or, while a write's outcome is open, a
+    `cancel_requested` recorded until it settles (`decide` turns the one into the other)."""
+    return decide(definition, task, CANCEL, {"reason": reason}, actor=caller.actor, roles=caller.roles)
 
 
 def approval(

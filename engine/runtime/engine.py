@@ -23,7 +23,7 @@ from engine.core.approvals import DECISIONS, pending_view
 from engine.core.canonical import canonical_json, format_instant, now
 from engine.core.commands import NewTask
 from engine.core.decide import Decision, decide
-from engine.core.definition import CANCEL, FORK, MIGRATE, Agent, Approval, StateKind, Tool, Workflow
+from engine.core.definition import FORK, MIGRATE, Agent, Approval, StateKind, Tool, Workflow
 from engine.core.effects import SETTLE, lands_until
 from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
 from engine.core.events import Event, seal
@@ -482,7 +482,10 @@ class Engine:
         `cancelled` if nothing happened, or to the workflow's `effect_after_cancel` state if it did. A cancel
         that finds the task moved on after it read it is refused (CONCURRENCY_CONFLICT), not retried.
         """
-        return self.fire(task_id, CANCEL, {"reason": reason}, actor=actor, expected_seq=expected_seq)
+        _check_actor(actor)
+        task = self._as_seen(task_id, expected_seq)
+        decision = commands.cancel(self.definition_of(task), task, caller=self._caller(actor), reason=reason)
+        return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
     def settle(
         self, task_id: str, actor: str, outcome: str, evidence: str, *, expected_seq: int | None = None
