@@ -10,6 +10,7 @@ import pytest
 from engine import Engine, Registry, StaticRoles, migrations
 from tests.support.postgres import create_pg_database, drop_pg_database, truncate
 from tests.support.sample_workflows import ROLES, all_workflows
+from tests.support.sqlite import migrated_sqlite
 
 
 @pytest.fixture(scope="session")
@@ -27,9 +28,7 @@ def pg_database() -> Iterator[str]:
 def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A migrated, empty database of each kind."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'railyard.db'}"
-        migrations.upgrade(url)
-        yield url
+        yield migrated_sqlite(tmp_path_factory.mktemp("db") / "railyard.db")
         return
     url = request.getfixturevalue("pg_database")
     truncate(url)
