@@ -23,7 +23,7 @@ PYTEST := $(BIN)/python -m pytest -q
 
 export RAILYARD_TEST_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 
-.PHONY: all venv demo test bench bench-quick lint db-upgrade clean
+.PHONY: all venv demo test test-core bench bench-quick lint db-upgrade clean
 
 all: test
 
@@ -52,6 +52,10 @@ demo: $(RUNTIME)
 
 test: $(DEV) $(TOOLS_STAMP)
 	$(PYTEST) -n $(PYTEST_WORKERS) --dist worksteal
+
+# The pure core (engine/core): no database, no subprocess, no server; seconds, in this one process.
+test-core: $(DEV)
+	$(PYTEST) -m core
 
 bench: $(DEV)
 	$(BIN)/python bench/replay.py

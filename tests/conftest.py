@@ -9,7 +9,11 @@ exception, the screenshots of docs/img, is one test's)."""
 from __future__ import annotations
 
 import signal
+import socket
+import sqlite3
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,13 @@ from engine import Engine, Registry, StaticRoles, migrations
 from tests.support.postgres import create_pg_database, drop_pg_database, truncate
 from tests.support.sample_workflows import ROLES, all_workflows
 from tests.support.sqlite import migrated_sqlite
+
+#: The test files of the pure core (engine/core): no database, no subprocess, no server, no model. They carry the
+#: `core` marker; `make test-core` (`pytest -m core`) collects these files alone and runs them in seconds, and
+#: a test among them that starts a process, opens a database or connects anywhere fails.
+CORE_TESTS = frozenset(
+    {"test_decide.py", "test_fold.py", "test_merkle.py", "test_model_errors.py", "test_payloads.py", "test_records.py"}
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,6 +38,36 @@ def pytest_configure(config: pytest.Config) -> None:
     not ignored; set here, a process started from this one gets SIGINT's default again, and sets its own."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With `-m core`, the other test files are not even imported (their imports alone take seconds)."""
+    if config.option.markexpr == "core" and collection_path.name.startswith("test_") and collection_path.is_file():
+        return collection_path.name not in CORE_TESTS
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in CORE_TESTS:
+            item.add_marker(pytest.mark.core)
+
+
+@pytest.fixture(autouse=True)
+def core_stays_pure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core test fails if it starts a process, opens a SQLite file or connects a socket (a database, a server)."""
+    if request.node.get_closest_marker("core") is None:
+        return
+
+    def refuse(what: str) -> Callable[..., None]:
+        def refused(*_args: object, **_kwargs: object) -> None:
+            raise AssertionError(f"{request.node.nodeid} {what}: not a core test (CORE_TESTS, tests/conftest.py)")
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
+    monkeypatch.setattr(sqlite3, "connect", refuse("opened a SQLite database"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connected a socket"))
 
 
 @pytest.fixture(scope="session")
