@@ -47,7 +47,13 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+#: The files of the longest tests (each docs page's commands, a minute or more; the demo's runs), collected first:
+#: on xdist's workers they then start at once instead of ending the run alone after every other test is done.
+LONGEST_FIRST = ("test_docs.py", "test_demo.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the order is otherwise kept
     for item in items:
         if item.path.name in CORE_TESTS:
             item.add_marker(pytest.mark.core)
