@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from engine import Engine, Registry, ScriptedModel
@@ -137,6 +138,25 @@ class Documented:
 
     @classmethod
     def of(cls, app: FastAPI) -> Documented:
+        """What `app`'s document says. Every app `create_app` makes has the same document, and building it took
+        about half a second, in the set-up of each API test: it is read once per set of routes (their paths,
+        methods and endpoints, from which FastAPI builds it) and kept for the process."""
+        key = (
+            app.title,
+            app.version,
+            app.openapi_url,
+            tuple(
+                (route.path, tuple(sorted(route.methods or ())), route.endpoint)
+                for route in app.routes
+                if isinstance(route, APIRoute) and route.include_in_schema
+            ),
+        )
+        if key not in _DOCUMENTED:
+            _DOCUMENTED[key] = cls._read(app)
+        return _DOCUMENTED[key]
+
+    @classmethod
+    def _read(cls, app: FastAPI) -> Documented:
         doc = app.openapi()
         operations: dict[tuple[str, str], dict[int, list[str]]] = {}
         for path, item in doc["paths"].items():
@@ -169,6 +189,10 @@ class Documented:
         assert body.get("code") in listed[status], (
             f"{found} answered {status} {body.get('code')}, not one of the codes it documents there: {listed[status]}"
         )
+
+
+#: `Documented.of`'s, by the routes the document is built from.
+_DOCUMENTED: dict[tuple[Any, ...], Documented] = {}
 
 
 def documented(client: Any) -> Any:

@@ -47,7 +47,8 @@ def create_pg_database() -> str:
         if pg_required():
             pytest.fail(f"PostgreSQL is required (RAILYARD_TEST_POSTGRES=required) but unreachable: {reason}")
         pytest.skip(f"PostgreSQL unreachable ({reason}); set RAILYARD_TEST_POSTGRES=required to fail instead")
-    name = f"railyard_test_{uuid.uuid4().hex[:12]}"
+    # Unique on the server, and named after the pytest-xdist worker that made it (`main` without xdist).
+    name = f"railyard_test_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(libpq(pg_server_url()), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return make_url(pg_server_url()).set(database=name).render_as_string(hide_password=False)

@@ -35,23 +35,31 @@ class Raw:
             threading.Thread(target=self._one, args=(c,), daemon=True).start()
 
     def _one(self, c: socket.socket) -> None:
+        """Each request on the connection in turn, as a keep-alive client sends them (an SDK client reuses its
+        connection: a second request left unread waited out the client's timeout), until either side closes it."""
         data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = c.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":")[1])
-        while len(body) < length:
-            body += c.recv(65536)
-        self.requests += 1
-        self.last_body = body
-        with contextlib.suppress(OSError):
-            self.handler(c, body)
+        with contextlib.suppress(OSError):  # the handler closed the connection, or the client did
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = c.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                while len(rest) < length:
+                    chunk = c.recv(65536)
+                    if not chunk:
+                        return
+                    rest += chunk
+                body, data = rest[:length], rest[length:]
+                self.requests += 1
+                self.last_body = body
+                with contextlib.suppress(OSError):
+                    self.handler(c, body)
 
     def close(self) -> None:
         self.sock.close()

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from engine import Engine, Event, migrations
+from engine import Engine, Event
 from engine.core.canonical import GENESIS_HASH
 from engine.core.events import seal
 from engine.core.payloads import as_event_data
 from engine.core.rows import TaskRow
 from engine.store import MemoryStore, SqlStore, Store
 from tests.support.postgres import truncate
+from tests.support.sqlite import migrated_sqlite
 
 #: The backends every store contract test runs on.
 BACKENDS = ["memory", "sqlite", "postgresql"]
@@ -34,9 +35,7 @@ def sql_store(eng: Engine) -> SqlStore:
 
 def sqlite_store(directory: Path) -> SqlStore:
     """A migrated, empty SQLite store in `directory`."""
-    url = f"sqlite:///{directory / 'store.db'}"
-    migrations.upgrade(url)
-    return SqlStore(url)
+    return SqlStore(migrated_sqlite(directory / "store.db"))
 
 
 def empty_postgres(url: str) -> SqlStore:
