@@ -384,3 +384,177 @@ def test_serve_says_why_its_database_is_not_ready_and_serves_anyway(tmp_path: Pa
         finally:
             server.terminate()
             server.wait(timeout=30)
+
+
+# -- refusals that say what is wrong --------------------------------------------------------------------------------
+#: Two tasks whose ids start alike (the first 8 characters and more), and one of its own.
+TWINS = ("b3678ff0-0000-4000-8000-000000000001", "b3678ff0-0000-4000-8000-000000000002")
+SINGLE = "c0ffee00-0000-4000-8000-000000000003"
+
+
+def started_with_ids(url: str, ids: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refund tasks of the sample workflows on `url`, with the ids given (a UUID is random: these start alike)."""
+    from engine import Engine, Registry, StaticRoles
+    from tests.support.sample_workflows import ROLES, all_workflows
+
+    queue = list(ids)
+    with monkeypatch.context() as patched:
+        patched.setattr(uuid, "uuid4", lambda: uuid.UUID(queue.pop(0)))
+        with Engine(url, Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as engine:
+            for _ in ids:
+                engine.start("refund", {"customer": "c1", "balance": 500}, actor="ann")
+
+
+TAKES_A_TASK = sorted(
+    path for path, command in ALL.items() if "task_id" in {p.name for p in command.params} and path[0] != "checkpoint"
+)
+
+
+@pytest.mark.parametrize("path", TAKES_A_TASK, ids=" ".join)
+def test_every_command_that_takes_a_task_id_refuses_a_prefix_of_two_tasks_ids_naming_both(
+    path: tuple[str, ...], env: dict[str, str], files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'good.db'}"
+    migrations.upgrade(url)
+    started_with_ids(url, TWINS, monkeypatch)
+    argv = argv_for(path, ALL[path], files)
+    argv = [TWINS[0][:8] if _is_uuid(word) else word for word in argv]  # the task id, typed short
+    assert TWINS[0][:8] in argv, argv
+    code, out, err = invoke(argv, {**env, "RAILYARD_DATABASE_URL": url})
+    assert assert_one_line(argv, code, out, err) is Code.TASK_ID_AMBIGUOUS and code == 1, (argv, err)
+    assert TWINS[0] in err and TWINS[1] in err
+
+
+def _is_uuid(word: str) -> bool:
+    try:
+        return str(uuid.UUID(word)) == word
+    except ValueError:
+        return False
+
+
+def test_a_task_id_is_taken_by_its_first_8_characters_or_more_on_each_database(
+    db_url: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started_with_ids(db_url, (*TWINS, SINGLE), monkeypatch)
+    env = {**env, "RAILYARD_DATABASE_URL": db_url}
+    for typed in (SINGLE[:8], SINGLE[:13], SINGLE):
+        code, out, err = invoke(["show", typed, "--json"], env)
+        assert code == 0 and json.loads(out)["task_id"] == SINGLE, err
+    code, out, err = invoke(["history", SINGLE[:20], "--json"], env)
+    assert code == 0 and {e["task_id"] for e in json.loads(out)} == {SINGLE}, err
+    code, out, err = invoke(["cancel", SINGLE[:8], "--as", "ann", "--reason", "typed short", "--json"], env)
+    assert code == 0 and json.loads(out)["state"] == "cancelled", err
+    code, out, err = invoke(["show", TWINS[0][:12]], env)
+    assert code == 1 and err.startswith("TASK_ID_AMBIGUOUS: ") and TWINS[0] in err and TWINS[1] in err, err
+    code, out, err = invoke(["show", SINGLE[:7]], env)  # 7 characters name no task, even where one starts so
+    assert code == 1 and err.startswith("TASK_NOT_FOUND: "), err
+
+
+def approval_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str], str, str]:
+    """The reference refund waiting for approval of a prepared payment: the environment, the task id, the digest."""
+    from engine import Engine, Registry, ScriptedModel, StaticRoles
+    from workflows import fakes
+    from workflows.scripts import REFUND_WRONG_ITEM_INPUT, refund_wrong_item
+
+    url = f"sqlite:///{tmp_path / 'approvals.db'}"
+    roles = tmp_path / "roles.toml"
+    roles.write_text('[users]\ndana = ["refund_approver"]\n', encoding="utf-8")
+    migrations.upgrade(url)
+    fakes.bind(url)
+    fakes.systems(url).reset()
+    with Engine(url, Registry.from_modules(["workflows"]), authoriser=StaticRoles({})) as eng:
+        task_id = eng.start("refund", REFUND_WRONG_ITEM_INPUT, actor="portal")
+        eng.run(task_id, model=ScriptedModel(refund_wrong_item(eng.get(task_id).version)))
+        prepared = eng.load(task_id).prepared
+        assert prepared is not None
+    env = {"RAILYARD_DATABASE_URL": url, "RAILYARD_WORKFLOWS": "workflows", "RAILYARD_ROLES_FILE": str(roles)}
+    return env, task_id, str(prepared["digest"])
+
+
+def test_a_digest_that_is_not_hex_is_digest_invalid_not_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workflows import fakes
+
+    env, task_id, digest = approval_waiting(tmp_path, monkeypatch)
+    try:
+        for named in ("z" * 12, digest[:11] + "-", " " + digest, "zz"):
+            code, out, err = invoke(["approve", task_id, "--as", "dana", "--digest", named], env)
+            assert code == 1 and out == "" and err.startswith("DIGEST_INVALID: ") and err.count("\n") == 1, err
+        code, _, err = invoke(["approve", task_id, "--as", "dana", "--digest", "0" * 12], env)  # hex, not the call's
+        assert code == 1 and err.startswith("APPROVAL_STALE: "), err
+        code, out, err = invoke(["approve", task_id[:8], "--as", "dana", "--digest", digest[:12], "--json"], env)
+        assert code == 0 and json.loads(out)["task_id"] == task_id, err
+    finally:
+        fakes.bind(None)
+
+
+def test_verify_export_on_a_file_that_is_not_an_export_is_export_invalid_exit_2(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'good.db'}"
+    migrations.upgrade(url)
+    env = {**env, "RAILYARD_DATABASE_URL": url}
+    code, _, err = invoke(["start", "refund", "--as", "ann", "--input", '{"customer": "c1", "balance": 500}'], env)
+    assert code == 0, err
+    code, exported, err = invoke(["export", "--all"], env)
+    assert code == 0, err
+    not_exports = {
+        "empty.jsonl": "",
+        "notes.txt": "this is not an export\nnor is this\n",
+        "other.json": '{"kind": "checkpoint", "root": "00"}\n[1, 2, 3]\n',
+        "binary.bin": "\x00\x01\x02\n",
+    }
+    for name, content in not_exports.items():
+        (tmp_path / name).write_text(content, encoding="utf-8")
+        code, out, err = invoke(["verify-export", str(tmp_path / name)], env)
+        assert code == 2 and out == "" and err.startswith("EXPORT_INVALID: ") and name in err, (name, err)
+    # An export with a line changed is still an export: its finding says so, exit 3.
+    edited = exported.replace('"balance":500', '"balance":900')
+    assert edited != exported
+    (tmp_path / "edited.jsonl").write_text(edited, encoding="utf-8")
+    code, out, err = invoke(["verify-export", str(tmp_path / "edited.jsonl")], env)
+    assert code == 3 and "HASH_MISMATCH" in out, out + err
+    (tmp_path / "good.jsonl").write_text(exported, encoding="utf-8")
+    assert invoke(["verify-export", str(tmp_path / "good.jsonl")], env)[0] == 0
+
+
+def read_only_databases(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A migrated SQLite database, opened read-only as a URL says (`mode=ro`) and, where the file's mode binds this
+    user (not root), as a file nobody may write; each with the text the refusal must name."""
+    path = tmp_path / "kept.db"
+    migrations.upgrade(f"sqlite:///{path}")
+    yield f"sqlite:///file:{path}?mode=ro&uri=true", str(path)
+    if os.geteuid() != 0:
+        os.chmod(path, 0o444)
+        os.chmod(tmp_path, 0o555)
+        try:
+            yield f"sqlite:///{path}", str(path)
+        finally:
+            os.chmod(tmp_path, 0o755)
+            os.chmod(path, 0o644)
+
+
+def test_a_read_only_sqlite_database_is_named_as_read_only_exit_2(tmp_path: Path, env: dict[str, str]) -> None:
+    for url, named in read_only_databases(tmp_path):
+        argv = ["start", "refund", "--as", "ann", "--input", '{"customer": "c1", "balance": 500}']
+        code, out, err = invoke(argv, {**env, "RAILYARD_DATABASE_URL": url})
+        assert assert_one_line(argv, code, out, err) is Code.DATABASE_READ_ONLY and code == 2, err
+        assert named in err, err
+
+
+def test_a_read_only_postgresql_database_is_named_as_read_only_exit_2(env: dict[str, str]) -> None:
+    import psycopg
+
+    from tests.support.postgres import create_pg_database, drop_pg_database, libpq
+
+    url = create_pg_database()
+    try:
+        migrations.upgrade(url)
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(libpq(url), autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        argv = ["start", "refund", "--as", "ann", "--input", '{"customer": "c1", "balance": 500}']
+        code, out, err = invoke(argv, {**env, "RAILYARD_DATABASE_URL": url})
+        assert assert_one_line(argv, code, out, err) is Code.DATABASE_READ_ONLY and code == 2, err
+        assert name in err, err
+    finally:
+        drop_pg_database(url)

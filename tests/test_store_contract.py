@@ -455,6 +455,20 @@ def test_lists_of_tasks_for_the_back_office(store: Store) -> None:
     assert store.recent(workflow="refund")[0] == store.row("t-3")
 
 
+def test_task_ids_starting_with_a_prefix_are_at_most_two_in_id_order_and_the_prefix_is_literal(store: Store) -> None:
+    for task_id in ("b3678ff0-2", "b3678ff0-1", "b3678ff1-0", "a%b_c-0", "a1b1c-0"):
+        started(store, task_id)
+    assert store.task_ids_starting("b3678ff0") == ["b3678ff0-1", "b3678ff0-2"]
+    assert store.task_ids_starting("b3678ff") == ["b3678ff0-1", "b3678ff0-2"]  # two at most
+    assert store.task_ids_starting("b3678ff", limit=3) == ["b3678ff0-1", "b3678ff0-2", "b3678ff1-0"]
+    assert store.task_ids_starting("b3678ff1") == ["b3678ff1-0"]
+    assert store.task_ids_starting("b3678ff0-1") == ["b3678ff0-1"]  # a whole id is its own prefix
+    assert store.task_ids_starting("c") == []
+    assert store.task_ids_starting("a%b") == ["a%b_c-0"]  # `%` and `_` are characters, not patterns
+    assert store.task_ids_starting("a_b") == [] and store.task_ids_starting("a%") == ["a%b_c-0"]
+    assert store.task_ids_starting("B3678FF0") == []  # ids are compared as written
+
+
 def listed(store: Store, **query: Any) -> list[str]:
     return [t.row.task_id for t in store.list_tasks(TaskQuery(**query))]
 

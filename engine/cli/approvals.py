@@ -39,7 +39,7 @@ def approve(
 ) -> None:
     """Approve the prepared call a task is waiting on. Without --digest, the one shown now is approved."""
 
-    def decide_now(engine: Engine) -> Any:
+    def decide_now(engine: Engine, task_id: str) -> Any:
         named, seen, prepared = digest, expected_seq, None
         if named is None:
             task = engine.load(task_id)
@@ -52,7 +52,7 @@ def approve(
             render.approved(prepared)
         return decided
 
-    act(decide_now, as_json)
+    act(task_id, decide_now, as_json)
 
 
 def reject(
@@ -63,4 +63,4 @@ def reject(
     as_json: JsonFlag = False,
 ) -> None:
     """Reject the decision a task is waiting on."""
-    act(lambda e: e.reject(task_id, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.reject(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json)

@@ -11,7 +11,7 @@ import typer
 from engine.core.canonical import parse_instant
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-TaskId = Annotated[str, typer.Argument(help="Task id.")]
+TaskId = Annotated[str, typer.Argument(help="Task id, or its first 8 characters or more.")]
 ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")]
 #: A human command names the seq it was decided on; without it, it is decided on the task as read when it runs.
