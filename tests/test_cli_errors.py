@@ -14,6 +14,8 @@ import json
 import os
 import pty
 import re
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -558,3 +560,104 @@ def test_a_read_only_postgresql_database_is_named_as_read_only_exit_2(env: dict[
         assert name in err, err
     finally:
         drop_pg_database(url)
+
+
+# -- Ctrl-C and busy ports: the long-running commands -----------------------------------------------------------------
+def sigint_handled_by_python(pid: int) -> bool | None:
+    """Whether the process catches SIGINT (Python's own handler, installed as the interpreter starts); None once
+    it is gone. Linux's /proc says it: bit 1 of SigCgt is SIGINT."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
+    except OSError:
+        return None
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) & (1 << (signal.SIGINT - 1)))
+
+
+def railyard_runs(pid: int) -> None:
+    """Wait until Railyard's code runs in the process: the interpreter installed its SIGINT handler as it started,
+    and `engine` took it away first thing."""
+    seen, deadline = False, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        caught = sigint_handled_by_python(pid)
+        if caught is None or (seen and not caught):
+            return
+        seen = seen or caught
+        time.sleep(0.001)
+    pytest.fail("the process did not get as far as importing engine in 30 s")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads signal dispositions from Linux's /proc")
+@pytest.mark.parametrize("command", ["demo", "worker", "serve", "run"])
+def test_ctrl_c_at_any_moment_of_start_up_prints_no_traceback(command: str, tmp_path: Path) -> None:
+    """SIGINT at random moments while a long-running command starts (importing `engine` alone takes about a second):
+    the command ends (killed quietly while `engine` imports, or stopping in its own way after), and stderr has no
+    traceback. The moments are counted from when Railyard's own code first runs: before that the interpreter is
+    still starting (its `site`, the console script), where Python reports a SIGINT with a traceback of its own and
+    no package can be first."""
+    import random
+
+    url = f"sqlite:///{tmp_path / 'railyard.db'}"
+    migrations.upgrade(url)
+    script = tmp_path / "model.json"
+    script.write_text(json.dumps({"turns": [{"text": "thinking"}] * 3}), encoding="utf-8")
+    (tmp_path / "tokens.toml").write_text("", encoding="utf-8")
+    task_id = ""
+    if command == "run":
+        from engine import Engine, Registry
+
+        with Engine(url, Registry.from_modules(["workflows.expense"])) as engine:
+            task_id = engine.start("expense", {"employee": "e-1", "limit_cents": 5000}, actor="ann")
+    argv = {
+        "demo": ["demo"],
+        "worker": ["worker", "--model", f"scripted:{script}"],
+        "serve": ["serve", "--port", str(free_port())],
+        "run": ["run", task_id, "--model", f"scripted:{script}"],
+    }[command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAILYARD_", "OTEL_"))}
+    env |= {
+        "RAILYARD_DATABASE_URL": url,
+        "RAILYARD_WORKFLOWS": "workflows.expense",
+        "RAILYARD_TOKENS_FILE": str(tmp_path / "tokens.toml"),
+        "PYTHONPATH": str(REPO),
+    }
+    moments = random.Random().sample([n / 20 for n in range(0, 40)], 6)  # 0 to 2 s after Railyard's code runs
+    for moment in sorted(moments):
+        with subprocess.Popen(
+            [str(RAILYARD), *argv], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as process:
+            railyard_runs(process.pid)
+            time.sleep(moment)
+            process.send_signal(signal.SIGINT)
+            try:
+                out, err = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+                pytest.fail(f"railyard {command}: still running 60 s after SIGINT at {moment} s\n{err}")
+        shown = f"railyard {command}, SIGINT {moment} s in: exit {process.returncode}\n{err}"
+        assert "Traceback" not in out + err and "Exception ignored" not in err, shown
+        assert process.returncode in (0, 1, 2, 130, -signal.SIGINT), shown
+
+
+def test_serve_on_a_busy_port_is_config_invalid_exit_2_in_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'railyard.db'}"
+    migrations.upgrade(url)
+    (tmp_path / "tokens.toml").write_text("", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
+    env |= {
+        "RAILYARD_DATABASE_URL": url,
+        "RAILYARD_TOKENS_FILE": str(tmp_path / "tokens.toml"),
+        "RAILYARD_WORKFLOWS": "workflows.expense",
+        "PYTHONPATH": str(REPO),
+    }
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [str(RAILYARD), "serve", "--port", str(port)], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.startswith(f"CONFIG_INVALID: cannot serve on 127.0.0.1:{port}: ") and "in use" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # no uvicorn lines before or after it

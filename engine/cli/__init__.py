@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from engine import _interrupts
 from engine.cli import admin, approvals, audit, forks, tasks, workers
 from engine.cli.checkpoints import checkpoint_app
 from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
@@ -38,6 +39,9 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 app.add_typer(db_app, name="db")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(tokens_app, name="tokens")
+
+#: The exit status of a command stopped by Ctrl-C before it could say so (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 #: Every command under its name, in the order `railyard --help` lists them.
 COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
@@ -89,7 +93,17 @@ def program(
 
 def main() -> None:
     """Console-script entry point."""
-    # Like `python -m`, let RAILYARD_WORKFLOWS name modules in the directory the user is in.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    app()
+    # Ctrl-C ended the process quietly while `engine` imported (`engine._interrupts`); from here each command stops
+    # in its own way (a worker finishes its steps, anything else is `aborted`), and once it is done the
+    # interpreter's shutdown is quiet again.
+    _interrupts.raising()
+    try:
+        # Like `python -m`, let RAILYARD_WORKFLOWS name modules in the directory the user is in.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        app()
+    except KeyboardInterrupt:  # between commands' own handling: before Click runs, or while it reports
+        _interrupts.quiet()
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        _interrupts.quiet()
