@@ -661,3 +661,45 @@ def test_serve_on_a_busy_port_is_config_invalid_exit_2_in_one_line(tmp_path: Pat
     assert done.returncode == 2 and done.stdout == "", done.stderr
     assert done.stderr.startswith(f"CONFIG_INVALID: cannot serve on 127.0.0.1:{port}: ") and "in use" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # no uvicorn lines before or after it
+
+
+# -- JSON input from a file or stdin ----------------------------------------------------------------------------------
+def test_json_input_is_taken_from_a_file_or_stdin_on_each_command_that_takes_it(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """`--input` and `--payload` (and `--extra-body`) take `@FILE` and `-`: a 1 MB customer id, too long for an
+    argument list, starts a task; a file that is not there, or not a JSON object, is USAGE_INVALID naming it."""
+    url = f"sqlite:///{tmp_path / 'good.db'}"
+    migrations.upgrade(url)
+    env = {**env, "RAILYARD_DATABASE_URL": url}
+    big = "c" * 1_000_000
+    (tmp_path / "input.json").write_text(json.dumps({"customer": big, "balance": 500}), encoding="utf-8")
+    code, out, err = invoke(["start", "refund", "--as", "ann", "--input", f"@{tmp_path / 'input.json'}", "--json"], env)
+    assert code == 0, err
+    task_id = json.loads(out)["task_id"]
+    code, out, err = invoke(["history", task_id, "--json"], env)
+    assert json.loads(out)[0]["data"]["input"]["customer"] == big, err
+    result = runner.invoke(
+        app,
+        ["start", "refund", "--as", "ann", "--input", "-", "--json"],
+        input='{"customer": "c2", "balance": 1}',
+        env=env,
+    )
+    assert result.exit_code == 0, result.stderr
+    second = json.loads(result.stdout)["task_id"]
+    result = runner.invoke(
+        app, ["fire", second, "note", "--as", "m", "--payload", "-", "--json"], input='{"note": "from stdin"}', env=env
+    )
+    assert result.exit_code == 0 and json.loads(result.stdout)["seq"] == 2, result.stderr
+    (tmp_path / "list.json").write_text("[1, 2]", encoding="utf-8")
+    for given, says in (
+        (f"@{tmp_path / 'missing.json'}", "cannot read"),
+        (f"@{tmp_path / 'list.json'}", "must be a JSON object"),
+        (f"@{tmp_path}", "cannot read"),
+    ):
+        argv = ["start", "refund", "--as", "ann", "--input", given]
+        code, out, err = invoke(argv, env)
+        assert assert_one_line(argv, code, out, err) is Code.USAGE_INVALID and code == 2 and says in err, err
+    argv = ["run", task_id, "--model", "scripted:x.json", "--extra-body", f"@{tmp_path / 'missing.json'}"]
+    code, out, err = invoke(argv, env)
+    assert assert_one_line(argv, code, out, err) is Code.USAGE_INVALID and "--extra-body" in err, err

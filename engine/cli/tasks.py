@@ -12,6 +12,7 @@ import typer
 from engine.cli import render
 from engine.cli.exits import open_engine
 from engine.cli.options import (
+    JSON_SOURCES,
     ActorOpt,
     ExpectedSeq,
     ExtraBodyOpt,
@@ -36,7 +37,7 @@ WORKER_SEEN_SECONDS = 60
 def start(
     workflow: Annotated[str, typer.Argument(help="Workflow name.")],
     actor: ActorOpt,
-    input_json: Annotated[str | None, typer.Option("--input", help="Task input as a JSON object.")] = None,
+    input_json: Annotated[str | None, typer.Option("--input", help="Task input: " + JSON_SOURCES + ".")] = None,
     version: VersionOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -108,7 +109,7 @@ def fire(
     task_id: TaskId,
     trigger: Annotated[str, typer.Argument(help="Trigger the current state allows.")],
     actor: ActorOpt,
-    payload: Annotated[str | None, typer.Option("--payload", help="Arguments as a JSON object.")] = None,
+    payload: Annotated[str | None, typer.Option("--payload", help="Arguments: " + JSON_SOURCES + ".")] = None,
     expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
