@@ -703,3 +703,31 @@ def test_json_input_is_taken_from_a_file_or_stdin_on_each_command_that_takes_it(
     argv = ["run", task_id, "--model", "scripted:x.json", "--extra-body", f"@{tmp_path / 'missing.json'}"]
     code, out, err = invoke(argv, env)
     assert assert_one_line(argv, code, out, err) is Code.USAGE_INVALID and "--extra-body" in err, err
+
+
+# -- worker --once, for cron ------------------------------------------------------------------------------------------
+def test_worker_once_drains_every_due_task_up_to_max_tasks_and_exits_0(
+    db_url: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Six due tasks and a concurrency of 2: `--once` advances all six (not one batch of 2), `--max-tasks 3` three."""
+    from engine import Engine, Registry
+    from tests.support.sample_workflows import all_workflows
+
+    script = tmp_path / "model.json"
+    give_up = {"tool_calls": [{"name": "give_up", "arguments": {}}]}
+    script.write_text(json.dumps({"turns": [give_up] * 20}), encoding="utf-8")
+    env = {**env, "RAILYARD_DATABASE_URL": db_url}
+    with Engine(db_url, Registry(all_workflows())) as engine:
+        first = [engine.start("refund", {"customer": "c1", "balance": 500}, actor="ann") for _ in range(6)]
+        argv = ["worker", "--once", "--concurrency", "2", "--workflows", "refund", "--model", f"scripted:{script}"]
+        code, out, err = invoke(argv, env)
+        assert code == 0, err
+        assert {engine.get(t).state for t in first} == {"rejected"}, err
+        more = [engine.start("refund", {"customer": "c1", "balance": 500}, actor="ann") for _ in range(6)]
+        code, out, err = invoke([*argv, "--max-tasks", "3"], env)
+        assert code == 0, err
+        assert sorted(engine.get(t).state for t in more) == ["assessing"] * 3 + ["rejected"] * 3, err
+        code, out, err = invoke(argv, env)
+        assert code == 0 and {engine.get(t).state for t in more} == {"rejected"}, err
+    code, out, err = invoke(["worker", "--max-tasks", "3"], env)
+    assert assert_one_line(["worker"], code, out, err) is Code.USAGE_INVALID and "--once" in err, err
