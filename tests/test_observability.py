@@ -480,3 +480,54 @@ def test_an_otel_exporter_nobody_provides_is_one_line_and_exit_2(tmp_path: Path)
     done = railyard("status", env=env, cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{Code.CONFIG_INVALID}:" in done.stderr and "zipkin_json" in done.stderr
+
+
+# -- a telemetry endpoint that does not answer -------------------------------------------------------------------
+@contextmanager
+def dead_endpoint(kind: str) -> Iterator[str]:
+    """An OTLP endpoint that refuses connections (nothing listens), or accepts them and never answers."""
+    if kind == "refused":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections complete in the backlog; nothing ever reads or answers them
+        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+
+def export_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "export" in line.lower() or "Transient" in line]
+
+
+@pytest.mark.parametrize("kind", ["refused", "silent"])
+def test_an_endpoint_that_does_not_answer_never_holds_a_short_command_and_says_so_once(
+    kind: str, tmp_path: Path
+) -> None:
+    """With a 20 s export timeout, `start` used to take 8 to 20 s and print a line per retry."""
+    env = cli_env(tmp_path)
+    with dead_endpoint(kind) as endpoint:
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="20")
+        began = time.monotonic()
+        done = railyard("start", "counter", "--as", "ann", env=env, cwd=tmp_path)
+        took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    assert took < 8, f"{took:.1f} s"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) <= 1 and export_lines(done.stderr) == lines, done.stderr
+    assert all(line.startswith("traces are not exported: ") for line in lines), done.stderr
+
+
+def test_an_endpoint_that_does_not_answer_holds_a_worker_at_most_its_export_timeout_with_one_line(
+    tmp_path: Path,
+) -> None:
+    env = cli_env(tmp_path)
+    assert railyard("start", "counter", "--as", "ann", env=env, cwd=tmp_path).returncode == 0
+    for kind in ("refused", "silent"):
+        with dead_endpoint(kind) as endpoint:
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="3")
+            began = time.monotonic()
+            done = railyard("worker", "--once", "--workflows", "counter", env=env, cwd=tmp_path)
+            took = time.monotonic() - began
+        assert done.returncode == 0, done.stderr
+        assert took < 3 + 8, f"{kind}: {took:.1f} s"  # start-up and the run, then at most the export timeout
+        assert len(export_lines(done.stderr)) <= 1 and "Traceback" not in done.stderr, done.stderr

@@ -23,6 +23,7 @@ from engine.cli.checkpoints import checkpoint_app
 from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
 from engine.cli.tokens import tokens_app
+from engine.observability import hooks
 
 __all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
 
@@ -42,6 +43,12 @@ app.add_typer(tokens_app, name="tokens")
 
 #: The exit status of a command stopped by Ctrl-C before it could say so (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
+
+#: The commands that run for long (until stopped, or model turn after model turn).
+LONG_RUNNING = frozenset({"worker", "serve", "demo", "run"})
+#: How long a short command waits at exit for its spans to be exported (a collector that answers takes
+#: milliseconds; one that does not is not waited for).
+SHORT_EXIT_SECONDS = 0.5
 
 #: Every command under its name, in the order `railyard --help` lists them.
 COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
@@ -107,3 +114,7 @@ def main() -> None:
         sys.exit(EXIT_INTERRUPTED)
     finally:
         _interrupts.quiet()
+        # Spans still queued get the configured export timeout from a long-running command, a moment from the
+        # others: a telemetry endpoint that does not answer never holds a short command at its exit.
+        long_running = any(word in LONG_RUNNING for word in sys.argv[1:2])
+        hooks.close_tracing(None if long_running else SHORT_EXIT_SECONDS)

@@ -112,6 +112,17 @@ def enable_metrics() -> Metrics:
         return recording
 
 
+def close_tracing(within: float | None = None) -> None:
+    """Send the spans still queued and stop the exporters built from the OTEL_* variables, waiting at most `within`
+    seconds (default: the configured export timeout); nothing when tracing is off or the application set up its
+    own provider."""
+    if tracing is None:
+        return
+    from engine.observability import traces
+
+    traces.close(traces.export_timeout() if within is None else within)
+
+
 def disable() -> None:
     """Stop emitting spans and recording metrics (tests; a process that turns them off again)."""
     global tracing, recording

@@ -22,8 +22,13 @@ OTEL_RESOURCE_ATTRIBUTES; `railyard` when no service is named), the sampler
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
+import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
@@ -229,17 +234,32 @@ def _wall_ns(started: float) -> int:
 
 
 # -- a provider from the OTEL_* variables ------------------------------------------------------------------------
+#: The provider this module built from the OTEL_* variables (None: the application's, or none yet): the one whose
+#: exporters it may stop at exit, and whose export errors it reports.
+_built: Any = None
+#: Set once an exporter said it could not export (a warning or an error): `close` stops waiting for it then.
+_export_failed = threading.Event()
+#: Where the exporters log: their first warning or error is the one line a process prints about them.
+EXPORTER_LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk.trace.export", "opentelemetry.sdk._shared_internal")
+
+
 def _global_or_from_env() -> Any:
+    global _built
     current = trace.get_tracer_provider()
     if not isinstance(current, trace.ProxyTracerProvider):  # set by opentelemetry-instrument or the application
         return current
     provider = provider_from_env()
     trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is provider:
+        _built = provider
+        _one_line_about_exporters()
+        atexit.register(close, export_timeout())
     return trace.get_tracer_provider()
 
 
 def provider_from_env() -> Any:
-    """An SDK TracerProvider as the OTEL_* variables describe it (see the module's docstring)."""
+    """An SDK TracerProvider as the OTEL_* variables describe it (see the module's docstring). It is not shut down
+    by the SDK's own exit hook, which waits as long as an exporter retries: `close` bounds that wait."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -247,12 +267,66 @@ def provider_from_env() -> Any:
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "railyard"}))
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     names = [n.strip() for n in (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
     for name in names:
         if name != "none":
             provider.add_span_processor(BatchSpanProcessor(load_exporter(name)))
     return provider
+
+
+def export_timeout() -> float:
+    """The seconds an export may take, as the OTEL_* variables configure it (the exporter's own default: 10)."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        raw = os.environ.get(name, "").strip()
+        try:
+            if raw and float(raw) >= 0:
+                return float(raw)
+        except ValueError:
+            continue
+    return 10.0
+
+
+def close(within: float) -> None:
+    """Hand the spans still queued to the exporters and stop them, waiting at most `within` seconds: an endpoint
+    that does not answer costs a process no more than that (a short CLI command passes a fraction of a second;
+    whatever is not sent by then is dropped). Only the provider built here; once."""
+    global _built
+    provider, _built = _built, None
+    if provider is None:
+        return
+    stopping = threading.Thread(target=provider.shutdown, name="railyard-traces-close", daemon=True)
+    stopping.start()
+    deadline = time.monotonic() + max(0.0, within)
+    # Done, out of time, or an export already failed: an endpoint that refused is not waited for while it retries.
+    while stopping.is_alive() and not _export_failed.is_set() and (left := deadline - time.monotonic()) > 0:
+        stopping.join(min(left, 0.02))
+
+
+class _OneLine(logging.Handler):
+    """The exporters' first warning or error, as one line on stderr; the rest are counted, not printed: an endpoint
+    that does not answer is said once, not once per retry and batch."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _export_failed.set()
+        if self.said:
+            return
+        self.said = True
+        text = " ".join(record.getMessage().split())[:300]
+        with contextlib.suppress(OSError, ValueError):  # stderr closed: nowhere to say it
+            sys.stderr.write(f"traces are not exported: {text} (said once; later export errors are not shown)\n")
+
+
+def _one_line_about_exporters() -> None:
+    handler = _OneLine()
+    for name in EXPORTER_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def load_exporter(name: str) -> Any:
