@@ -170,10 +170,31 @@ def model_call(
 ) -> None:
     """One request to a model returned `response` or failed with `error`."""
     elapsed = time.perf_counter() - started
+    named = provider_name(provider, profile)
     if recording is not None:
-        recording.model_call(provider, model, elapsed, response, error)
+        recording.model_call(named, model, elapsed, response, error)
     if tracing is not None:
-        tracing.model_call(provider, model, profile, started, response, error)
+        tracing.model_call(named, model, profile, started, response, error)
+
+
+#: The provider's name in the GenAI conventions' spelling, for the capability profiles whose provider they name
+#: otherwise.
+GEN_AI_PROVIDERS = {
+    "gemini": "gcp.gemini",
+    "mistral": "mistral_ai",
+    "qwen": "alibaba",
+    "glm": "zhipu",
+    "ollama": "ollama",
+}
+
+
+def provider_name(provider: str, profile: str) -> str:
+    """The one name traces (`gen_ai.provider.name`) and metrics (the `provider` label) give who answered a model
+    call: the scripted model is `scripted`, whichever profile it plays; an SDK adapter's is the provider its
+    capability profile names (an OpenAI-compatible endpoint is often someone else's), in the conventions' spelling."""
+    if provider == "scripted" or not profile:
+        return provider
+    return GEN_AI_PROVIDERS.get(profile, profile)
 
 
 def tool_call(

@@ -48,14 +48,6 @@ from engine.core.replay import ReplayReport
 from engine.core.rows import Claim
 
 TRACER_NAME = "railyard"
-#: gen_ai.provider.name for the capability profiles whose provider the conventions name otherwise.
-GEN_AI_PROVIDERS = {
-    "gemini": "gcp.gemini",
-    "mistral": "mistral_ai",
-    "qwen": "alibaba",
-    "glm": "zhipu",
-    "ollama": "ollama",
-}
 #: OTEL_TRACES_EXPORTER names and the entry point (group `opentelemetry_traces_exporter`) each one loads.
 EXPORTER_ALIASES = {"otlp": "otlp_proto_http"}
 
@@ -111,14 +103,18 @@ class Tracing:
     ) -> None:
         attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": gen_ai_provider(provider, profile),
+            "gen_ai.provider.name": provider,  # `hooks.provider_name`: the name the metrics give it too
             # The name the conventions used before gen_ai.provider.name (up to v1.36), for backends still on it.
-            "gen_ai.system": gen_ai_provider(provider, profile),
+            "gen_ai.system": provider,
             "gen_ai.request.model": model,
             "railyard.profile": profile,
         }
         if response is not None:
             attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
+            if response.response_model:  # only what the provider said
+                attributes["gen_ai.response.model"] = response.response_model
+            if response.response_id:
+                attributes["gen_ai.response.id"] = response.response_id
             if response.usage.input_tokens is not None:  # only what the provider reported
                 attributes["gen_ai.usage.input_tokens"] = response.usage.input_tokens
             if response.usage.output_tokens is not None:
@@ -208,14 +204,6 @@ def task_context(task_id: str) -> SpanContext:
     trace_id = int.from_bytes(digest[:16], "big") or 1  # an all-zero id is invalid
     span_id = int.from_bytes(digest[16:24], "big") or 1
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-
-
-def gen_ai_provider(provider: str, profile: str) -> str:
-    """gen_ai.provider.name: the provider the capability profile names (an OpenAI-compatible endpoint is often
-    someone else's), in the conventions' spelling where they have one."""
-    if profile in ("openai", "anthropic", "deepseek"):
-        return profile
-    return GEN_AI_PROVIDERS.get(profile, profile or provider)
 
 
 def _task(task: TaskState) -> dict[str, AttributeValue]:
