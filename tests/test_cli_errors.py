@@ -257,10 +257,14 @@ def test_help_is_conventional(path: tuple[str, ...]) -> None:
 
 
 # -- the real executable ---------------------------------------------------------------------------------------------
-def real(*args: str | bytes, url: str, cwd: Path, tty: bool = False) -> tuple[int, str, str]:
-    """`railyard ARGS` as a shell runs it; with `tty`, its stdout is a terminal (a pseudo-terminal)."""
+def real(
+    *args: str | bytes, url: str, cwd: Path, tty: bool = False, more: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """`railyard ARGS` as a shell runs it; with `tty`, its stdout is a terminal (a pseudo-terminal). `more`:
+    variables beyond the database and the workflows."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_")}
     env |= {"RAILYARD_DATABASE_URL": url, "RAILYARD_WORKFLOWS": "workflows.expense", "PYTHONPATH": str(REPO)}
+    env |= more or {}
     if not tty:
         done = subprocess.run(
             [str(RAILYARD), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
@@ -731,3 +735,47 @@ def test_worker_once_drains_every_due_task_up_to_max_tasks_and_exits_0(
         assert code == 0 and {engine.get(t).state for t in more} == {"rejected"}, err
     code, out, err = invoke(["worker", "--max-tasks", "3"], env)
     assert assert_one_line(["worker"], code, out, err) is Code.USAGE_INVALID and "--once" in err, err
+
+
+# -- ids that can be copied, output that is not cut -------------------------------------------------------------------
+def test_approvals_in_an_80_column_terminal_shows_ids_as_the_commands_take_them_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task id folded over 4 lines and a digest over 2 could not be copied: the table shows the first 8 and 12
+    characters (what `approve` takes), whole; --wide adds them whole, --json has them whole."""
+    from workflows import fakes
+
+    env, task_id, digest = approval_waiting(tmp_path, monkeypatch)
+    fakes.bind(None)
+    url = env.pop("RAILYARD_DATABASE_URL")
+    more = {**env, "COLUMNS": "80", "LINES": "40"}
+    code, shown, err = real("approvals", url=url, cwd=tmp_path, tty=True, more=more)
+    assert code == 0, err
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", shown)  # the terminal's colours
+    assert max(len(line) for line in shown.splitlines()) <= 80, shown
+    assert any(task_id[:8] in line and digest[:12] in line for line in shown.splitlines()), shown
+    assert task_id[9:18] not in shown and digest[12:24] not in shown  # no id folded onto the next lines
+    code, piped, err = real("approvals", "--wide", url=url, cwd=tmp_path, more=more)
+    assert code == 0 and any(task_id in line and digest in line for line in piped.splitlines()), piped + err
+    code, piped, err = real("approvals", "--json", url=url, cwd=tmp_path, more=more)
+    assert code == 0 and [(p["task_id"], p["digest"]) for p in json.loads(piped)] == [(task_id, digest)], err
+    code, out, err = real(
+        "approve", task_id[:8], "--as", "dana", "--digest", digest[:12], "--json", url=url, cwd=tmp_path, more=more
+    )
+    assert code == 0 and json.loads(out)["task_id"] == task_id, err
+
+
+@pytest.mark.parametrize("path", sorted(ALL), ids=" ".join)
+def test_help_to_a_pipe_is_not_cut_at_80_columns(path: tuple[str, ...]) -> None:
+    result = runner.invoke(app, [*path, "--help"])
+    assert result.exit_code == 0 and "…" not in result.stdout, result.stdout
+    for param in ALL[path].params:
+        for opt in getattr(param, "opts", ()):
+            if opt.startswith("--"):
+                assert opt in result.stdout, (opt, result.stdout)
+
+
+def test_the_real_help_to_a_pipe_names_every_option_whole(tmp_path: Path) -> None:
+    code, out, err = real("worker", "--help", url="sqlite:///railyard.db", cwd=tmp_path)
+    assert code == 0 and "--checkpoint-minutes" in out and "…" not in out, out + err
+    assert max(len(line) for line in out.splitlines()) > 80

@@ -15,12 +15,16 @@ from engine.runtime.engine import Engine
 
 def approvals(
     role: Annotated[str | None, typer.Option("--role", help="Only decisions this role may take.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Show each task id and digest whole as well.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Tasks waiting for a human decision, with the prepared call each one would approve."""
+    """Tasks waiting for a human decision, with the prepared call each one would approve.
+
+    The table names each task and digest by its first 8 and 12 characters, which `approve` and the other commands
+    take as they are; --wide adds them whole, --json gives them whole."""
     with open_engine() as engine:
         pending = engine.approvals(role=role)
-    render.approvals(pending, as_json)
+    render.approvals(pending, as_json, wide)
 
 
 def approve(
