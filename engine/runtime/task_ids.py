@@ -26,14 +26,14 @@ def resolve_task_id(store: Store, text: str) -> str:
     """
     if not isinstance(text, str) or len(text) < TASK_ID_PREFIX or len(text) >= TASK_ID_LENGTH:
         return text
-    found = store.task_ids_starting(text, limit=2)
-    if len(found) == 1 or text in found:
-        return text if text in found else found[0]
-    if found:
-        raise Refused(
-            f"task id {text!r} is the start of more than one task's id ({found[0]}, {found[1]}): give more of it",
-            code=Code.TASK_ID_AMBIGUOUS,
-            task_id=text,
-            matches=found,
-        )
-    return text
+    found = store.task_ids_starting(text, limit=2)  # a whole id sorts before the ids it starts: it is found
+    if not found or text in found:
+        return text
+    if len(found) == 1:
+        return found[0]
+    raise Refused(
+        f"task id {text!r} is the start of more than one task's id ({found[0]}, {found[1]}): give more of it",
+        code=Code.TASK_ID_AMBIGUOUS,
+        task_id=text,
+        matches=found,
+    )
