@@ -1,7 +1,7 @@
 """The `railyard` command line (Typer + Rich).
 
 Exit codes are a contract: 0 ok, 1 a domain refusal (its code printed),
-2 a usage error, 3 an audit finding (`engine.cli.exits`). Every read command
+2 a usage error, 3 an audit finding, 130 Ctrl-C (`engine.cli.exits`). Every read command
 takes `--json`. The commands live in a module per group (`tasks`, `approvals`,
 `workers`, `audit`, `admin`); everything they print goes through `render`.
 This module is the program: the Typer app, each command under its name in the
@@ -20,7 +20,15 @@ import typer
 from engine import _interrupts
 from engine.cli import admin, approvals, audit, forks, tasks, workers
 from engine.cli.checkpoints import checkpoint_app
-from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from engine.cli.exits import (
+    AUDIT_CODES,
+    CONFIG_CODES,
+    EXIT_AUDIT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+)
 from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
 from engine.cli.tokens import tokens_app
 from engine.observability import hooks
@@ -40,9 +48,6 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 app.add_typer(db_app, name="db")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(tokens_app, name="tokens")
-
-#: The exit status of a command stopped by Ctrl-C before it could say so (128 + SIGINT, as a shell reports it).
-EXIT_INTERRUPTED = 130
 
 #: The commands that run for long (until stopped, or model turn after model turn).
 LONG_RUNNING = frozenset({"worker", "serve", "demo", "run"})
@@ -101,7 +106,7 @@ def program(
 def main() -> None:
     """Console-script entry point."""
     # Ctrl-C ended the process quietly while `engine` imported (`engine._interrupts`); from here each command stops
-    # in its own way (a worker finishes its steps, anything else is `aborted`), and once it is done the
+    # in its own way (a worker finishes its steps, anything else exits 130: Typer's own), and once it is done the
     # interpreter's shutdown is quiet again.
     _interrupts.raising()
     try:

@@ -93,7 +93,7 @@ class Program(Group):
             try:
                 result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
                 status = result if isinstance(result, int) else 0
-            except typer.Abort:
+            except typer.Abort:  # a prompt answered no, or stdin ended (Typer makes Ctrl-C an exit 130 itself)
                 render.note("aborted")
                 status = EXIT_REFUSED
             except RailyardError as error:  # a command that let one through rather than calling `fail`
