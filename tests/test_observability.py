@@ -564,3 +564,23 @@ def test_traces_and_metrics_name_a_scripted_model_alike_and_count_the_usage_its_
     tokens = {x.labels["type"]: x.value for x in samples if x.name == "railyard_model_tokens_total"}
     assert tokens == {"input": 5.0, "output": 3.0}
     assert {x.labels["provider"] for x in samples if x.name.startswith("railyard_model_")} == {"scripted"}
+
+
+def test_an_exporter_that_failed_and_answers_again_is_waited_for_at_exit_again() -> None:
+    """`close` stops waiting for an exporter whose last export failed, and waits again once one succeeded."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from engine.observability import traces
+
+    answers = [SpanExportResult.FAILURE, SpanExportResult.SUCCESS]
+
+    class Inner:
+        def export(self, spans: Any) -> SpanExportResult:
+            return answers.pop(0)
+
+    watched = traces._Watched(Inner())
+    try:
+        assert watched.export([]) is SpanExportResult.FAILURE and traces._export_failed.is_set()
+        assert watched.export([]) is SpanExportResult.SUCCESS and not traces._export_failed.is_set()
+    finally:
+        traces._export_failed.clear()

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -250,7 +250,7 @@ def provider_from_env() -> Any:
     by the SDK's own exit hook, which waits as long as an exporter retries: `close` bounds that wait."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
@@ -259,8 +259,30 @@ def provider_from_env() -> Any:
     names = [n.strip() for n in (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
     for name in names:
         if name != "none":
-            provider.add_span_processor(BatchSpanProcessor(load_exporter(name)))
+            watched = cast("SpanExporter", _Watched(load_exporter(name)))  # an exporter in all but its class
+            provider.add_span_processor(BatchSpanProcessor(watched))
     return provider
+
+
+class _Watched:
+    """An exporter whose last export is remembered: a failure (or a retry under way, which its log line says) lets
+    `close` stop waiting; a success, after the endpoint came back, makes it wait again."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            _export_failed.clear()
+        else:
+            _export_failed.set()
+        return result
+
+    def __getattr__(self, name: str) -> Any:  # shutdown, force_flush: the exporter's own
+        return getattr(self.inner, name)
 
 
 def export_timeout() -> float:
