@@ -20,6 +20,7 @@ CONTRIBUTING.md), and a deep import is a missing export.
 
 import logging
 
+import engine._interrupts  # first: Ctrl-C while the `railyard` command imports ends it quietly  # noqa: F401
 from engine.core.access import AUDITOR, Caller
 from engine.core.canonical import GENESIS_HASH, canonical_json, sha256_hex
 from engine.core.chain import Finding, verify_chain

@@ -752,3 +752,28 @@ def test_the_refund_amount_is_in_the_call_not_in_the_reason(engine: Engine) -> N
     # A sanity check of the fixture the other tests build on: the prepared call carries minor units.
     task_id = to_approval(engine, {**REFUND, "amount_cents": 1_234})
     assert engine.load(task_id).prepared["arguments"]["amount_cents"] == 1_234  # type: ignore[index]
+
+
+# -- task ids typed short ---------------------------------------------------------------------------
+def test_a_task_path_takes_a_unique_prefix_of_8_characters_and_refuses_an_ambiguous_one(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    ids = [
+        "b3678ff0-0000-4000-8000-000000000001",
+        "b3678ff0-0000-4000-8000-000000000002",
+        "c0ffee00-0000-4000-8000-000000000003",
+    ]
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(ids.pop(0)))
+    first, second, third = start(client), start(client), start(client)
+    answer = client.get(f"/api/tasks/{third[:8]}", headers=bearer("ann"))
+    assert answer.status_code == 200 and answer.json()["task_id"] == third
+    assert client.get(f"/api/tasks/{third[:8]}/history", headers=bearer("ann")).json()[0]["task_id"] == third
+    cancelled = client.post(f"/api/tasks/{third[:10]}/cancel", json={"reason": "typed short"}, headers=bearer("ann"))
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    body = refused(client.get(f"/api/tasks/{first[:8]}", headers=bearer("ann")), 409, Code.TASK_ID_AMBIGUOUS)
+    assert first in body["message"] and second in body["message"]
+    refused(client.get(f"/api/tasks/{first[:20]}/replay", headers=bearer("ann")), 409, Code.TASK_ID_AMBIGUOUS)
+    refused(client.get(f"/api/tasks/{third[:7]}", headers=bearer("ann")), 404, Code.TASK_NOT_FOUND)  # too short
+    assert client.get(f"/api/tasks/{first}", headers=bearer("ann")).json()["task_id"] == first  # whole ids as ever

@@ -9,6 +9,7 @@ documented is an `engine.Code` with that status; every status an operation docum
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -163,6 +164,12 @@ def test_each_status_an_operation_documents_is_one_a_request_provokes(world: Wor
             ask(client, provoked, operation_id, method, path, json=body, headers=bearer(who) if who else {})
 
     assessing = world.engine.start("refund", {"customer": "c1", "balance": 50}, actor="ann")
+    twins = ["b3678ff0-0000-4000-8000-000000000001", "b3678ff0-0000-4000-8000-000000000002"]
+    with pytest.MonkeyPatch.context() as patched:
+        queue = list(twins)
+        patched.setattr(uuid, "uuid4", lambda: uuid.UUID(queue.pop(0)))
+        for _ in twins:
+            world.engine.start("counter", actor="ann")
     with_actor = {"trigger": "cancel", "payload": {"reason": "x", "actor": "admin"}}
     too_much = {"trigger": "propose", "payload": {"amount": 5_000, "reason": "over the balance"}}
     with TestClient(make_app(world.engine)) as client:
@@ -176,6 +183,11 @@ def test_each_status_an_operation_documents_is_one_a_request_provokes(world: Wor
             method, path, body = request_of(world, operation_id)
             missing = path.replace(world.waiting, "no-such-task").replace(world.ended, "no-such-task")
             ask(client, provoked, operation_id, method, missing, json=body, headers=bearer("dana"))
+        for operation_id in on_a_task:  # 409: a task id typed short that starts two tasks' ids
+            method, path, body = request_of(world, operation_id)
+            shared = path.replace(world.waiting, twins[0][:12]).replace(world.ended, twins[0][:12])
+            ask(client, provoked, operation_id, method, shared, json=body, headers=bearer("dana"))
+            assert provoked[operation_id][409] >= {"TASK_ID_AMBIGUOUS"}, operation_id
         for operation_id in commands:  # 412: If-Match names a seq the task is no longer at
             method, path, body = request_of(world, operation_id)
             ask(client, provoked, operation_id, method, path, json=body, headers={**bearer("dana"), "If-Match": '"1"'})
@@ -189,6 +201,7 @@ def test_each_status_an_operation_documents_is_one_a_request_provokes(world: Wor
             ("reject_task", "POST", f"/api/tasks/{world.waiting}/reject", {"reason": "no"}, "ann"),
             ("approve_task", "POST", f"/api/tasks/{world.waiting}/approve", {"digest": "0" * 64}, "dana"),
             ("approve_task", "POST", f"/api/tasks/{world.waiting}/approve", {"digest": world.digest[:6]}, "dana"),
+            ("approve_task", "POST", f"/api/tasks/{world.waiting}/approve", {"digest": "z" * 12}, "dana"),
             ("signal_task", "POST", f"/api/tasks/{world.waiting}/signal", {"trigger": "nope"}, "dana"),
             ("settle_task", "POST", f"/api/tasks/{world.waiting}/settle", request_of(world, "settle_task")[2], "olga"),
             ("redrive_task", "POST", f"/api/tasks/{world.waiting}/redrive", {"to_state": "x", "reason": "x"}, "olga"),
@@ -272,7 +285,7 @@ def test_each_status_an_operation_documents_is_one_a_request_provokes(world: Wor
         )
     assert provoked["approve_task"][409] >= {"TASK_NOT_AWAITING_APPROVAL", "APPROVAL_STALE"}
     assert provoked["approve_task"][403] == {"FORBIDDEN", "APPROVAL_FORBIDDEN"}
-    assert provoked["approve_task"][422] >= {"PAYLOAD_INVALID", "DIGEST_TOO_SHORT"}
+    assert provoked["approve_task"][422] >= {"PAYLOAD_INVALID", "DIGEST_TOO_SHORT", "DIGEST_INVALID"}
     assert provoked["signal_task"][409] >= {"TASK_TERMINAL", "TRIGGER_NOT_ALLOWED"}
     assert provoked["signal_task"][422] >= {"IDENTITY_OVERRIDE", "DOMAIN_INVALID"}
     assert provoked["get_workflow_diagram"][404] == {"VERSION_UNKNOWN"}

@@ -445,3 +445,15 @@ def test_over_a_real_server_a_copied_cookie_dies_at_logout_and_a_foreign_origin_
             assert copy.get("/inbox").status_code == 200
             assert browser.post("/logout", data={"csrf": csrf}, headers={"Origin": base}).status_code == 303
             assert copy.get("/inbox").headers["location"] == "/login?next=%2Finbox"
+
+
+def test_a_task_is_found_by_the_first_8_characters_of_its_id_on_its_page_and_in_the_search(
+    client: TestClient, engine: Engine
+) -> None:
+    waiting, other = to_approval(engine), engine.start("counter", actor="ann")
+    login(client, "bob")
+    html = client.get(f"/tasks/{waiting[:8]}").text
+    assert 'id="task-state">awaiting_approval<' in html and waiting in html
+    found = client.get("/tasks", params={"q": waiting[:8]}).text
+    assert waiting in found and other not in found
+    assert client.get(f"/tasks/{waiting[:7]}").status_code == 404  # shorter than a task id typed short

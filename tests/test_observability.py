@@ -176,7 +176,11 @@ def test_a_refund_emits_one_trace_per_step_linked_by_its_task_id(
         assert attrs["gen_ai.provider.name"] == "openai" and attrs["gen_ai.request.model"] == "gpt-4.1"
         if chat not in failed:
             assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == USAGE
+            # What the provider said of its answer (the local server names its model test-model).
+            assert (attrs["gen_ai.response.model"], attrs["gen_ai.response.id"]) == ("test-model", "chatcmpl-test")
             assert tuple(attrs["gen_ai.response.finish_reasons"]) == ("tool_calls",)  # type: ignore[arg-type]
+        else:
+            assert "gen_ai.response.model" not in attrs and "gen_ai.response.id" not in attrs
     assert chats[0].kind.name == "CLIENT"
 
     # Tool calls: the look-up and the payment, each inside its tool step.
@@ -480,3 +484,103 @@ def test_an_otel_exporter_nobody_provides_is_one_line_and_exit_2(tmp_path: Path)
     done = railyard("status", env=env, cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{Code.CONFIG_INVALID}:" in done.stderr and "zipkin_json" in done.stderr
+
+
+# -- a telemetry endpoint that does not answer -------------------------------------------------------------------
+@contextmanager
+def dead_endpoint(kind: str) -> Iterator[str]:
+    """An OTLP endpoint that refuses connections (nothing listens), or accepts them and never answers."""
+    if kind == "refused":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections complete in the backlog; nothing ever reads or answers them
+        yield f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+
+def export_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "export" in line.lower() or "Transient" in line]
+
+
+@pytest.mark.parametrize("kind", ["refused", "silent"])
+def test_an_endpoint_that_does_not_answer_never_holds_a_short_command_and_says_so_once(
+    kind: str, tmp_path: Path
+) -> None:
+    """With a 20 s export timeout, `start` used to take 8 to 20 s and print a line per retry."""
+    env = cli_env(tmp_path)
+    with dead_endpoint(kind) as endpoint:
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="20")
+        began = time.monotonic()
+        done = railyard("start", "counter", "--as", "ann", env=env, cwd=tmp_path)
+        took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    assert took < 8, f"{took:.1f} s"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) <= 1 and export_lines(done.stderr) == lines, done.stderr
+    assert all(line.startswith("traces are not exported: ") for line in lines), done.stderr
+
+
+def test_an_endpoint_that_does_not_answer_holds_a_worker_at_most_its_export_timeout_with_one_line(
+    tmp_path: Path,
+) -> None:
+    env = cli_env(tmp_path)
+    assert railyard("start", "counter", "--as", "ann", env=env, cwd=tmp_path).returncode == 0
+    for kind in ("refused", "silent"):
+        with dead_endpoint(kind) as endpoint:
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_TIMEOUT="3")
+            began = time.monotonic()
+            done = railyard("worker", "--once", "--workflows", "counter", env=env, cwd=tmp_path)
+            took = time.monotonic() - began
+        assert done.returncode == 0, done.stderr
+        assert took < 3 + 8, f"{kind}: {took:.1f} s"  # start-up and the run, then at most the export timeout
+        assert len(export_lines(done.stderr)) <= 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_traces_and_metrics_name_a_scripted_model_alike_and_count_the_usage_its_turns_carry(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A scripted model playing the anthropic profile is `scripted` in both (traces said `anthropic`, metrics
+    `scripted`); the usage a turn carries is counted; a scripted answer has no response model or id."""
+    from engine.store import MemoryStore
+    from tests.support.sample_workflows import all_workflows
+
+    metrics = hooks.enable_metrics()
+    turns = [{**call("give_up"), "usage": {"input_tokens": 5, "output_tokens": 3}}]
+    with Engine(store=MemoryStore(), registry=Registry(all_workflows())) as engine:
+        task_id = engine.start("refund", {"customer": "c1", "balance": 500}, actor="ann")
+        engine.run(task_id, model=ScriptedModel({"profile": "anthropic", "turns": turns}))
+        assert engine.get(task_id).state == "rejected"
+    (chat,) = [s for s in spans.get_finished_spans() if s.name.startswith("chat ")]
+    attrs = chat.attributes or {}
+    assert attrs["gen_ai.provider.name"] == attrs["gen_ai.system"] == "scripted"
+    assert attrs["railyard.profile"] == "anthropic"
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (5, 3)
+    assert "gen_ai.response.model" not in attrs and "gen_ai.response.id" not in attrs
+    from prometheus_client import generate_latest
+
+    exposed = generate_latest(metrics.registry_for(None)).decode()
+    samples = [sample for family in text_string_to_metric_families(exposed) for sample in family.samples]
+    tokens = {x.labels["type"]: x.value for x in samples if x.name == "railyard_model_tokens_total"}
+    assert tokens == {"input": 5.0, "output": 3.0}
+    assert {x.labels["provider"] for x in samples if x.name.startswith("railyard_model_")} == {"scripted"}
+
+
+def test_an_exporter_that_failed_and_answers_again_is_waited_for_at_exit_again() -> None:
+    """`close` stops waiting for an exporter whose last export failed, and waits again once one succeeded."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from engine.observability import traces
+
+    answers = [SpanExportResult.FAILURE, SpanExportResult.SUCCESS]
+
+    class Inner:
+        def export(self, spans: Any) -> SpanExportResult:
+            return answers.pop(0)
+
+    watched = traces._Watched(Inner())
+    try:
+        assert watched.export([]) is SpanExportResult.FAILURE and traces._export_failed.is_set()
+        assert watched.export([]) is SpanExportResult.SUCCESS and not traces._export_failed.is_set()
+    finally:
+        traces._export_failed.clear()

@@ -901,3 +901,43 @@ def test_openai_tool_call_extras_such_as_thought_signatures_go_back_unchanged(se
     )
     openai(server).complete(request(messages=history))
     assert server.last_body["messages"][1]["tool_calls"][0]["extra_content"] == extra["extra_content"]
+
+
+def test_the_model_and_id_a_provider_gives_its_answer_are_kept_from_bodies_and_streams() -> None:
+    """What traces report as gen_ai.response.model and gen_ai.response.id; absent when the provider says nothing."""
+    from engine.providers import anthropic_adapter, openai_adapter
+
+    choice = {"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}
+    body = {"id": "chatcmpl-1", "model": "gpt-4.1-2025", "choices": [choice]}
+    answer = openai_adapter.parse_completion(body)
+    assert (answer.response_model, answer.response_id) == ("gpt-4.1-2025", "chatcmpl-1")
+    answer = openai_adapter.parse_completion({"choices": [choice]})
+    assert (answer.response_model, answer.response_id) == (None, None)
+    chunks = [
+        {"id": "chatcmpl-2", "model": "m-2", "choices": [{"index": 0, "delta": {"content": "h"}}]},
+        {
+            "id": "chatcmpl-2",
+            "model": "m-2",
+            "choices": [{"index": 0, "delta": {"content": "i"}, "finish_reason": "stop"}],
+        },
+    ]
+    answer = openai_adapter._read_stream(chunks)
+    assert (answer.text, answer.response_model, answer.response_id) == ("hi", "m-2", "chatcmpl-2")
+
+    message = {
+        "id": "msg_1",
+        "model": "claude-x",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+    }
+    answer = anthropic_adapter.parse_message(message)
+    assert (answer.response_model, answer.response_id) == ("claude-x", "msg_1")
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "msg_2", "model": "claude-y", "usage": {"input_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+        {"type": "message_stop"},
+    ]
+    answer = anthropic_adapter._read_stream(events)
+    assert (answer.text, answer.response_model, answer.response_id) == ("hi", "claude-y", "msg_2")

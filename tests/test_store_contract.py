@@ -455,6 +455,39 @@ def test_lists_of_tasks_for_the_back_office(store: Store) -> None:
     assert store.recent(workflow="refund")[0] == store.row("t-3")
 
 
+def test_task_ids_starting_with_a_prefix_are_at_most_two_in_id_order_and_the_prefix_is_literal(store: Store) -> None:
+    for task_id in ("b3678ff0-2", "b3678ff0-1", "b3678ff1-0", "a%b_c-0", "a1b1c-0"):
+        started(store, task_id)
+    assert store.task_ids_starting("b3678ff0") == ["b3678ff0-1", "b3678ff0-2"]
+    assert store.task_ids_starting("b3678ff") == ["b3678ff0-1", "b3678ff0-2"]  # two at most
+    assert store.task_ids_starting("b3678ff", limit=3) == ["b3678ff0-1", "b3678ff0-2", "b3678ff1-0"]
+    assert store.task_ids_starting("b3678ff1") == ["b3678ff1-0"]
+    assert store.task_ids_starting("b3678ff0-1") == ["b3678ff0-1"]  # a whole id is its own prefix
+    assert store.task_ids_starting("c") == []
+    assert store.task_ids_starting("a%b") == ["a%b_c-0"]  # `%` and `_` are characters, not patterns
+    assert store.task_ids_starting("a_b") == [] and store.task_ids_starting("a%") == ["a%b_c-0"]
+    assert store.task_ids_starting("B3678FF0") == []  # ids are compared as written
+
+
+def test_a_task_id_typed_short_resolves_to_the_one_task_it_starts_or_is_ambiguous(store: Store) -> None:
+    from engine import Refused
+    from engine.runtime.task_ids import resolve_task_id
+
+    for task_id in ("abcdefgh-1", "abcdefgh-12", "abcdefgh-2", "c0ffee00-1"):
+        started(store, task_id)
+    assert resolve_task_id(store, "c0ffee00") == "c0ffee00-1"
+    assert resolve_task_id(store, "abcdefgh-1") == "abcdefgh-1"  # a whole id, though it starts another one
+    assert resolve_task_id(store, "abcdefgh-2") == "abcdefgh-2"
+    with pytest.raises(Refused) as refused:
+        resolve_task_id(store, "abcdefgh")
+    assert refused.value.code is Code.TASK_ID_AMBIGUOUS and refused.value.details["matches"] == [
+        "abcdefgh-1",
+        "abcdefgh-12",
+    ]
+    assert resolve_task_id(store, "c0ffee0") == "c0ffee0"  # 7 characters: as typed (the caller's TASK_NOT_FOUND)
+    assert resolve_task_id(store, "ffffffff") == "ffffffff"  # none starts so: as typed
+
+
 def listed(store: Store, **query: Any) -> list[str]:
     return [t.row.task_id for t in store.list_tasks(TaskQuery(**query))]
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from collections import deque
 from typing import Any
@@ -407,18 +408,46 @@ def _check_database(url: str) -> None:
         sys.stderr.write(f"{problem}: {message} (serving anyway: /readyz answers 503 until it is fixed)\n")
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything else is opened: a port another process holds (or an interface
+    this machine does not have) is CONFIG_INVALID, one line, exit 2, not uvicorn's log lines after a start."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart reuses the port
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RailyardError(
+            f"cannot serve on {host}:{port}: {exc.strerror or exc} (another process may hold the port: choose"
+            " another with --port)",
+            code=Code.CONFIG_INVALID,
+            host=host,
+            port=port,
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
     import uvicorn
 
     tokens = load_tokens(tokens_file())
     limit = max_body()  # every setting is checked before anything is opened
-    _check_database(config.database_url())
-    with Engine(config.database_url(), authoriser=tokens) as engine:
-        app = create_app(
-            engine,
-            tokens,
-            session_secret=session_secret(),
-            secure_cookies=secure_cookies(),
-            max_body=limit,
-        )
-        uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False)
+    sock = listening_socket(host, port)
+    with sock:
+        _check_database(config.database_url())
+        with Engine(config.database_url(), authoriser=tokens) as engine:
+            app = create_app(
+                engine,
+                tokens,
+                session_secret=session_secret(),
+                secure_cookies=secure_cookies(),
+                max_body=limit,
+            )
+            server = uvicorn.Server(
+                uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False)
+            )
+            shown = f"[{host}]" if ":" in host else host
+            sys.stderr.write(f"serving on http://{shown}:{port} (Ctrl-C to stop)\n")
+            server.run(sockets=[sock])

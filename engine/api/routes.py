@@ -67,13 +67,13 @@ from engine.api.auth import (
     same_token,
     throttled,
 )
+from engine.api.paths import TaskId
 from engine.api.schemas import (
     BODY_TOO_LARGE,
     IF_MATCH_FAILED,
     MAX_SEQ,
     NAME_PATTERN,
     STATE_PATTERN,
-    TASK_ID_PATTERN,
     ApprovalPage,
     ApproveRequest,
     CancelRequest,
@@ -179,8 +179,6 @@ task_api, approval_api, workflow_api = api_router("tasks"), api_router("approval
 pages = APIRouter(include_in_schema=False)
 #: Every router, in the order the application includes them.
 ROUTERS = (task_api, approval_api, workflow_api, pages)
-
-TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, description="Task id.")]
 
 
 def visible_task(task_id: TaskId, ctx: Ctx, who: Reader) -> str:
@@ -343,7 +341,7 @@ EVENTS_BROKEN = (Code.HASH_MISMATCH, Code.ARCHIVE_MISSING)
 #: ... and, loading the task, folded to another state than its row's (500).
 LOG_BROKEN = (*EVENTS_BROKEN, Code.SEQ_GAP, Code.STATE_MISMATCH)
 #: Loading a task: none by that id (404), pinned to a version this server's code does not run (409), a broken log.
-TASK = (Code.TASK_NOT_FOUND, Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED, *LOG_BROKEN)
+TASK = (Code.TASK_NOT_FOUND, Code.TASK_ID_AMBIGUOUS, Code.DEFINITION_MISSING, Code.DEFINITION_CHANGED, *LOG_BROKEN)
 #: A command on a task, decided on the state its sender saw: the task moved past the seq named (409), or past the
 #: one If-Match named (412).
 COMMAND = (*STORED, *WRITE, *TASK, Code.CONCURRENCY_CONFLICT, IF_MATCH_FAILED)
@@ -460,7 +458,7 @@ def get_task(task_id: VisibleTask, ctx: Ctx, _who: Reader, response: Response) -
 @task_api.get(
     "/tasks/{task_id}/history",
     response_model=list[EventBody],
-    responses=refusals(STORED, Code.TASK_NOT_FOUND, EVENTS_BROKEN),
+    responses=refusals(STORED, Code.TASK_NOT_FOUND, Code.TASK_ID_AMBIGUOUS, EVENTS_BROKEN),
 )
 def history(task_id: VisibleTask, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
     """Every event of the task's log, in order, with its hashes."""
@@ -566,7 +564,11 @@ def redrive(
     return task_body(response, ctx.engine.view(task))
 
 
-@task_api.get("/tasks/{task_id}/replay", response_model=ReplayBody, responses=refusals(STORED, Code.TASK_NOT_FOUND))
+@task_api.get(
+    "/tasks/{task_id}/replay",
+    response_model=ReplayBody,
+    responses=refusals(STORED, Code.TASK_NOT_FOUND, Code.TASK_ID_AMBIGUOUS),
+)
 def replay(task_id: VisibleTask, ctx: Ctx, _who: Reader) -> dict[str, Any]:
     """Check the task's whole log without calling any model or tool: the hash chain, that every transition was
     legal in its pinned definition, and that the fold matches the stored state. `ok` is false with findings."""
@@ -666,7 +668,13 @@ def work(
     "/tasks/{task_id}/approve",
     response_model=TaskBody,
     responses=refusals(
-        COMMAND, DECISION, Code.APPROVAL_STALE, Code.DIGEST_TOO_SHORT, Code.DIGEST_AMBIGUOUS, tagged=200
+        COMMAND,
+        DECISION,
+        Code.APPROVAL_STALE,
+        Code.DIGEST_INVALID,
+        Code.DIGEST_TOO_SHORT,
+        Code.DIGEST_AMBIGUOUS,
+        tagged=200,
     ),
 )
 def approve(

@@ -368,6 +368,7 @@ _STATUS: dict[Code, int] = {
     Code.LEASE_LOST: 409,
     Code.APPROVAL_STALE: 409,
     Code.DIGEST_AMBIGUOUS: 409,
+    Code.TASK_ID_AMBIGUOUS: 409,
     Code.TASK_NOT_AWAITING_APPROVAL: 409,
     Code.TASK_TERMINAL: 409,
     Code.TRIGGER_NOT_ALLOWED: 409,
@@ -389,6 +390,8 @@ _STATUS: dict[Code, int] = {
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
     Code.DIGEST_TOO_SHORT: 422,
+    Code.DIGEST_INVALID: 422,
+    Code.EXPORT_INVALID: 422,
     Code.USAGE_INVALID: 422,
     Code.DOMAIN_INVALID: 422,
     Code.IDENTITY_OVERRIDE: 422,
@@ -429,6 +432,7 @@ _STATUS: dict[Code, int] = {
     Code.SCHEMA_NOT_AT_HEAD: 503,
     Code.DATABASE_UNREACHABLE: 503,
     Code.DATABASE_NOT_FOUND: 503,
+    Code.DATABASE_READ_ONLY: 503,
     # The server is misconfigured, or a log does not hold together: the operator's problem, not the caller's.
     Code.MODEL_NOT_CONFIGURED: 500,
     Code.CONFIG_INVALID: 500,
@@ -481,7 +485,13 @@ def status_for(error: RailyardError) -> int:
 #: Codes whose message names the server's own infrastructure (a host, a database user, a path): an HTTP caller gets
 #: the code, the operator reads the message in the server log, where the store logged it.
 _OPERATOR_ONLY = frozenset(
-    {Code.DATABASE_URL_INVALID, Code.DATABASE_UNREACHABLE, Code.DATABASE_NOT_FOUND, Code.DATABASE_FILE_INVALID}
+    {
+        Code.DATABASE_URL_INVALID,
+        Code.DATABASE_UNREACHABLE,
+        Code.DATABASE_NOT_FOUND,
+        Code.DATABASE_FILE_INVALID,
+        Code.DATABASE_READ_ONLY,
+    }
 )
 
 

@@ -173,6 +173,27 @@ def _instant(value: Any) -> Any:
     return parsed
 
 
+#: The kinds of line an export holds.
+KINDS = frozenset({"task", "event", "proof", "end"})
+
+
+def is_export(lines: Iterable[bytes]) -> bool:
+    """Whether a file is an export at all: some line of it is a JSON object of an export line's kind.
+
+    A file that is not (empty, a text file, another program's JSON) is a file given by mistake, not an export
+    whose content was changed: `verify_export` on it would report every line as an edit. An export with edited
+    lines still has lines of its kinds, and its findings say which.
+    """
+    for raw in lines:
+        try:
+            value = json.loads(raw)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        if isinstance(value, dict) and value.get("kind") in KINDS:
+            return True
+    return False
+
+
 def verify_export(
     lines: Iterable[bytes], lookup: Lookup, against: ExportCheck | None = None, origin: OriginCheck | None = None
 ) -> Iterator[ReplayReport]:

@@ -1,7 +1,7 @@
 """The `railyard` command line (Typer + Rich).
 
 Exit codes are a contract: 0 ok, 1 a domain refusal (its code printed),
-2 a usage error, 3 an audit finding (`engine.cli.exits`). Every read command
+2 a usage error, 3 an audit finding, 130 Ctrl-C (`engine.cli.exits`). Every read command
 takes `--json`. The commands live in a module per group (`tasks`, `approvals`,
 `workers`, `audit`, `admin`); everything they print goes through `render`.
 This module is the program: the Typer app, each command under its name in the
@@ -17,11 +17,21 @@ from typing import Annotated
 
 import typer
 
+from engine import _interrupts
 from engine.cli import admin, approvals, audit, forks, tasks, workers
 from engine.cli.checkpoints import checkpoint_app
-from engine.cli.exits import AUDIT_CODES, CONFIG_CODES, EXIT_AUDIT, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from engine.cli.exits import (
+    AUDIT_CODES,
+    CONFIG_CODES,
+    EXIT_AUDIT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+)
 from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
 from engine.cli.tokens import tokens_app
+from engine.observability import hooks
 
 __all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
 
@@ -38,6 +48,12 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 app.add_typer(db_app, name="db")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(tokens_app, name="tokens")
+
+#: The commands that run for long (until stopped, or model turn after model turn).
+LONG_RUNNING = frozenset({"worker", "serve", "demo", "run"})
+#: How long a short command waits at exit for its spans to be exported (a collector that answers takes
+#: milliseconds; one that does not is not waited for).
+SHORT_EXIT_SECONDS = 0.5
 
 #: Every command under its name, in the order `railyard --help` lists them.
 COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
@@ -89,7 +105,21 @@ def program(
 
 def main() -> None:
     """Console-script entry point."""
-    # Like `python -m`, let RAILYARD_WORKFLOWS name modules in the directory the user is in.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    app()
+    # Ctrl-C ended the process quietly while `engine` imported (`engine._interrupts`); from here each command stops
+    # in its own way (a worker finishes its steps, anything else exits 130: Typer's own), and once it is done the
+    # interpreter's shutdown is quiet again.
+    _interrupts.raising()
+    try:
+        # Like `python -m`, let RAILYARD_WORKFLOWS name modules in the directory the user is in.
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        app()
+    except KeyboardInterrupt:  # between commands' own handling: before Click runs, or while it reports
+        _interrupts.quiet()
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        _interrupts.quiet()
+        # Spans still queued get the configured export timeout from a long-running command, a moment from the
+        # others: a telemetry endpoint that does not answer never holds a short command at its exit.
+        long_running = any(word in LONG_RUNNING for word in sys.argv[1:2])
+        hooks.close_tracing(None if long_running else SHORT_EXIT_SECONDS)

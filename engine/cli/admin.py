@@ -101,6 +101,7 @@ def graph(
         render.text(definition.machine.graph(fmt.value))
         return
     with open_engine() as engine:
+        task_id = engine.resolve_task_id(task_id)
         row, visits, current = engine.audit.path(task_id)
         if row.workflow != workflow:
             raise typer.BadParameter(f"task {task_id} is a {row.workflow} task, not {workflow}", param_hint="--task")

@@ -15,12 +15,16 @@ from engine.runtime.engine import Engine
 
 def approvals(
     role: Annotated[str | None, typer.Option("--role", help="Only decisions this role may take.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Show each task id and digest whole as well.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Tasks waiting for a human decision, with the prepared call each one would approve."""
+    """Tasks waiting for a human decision, with the prepared call each one would approve.
+
+    The table names each task and digest by its first 8 and 12 characters, which `approve` and the other commands
+    take as they are; --wide adds them whole, --json gives them whole."""
     with open_engine() as engine:
         pending = engine.approvals(role=role)
-    render.approvals(pending, as_json)
+    render.approvals(pending, as_json, wide)
 
 
 def approve(
@@ -39,7 +43,7 @@ def approve(
 ) -> None:
     """Approve the prepared call a task is waiting on. Without --digest, the one shown now is approved."""
 
-    def decide_now(engine: Engine) -> Any:
+    def decide_now(engine: Engine, task_id: str) -> Any:
         named, seen, prepared = digest, expected_seq, None
         if named is None:
             task = engine.load(task_id)
@@ -52,7 +56,7 @@ def approve(
             render.approved(prepared)
         return decided
 
-    act(decide_now, as_json)
+    act(task_id, decide_now, as_json)
 
 
 def reject(
@@ -63,4 +67,4 @@ def reject(
     as_json: JsonFlag = False,
 ) -> None:
     """Reject the decision a task is waiting on."""
-    act(lambda e: e.reject(task_id, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.reject(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json)

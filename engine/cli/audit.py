@@ -18,7 +18,7 @@ from engine.core.errors import Code, IntegrityError, RailyardError, Refused
 from engine.core.replay import ReplayReport
 
 #: What `replay` and `export` read: one TASK, or --all of them narrowed by --workflow and --since.
-OneTask = Annotated[str | None, typer.Argument(help="Task id (or --all).")]
+OneTask = Annotated[str | None, typer.Argument(help="Task id, or its first 8 characters or more (or --all).")]
 AllTasks = Annotated[bool, typer.Option("--all", help="Every task, streamed.")]
 OnlyWorkflow = Annotated[str | None, typer.Option("--workflow", help="With --all: only this workflow.")]
 ChangedSince = Annotated[
@@ -67,7 +67,7 @@ def replay(
     jobs = jobs or available_jobs()
     with open_engine() as engine:
         if task_id is not None:
-            report = engine.replay(task_id, jobs=jobs)
+            report = engine.replay(engine.resolve_task_id(task_id), jobs=jobs)
             render.replayed(report, as_json)
             found = not report.ok
         else:
@@ -108,6 +108,7 @@ def export(
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
     since_at = instant(since, "--since")
     with open_engine() as engine:
+        task_id = None if task_id is None else engine.resolve_task_id(task_id)
         if task_id is not None and not queries.exists(engine, task_id):
             fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
         try:
@@ -145,10 +146,18 @@ def verify_export_command(
     --partial. Exit 3 on any finding.
     """
     from engine.audit.checkpoint import Keys, Reading
-    from engine.audit.export import ExportCheck, verify_export
+    from engine.audit.export import ExportCheck, is_export, verify_export
 
     if (checkpoint is None) != (not public_key):
         raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
+    with path.open("rb") as lines:
+        if not is_export(lines):
+            fail(
+                RailyardError(
+                    f"{path} is not a Railyard export (no line of it is one): give the file `railyard export` wrote",
+                    code=Code.EXPORT_INVALID,
+                )
+            )
     definitions = registry()
     against = ExportCheck.unanchored()
     try:

@@ -1,7 +1,7 @@
 """The exit-code contract, and the one way a command fails: its code on stderr, its exit status from the code.
 
 0 ok, 1 a domain refusal, 2 a usage error (or a process set up wrong), 3 an
-audit finding. `docs/errors.md` lists each code's exit status from the sets
+audit finding, 130 stopped by Ctrl-C. `docs/errors.md` lists each code's exit status from the sets
 here (`tools/gen_errors_doc.py`).
 """
 
@@ -23,6 +23,8 @@ EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_AUDIT = 3
+#: A command stopped by Ctrl-C (128 + SIGINT, as a shell reports a process SIGINT ended).
+EXIT_INTERRUPTED = 130
 
 #: Codes that report a broken log rather than a refused request: exit 3.
 AUDIT_CODES = frozenset(code for code in Code if code.category is Category.INTEGRITY)

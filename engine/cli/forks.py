@@ -27,7 +27,7 @@ def fork(
     Refused (WRITE_WOULD_REPEAT) where the fork could make a write a second time: fork after its outcome.
     """
     with open_engine() as engine:
-        new_id = engine.fork(task_id, at_seq, actor=actor, reason=reason, version=version)
+        new_id = engine.fork(engine.resolve_task_id(task_id), at_seq, actor=actor, reason=reason, version=version)
         view = engine.get(new_id)
     render.started(view, as_json)
 
@@ -44,7 +44,4 @@ def redrive(
 
     The actor needs the workflow's redrive role (else its settle role, else its cancel role).
     """
-    act(
-        lambda e: e.redrive(task_id, to_state, actor=actor, reason=reason, expected_seq=expected_seq),
-        as_json,
-    )
+    act(task_id, lambda e, t: e.redrive(t, to_state, actor=actor, reason=reason, expected_seq=expected_seq), as_json)

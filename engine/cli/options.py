@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,7 +13,7 @@ import typer
 from engine.core.canonical import parse_instant
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-TaskId = Annotated[str, typer.Argument(help="Task id.")]
+TaskId = Annotated[str, typer.Argument(help="Task id, or its first 8 characters or more.")]
 ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")]
 #: A human command names the seq it was decided on; without it, it is decided on the task as read when it runs.
@@ -28,12 +30,33 @@ PublicKeys = Annotated[
 ]
 
 
+#: Said in the help of every option that takes a JSON object.
+JSON_SOURCES = "a JSON object, @FILE (read from the file) or - (read from stdin)"
+
+
+def read_json_text(value: str, option: str) -> str:
+    """The text of a JSON option: the value itself, the file `@FILE` names, or stdin for `-` (for input too long
+    for a command line, or that should not be in the shell's history)."""
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise typer.BadParameter(f"{path} is not UTF-8 text", param_hint=option) from None
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=option) from None
+    return value
+
+
 def parse_json(value: str | None, option: str) -> dict[str, Any] | None:
-    """A JSON object given as an option's value (None if the option was not given)."""
+    """A JSON object given as an option's value, `@FILE` or `-` (None if the option was not given)."""
     if value is None:
         return None
+    text = read_json_text(value, option)
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(f"not valid JSON: {exc.msg}", param_hint=option) from None
     if not isinstance(parsed, dict):
@@ -79,7 +102,8 @@ ExtraBodyOpt = Annotated[
     str | None,
     typer.Option(
         "--extra-body",
-        help="A JSON object merged into every request body (over RAILYARD_MODEL_EXTRA_BODY and the profiles file).",
+        help="Merged into every request body: " + JSON_SOURCES + " (over RAILYARD_MODEL_EXTRA_BODY and the profiles "
+        "file).",
     ),
 ]
 

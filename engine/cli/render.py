@@ -33,6 +33,7 @@ from engine.core.payloads import event_code
 from engine.core.replay import ReplayReport
 from engine.core.summary import compact, summarise
 from engine.runtime.engine import TaskView
+from engine.runtime.task_ids import TASK_ID_PREFIX
 
 #: How wide `history` prints its table when the output is not a terminal.
 HISTORY_WIDTH = 160
@@ -303,25 +304,34 @@ def status(workflows: list[dict[str, Any]], workers: list[dict[str, Any]], as_js
 
 
 # -- approvals -------------------------------------------------------------------------------------
-def approvals(pending: list[dict[str, Any]], as_json: bool) -> None:
+def approvals(pending: list[dict[str, Any]], as_json: bool, wide: bool = False) -> None:
+    """The table shows each task id and digest by the prefix the commands take (`approve 1a2b3c4d --digest
+    0c99c2817f45`), never folded over lines; `wide` shows them whole as well; JSON always whole."""
     if as_json:
         print_json(pending)
         return
     table = Table(title="Pending approvals")
     for column in ("task", "workflow", "state", "role", "started by", "prepared call", "digest"):
-        table.add_column(column, overflow="fold")
+        if column in ("task", "digest"):  # what is copied from here is never folded over lines
+            table.add_column(column, no_wrap=True)
+        else:
+            table.add_column(column, overflow="fold")
+    if wide:
+        table.add_column("task id", no_wrap=True)
+        table.add_column("whole digest", no_wrap=True)
     for p in pending:
         prepared = p["prepared"] or {}
         call = f"{prepared.get('tool')} {compact(prepared.get('arguments'))}" if prepared else ""
-        table.add_row(
-            p["task_id"],
+        row = [
+            p["task_id"][:TASK_ID_PREFIX],
             p["workflow"],
             p["state"],
             p["role"],
             p["started_by"],
             call,
             (p["digest"] or "")[:DIGEST_PREFIX],
-        )
+        ]
+        table.add_row(*row, *((p["task_id"], p["digest"] or "") if wide else ()))
     out.print(table)
 
 

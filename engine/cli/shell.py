@@ -87,12 +87,13 @@ class Program(Group):
         **extra: Any,
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        _help_width()
         status = _undecodable(argv)
         if status is None:
             try:
                 result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
                 status = result if isinstance(result, int) else 0
-            except typer.Abort:
+            except typer.Abort:  # a prompt answered no, or stdin ended (Typer makes Ctrl-C an exit 130 itself)
                 render.note("aborted")
                 status = EXIT_REFUSED
             except RailyardError as error:  # a command that let one through rather than calling `fail`
@@ -108,6 +109,15 @@ class Program(Group):
         if standalone_mode:
             sys.exit(status)
         return status
+
+
+def _help_width() -> None:
+    """Help printed to a pipe or a file is drawn `render.PIPE_WIDTH` wide, as tables are: Rich would otherwise
+    fit it to 80 columns and cut the option names (`--checkpoint-minu…`). TERMINAL_WIDTH, if set, still wins."""
+    from typer import rich_utils
+
+    if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():
+        rich_utils.MAX_WIDTH = render.PIPE_WIDTH
 
 
 def _undecodable(argv: list[str]) -> int | None:

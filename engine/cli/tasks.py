@@ -12,6 +12,7 @@ import typer
 from engine.cli import render
 from engine.cli.exits import open_engine
 from engine.cli.options import (
+    JSON_SOURCES,
     ActorOpt,
     ExpectedSeq,
     ExtraBodyOpt,
@@ -37,7 +38,7 @@ WORKER_SEEN_SECONDS = 60
 def start(
     workflow: Annotated[str, typer.Argument(help="Workflow name.")],
     actor: ActorOpt,
-    input_json: Annotated[str | None, typer.Option("--input", help="Task input as a JSON object.")] = None,
+    input_json: Annotated[str | None, typer.Option("--input", help="Task input: " + JSON_SOURCES + ".")] = None,
     version: VersionOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -66,6 +67,7 @@ def show(
 
     point: Event | None = None
     with open_engine() as engine:
+        task_id = engine.resolve_task_id(task_id)
         if as_of is None:
             view = engine.get(task_id)
         else:
@@ -90,14 +92,16 @@ def _point(text: str) -> tuple[int | None, datetime | None]:
 def history(task_id: TaskId, as_json: JsonFlag = False) -> None:
     """The task's timeline, one row per event."""
     with open_engine() as engine:
+        task_id = engine.resolve_task_id(task_id)
         events = engine.history(task_id)
     render.history(task_id, events, as_json)
 
 
-def act(command: Callable[[Engine], Any], as_json: bool) -> None:
-    """Run a human command on the engine and print the task it leaves (shared with `approvals`)."""
+def act(task_id: str, command: Callable[[Engine, str], Any], as_json: bool) -> None:
+    """Run a human command on the task `task_id` names (a whole id or a prefix of one) and print the task it
+    leaves (shared with `approvals` and `forks`)."""
     with open_engine() as engine:
-        task = command(engine)
+        task = command(engine, engine.resolve_task_id(task_id))
         view = engine.get(task.task_id)
     render.fired(view, as_json)
 
@@ -106,13 +110,13 @@ def fire(
     task_id: TaskId,
     trigger: Annotated[str, typer.Argument(help="Trigger the current state allows.")],
     actor: ActorOpt,
-    payload: Annotated[str | None, typer.Option("--payload", help="Arguments as a JSON object.")] = None,
+    payload: Annotated[str | None, typer.Option("--payload", help="Arguments: " + JSON_SOURCES + ".")] = None,
     expected_seq: ExpectedSeq = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Fire a human or system trigger (approve, signal, ...) on a task."""
     args = parse_json(payload, "--payload")
-    act(lambda e: e.fire(task_id, trigger, args, actor=actor, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.fire(t, trigger, args, actor=actor, expected_seq=expected_seq), as_json)
 
 
 def cancel(
@@ -128,7 +132,7 @@ def cancel(
     effect once the call's outcome is on record: `cancelled` if nothing happened, the workflow's review state
     if it did.
     """
-    act(lambda e: e.cancel(task_id, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.cancel(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
 
 
 class SettledOutcome(StrEnum):
@@ -153,7 +157,8 @@ def settle(
     it did not; only then may a retry send it again. With a cancel waiting, the task goes where it says.
     """
     act(
-        lambda e: e.settle(task_id, actor=actor, outcome=outcome.value, evidence=evidence, expected_seq=expected_seq),
+        task_id,
+        lambda e, t: e.settle(t, actor=actor, outcome=outcome.value, evidence=evidence, expected_seq=expected_seq),
         as_json,
     )
 
@@ -175,7 +180,7 @@ def migrate(
         if not sep or not old.strip() or not new.strip():
             raise typer.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--map")
         mapping[old.strip()] = new.strip()
-    act(lambda e: e.migrate(task_id, to_version, mapping, actor=actor, reason=reason), as_json)
+    act(task_id, lambda e, t: e.migrate(t, to_version, mapping, actor=actor, reason=reason), as_json)
 
 
 def run(
@@ -201,6 +206,7 @@ def run(
         # Without options, a model named only by RAILYARD_MODEL is opened if a turn needs it (Engine does).
         spec = model or (config.model_spec() if any(v is not None for v in settings.values()) else None)
         adapter = open_model(spec, settings) if spec else None
+        task_id = engine.resolve_task_id(task_id)
         before = engine.get(task_id).seq
         task = engine.run(task_id, model=adapter, thinking=thinking, max_turns=max_turns)
         events = queries.events_after(engine, task_id, before)

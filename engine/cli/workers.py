@@ -21,7 +21,17 @@ def worker(
     concurrency: Annotated[
         int, typer.Option("--concurrency", min=1, help="Tasks held at once (coroutines on one event loop).")
     ] = 4,
-    once: Annotated[bool, typer.Option("--once", help="Claim one batch, advance it, exit.")] = False,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once",
+            help="Advance every task that is due now (--concurrency at a time), then exit 0: for cron. A task that"
+            " comes due later is left for the next run.",
+        ),
+    ] = False,
+    max_tasks: Annotated[
+        int | None, typer.Option("--max-tasks", min=1, help="With --once: claim at most this many tasks, then exit.")
+    ] = None,
     workflows: Annotated[
         str | None, typer.Option("--workflows", help="Only these workflows (comma-separated names).")
     ] = None,
@@ -64,6 +74,10 @@ def worker(
     once); a second signal, or the end of the grace period, exits at once. The
     log stays consistent either way: every append is atomic, and a task left
     mid-step is resumed by the next worker when its lease expires.
+
+    With --once (for cron): every task due now is advanced, --concurrency at
+    a time, until a claim finds none due (or --max-tasks were claimed); then
+    the worker exits 0.
     """
     import signal
     import threading
@@ -71,6 +85,8 @@ def worker(
     from engine.runtime.models import open_model
     from engine.runtime.worker import Worker
 
+    if max_tasks is not None and not once:
+        raise typer.BadParameter("only with --once: a worker without it runs until stopped", param_hint="--max-tasks")
     require_schema(database_url())  # a worker logs what fails on a claim and carries on: not for this
 
     runner: Worker | None = None
@@ -119,7 +135,7 @@ def worker(
         listening = "LISTEN/NOTIFY and polling" if runner.listen else "polling"
         render.note(f"{runner.name}: claiming (concurrency {concurrency}, lease {lease_seconds:.0f} s, {listening})")
         if once:
-            runner.run_once()
+            runner.drain(max_tasks)
         else:
             runner.run(stopping)
         if stop_metrics is not None:

@@ -40,12 +40,22 @@ DIGEST_PREFIX = 12
 
 def full_digest(named: str | None, current: str | None, earlier: Set[str] = frozenset()) -> str | None:
     """The digest `named` stands for: `current` when it is a unique prefix of it of at least `DIGEST_PREFIX`
-    characters, else `named` as given (`check_decision` then refuses it as stale).
+        characters, else `named` as given (`check_decision` then refuses it as stale). A digest that is not hex at
+    all is DIGEST_INVALID.
 
-    `earlier`: the digests of the calls the task prepared before; a prefix that also names one of them does not say
-    which call the approver reviewed (DIGEST_AMBIGUOUS). A prefix too short to be trusted is DIGEST_TOO_SHORT.
+        `earlier`: the digests of the calls the task prepared before; a prefix that also names one of them does not say
+        which call the approver reviewed (DIGEST_AMBIGUOUS). A prefix too short to be trusted is DIGEST_TOO_SHORT.
     """
-    if named is None or current is None or named == current:
+    if named is None:
+        return named
+    if not named or any(c not in "0123456789abcdefABCDEF" for c in named):
+        raise Refused(
+            f"digest {named!r} is not hexadecimal: a digest is 64 characters 0-9 and a-f (copy it, or its first "
+            f"{DIGEST_PREFIX}, from `railyard approvals`)",
+            code=Code.DIGEST_INVALID,
+            named=named,
+        )
+    if current is None or named == current:
         return named
     if len(named) < DIGEST_PREFIX:
         raise Refused(

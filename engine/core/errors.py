@@ -68,6 +68,12 @@ class Code(StrEnum):
     )
     # Tasks and transitions
     TASK_NOT_FOUND = "TASK_NOT_FOUND", Category.TASK, "No task with that id exists in this database."
+    TASK_ID_AMBIGUOUS = (
+        "TASK_ID_AMBIGUOUS",
+        Category.TASK,
+        "The task id given is a prefix (8 characters or more) of more than one task's id: give more of it (the"
+        " message names two of them).",
+    )
     TASK_TERMINAL = "TASK_TERMINAL", Category.TASK, "The task is in a terminal state; nothing can leave it."
     TRIGGER_NOT_ALLOWED = (
         "TRIGGER_NOT_ALLOWED",
@@ -255,6 +261,12 @@ class Code(StrEnum):
         "The digest given to approve is shorter than the 12 characters `railyard approvals` shows: give at least"
         " that much of it (or all 64).",
     )
+    DIGEST_INVALID = (
+        "DIGEST_INVALID",
+        Category.APPROVAL,
+        "The digest given to approve is not hexadecimal (a digest is 64 characters 0-9 and a-f, or the first 12"
+        " or more of them): copy it again from `railyard approvals`.",
+    )
     DIGEST_AMBIGUOUS = (
         "DIGEST_AMBIGUOUS",
         Category.APPROVAL,
@@ -333,11 +345,24 @@ class Code(StrEnum):
         "The file RAILYARD_DATABASE_URL names is not a SQLite database (a text file, another program's file):"
         " point the URL at the right file.",
     )
+    DATABASE_READ_ONLY = (
+        "DATABASE_READ_ONLY",
+        Category.CONFIG,
+        "The database refused a write because it is read-only to this process (a SQLite file, or its folder, that"
+        " this user may not write; a PostgreSQL replica or read-only transaction); the message names the file"
+        " or server. Give this user write access, or point RAILYARD_DATABASE_URL at a writable database.",
+    )
     USAGE_INVALID = (
         "USAGE_INVALID",
         Category.USAGE,
         "The command was typed wrong (an unknown option, a missing or malformed argument, bytes that are not"
         " text); the message says which, and `railyard COMMAND --help` shows the usage. Nothing was done.",
+    )
+    EXPORT_INVALID = (
+        "EXPORT_INVALID",
+        Category.USAGE,
+        "The file given to `verify-export` is not an export at all (empty, or no line of it is an export line):"
+        " nothing was checked. An export whose lines were edited is reported by its findings instead (exit 3).",
     )
     UNEXPECTED_ERROR = (
         "UNEXPECTED_ERROR",

@@ -167,6 +167,9 @@ class ModelResponse:
     reasoning_blocks: tuple[ReasoningBlock, ...] = ()
     finish_reason: FinishReason = "stop"
     usage: Usage = field(default_factory=Usage)
+    #: The model that answered and the provider's id of the answer, when the provider said (traces report them).
+    response_model: str | None = None
+    response_id: str | None = None
 
 
 class ModelAdapter(Protocol):

@@ -112,6 +112,17 @@ def enable_metrics() -> Metrics:
         return recording
 
 
+def close_tracing(within: float | None = None) -> None:
+    """Send the spans still queued and stop the exporters built from the OTEL_* variables, waiting at most `within`
+    seconds (default: the configured export timeout); nothing when tracing is off or the application set up its
+    own provider."""
+    if tracing is None:
+        return
+    from engine.observability import traces
+
+    traces.close(traces.export_timeout() if within is None else within)
+
+
 def disable() -> None:
     """Stop emitting spans and recording metrics (tests; a process that turns them off again)."""
     global tracing, recording
@@ -159,10 +170,31 @@ def model_call(
 ) -> None:
     """One request to a model returned `response` or failed with `error`."""
     elapsed = time.perf_counter() - started
+    named = provider_name(provider, profile)
     if recording is not None:
-        recording.model_call(provider, model, elapsed, response, error)
+        recording.model_call(named, model, elapsed, response, error)
     if tracing is not None:
-        tracing.model_call(provider, model, profile, started, response, error)
+        tracing.model_call(named, model, profile, started, response, error)
+
+
+#: The provider's name in the GenAI conventions' spelling, for the capability profiles whose provider they name
+#: otherwise.
+GEN_AI_PROVIDERS = {
+    "gemini": "gcp.gemini",
+    "mistral": "mistral_ai",
+    "qwen": "alibaba",
+    "glm": "zhipu",
+    "ollama": "ollama",
+}
+
+
+def provider_name(provider: str, profile: str) -> str:
+    """The one name traces (`gen_ai.provider.name`) and metrics (the `provider` label) give who answered a model
+    call: the scripted model is `scripted`, whichever profile it plays; an SDK adapter's is the provider its
+    capability profile names (an OpenAI-compatible endpoint is often someone else's), in the conventions' spelling."""
+    if provider == "scripted" or not profile:
+        return provider
+    return GEN_AI_PROVIDERS.get(profile, profile)
 
 
 def tool_call(

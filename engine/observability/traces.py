@@ -22,12 +22,17 @@ OTEL_RESOURCE_ATTRIBUTES; `railyard` when no service is named), the sampler
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
+import logging
 import os
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -43,14 +48,6 @@ from engine.core.replay import ReplayReport
 from engine.core.rows import Claim
 
 TRACER_NAME = "railyard"
-#: gen_ai.provider.name for the capability profiles whose provider the conventions name otherwise.
-GEN_AI_PROVIDERS = {
-    "gemini": "gcp.gemini",
-    "mistral": "mistral_ai",
-    "qwen": "alibaba",
-    "glm": "zhipu",
-    "ollama": "ollama",
-}
 #: OTEL_TRACES_EXPORTER names and the entry point (group `opentelemetry_traces_exporter`) each one loads.
 EXPORTER_ALIASES = {"otlp": "otlp_proto_http"}
 
@@ -106,14 +103,18 @@ class Tracing:
     ) -> None:
         attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": gen_ai_provider(provider, profile),
+            "gen_ai.provider.name": provider,  # `hooks.provider_name`: the name the metrics give it too
             # The name the conventions used before gen_ai.provider.name (up to v1.36), for backends still on it.
-            "gen_ai.system": gen_ai_provider(provider, profile),
+            "gen_ai.system": provider,
             "gen_ai.request.model": model,
             "railyard.profile": profile,
         }
         if response is not None:
             attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
+            if response.response_model:  # only what the provider said
+                attributes["gen_ai.response.model"] = response.response_model
+            if response.response_id:
+                attributes["gen_ai.response.id"] = response.response_id
             if response.usage.input_tokens is not None:  # only what the provider reported
                 attributes["gen_ai.usage.input_tokens"] = response.usage.input_tokens
             if response.usage.output_tokens is not None:
@@ -205,14 +206,6 @@ def task_context(task_id: str) -> SpanContext:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
-def gen_ai_provider(provider: str, profile: str) -> str:
-    """gen_ai.provider.name: the provider the capability profile names (an OpenAI-compatible endpoint is often
-    someone else's), in the conventions' spelling where they have one."""
-    if profile in ("openai", "anthropic", "deepseek"):
-        return profile
-    return GEN_AI_PROVIDERS.get(profile, profile or provider)
-
-
 def _task(task: TaskState) -> dict[str, AttributeValue]:
     return {
         "railyard.task.id": task.task_id,
@@ -229,30 +222,121 @@ def _wall_ns(started: float) -> int:
 
 
 # -- a provider from the OTEL_* variables ------------------------------------------------------------------------
+#: The provider this module built from the OTEL_* variables (None: the application's, or none yet): the one whose
+#: exporters it may stop at exit, and whose export errors it reports.
+_built: Any = None
+#: Set once an exporter said it could not export (a warning or an error): `close` stops waiting for it then.
+_export_failed = threading.Event()
+#: Where the exporters log: their first warning or error is the one line a process prints about them.
+EXPORTER_LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk.trace.export", "opentelemetry.sdk._shared_internal")
+
+
 def _global_or_from_env() -> Any:
+    global _built
     current = trace.get_tracer_provider()
     if not isinstance(current, trace.ProxyTracerProvider):  # set by opentelemetry-instrument or the application
         return current
     provider = provider_from_env()
     trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is provider:
+        _built = provider
+        _one_line_about_exporters()
+        atexit.register(close, export_timeout())
     return trace.get_tracer_provider()
 
 
 def provider_from_env() -> Any:
-    """An SDK TracerProvider as the OTEL_* variables describe it (see the module's docstring)."""
+    """An SDK TracerProvider as the OTEL_* variables describe it (see the module's docstring). It is not shut down
+    by the SDK's own exit hook, which waits as long as an exporter retries: `close` bounds that wait."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "railyard"}))
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     names = [n.strip() for n in (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
     for name in names:
         if name != "none":
-            provider.add_span_processor(BatchSpanProcessor(load_exporter(name)))
+            watched = cast("SpanExporter", _Watched(load_exporter(name)))  # an exporter in all but its class
+            provider.add_span_processor(BatchSpanProcessor(watched))
     return provider
+
+
+class _Watched:
+    """An exporter whose last export is remembered: a failure (or a retry under way, which its log line says) lets
+    `close` stop waiting; a success, after the endpoint came back, makes it wait again."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            _export_failed.clear()
+        else:
+            _export_failed.set()
+        return result
+
+    def __getattr__(self, name: str) -> Any:  # shutdown, force_flush: the exporter's own
+        return getattr(self.inner, name)
+
+
+def export_timeout() -> float:
+    """The seconds an export may take, as the OTEL_* variables configure it (the exporter's own default: 10)."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        raw = os.environ.get(name, "").strip()
+        try:
+            if raw and float(raw) >= 0:
+                return float(raw)
+        except ValueError:
+            continue
+    return 10.0
+
+
+def close(within: float) -> None:
+    """Hand the spans still queued to the exporters and stop them, waiting at most `within` seconds: an endpoint
+    that does not answer costs a process no more than that (a short CLI command passes a fraction of a second;
+    whatever is not sent by then is dropped). Only the provider built here; once."""
+    global _built
+    provider, _built = _built, None
+    if provider is None:
+        return
+    stopping = threading.Thread(target=provider.shutdown, name="railyard-traces-close", daemon=True)
+    stopping.start()
+    deadline = time.monotonic() + max(0.0, within)
+    # Done, out of time, or an export already failed: an endpoint that refused is not waited for while it retries.
+    while stopping.is_alive() and not _export_failed.is_set() and (left := deadline - time.monotonic()) > 0:
+        stopping.join(min(left, 0.02))
+
+
+class _OneLine(logging.Handler):
+    """The exporters' first warning or error, as one line on stderr; the rest are counted, not printed: an endpoint
+    that does not answer is said once, not once per retry and batch."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _export_failed.set()
+        if self.said:
+            return
+        self.said = True
+        text = " ".join(record.getMessage().split())[:300]
+        with contextlib.suppress(OSError, ValueError):  # stderr closed: nowhere to say it
+            sys.stderr.write(f"traces are not exported: {text} (said once; later export errors are not shown)\n")
+
+
+def _one_line_about_exporters() -> None:
+    handler = _OneLine()
+    for name in EXPORTER_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def load_exporter(name: str) -> Any:

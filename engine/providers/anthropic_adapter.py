@@ -291,7 +291,17 @@ def parse_message(body: dict[str, Any], sent: frozenset[Shape] = frozenset()) ->
     if body.get("type") == "error" or body.get("error"):
         message = error_message(body, "error object in a 200 response")
         raise failure(ErrorFields.of(body, 200), sent, message, 200)
-    return _finish(body.get("content") or [], body.get("stop_reason"), body.get("usage"))
+    return _answered(_finish(body.get("content") or [], body.get("stop_reason"), body.get("usage")), body)
+
+
+def _answered(response: ModelResponse, message: dict[str, Any]) -> ModelResponse:
+    """`response` with the model and the id the provider gave its message (a body, or a stream's message_start)."""
+    model, answer_id = message.get("model"), message.get("id")
+    return replace(
+        response,
+        response_model=model if isinstance(model, str) and model else None,
+        response_id=answer_id if isinstance(answer_id, str) and answer_id else None,
+    )
 
 
 def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = frozenset()) -> ModelResponse:
@@ -301,6 +311,7 @@ def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
     usage: dict[str, Any] = {}
     stop_reason: str | None = None
     stopped = False
+    started: dict[str, Any] = {}  # the message_start event's message: its model and id
     for event in events:
         kind = event.get("type")
         if kind == "error" or event.get("error"):
@@ -308,7 +319,8 @@ def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
             message = error_message(event, "error event in a 200 stream")
             raise failure(ErrorFields.of(event, 200), sent, message, 200)
         if kind == "message_start":
-            usage.update((event.get("message") or {}).get("usage") or {})
+            started = dict(event.get("message") or {})
+            usage.update(started.get("usage") or {})
         elif kind == "content_block_start":
             blocks[event["index"]] = dict(event.get("content_block") or {})
         elif kind == "content_block_delta":
@@ -339,7 +351,7 @@ def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
     if not stopped and stop_reason is None:
         # Something arrived, but never the end: a dropped stream must not pass for a short answer.
         raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a stop_reason")
-    return _finish(content, stop_reason, usage)
+    return _answered(_finish(content, stop_reason, usage), started)
 
 
 def _finish(content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, Any] | None) -> ModelResponse:

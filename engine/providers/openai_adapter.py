@@ -257,13 +257,26 @@ def parse_completion(body: dict[str, Any], sent: frozenset[Shape] = frozenset())
         )
         for c in message.get("tool_calls") or ()
     )
-    return _finish(
-        calls=calls,
-        text=message.get("content") or "",
-        reasoning=_reasoning(message),
-        refusal=message.get("refusal"),
-        finish=choice.get("finish_reason"),
-        usage=body.get("usage"),
+    return _answered(
+        _finish(
+            calls=calls,
+            text=message.get("content") or "",
+            reasoning=_reasoning(message),
+            refusal=message.get("refusal"),
+            finish=choice.get("finish_reason"),
+            usage=body.get("usage"),
+        ),
+        body,
+    )
+
+
+def _answered(response: ModelResponse, body: dict[str, Any]) -> ModelResponse:
+    """`response` with the model and the id the provider gave its answer (a body, or a stream's chunk)."""
+    model, answer_id = body.get("model"), body.get("id")
+    return replace(
+        response,
+        response_model=model if isinstance(model, str) and model else None,
+        response_id=answer_id if isinstance(answer_id, str) and answer_id else None,
     )
 
 
@@ -275,7 +288,11 @@ def _read_stream(chunks: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
     calls: dict[int, dict[str, str]] = {}
     finish: str | None = None
     usage: dict[str, Any] | None = None
+    named: dict[str, Any] = {}  # the model and id the chunks carry (each carries them; the first is kept)
     for chunk in chunks:
+        for key in ("model", "id"):
+            if not named.get(key) and chunk.get(key):
+                named[key] = chunk[key]
         if chunk.get("error"):
             message = error_message(chunk["error"], "error chunk in a 200 stream")
             raise failure(ErrorFields.of(chunk["error"], 200), sent, message, 200)
@@ -300,13 +317,16 @@ def _read_stream(chunks: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
     if finish is None:
         # Something arrived, but never the end: a dropped stream must not pass for a short answer.
         raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a finish_reason")
-    return _finish(
-        calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())),
-        text="".join(text),
-        reasoning="".join(reasoning) or None,
-        refusal="".join(refusal) or None,
-        finish=finish,
-        usage=usage,
+    return _answered(
+        _finish(
+            calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())),
+            text="".join(text),
+            reasoning="".join(reasoning) or None,
+            refusal="".join(refusal) or None,
+            finish=finish,
+            usage=usage,
+        ),
+        named,
     )
 
 

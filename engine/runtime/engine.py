@@ -854,6 +854,12 @@ class Engine:
             )
         return task
 
+    def resolve_task_id(self, text: str) -> str:
+        """The task id `text` names: itself, or the one id it is a prefix of (8+ characters; `task_ids`)."""
+        from engine.runtime.task_ids import resolve_task_id
+
+        return resolve_task_id(self.store, text)
+
 
 def _log_transition(event: Event, duration_ms: float) -> None:
     """One line per transition, key=value, for operators' log pipelines: codes and names, no payload values."""

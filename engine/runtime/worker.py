@@ -215,9 +215,23 @@ class Worker:
         """Claim up to `concurrency` due tasks and advance them; returns how many were claimed."""
         return run_sync(self._serve(self._stop.is_set, once=True))
 
-    async def _serve(self, stopping: Callable[[], bool], *, once: bool = False) -> int:
+    def drain(self, max_tasks: int | None = None) -> int:
+        """Advance every task that is due now, `concurrency` at a time, until a claim finds none due (or after
+        `max_tasks` claims), then return how many were claimed: `railyard worker --once`, for cron."""
+        return run_sync(self._serve(self._stop.is_set, drain=True, max_tasks=max_tasks))
+
+    async def _serve(
+        self,
+        stopping: Callable[[], bool],
+        *,
+        once: bool = False,
+        drain: bool = False,
+        max_tasks: int | None = None,
+    ) -> int:
         """The loop: claim into free slots, each claim a coroutine, until `stopping`; then wait for those in hand
-        (each is handed back after its current step, since `stopping` is true). Returns how many were claimed."""
+        (each is handed back after its current step, since `stopping` is true). Returns how many were claimed.
+
+        `once`: one claim. `drain`: claim until a claim with free slots finds nothing due, or `max_tasks` claims."""
         self._loop, self._awake = asyncio.get_running_loop(), asyncio.Event()
         io = Threads(self.store_threads, self.concurrency, self.name)
         in_hand: set[asyncio.Task[None]] = set()
@@ -232,19 +246,24 @@ class Worker:
 
         ticking = asyncio.create_task(self._tick())
         try:
-            with self._serving(listen=not once):  # one claim: no wake-up to wait for
+            with self._serving(listen=not (once or drain)):  # no wake-up to wait for: what is due now
                 try:
                     while not stopping():
                         self._awake.clear()  # before the claim: a wake-up that arrives during it is not lost
                         free = self.concurrency - len(in_hand)
+                        if max_tasks is not None:
+                            free = min(free, max_tasks - claimed)
+                        got = 0
                         if free > 0:
                             for claim, loaded in await io.claim(partial(self._claim, free)):
-                                claimed += 1
+                                claimed, got = claimed + 1, got + 1
                                 task = asyncio.create_task(self._work(claim, loaded, stopping, io))
                                 in_hand.add(task)
                                 task.add_done_callback(done)
                         if once:
                             break
+                        if drain and ((free > 0 and got == 0) or (max_tasks is not None and claimed >= max_tasks)):
+                            break  # nothing more is due (or the most asked for is in hand): finish those in hand
                         with suppress(TimeoutError):
                             await asyncio.wait_for(self._awake.wait(), self.poll_seconds)
                 except asyncio.CancelledError:

@@ -115,8 +115,9 @@ def require_database(url: str, *, create: bool = False) -> None:
 
 
 def connection_problem(url: str, orig: BaseException | None) -> StoreError | None:
-    """The error a driver raised on connecting, as one line naming the database and the cause; None if the
-    error is not about reaching the database (a query that failed once connected)."""
+    """The error a driver raised on connecting (or a write the database refused as read-only), as one line naming
+    the database and the cause; None if the error is not about reaching the database (a query that failed once
+    connected)."""
     text = str(orig or "")
     first = text.strip().splitlines()[0] if text.strip() else type(orig).__name__
     try:
@@ -124,7 +125,14 @@ def connection_problem(url: str, orig: BaseException | None) -> StoreError | Non
     except (sa_exc.ArgumentError, ValueError):
         parsed = None
     if parsed is not None and parsed.get_backend_name() == "sqlite":
-        where = parsed.database or ":memory:"
+        where = (parsed.database or ":memory:").removeprefix("file:")
+        if "readonly database" in text:
+            return StoreError(
+                f"the SQLite database {where} is read-only to this process (attempt to write a readonly database):"
+                " give this user write access to the file and its folder, or point RAILYARD_DATABASE_URL at a"
+                " writable copy",
+                code=Code.DATABASE_READ_ONLY,
+            )
         if "file is not a database" in text:
             return StoreError(
                 f"{where} is not a SQLite database (file is not a database)", code=Code.DATABASE_FILE_INVALID
@@ -136,6 +144,14 @@ def connection_problem(url: str, orig: BaseException | None) -> StoreError | Non
                 code=Code.DATABASE_NOT_FOUND,
             )
         return None
+    if "read-only transaction" in text:  # a hot standby, or default_transaction_read_only on the database or role
+        server = f" on PostgreSQL at {parsed.host or 'localhost'}:{parsed.port or 5432}" if parsed is not None else ""
+        name = f" database {parsed.database}" if parsed is not None else " the database"
+        return StoreError(
+            f"the{name}{server} is read-only ({first[:120]}): point RAILYARD_DATABASE_URL at the primary, or"
+            " give this role write access",
+            code=Code.DATABASE_READ_ONLY,
+        )
     # psycopg's wording for a connection that could not be made (3.1 says "connection to server ...", 3.2 prefixes it).
     opening = (
         "connection failed",

@@ -223,6 +223,11 @@ class Store(Protocol):
 
     def task_ids(self, *, workflow: str | None = None, status: str | None = None) -> list[str]: ...
 
+    def task_ids_starting(self, prefix: str, *, limit: int = 2) -> list[str]:
+        """At most `limit` ids of tasks (archived ones too) that start with `prefix`, taken literally (`%` and `_`
+        are characters, not patterns), in id order: what resolves a task id typed short."""
+        ...
+
     def recent(
         self, *, workflow: str | None = None, state: str | None = None, status: str | None = None, limit: int = 100
     ) -> list[TaskRow]:

@@ -602,6 +602,18 @@ class SqlStore:
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
+    def task_ids_starting(self, prefix: str, *, limit: int = 2) -> list[str]:
+        query = (
+            select(tasks.c.task_id)
+            # LIKE narrows (SQLite's ignores case), the substring decides: ids are compared as written.
+            .where(tasks.c.task_id.startswith(prefix, autoescape=True))
+            .where(func.substr(tasks.c.task_id, 1, len(prefix)) == prefix)
+            .order_by(tasks.c.task_id)
+            .limit(limit)
+        )
+        with self._errors(), self._reader() as conn:
+            return list(conn.execute(query).scalars())
+
     def recent(
         self, *, workflow: str | None = None, state: str | None = None, status: str | None = None, limit: int = 100
     ) -> list[TaskRow]:
