@@ -437,3 +437,34 @@ def test_a_tool_is_told_who_started_the_task_and_who_proposed_the_call(db_url: s
         model = ScriptedModel([call("lookup", q="by the model")], profile="anthropic")
         engine.run(task_id, model=model, max_turns=2)
     assert seen == [Acting("portal", "olga"), Acting("portal", "model:scripted:scripted")]
+
+
+def test_a_task_id_typed_short_is_resolved_among_what_the_caller_may_read(
+    api: tuple[Engine, FastAPI], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix shared with a task the caller may not read neither makes it ambiguous nor names that task."""
+    import uuid
+
+    from workflows.scripts import TICKET_DOUBLE_CHARGE_INPUT
+
+    engine, app = api
+    ids = ["b3678ff0-0000-4000-8000-000000000001", "b3678ff0-0000-4000-8000-000000000002"]
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(ids.pop(0)))
+    refund_id = engine.start("refund", DAMAGED, actor="ann", version=1)
+    ticket_id = engine.start("ticket_triage", TICKET_DOUBLE_CHARGE_INPUT, actor="helpdesk")
+    client = TestClient(app)
+    for person, expected in (("dana", refund_id), ("sam", ticket_id)):
+        got = client.get("/api/tasks/b3678ff0", headers=headers(person))
+        assert (got.status_code, got.json()["task_id"]) == (200, expected), person
+    for person in ("bob", "portal"):  # bob reads neither; the portal reads both: ambiguous, both its own to see
+        got = client.get("/api/tasks/b3678ff0", headers=headers(person))
+        if person == "bob":
+            assert (got.status_code, got.json()["code"]) == (404, "TASK_NOT_FOUND")
+        else:
+            assert (got.status_code, got.json()["code"]) == (409, "TASK_ID_AMBIGUOUS")
+    audrey = client.get("/api/tasks/b3678ff0", headers=headers("audrey")).json()
+    assert audrey["code"] == "TASK_ID_AMBIGUOUS" and refund_id in audrey["message"] and ticket_id in audrey["message"]
+    with TestClient(app, follow_redirects=False) as browser:  # a page resolves first: it names no task
+        login(browser, "dana")
+        page = browser.get("/tasks/b3678ff0")
+        assert page.status_code == 409 and refund_id not in page.text and ticket_id not in page.text

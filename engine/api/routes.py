@@ -67,7 +67,7 @@ from engine.api.auth import (
     same_token,
     throttled,
 )
-from engine.api.paths import TaskId
+from engine.api.paths import TaskId, TaskIdText
 from engine.api.schemas import (
     BODY_TOO_LARGE,
     IF_MATCH_FAILED,
@@ -181,10 +181,14 @@ pages = APIRouter(include_in_schema=False)
 ROUTERS = (task_api, approval_api, workflow_api, pages)
 
 
-def visible_task(task_id: TaskId, ctx: Ctx, who: Reader) -> str:
-    """The path's task, if the caller may read it: one they may not is answered as one that does not exist."""
-    require_visible(ctx.engine, task_id, who.caller)
-    return task_id
+def visible_task(task_id: TaskIdText, ctx: Ctx, who: Reader) -> str:
+    """The path's task, if the caller may read it: one they may not is answered as one that does not exist. A
+    prefix is resolved among the tasks the caller may read: one they may not see neither makes it ambiguous nor
+    is named to them."""
+    names = readable(ctx.engine, who.caller)
+    resolved = ctx.engine.resolve_task_id(task_id, sorted(names) if names is not None else None)
+    require_visible(ctx.engine, resolved, who.caller)
+    return resolved
 
 
 #: A task id in an API path, checked against what the caller may read before the route runs.

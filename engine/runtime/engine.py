@@ -854,11 +854,12 @@ class Engine:
             )
         return task
 
-    def resolve_task_id(self, text: str) -> str:
-        """The task id `text` names: itself, or the one id it is a prefix of (8+ characters; `task_ids`)."""
+    def resolve_task_id(self, text: str, workflows: Sequence[str] | None = None) -> str:
+        """The task id `text` names: itself, or the one id it is a prefix of (8+ characters; `task_ids`), among
+        the tasks of `workflows` if given (what a caller may read)."""
         from engine.runtime.task_ids import resolve_task_id
 
-        return resolve_task_id(self.store, text)
+        return resolve_task_id(self.store, text, workflows)
 
 
 def _log_transition(event: Event, duration_ms: float) -> None:

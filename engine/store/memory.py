@@ -453,9 +453,10 @@ class MemoryStore:
         found.sort(key=lambda t: (t.created_at, t.task_id))
         return [t.task_id for t in found]
 
-    def task_ids_starting(self, prefix: str, *, limit: int = 2) -> list[str]:
+    def task_ids_starting(self, prefix: str, *, limit: int = 2, workflows: Sequence[str] | None = None) -> list[str]:
         with self._lock:
-            return sorted(t for t in self._tasks if t.startswith(prefix))[:limit]
+            found = (i for i, t in self._tasks.items() if workflows is None or t.workflow in workflows)
+            return sorted(i for i in found if i.startswith(prefix))[:limit]
 
     def recent(
         self, *, workflow: str | None = None, state: str | None = None, status: str | None = None, limit: int = 100

@@ -223,9 +223,10 @@ class Store(Protocol):
 
     def task_ids(self, *, workflow: str | None = None, status: str | None = None) -> list[str]: ...
 
-    def task_ids_starting(self, prefix: str, *, limit: int = 2) -> list[str]:
+    def task_ids_starting(self, prefix: str, *, limit: int = 2, workflows: Sequence[str] | None = None) -> list[str]:
         """At most `limit` ids of tasks (archived ones too) that start with `prefix`, taken literally (`%` and `_`
-        are characters, not patterns), in id order: what resolves a task id typed short."""
+        are characters, not patterns), in id order: what resolves a task id typed short. `workflows`: only tasks
+        of these (what the caller may read; None: any)."""
         ...
 
     def recent(

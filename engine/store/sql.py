@@ -602,7 +602,7 @@ class SqlStore:
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
-    def task_ids_starting(self, prefix: str, *, limit: int = 2) -> list[str]:
+    def task_ids_starting(self, prefix: str, *, limit: int = 2, workflows: Sequence[str] | None = None) -> list[str]:
         query = (
             select(tasks.c.task_id)
             # LIKE narrows (SQLite's ignores case), the substring decides: ids are compared as written.
@@ -611,6 +611,8 @@ class SqlStore:
             .order_by(tasks.c.task_id)
             .limit(limit)
         )
+        if workflows is not None:
+            query = query.where(tasks.c.workflow.in_(list(workflows)))
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
