@@ -376,6 +376,8 @@ def test_pages_show_a_person_only_what_they_may_read_and_offer_only_what_they_ma
                 assert len(engine.history(task_id)) == seq  # nothing written
                 continue
             assert page.status_code == 200, person
+            menu = browser.get("/tasks").text  # the filter menus offer only workflows the person may read
+            assert ('<option value="ticket_triage"' in menu) is (person in ("sam", "portal", "audrey")), person
             offered = 'value="propose_refund"' in page.text
             assert offered is may_fire(person, "eligible", "propose_refund"), person
             assert ('value="cancel"' in page.text) is may_fire(person, "eligible", CANCEL), person

@@ -115,6 +115,7 @@ from engine.api.views import (
     work_queue,
     workflow_diagram,
 )
+from engine.core.access import Caller
 from engine.core.approvals import DECISIONS
 from engine.core.canonical import format_instant
 from engine.core.definition import StateKind, Status, Workflow
@@ -193,6 +194,12 @@ def visible_task(task_id: TaskIdText, ctx: Ctx, who: Reader) -> str:
 
 #: A task id in an API path, checked against what the caller may read before the route runs.
 VisibleTask = Annotated[str, Depends(visible_task)]
+
+
+def workflow_names(engine: Engine, caller: Caller) -> list[str]:
+    """The workflows a page's filter menu offers: those whose tasks the person may read, in registry order."""
+    names = readable(engine, caller)
+    return [n for n in dict.fromkeys(wf.name for wf in engine.registry) if names is None or n in names]
 
 
 def awaits_approval(engine: Engine, task_id: str) -> bool:
@@ -917,7 +924,7 @@ def inbox_page(
         session=session,
         queue=queue,
         chosen=chosen,
-        workflows=list(dict.fromkeys(wf.name for wf in ctx.engine.registry)),
+        workflows=workflow_names(ctx.engine, session.principal.caller),
         first=list_link("/inbox", chosen) if cursor else None,
         next=next_link("/inbox", chosen, queue.next_cursor),
     )
@@ -945,7 +952,7 @@ def tasks_page(
         "tasks.html",
         session=session,
         found=found,
-        workflows=list(dict.fromkeys(wf.name for wf in ctx.engine.registry)),
+        workflows=workflow_names(ctx.engine, session.principal.caller),
         states=public_states(ctx.engine.registry),
         statuses=[str(s) for s in Status],
         chosen=chosen,
