@@ -86,9 +86,10 @@ def fire_refusal(
     `system`: the engine fires one of its own triggers; those that record a person's command (a settlement, a
     cancel waiting on a write) still check that person's role.
     """
-    if by_model and is_models(definition, state, trigger):
+    models = is_models(definition, state, trigger)
+    if models and by_model:
         return None
-    if is_models(definition, state, trigger):
+    if models:
         needed = override_role(definition, state, trigger)
         if needed is None:
             return Refused(

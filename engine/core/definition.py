@@ -524,6 +524,7 @@ class Workflow:
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
     _machine: CompiledMachine | None = field(init=False, repr=False, default=None)
     _digest: str = field(init=False, repr=False)
+    _roles: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         states = list(self.states)
@@ -543,6 +544,7 @@ class Workflow:
         object.__setattr__(self, "_by_name", {s.name: s for s in self._all})
         object.__setattr__(self, "_table", _transition_table(self))
         object.__setattr__(self, "_digest", sha256_hex(canonical_json(self.spec())))
+        object.__setattr__(self, "_roles", self._named_roles())
 
     # -- identity -------------------------------------------------------
     @property
@@ -593,7 +595,11 @@ class Workflow:
         return next((r for r in chain if r), None) or self.operator_role
 
     def roles(self) -> frozenset[str]:
-        """Every role the definition names (`ANYONE` included when it is used): who may read its tasks."""
+        """Every role the definition names (`ANYONE` included when it is used): who may read its tasks. Worked out
+        once, as the version is built: every scoped read asks it of every definition."""
+        return self._roles
+
+    def _named_roles(self) -> frozenset[str]:
         named = {self.operator_role, self.model_override_role, self.cancel_role, self.settle_role, self.redrive_role}
         for state in self._all:
             named.update(a.role for a in state.actions)
