@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from engine.core.access import AUDITOR, Caller
+from engine.core.access import AUDITOR, TENANT_NAME, Caller
 from engine.core.canonical import format_instant, now, parse_instant
 from engine.core.errors import Code, RailyardError
 from engine.runtime.engine import MAX_ACTOR_LENGTH
@@ -68,6 +68,8 @@ class Principal:
     token_hash: str
     #: From this instant on the token is refused (None: it does not expire).
     expires: datetime | None = None
+    #: The tenants the token is confined to (None: not confined; `engine.core.access.Caller.tenants`).
+    tenants: frozenset[str] | None = None
 
     def expired(self, at: datetime) -> bool:
         return self.expires is not None and at >= self.expires
@@ -79,7 +81,7 @@ class Principal:
     @property
     def caller(self) -> Caller:
         """Who this is to the one authorisation point (`engine.core.access`)."""
-        return Caller(self.actor, self.roles)
+        return Caller(self.actor, self.roles, self.tenants)
 
 
 class TokenTable:
@@ -195,7 +197,7 @@ def parse_tokens(doc: Mapping[str, Any], source: str = "tokens file") -> TokenTa
         if not isinstance(entry, dict):
             problems.append(f"{where} is not a table")
             continue
-        unknown = sorted(set(entry) - {"actor", "roles", "sha256", "expires"})
+        unknown = sorted(set(entry) - {"actor", "roles", "sha256", "expires", "tenants"})
         if unknown:
             problems.append(f"{where}: unknown keys {unknown} (a clear-text token is never stored; use sha256)")
         actor, roles, digest = entry.get("actor"), entry.get("roles", []), entry.get("sha256")
@@ -205,11 +207,19 @@ def parse_tokens(doc: Mapping[str, Any], source: str = "tokens file") -> TokenTa
             problems.append(f"{where}: roles must be a list of role names")
         if not isinstance(digest, str) or not _HEX64.match(digest):
             problems.append(f"{where}: sha256 must be 64 lowercase hex characters")
+        tenants = entry.get("tenants")
+        if tenants is not None and (
+            not isinstance(tenants, list)
+            or not tenants
+            or not all(isinstance(t, str) and TENANT_NAME.match(t) for t in tenants)
+        ):
+            problems.append(f"{where}: tenants must be a non-empty list of tenant names ({TENANT_NAME.pattern})")
         expires = _expiry(entry.get("expires"))
         if "expires" in entry and expires is None:
             problems.append(f"{where}: expires must be a date-time with its offset (2027-06-30T00:00:00Z)")
         if not problems:
-            principals.append(Principal(str(actor), frozenset(roles), str(digest), expires))
+            confined = frozenset(tenants) if tenants is not None else None
+            principals.append(Principal(str(actor), frozenset(roles), str(digest), expires, confined))
     if problems:
         raise RailyardError(f"{source}: " + "; ".join(problems), code=Code.CONFIG_INVALID)
     return TokenTable(principals)
@@ -240,10 +250,17 @@ def read_tokens(path: str | Path) -> TokenTable:
     return parse_tokens(doc, f"tokens file {path}")
 
 
-def toml_entry(actor: str, roles: Iterable[str], token_hash: str, expires: datetime | None = None) -> str:
+def toml_entry(
+    actor: str,
+    roles: Iterable[str],
+    token_hash: str,
+    expires: datetime | None = None,
+    tenants: Iterable[str] | None = None,
+) -> str:
     """The `[[token]]` entry for a tokens file (TOML basic strings, escaped through JSON's rules)."""
     import json
 
     role_list = ", ".join(json.dumps(r) for r in roles)
     until = f"expires = {format_instant(expires)}\n" if expires is not None else ""
-    return f'[[token]]\nactor = {json.dumps(actor)}\nroles = [{role_list}]\nsha256 = "{token_hash}"\n{until}'
+    within = f"tenants = [{', '.join(json.dumps(t) for t in tenants)}]\n" if tenants is not None else ""
+    return f'[[token]]\nactor = {json.dumps(actor)}\nroles = [{role_list}]\nsha256 = "{token_hash}"\n{until}{within}'

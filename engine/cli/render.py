@@ -530,11 +530,12 @@ def tokens(rows: list[dict[str, Any]], as_json: bool) -> None:
     out.print(
         _table(
             "Tokens",
-            ("actor", "roles", "expires", "sha256"),
+            ("actor", "roles", "tenants", "expires", "sha256"),
             (
                 (
                     r["actor"],
                     ", ".join(r["roles"]),
+                    ", ".join(r["tenants"]) if r["tenants"] is not None else "any",
                     (r["expires"] or "never") + (" (expired)" if r["expired"] else ""),
                     r["sha256"][:12],
                 )

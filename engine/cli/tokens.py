@@ -31,16 +31,24 @@ def new(
         str | None,
         typer.Option("--expires", help="When it stops working: in N days (90d), or an ISO 8601 date or time (UTC)."),
     ] = None,
+    tenants: Annotated[
+        list[str] | None,
+        typer.Option("--tenant", help="Confine the token to this tenant's tasks (repeat; default: not confined)."),
+    ] = None,
 ) -> None:
     """Make a random token: print it once, then the [[token]] entry (its hash) to paste into the tokens file."""
     from engine.api.tokens import hash_token, new_token, toml_entry  # not at import: engine.api loads the server
+    from engine.core.access import TENANT_NAME
 
     if not actor.strip() or len(actor) > MAX_ACTOR_LENGTH:
         fail(RailyardError(f"--actor must be 1 to {MAX_ACTOR_LENGTH} characters", code=Code.USAGE_INVALID))
+    for tenant in tenants or ():
+        if not TENANT_NAME.match(tenant):
+            raise typer.BadParameter(f"{tenant!r} is not a tenant name ({TENANT_NAME.pattern})", param_hint="--tenant")
     until = _expiry(expires)
     token = new_token()
     render.text(f"token (give it to {actor}; it is not stored): {token}\n")
-    render.text(toml_entry(actor, roles or [], hash_token(token), until).rstrip("\n"))
+    render.text(toml_entry(actor, roles or [], hash_token(token), until, tenants or None).rstrip("\n"))
 
 
 def _expiry(text: str | None) -> datetime | None:
@@ -81,6 +89,7 @@ def list_command(
             "roles": sorted(p.roles),
             "expires": format_instant(p.expires) if p.expires is not None else None,
             "expired": p.expired(at),
+            "tenants": sorted(p.tenants) if p.tenants is not None else None,
             "sha256": p.token_hash,
         }
         for p in sorted(table.principals(), key=lambda p: (p.actor, p.token_hash))

@@ -18,6 +18,7 @@ here; nothing above re-derives a role.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
@@ -27,6 +28,9 @@ from engine.core.errors import Code, Refused
 #: A role that may read everything and write nothing, whatever other roles the caller holds.
 AUDITOR = "auditor"
 
+#: What a tenant's name may be: it is stored on the task (64 characters at most) and typed in tokens and options.
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -34,6 +38,9 @@ class Caller:
 
     actor: str
     roles: frozenset[str] = frozenset()
+    #: The tenants whose tasks the caller may start, read and act on; None: not confined to any (a single-tenant
+    #: install, the trusted process). A confined caller never sees a task of no tenant.
+    tenants: frozenset[str] | None = None
 
     @property
     def read_only(self) -> bool:

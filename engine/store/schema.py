@@ -57,12 +57,15 @@ tasks = Table(
     Column("archive_sha256", String(64), nullable=True),
     # Who started the task (the actor of its first event), for the lists' starter filter (migration 0008).
     Column("started_by", String(200), nullable=False, server_default=""),
+    # The tenant the task belongs to (its `start` event's `data.tenant`; NULL: none), migration 0011.
+    Column("tenant", String(64), nullable=True),
     Index("ix_tasks_workflow_version", "workflow", "version"),
     # The task lists page newest first by (created_at, task_id), filtered or not (migration 0008).
     Index("ix_tasks_created", "created_at", "task_id"),
     Index("ix_tasks_status_created", "status", "created_at", "task_id"),
     Index("ix_tasks_workflow_created", "workflow", "created_at", "task_id"),
     Index("ix_tasks_started_by_created", "started_by", "created_at", "task_id"),
+    Index("ix_tasks_tenant_created", "tenant", "created_at", "task_id"),
     # A task id prefix search is `LIKE 'p%'`, which a PostgreSQL btree serves only with pattern ops when the
     # database collation is not C; on SQLite it is a second index on task_id, written once per task.
     Index("ix_tasks_task_id_pattern", "task_id", postgresql_ops={"task_id": "varchar_pattern_ops"}),
