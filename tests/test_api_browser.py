@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 
 from engine import Engine, Worker
-from tests.support.api import live_server, make_api_engine, make_app, to_approval
+from engine.api import create_app
+from engine.api.oidc import OidcSettings, parse_groups
+from tests.support.api import live_server, make_api_engine, make_app, to_approval, token_table
+from tests.support.idp import Client, IdP, running
 
 CHROMIUM = os.environ.get("RAILYARD_TEST_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
@@ -454,3 +457,36 @@ def test_the_back_office_as_docs_api_md_shows_it(browser: Any, tmp_path: Path) -
                     tab.screenshot(path=str(SHOTS / f"task-{width}.png"), full_page=True)
             finally:
                 context.close()
+
+
+def test_a_person_signs_in_through_the_openid_provider_and_sees_what_their_groups_allow(
+    browser: Any, engine: Engine
+) -> None:
+    """The whole sign-in in Chromium: the login page's button, the provider's own page (at localhost: another site
+    than the server at 127.0.0.1, as a real provider is), the code's exchange, and the session that follows."""
+    task_id = to_approval(engine)
+    users = {"petra": {"sub": "u-1001", "preferred_username": "petra", "groups": ["refund-approvers"]}}
+    groups = parse_groups({"groups": {"refund-approvers": {"roles": ["refund_approver", "approver"]}}})
+    with running(IdP(users=users)) as idp:
+        settings = OidcSettings(idp.issuer, "railyard", groups, client_secret="s3cret", name="Test IdP")
+        app = create_app(engine, token_table(), session_secret="test-secret", oidc=settings)
+        with live_server(app) as server:
+            idp.clients["railyard"] = Client([f"{server}/login/oidc/callback"], "s3cret")
+            context = browser.new_context(base_url=server, viewport={"width": 1280, "height": 900})
+            page = context.new_page()
+            page.goto(f"/tasks/{task_id}")  # not signed in: the login page, which offers the provider
+            page.wait_for_url("**/login?next=*")
+            page.click("text=Sign in with Test IdP")
+            page.wait_for_url(f"{idp.issuer}/authorize?*")
+            page.fill("#username", "petra")
+            page.click("button:has-text('Sign in')")
+            page.wait_for_url(f"**/tasks/{task_id}")  # back where they were going, signed in
+            assert page.text_content("#actor") == "petra"
+            assert "refund_approver" in page.inner_text(".roles")
+            card = page.locator(f"#approval-{task_id}")
+            assert card.locator("summary:has-text('Approve')").count() == 1  # their groups let them decide
+            page.goto("/inbox")
+            assert page.locator(f"#approval-{task_id}").is_visible()
+            token = idp.requests("token")[-1]
+            assert token["code_verifier"] and idp.requests("authorize")[-1]["code_challenge_method"] == "S256"
+            context.close()

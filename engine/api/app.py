@@ -59,6 +59,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.api import routes
 from engine.api.auth import Context, LoginRequired, Signer, authenticate, bearer_token
+from engine.api.oidc import OidcClient, OidcSettings, settings_from_env
 from engine.api.schemas import error_body, status_for, status_of, validation_body
 from engine.api.tokens import TokenTable, load_tokens
 from engine.api.views import STATIC, refused_command, render
@@ -91,12 +92,14 @@ def create_app(
     session_secret: str | None = None,
     secure_cookies: bool = False,
     max_body: int = DEFAULT_MAX_BODY,
+    oidc: OidcSettings | None = None,
 ) -> FastAPI:
     """The application over `engine`. Its authoriser should be `tokens` (what `railyard serve` builds), so the
     roles the engine checks are the roles the tokens file gives; `session_secret` signs the login form's cookie
     (its CSRF token; a random one per process if None: a login form opened before a restart must be reloaded).
     Sessions are rows in the database and outlive a restart; `max_body` is the largest
-    request body read, in bytes (`railyard serve` takes it from RAILYARD_API_MAX_BODY)."""
+    request body read, in bytes (`railyard serve` takes it from RAILYARD_API_MAX_BODY); `oidc`, when given, lets
+    people sign in to the pages through that OpenID Connect provider (`engine.api.oidc`)."""
     if max_body < 1:
         raise ValueError(f"max_body must be a positive number of bytes, not {max_body}")
     app = FastAPI(
@@ -107,7 +110,8 @@ def create_app(
         redoc_url=None,
         openapi_url=OPENAPI_URL,
     )
-    app.state.railyard = Context(engine, tokens, Signer(session_secret), secure_cookies)
+    client = OidcClient(oidc) if oidc is not None else None
+    app.state.railyard = Context(engine, tokens, Signer(session_secret), secure_cookies, client)
     app.add_middleware(RequestLimits, tokens=tokens, max_body=max_body)
     app.add_middleware(SecurityHeaders)  # added last, so outermost: on the limits' own answers too
     for router in routes.ROUTERS:
@@ -408,6 +412,18 @@ def _check_database(url: str) -> None:
         sys.stderr.write(f"{problem}: {message} (serving anyway: /readyz answers 503 until it is fixed)\n")
 
 
+def _check_provider(settings: OidcSettings) -> None:
+    """Ask the OpenID Connect provider for its discovery document now: one that contradicts the settings (another
+    issuer, no PKCE) is CONFIG_INVALID; a provider that does not answer yet is said on stderr, and the server
+    serves anyway (its sign-in answers OIDC_UNAVAILABLE until the provider is back; token logins still work)."""
+    try:
+        OidcClient(settings).check()
+    except RailyardError as error:
+        if error.code is not Code.OIDC_UNAVAILABLE:
+            raise
+        sys.stderr.write(f"{error.code}: {error.message} (serving anyway: sign-in through it waits for it)\n")
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before anything else is opened: a port another process holds (or an interface
     this machine does not have) is CONFIG_INVALID, one line, exit 2, not uvicorn's log lines after a start."""
@@ -434,9 +450,12 @@ def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
 
     tokens = load_tokens(tokens_file())
     limit = max_body()  # every setting is checked before anything is opened
+    oidc = settings_from_env()
     sock = listening_socket(host, port)
     with sock:
         _check_database(config.database_url())
+        if oidc is not None:
+            _check_provider(oidc)
         with Engine(config.database_url(), authoriser=tokens) as engine:
             app = create_app(
                 engine,
@@ -444,6 +463,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080) -> None:
                 session_secret=session_secret(),
                 secure_cookies=secure_cookies(),
                 max_body=limit,
+                oidc=oidc,
             )
             server = uvicorn.Server(
                 uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False)

@@ -39,6 +39,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
+from engine.api.oidc import OidcClient
 from engine.api.tokens import Principal, TokenTable, hash_token
 from engine.core.access import AUDITOR
 from engine.core.canonical import now
@@ -52,6 +53,10 @@ SESSION_COOKIE = "railyard_session"
 LOGIN_COOKIE = "railyard_login"
 SESSION_SECONDS = 8 * 3600
 LOGIN_SECONDS = 3600
+#: An OpenID Connect sign-in's cookie (its state, nonce and PKCE verifier): from the redirect to the provider until
+#: the provider sends the browser back (`engine.api.oidc`).
+OIDC_COOKIE = "railyard_oidc"
+OIDC_SECONDS = 600
 
 
 class Signer:
@@ -60,6 +65,7 @@ class Signer:
     def __init__(self, secret: str | None = None) -> None:
         key = secret or secrets.token_urlsafe(32)
         self._login = URLSafeTimedSerializer(key, salt="railyard.login")
+        self._oidc = URLSafeTimedSerializer(key, salt="railyard.oidc")
 
     def login(self) -> tuple[str, str]:
         """A cookie and the CSRF token the login form must echo: no session exists yet to hold one."""
@@ -70,6 +76,14 @@ class Signer:
         doc = _loads(self._login, cookie, LOGIN_SECONDS)
         value = doc.get("c") if doc is not None else None
         return value if isinstance(value, str) else None
+
+    def oidc(self, flow: dict[str, str]) -> str:
+        """The cookie that carries an OpenID Connect sign-in's secrets (state, nonce, PKCE verifier) to its callback."""
+        return self._oidc.dumps(flow)
+
+    def read_oidc(self, cookie: str | None) -> dict[str, Any] | None:
+        """The sign-in `oidc` signed, if this server signed it within OIDC_SECONDS (else None)."""
+        return _loads(self._oidc, cookie, OIDC_SECONDS)
 
 
 def _loads(serializer: URLSafeTimedSerializer, cookie: str | None, max_age: int) -> dict[str, Any] | None:
@@ -250,6 +264,10 @@ class Context:
     signer: Signer
     #: Set the cookies' Secure flag: on whenever the server is reached over HTTPS (a proxy in front of it).
     secure_cookies: bool = False
+    #: Sign-in through OpenID Connect (None: not configured, and /login/oidc is 404).
+    oidc: OidcClient | None = None
+    #: Interim, until people are kept in the database: who signed in through OIDC, by `Identity.key`.
+    oidc_people: dict[str, Principal] = field(default_factory=dict)
     sessions: Sessions = field(init=False)
     throttle: LoginThrottle = field(init=False)
 
@@ -340,7 +358,7 @@ def current_session(request: Request) -> Session | None:
     """The request's session, if its cookie names a live one and the token behind it is still in the file."""
     ctx = context(request)
     row = ctx.sessions.read(request.cookies.get(SESSION_COOKIE))
-    principal = ctx.tokens.by_hash(row.token_hash) if row is not None else None
+    principal = (ctx.tokens.by_hash(row.token_hash) or ctx.oidc_people.get(row.token_hash)) if row is not None else None
     if row is None or principal is None:
         return None
     return Session(principal, row, ctx.sessions)

@@ -38,6 +38,7 @@ instead of landing on a task the person did not see.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -47,10 +48,13 @@ from urllib.parse import urlencode, urlsplit
 from fastapi import APIRouter, Depends, Form, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.api.auth import (
     LOGIN_COOKIE,
     LOGIN_SECONDS,
+    OIDC_COOKIE,
+    OIDC_SECONDS,
     SESSION_COOKIE,
     SESSION_SECONDS,
     Context,
@@ -67,6 +71,7 @@ from engine.api.auth import (
     same_token,
     throttled,
 )
+from engine.api.oidc import Flow, OidcClient
 from engine.api.paths import TaskId, TaskIdText
 from engine.api.schemas import (
     BODY_TOO_LARGE,
@@ -95,6 +100,7 @@ from engine.api.schemas import (
     refusals,
     status_for,
 )
+from engine.api.tokens import Principal
 from engine.api.views import (
     AGES,
     MAX_LIMIT,
@@ -124,6 +130,8 @@ from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
 from engine.runtime.queries import readable, require_visible
 from engine.runtime.registry import Registry
+
+log = logging.getLogger("railyard.api")
 
 #: What a generated client names each operation (`client.approve_task(...)`): a verb and the thing it acts on.
 #: A route not listed is named after its function.
@@ -825,7 +833,10 @@ def home() -> Response:
 
 def _login_form(request: Request, ctx: Ctx, status: int, next_path: str, error: str | None) -> Response:
     cookie, csrf = ctx.signer.login()
-    response = render(request, "login.html", status, session=None, csrf=csrf, error=error, next=next_path)
+    provider = ctx.oidc.settings.display_name if ctx.oidc is not None else None
+    response = render(
+        request, "login.html", status, session=None, csrf=csrf, error=error, next=next_path, provider=provider
+    )
     _cookie(response, ctx, LOGIN_COOKIE, cookie, LOGIN_SECONDS)
     return response
 
@@ -888,6 +899,84 @@ def logout(ctx: Ctx, session: PagePost) -> Response:
     ctx.sessions.end(session.row)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+# -- sign-in through OpenID Connect (engine.api.oidc) -----------------------------------------------------------
+def _oidc(ctx: Context) -> OidcClient:
+    """The configured sign-in; without one, its pages do not exist (404, as any unknown path)."""
+    if ctx.oidc is None:
+        raise StarletteHTTPException(404, "Not Found")
+    return ctx.oidc
+
+
+@pages.get("/login/oidc")
+def oidc_login(request: Request, ctx: Ctx, next: Annotated[str, Query(max_length=2000)] = "") -> Response:
+    """Sends the browser to the provider (code flow, PKCE S256, state and nonce kept in a signed cookie)."""
+    client = _oidc(ctx)
+    target = safe_next(next)
+    scheme = "https" if ctx.secure_cookies else request.url.scheme
+    try:
+        url, flow = client.begin(client.redirect_uri(f"{scheme}://{request.url.netloc}"), target)
+    except RailyardError as error:  # the provider is not answering: say so on the login page
+        log.warning("OIDC sign-in not started: %s", error)
+        return _login_form(request, ctx, status_for(error), target, f"{error.message} ({error.code}).")
+    response = RedirectResponse(url, status_code=303)
+    # SameSite=Lax, not Strict: the provider's redirect back is a navigation from another site.
+    response.set_cookie(
+        OIDC_COOKIE,
+        ctx.signer.oidc(flow.to_cookie()),
+        max_age=OIDC_SECONDS,
+        httponly=True,
+        samesite="lax",
+        secure=ctx.secure_cookies,
+        path="/login/oidc",
+    )
+    return response
+
+
+@pages.get("/login/oidc/callback")
+def oidc_callback(request: Request, ctx: Ctx) -> Response:
+    """Where the provider sends the browser back: the state, the code's exchange and the ID token are checked
+    (`OidcClient.finish`), the person's roles and tenants are taken from their groups, and a session is opened.
+
+    A refusal (OIDC_REFUSED) is a failed login (`LoginThrottle`, counted against the address: the provider's
+    answer names no account this server may trust yet) and answers the login page, 401; a provider that does not
+    answer is 502 OIDC_UNAVAILABLE and counts nothing. The answer to a sign-in is a page that moves on to where
+    the person was going: a redirect would still be part of the navigation that came from the provider's site,
+    and the browser would not send the session's SameSite=Strict cookie with it."""
+    client = _oidc(ctx)
+    address = request.client.host if request.client is not None else None
+    flow = Flow.from_cookie(ctx.signer.read_oidc(request.cookies.get(OIDC_COOKIE)))
+    target = safe_next(flow.next) if flow is not None else HOME
+    wait = ctx.throttle.retry_after(address=address, account=None)
+    if wait is not None:
+        refusal = throttled(wait)
+        again = _login_form(request, ctx, 429, target, f"{refusal.message} ({refusal.code}).")
+        again.headers["Retry-After"] = str(wait)
+        again.delete_cookie(OIDC_COOKIE, path="/login/oidc")
+        return again
+    try:
+        person = client.finish(flow, {k: v[:2000] for k, v in request.query_params.items()})
+    except RailyardError as error:
+        if error.code is Code.OIDC_REFUSED:
+            with ctx.throttle.lock:
+                ctx.throttle.failed(address=address, account=None)
+        log.warning("OIDC sign-in refused (%s): %s", error.details.get("reason", "-"), error.message[:300])
+        again = _login_form(request, ctx, status_for(error), target, f"{error.message} ({error.code}).")
+        again.delete_cookie(OIDC_COOKIE, path="/login/oidc")
+        return again
+    ctx.throttle.succeeded(address=address, account=person.actor)
+    principal = Principal(person.actor, person.roles, person.key, None, person.tenants)
+    ctx.oidc_people[person.key] = principal
+    previous = ctx.sessions.read(request.cookies.get(SESSION_COOKIE))
+    if previous is not None:  # a sign-in replaces this browser's session, as a login does
+        ctx.sessions.end(previous)
+    cookie, _row = ctx.sessions.open(principal)
+    response = render(request, "signed_in.html", session=None, next=target, actor=person.actor)
+    _cookie(response, ctx, SESSION_COOKIE, cookie, SESSION_SECONDS)
+    response.delete_cookie(OIDC_COOKIE, path="/login/oidc")
+    response.delete_cookie(LOGIN_COOKIE, path="/")
     return response
 
 

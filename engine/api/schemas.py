@@ -387,6 +387,10 @@ _STATUS: dict[Code, int] = {
     Code.ACTOR_REQUIRED: 401,
     # Too many failed page logins from an address or for an account: try again after Retry-After.
     Code.LOGIN_THROTTLED: 429,
+    # A sign-in through OpenID Connect refused (a token of another audience, expired, a wrong state or nonce), or
+    # its provider unreachable: the login page says which.
+    Code.OIDC_REFUSED: 401,
+    Code.OIDC_UNAVAILABLE: 502,
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
     Code.DIGEST_TOO_SHORT: 422,

@@ -381,6 +381,21 @@ class Code(StrEnum):
         "Too many failed logins to the pages from this address or for this account: every login from it (or to"
         " it) is refused until the window in Retry-After has passed, even with a valid token.",
     )
+    OIDC_REFUSED = (
+        "OIDC_REFUSED",
+        Category.CALLER,
+        "A sign-in through OpenID Connect was refused and no session was opened: the provider's answer did not"
+        " match the sign-in this browser started (state), or its ID token did not hold (signature, issuer, an"
+        " audience other than this server's client id, expired, nonce), or the provider refused the code or the"
+        " person. The message and `details.reason` say which; it counts as a failed login. Sign in again.",
+    )
+    OIDC_UNAVAILABLE = (
+        "OIDC_UNAVAILABLE",
+        Category.CALLER,
+        "The OpenID Connect provider could not be reached, or answered something that is no OpenID provider's"
+        " answer (its discovery document, its keys, its token endpoint); the message names which. Nothing was"
+        " opened and no failed login is counted: try again once the provider is back.",
+    )
     # The store
     SCHEMA_MISSING = (
         "SCHEMA_MISSING",
