@@ -9,7 +9,11 @@ Chromium.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +36,14 @@ from engine.api.oidc import (
     settings_from_env,
     validate_id_token,
 )
+from engine.api.tokens import hash_token, toml_entry
 from engine.core.errors import Code, RailyardError, Refused
-from tests.support.api import make_api_engine, to_approval, token_table
+from tests.support.api import free_port, make_api_engine, to_approval, token_table
 from tests.support.idp import Client, IdP, new_key, running, s256
 from tests.support.sqlite import migrated_sqlite
 
+REPO = Path(__file__).resolve().parent.parent
+RAILYARD = Path(sys.executable).parent / "railyard"
 CLIENT_ID = "railyard"
 SECRET = "s3cret-of-the-client"
 CALLBACK = "http://testserver/login/oidc/callback"
@@ -73,7 +80,7 @@ def settings_for(idp: IdP, groups: str = GROUPS, **changes: Any) -> OidcSettings
         "issuer": idp.issuer,
         "client_id": CLIENT_ID,
         "client_secret": SECRET,
-        "groups": parse_groups(__import__("tomllib").loads(groups)),
+        "groups": parse_groups(tomllib.loads(groups)),
         "name": "Test IdP",
         **changes,
     }
@@ -431,3 +438,54 @@ def test_a_discovery_document_that_contradicts_the_settings_is_config_invalid(id
     assert caught.value.code is Code.CONFIG_INVALID
     assert "its issuer is 'http://elsewhere.example'" in caught.value.message
     assert "does not offer PKCE with S256" in caught.value.message
+
+
+# -- railyard serve ------------------------------------------------------------------------------------------
+def serve(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(toml_entry("dana", ["refund_approver"], hash_token("serve-token")), encoding="utf-8")
+    full = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_OIDC_")},
+        "RAILYARD_TOKENS_FILE": str(tokens),
+        **env,
+    }
+    return subprocess.run(
+        [str(RAILYARD), "serve", "--port", str(free_port())],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_serve_with_bad_oidc_settings_refuses_to_start_before_it_opens_anything(tmp_path: Path) -> None:
+    done = serve(
+        tmp_path,
+        {
+            "RAILYARD_OIDC_ISSUER": "http://sso.example.com/realms/backoffice",
+            "RAILYARD_DATABASE_URL": f"sqlite:///{tmp_path / 'never.db'}",
+        },
+    )
+    assert done.returncode == 2 and "CONFIG_INVALID" in done.stderr, done.stderr
+    assert "RAILYARD_OIDC_ISSUER must be https" in done.stderr
+    assert (
+        "RAILYARD_OIDC_CLIENT_ID is required" in done.stderr and "RAILYARD_OIDC_GROUPS_FILE is required" in done.stderr
+    )
+    assert not (tmp_path / "never.db").exists()
+
+
+def test_serve_refuses_a_provider_whose_discovery_contradicts_the_settings(tmp_path: Path, idp: IdP) -> None:
+    groups = tmp_path / "groups.toml"
+    groups.write_text(GROUPS)
+    idp.discovery_extra = {"code_challenge_methods_supported": ["plain"]}
+    done = serve(
+        tmp_path,
+        {
+            "RAILYARD_OIDC_ISSUER": idp.issuer,
+            "RAILYARD_OIDC_CLIENT_ID": CLIENT_ID,
+            "RAILYARD_OIDC_GROUPS_FILE": str(groups),
+            "RAILYARD_DATABASE_URL": migrated_sqlite(tmp_path / "railyard.db"),
+        },
+    )
+    assert done.returncode == 2 and "CONFIG_INVALID" in done.stderr and "PKCE with S256" in done.stderr, done.stderr
