@@ -339,12 +339,13 @@ def one_name(body: dict[str, Any]) -> dict[str, Any]:
 # tests/test_api_errors.py checks every code listed is one the route can give, and that what a request provokes is
 # listed; schemathesis checks every answer against the document.
 
-#: Every API call: no token (401); a query, path, header or body that does not match its schema, or a query
-#: parameter the route does not take (422); a bug (500).
-API = (Code.ACTOR_REQUIRED, Code.PAYLOAD_INVALID, Code.INTERNAL_ERROR)
-#: A call that reads or writes the database: away, not there, failing, or without the schema (503).
+#: A call that reads or writes the database: away, not there, failing, or without the schema (503). Every call
+#: does: who holds a token, and whether a token's person is still enabled, is the database's too.
 DATABASE = (Code.DATABASE_UNREACHABLE, Code.DATABASE_NOT_FOUND, Code.DATABASE_ERROR, Code.SCHEMA_MISSING)
-STORED = (*API, *DATABASE)
+#: Every API call: no token (401); a query, path, header or body that does not match its schema, or a query
+#: parameter the route does not take (422); a bug (500); the database, asked who is calling (503).
+API = (Code.ACTOR_REQUIRED, Code.PAYLOAD_INVALID, Code.INTERNAL_ERROR, *DATABASE)
+STORED = API
 #: Every write: a read-only (auditor) token (403), a body over the limit (413).
 WRITE = (Code.FORBIDDEN, BODY_TOO_LARGE)
 #: A task's events that do not hold together, or an archived task whose file is gone (500).
@@ -369,7 +370,8 @@ DECISION = (Code.TASK_NOT_AWAITING_APPROVAL, Code.APPROVAL_FORBIDDEN, *TRIGGER)
 # -- the API over tasks ----------------------------------------------------------------------------
 @task_api.get("/me", response_model=WhoAmI, responses=refusals(API))
 def whoami(who: Reader) -> dict[str, Any]:
-    """The actor and roles the bearer token stands for."""
+    """The actor and roles the bearer token stands for (the database is asked too: a token may be kept there, and
+    a person's token carries the person's roles)."""
     return {"actor": who.actor, "roles": sorted(who.roles), "read_only": who.read_only}
 
 
@@ -848,12 +850,15 @@ async def login_post(request: Request) -> None:
 def login(
     request: Request,
     ctx: Ctx,
-    token: Annotated[str, Form(max_length=500)],
+    token: Annotated[str, Form(max_length=500)] = "",
     user: Annotated[str, Form(max_length=200, pattern=TEXT_PATTERN)] = "",
+    password: Annotated[str, Form(max_length=1000)] = "",
     next: Next = "",
 ) -> Response:
-    """A failed login answers the form again (401, or 429 LOGIN_THROTTLED with Retry-After): it changed nothing
-    but the failure count, so a reload only tries again. A login redirects (303) to where it was asked for."""
+    """A name and password (a person of the people table), or a token. A failed login answers the form again (401,
+    or 429 LOGIN_THROTTLED with Retry-After), in the same words whatever was wrong (no such name, a wrong password,
+    a disabled person): it changed nothing but the failure count, so a reload only tries again. A login redirects
+    (303) to where it was asked for."""
     address = request.client.host if request.client is not None else None
     named = user.strip() or None
     target = safe_next(next)
@@ -861,10 +866,15 @@ def login(
     with ctx.throttle.lock:  # the check and the count together: a burst sent at once is counted one by one
         wait = ctx.throttle.retry_after(address=address, account=named)
         if wait is None:
-            principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
+            if password:
+                principal = ctx.directory.verify(named, password) if named is not None else None
+            else:
+                principal = ctx.directory.authenticate(token.strip()) if token.strip() else None
             if principal is None or named not in (None, principal.actor):  # unknown, or someone else's token
                 ctx.throttle.failed(address=address, account=named)
-                return _login_form(request, ctx, 401, target, "That name and token are not one this server knows.")
+                return _login_form(
+                    request, ctx, 401, target, "That name and password (or token) are not one this server knows."
+                )
             wait = ctx.throttle.retry_after(address=address, account=principal.actor)
     if wait is not None or principal is None:
         refusal = throttled(wait or 1)

@@ -363,6 +363,11 @@ _STATUS: dict[Code, int] = {
     Code.TASK_NOT_FOUND: 404,
     Code.WORKFLOW_UNKNOWN: 404,
     Code.VERSION_UNKNOWN: 404,
+    # People and database tokens are managed with the CLI, not over HTTP: were one of these ever raised to an HTTP
+    # caller, it would say what `railyard users` and `railyard tokens` say.
+    Code.USER_NOT_FOUND: 404,
+    Code.TOKEN_NOT_FOUND: 404,
+    Code.USER_EXISTS: 409,
     # The request is fine but the task is not where it would have to be (or someone else moved it first).
     Code.CONCURRENCY_CONFLICT: 409,
     Code.LEASE_LOST: 409,
