@@ -211,6 +211,7 @@ def test_each_status_an_operation_documents_is_one_a_request_provokes(world: Wor
             ("signal_task", "POST", f"/api/tasks/{world.ended}/signal", {"trigger": "tick"}, "ann"),
             ("signal_task", "POST", f"/api/tasks/{world.waiting}/signal", with_actor, "ann"),
             ("signal_task", "POST", f"/api/tasks/{assessing}/signal", too_much, "ann"),
+            ("access_trail", "GET", "/api/access/trail", None, "dana"),  # 403: not an auditor
         ]:
             ask(client, provoked, operation_id, method, path, json=body, headers=bearer(who))
         approved = client.post(

@@ -74,6 +74,7 @@ from engine.api.schemas import (
     MAX_SEQ,
     NAME_PATTERN,
     STATE_PATTERN,
+    AccessTrailPage,
     ApprovalPage,
     ApproveRequest,
     CancelRequest,
@@ -115,13 +116,14 @@ from engine.api.views import (
     work_queue,
     workflow_diagram,
 )
-from engine.core.access import Caller
+from engine.core.access import AUDITOR, Caller
 from engine.core.approvals import DECISIONS
 from engine.core.canonical import format_instant
 from engine.core.definition import StateKind, Status, Workflow
 from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
 from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
+from engine.runtime.people import People
 from engine.runtime.queries import readable, require_visible
 from engine.runtime.registry import Registry
 
@@ -177,9 +179,10 @@ def api_router(tag: str) -> APIRouter:
 
 
 task_api, approval_api, workflow_api = api_router("tasks"), api_router("approvals"), api_router("workflows")
+access_api = api_router("access")
 pages = APIRouter(include_in_schema=False)
 #: Every router, in the order the application includes them.
-ROUTERS = (task_api, approval_api, workflow_api, pages)
+ROUTERS = (task_api, approval_api, workflow_api, access_api, pages)
 
 
 def visible_task(task_id: TaskIdText, ctx: Ctx, who: Reader) -> str:
@@ -768,6 +771,35 @@ def workflow_diagram_body(
 ) -> dict[str, Any]:
     """The version's state diagram (Mermaid)."""
     return workflow_diagram(ctx.engine.registry.get(name, version))
+
+
+# -- the access trail ------------------------------------------------------------------------------
+#: The largest page of the access trail.
+TRAIL_MAX_LIMIT = 1000
+
+
+@access_api.get("/access/trail", response_model=AccessTrailPage, responses=refusals(API, Code.FORBIDDEN))
+def access_trail(
+    ctx: Ctx,
+    who: Reader,
+    after: Annotated[int, Query(ge=0, description="The id of the last entry of the previous page.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=TRAIL_MAX_LIMIT, description="Page size.")] = 100,
+) -> dict[str, Any]:
+    """Every change of people, roles, tenants, passwords and database tokens, oldest first: who made it, when,
+    what. For callers holding the `auditor` role; anyone else is refused (403 FORBIDDEN)."""
+    if AUDITOR not in who.roles:
+        raise Refused(
+            f"{who.actor!r} may not read the access trail: role {AUDITOR!r} required",
+            code=Code.FORBIDDEN,
+            actor=who.actor,
+            role=AUDITOR,
+        )
+    found = People(ctx.engine.store).trail(after=after or None, limit=limit + 1)
+    page = found[:limit]
+    return {
+        "entries": [c.to_dict() for c in page],
+        "next": page[-1].id if len(found) > limit and page else None,
+    }
 
 
 # -- the pages -------------------------------------------------------------------------------------

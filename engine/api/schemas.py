@@ -326,6 +326,23 @@ class WorkflowBody(BaseModel):
     versions: list[WorkflowVersion]
 
 
+class AccessEntry(BaseModel):
+    """One change of a person or a database token, as the access trail keeps it (never a password or its hash)."""
+
+    id: int
+    at: str
+    by: str
+    action: str
+    subject: str
+    details: dict[str, Any]
+
+
+class AccessTrailPage(BaseModel):
+    entries: list[AccessEntry]
+    #: The `after` of the next page (None: this page is the last).
+    next: int | None
+
+
 class Step(BaseModel):
     seq: int
     from_state: str
