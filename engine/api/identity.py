@@ -91,15 +91,25 @@ class Directory:
         return replace(principal, roles=person.roles, tenants=person.tenants)
 
     def roles_of(self, actor: str) -> Set[str]:
-        """`Authoriser`: a person's roles (none while disabled), else the tokens file's for the actor, else the
-        roles of its live database tokens, else the fallback's."""
+        """`Authoriser`: a person's roles (none while disabled), else the tokens file's for the actor, else those of
+        its live database tokens, else the fallback's."""
+        return self._scope(actor)[0]
+
+    def tenants_of(self, actor: str) -> frozenset[str] | None:
+        """`Authoriser`: the tenants the actor is confined to, from the same source as its roles (a disabled person
+        is confined to none at all: they act on nothing)."""
+        return self._scope(actor)[1]
+
+    def _scope(self, actor: str) -> tuple[Set[str], frozenset[str] | None]:
         person = self.people.get(actor)
         if person is not None:
-            return person.caller.roles
-        held = self.tokens.roles_of(actor)
-        if held:
-            return held
-        stored = self.people.token_roles(actor)
+            caller = person.caller
+            return caller.roles, caller.tenants
+        if self.tokens.knows(actor):
+            return self.tokens.roles_of(actor), self.tokens.tenants_of(actor)
+        stored = self.people.token_scope(actor)
         if stored is not None:
             return stored
-        return self.fallback.roles_of(actor) if self.fallback is not None else frozenset()
+        if self.fallback is not None:
+            return self.fallback.roles_of(actor), self.fallback.tenants_of(actor)
+        return frozenset(), None

@@ -40,12 +40,16 @@ def start(
     actor: ActorOpt,
     input_json: Annotated[str | None, typer.Option("--input", help="Task input: " + JSON_SOURCES + ".")] = None,
     version: VersionOpt = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", help="The tenant the task belongs to (default: the actor's, if it has one)."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a task; prints its id."""
     payload = parse_json(input_json, "--input")
     with open_engine() as engine:
-        task_id = engine.start(workflow, payload, actor=actor, version=version)
+        task_id = engine.start(workflow, payload, actor=actor, version=version, tenant=tenant)
         view = engine.get(task_id)
     render.started(view, as_json)
 

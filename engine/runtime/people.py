@@ -17,7 +17,7 @@ tell which names exist.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -408,12 +408,12 @@ class People:
         return replace(token, revoked_at=at, revoked_by=by)
 
     # -- roles, for the engine ----------------------------------------------------------------
-    def token_roles(self, actor: str) -> Set[str] | None:
-        """The roles of `actor`'s live database tokens (one set: `add_token` keeps an actor's tokens alike); None
-        when it has none."""
+    def token_scope(self, actor: str) -> tuple[frozenset[str], frozenset[str] | None] | None:
+        """The roles and tenants of `actor`'s live database tokens (one set: `add_token` keeps an actor's tokens
+        alike); None when it has none."""
         at = self._clock()
         live = [t for t in self.store.api_tokens(actor=actor) if t.live(at)]
-        return frozenset().union(*(t.roles for t in live)) if live else None
+        return (live[0].roles, live[0].tenants) if live else None
 
 
 def _moved(name: str) -> RailyardError:
