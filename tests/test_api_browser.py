@@ -19,6 +19,8 @@ import pytest
 from engine import Engine, Worker
 from engine.api import create_app
 from engine.api.oidc import OidcSettings, parse_groups
+from engine.core.people import Source
+from engine.runtime.people import People
 from tests.support.api import live_server, make_api_engine, make_app, to_approval, token_table
 from tests.support.idp import Client, IdP, running
 
@@ -483,10 +485,17 @@ def test_a_person_signs_in_through_the_openid_provider_and_sees_what_their_group
             page.wait_for_url(f"**/tasks/{task_id}")  # back where they were going, signed in
             assert page.text_content("#actor") == "petra"
             assert "refund_approver" in page.inner_text(".roles")
-            card = page.locator(f"#approval-{task_id}")
-            assert card.locator("summary:has-text('Approve')").count() == 1  # their groups let them decide
             page.goto("/inbox")
-            assert page.locator(f"#approval-{task_id}").is_visible()
+            card = page.locator(f"#approval-{task_id}")
+            assert card.is_visible()  # their groups let them decide it
+            card.locator("summary:has-text('Approve')").click()
+            page.get_by_role("button", name=f"Approve shop refund of 40.00 EUR for task {task_id[:8]}…").click()
+            page.wait_for_url(f"**/tasks/{task_id}")
+            assert page.text_content("#flash") == "Your decision (approved) is recorded."
+            assert page.text_content("#task-state") == "executing"
             token = idp.requests("token")[-1]
             assert token["code_verifier"] and idp.requests("authorize")[-1]["code_challenge_method"] == "S256"
             context.close()
+    assert [e.actor for e in engine.history(task_id) if e.trigger == "approve"] == ["petra"]
+    petra = People(engine.store).require("petra")
+    assert petra.source is Source.OIDC and petra.roles == {"refund_approver", "approver"}

@@ -38,7 +38,9 @@ from engine.api.oidc import (
 )
 from engine.api.tokens import hash_token, toml_entry
 from engine.core.errors import Code, RailyardError, Refused
-from tests.support.api import free_port, make_api_engine, to_approval, token_table
+from engine.core.people import AccessAction, Source
+from engine.runtime.people import People
+from tests.support.api import csrf_of, free_port, make_api_engine, to_approval, token_table
 from tests.support.idp import Client, IdP, new_key, running, s256
 from tests.support.sqlite import migrated_sqlite
 
@@ -194,8 +196,8 @@ def refused(client: TestClient, response: Any, reason_words: str) -> None:
     assert response.status_code == 401, response.text
     assert code_of(response.text) == "OIDC_REFUSED"
     assert reason_words in response.text, response.text
-    assert client.cookies.get("railyard_session") is None
-    assert client.get("/inbox").status_code == 303  # no session: back to the login page
+    assert "railyard_session" not in response.cookies  # no session opened
+    assert client.get("/inbox").status_code == 303  # none in force: back to the login page
 
 
 @pytest.mark.parametrize(
@@ -360,8 +362,72 @@ def test_a_sign_in_confines_the_person_to_their_groups_tenants(engine: Engine, i
     app = create_app(engine, token_table(), oidc=settings_for(idp, groups=groups))
     with TestClient(app, follow_redirects=False) as client:
         assert sign_in(client).status_code == 200
-        principal = next(iter(app.state.railyard.oidc_people.values()))
-        assert principal.caller.tenants == frozenset({"acme"}) and "refund_approver" in principal.roles
+        petra = People(engine.store).require("petra")
+        assert petra.tenants == frozenset({"acme"}) and "refund_approver" in petra.roles
+        client.cookies.clear()  # another browser
+        idp.auto_user = "otto"  # an operator in no tenant's group, where tenants are in use: refused
+        refused(client, sign_in(client), "give them no tenant here")
+        assert People(engine.store).get("otto") is None  # and not made a person
+
+
+# -- the people table ----------------------------------------------------------------------------------------
+def test_a_sign_in_makes_the_person_and_keeps_them_in_step_with_their_groups(
+    client: TestClient, engine: Engine, idp: IdP
+) -> None:
+    people = People(engine.store)
+    by = f"oidc:{urlsplit(idp.issuer).netloc}"
+    assert sign_in(client).status_code == 200
+    petra = people.require("petra")
+    assert petra.source is Source.OIDC and petra.roles == {"refund_approver", "approver"} and petra.tenants is None
+    assert petra.password_hash is None
+    added = people.trail(subject="petra")
+    assert [(c.action, c.by) for c in added] == [(AccessAction.PERSON_ADDED, by)]
+
+    assert sign_in(client).status_code == 200  # nothing changed at the provider: nothing written
+    assert len(people.trail(subject="petra")) == 1
+
+    idp.users["petra"] = {**USERS["petra"], "groups": ["operators"]}  # moved to another group
+    assert sign_in(client).status_code == 200
+    assert people.require("petra").roles == {"operator"}
+    changes = [(str(c.action), dict(c.details)) for c in people.trail(subject="petra")[1:]]
+    assert changes == [
+        ("role.granted", {"role": "operator"}),
+        ("role.revoked", {"role": "approver"}),
+        ("role.revoked", {"role": "refund_approver"}),
+    ]
+    assert all(c.by == by for c in people.trail(subject="petra"))
+
+
+def test_the_session_reads_the_person_again_on_every_request(client: TestClient, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    assert sign_in(client).status_code == 200
+    assert f'id="approval-{task_id}"' in client.get("/inbox").text
+    people = People(engine.store)
+    people.revoke("petra", "refund_approver", by="admin")
+    people.revoke("petra", "approver", by="admin")
+    assert f'id="approval-{task_id}"' not in client.get("/inbox").text  # the open session lost the roles
+    people.disable("petra", by="admin")
+    assert client.get("/inbox").status_code == 303  # and a disabled person has no session at all
+    refused(client, sign_in(client), "is disabled here")  # which the provider's word does not change
+
+
+def test_the_approver_signed_in_through_the_provider_approves(client: TestClient, engine: Engine) -> None:
+    task_id = to_approval(engine)
+    assert sign_in(client).status_code == 200
+    page = client.get(f"/tasks/{task_id}").text
+    form = {"csrf": csrf_of(page), "digest": engine.load(task_id).prepared["digest"]}  # type: ignore[index]
+    answer = client.post(f"/tasks/{task_id}/approve", data=form, headers={"Origin": "http://testserver"})
+    assert answer.status_code == 303
+    assert "Your decision (approved) is recorded." in client.get(answer.headers["location"]).text
+    assert engine.get(task_id).state == "executing"
+    assert [e.actor for e in engine.history(task_id) if e.trigger == "approve"] == ["petra"]
+
+
+def test_a_local_person_of_the_same_name_is_not_taken_over(client: TestClient, engine: Engine) -> None:
+    People(engine.store).add("petra", ["support"], password="a long local password", by="admin")
+    refused(client, sign_in(client), "does not sign in through Test IdP")
+    local = People(engine.store).require("petra")
+    assert local.source is Source.LOCAL and local.roles == {"support"}
 
 
 @pytest.mark.parametrize(
@@ -372,6 +438,8 @@ def test_a_sign_in_confines_the_person_to_their_groups_tenants(engine: Engine, i
         ({"groups": {"g": {"roles": ["r"], "tenants": ["bad tenant"]}}}, "tenants must be a list"),
         ({"groups": {"g": {"roles": ["r"], "tenant": ["acme"]}}}, "unknown keys ['tenant']"),
         ({"groups": {"g": {}}}, "gives nothing"),
+        ({"groups": {"g": {"roles": ["anyone"]}}}, "'anyone' is every signed-in person"),
+        ({"groups": {"g": {"roles": ["refund approver"]}}}, "is not a role name"),
         ({"group": {"g": {"roles": ["r"]}}}, "unknown key 'group'"),
     ],
 )

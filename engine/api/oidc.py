@@ -12,8 +12,9 @@ configured issuer, `aud` this server's client id (and `azp`, if present),
 `exp` not past, and `nonce` the one this browser was given. Any of them off:
 OIDC_REFUSED, no session, and a failed login counted. The groups the token
 names (the claim `RAILYARD_OIDC_GROUPS_CLAIM`) are mapped to roles and tenants
-by the groups file (`RAILYARD_OIDC_GROUPS_FILE`); a person whose groups map to
-no role signs in and sees nothing (deny by default).
+by the groups file (`RAILYARD_OIDC_GROUPS_FILE`), and the people table is made
+to say the same (`sync_person`: source oidc, each change in the access trail);
+a person whose groups map to no role signs in and sees nothing (deny by default).
 
 Authlib makes the authorization request and the token exchange (its httpx
 client, which computes the S256 challenge) and checks the ID token's claims
@@ -25,11 +26,9 @@ one not seen yet: the provider rotated them).
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -58,7 +57,8 @@ from joserfc.jwk import KeySet
 
 from engine.core.access import TENANT_NAME
 from engine.core.errors import Code, RailyardError, Refused
-from engine.runtime.engine import MAX_ACTOR_LENGTH
+from engine.core.people import Person, Source, name_problem, role_problem
+from engine.runtime.people import People
 
 log = logging.getLogger("railyard.api")
 
@@ -90,8 +90,6 @@ SETTINGS = (
     "RAILYARD_OIDC_REDIRECT_URI",
     "RAILYARD_OIDC_NAME",
 )
-#: What an actor taken from a claim may look like: printable, no spaces (it is written to the log as the actor).
-_ACTOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
 
 
 # -- the groups file -----------------------------------------------------------------------------------------
@@ -120,8 +118,8 @@ class GroupMap:
     """The groups file: group name -> `Grant`. A person holds the union of their groups' roles.
 
     Tenants: when no group of the file names any, nobody is confined (a single-tenant install). Once one does,
-    everyone is confined to the tenants their groups name, none if their groups name none (they see no task),
-    unless one of their groups says `tenants = ["*"]`."""
+    everyone is confined to the tenants their groups name (an empty set if they name none: `sync_person` refuses
+    such a person), unless one of their groups says `tenants = ["*"]`."""
 
     groups: Mapping[str, Grant]
 
@@ -163,9 +161,10 @@ def parse_groups(doc: Mapping[str, Any], source: str = "groups file") -> GroupMa
         if unknown:
             problems.append(f"{where}: unknown keys {unknown} (expected roles, tenants)")
         roles = entry.get("roles", [])
-        if not isinstance(roles, list) or not all(isinstance(r, str) and r.strip() == r and r for r in roles):
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
             problems.append(f"{where}: roles must be a list of role names")
             roles = []
+        problems += [f"{where}: {problem}" for r in roles if (problem := role_problem(r)) is not None]
         tenants = entry.get("tenants", [])
         everywhere = tenants == [ALL_TENANTS]
         if not everywhere and (
@@ -476,11 +475,6 @@ class Identity:
     roles: frozenset[str]
     tenants: frozenset[str] | None
 
-    @property
-    def key(self) -> str:
-        """Stands for this person at this provider wherever a token's hash would (a session's credential)."""
-        return "oidc:" + hashlib.sha256(f"{self.issuer}\n{self.subject}".encode()).hexdigest()
-
 
 def claim(claims: Mapping[str, Any], name: str) -> Any:
     """The claim `name`, else the nested one it names with dots (`realm_access.roles`); None if neither."""
@@ -499,10 +493,10 @@ def identity(claims: Mapping[str, Any], settings: OidcSettings) -> Identity:
     subject = str(claims.get("sub", ""))
     named = claim(claims, settings.actor_claim)
     actor = named if isinstance(named, str) and named else subject
-    if not actor or len(actor) > MAX_ACTOR_LENGTH or not _ACTOR.match(actor):
+    if not actor or name_problem(actor) is not None:
         raise refused(
             f"the provider names this person {actor[:60]!r} ({settings.actor_claim}, else sub), which is not a name"
-            " Railyard can record as an actor (letters, digits and _ . @ + -, no spaces)",
+            " Railyard can record as an actor (letters, digits and _ . @ + -, at most 200, no spaces)",
             "actor",
         )
     raw = claim(claims, settings.groups_claim)
@@ -652,3 +646,41 @@ class OidcClient:
             if error.details.get("unusable"):
                 raise RailyardError(error.message, code=Code.CONFIG_INVALID) from None
             raise
+
+
+# -- the person ------------------------------------------------------------------------------------------------
+def sync_person(people: People, person: Identity, settings: OidcSettings) -> Person:
+    """Make the people table say what the provider says of `person` (source oidc: exactly the roles and tenants
+    their groups give, each change an access-trail entry by `oidc:<issuer host>`), and answer them if they may
+    sign in; OIDC_REFUSED if not:
+
+    - a person of that name who is not the provider's (a local one, managed with `railyard users`; or the same
+      name in another letter case) is never taken over (`name_taken`);
+    - a person disabled in Railyard stays disabled (`disabled`): the provider's word does not enable them;
+    - with tenants in use (a groups file that names any), a person whose groups name none is refused
+      (`no_tenant`): the people table cannot confine anyone to nothing. If they signed in before, their roles are
+      taken away first (their tenants stay as they were), so the sessions they still have lose them too.
+    """
+    if person.tenants is not None and not person.tenants:
+        known = people.get(person.actor)
+        if known is not None and known.source is Source.OIDC and known.roles:
+            people.sync_external(person.actor, (), known.tenants, source=Source.OIDC, by=settings.by)
+        raise refused(
+            f"the groups of {person.actor!r} give them no tenant here: ask for one of the groups that do",
+            "no_tenant",
+        )
+    try:
+        outcome = people.sync_external(person.actor, person.roles, person.tenants, source=Source.OIDC, by=settings.by)
+    except Refused as error:
+        if error.code is Code.USER_EXISTS:
+            raise refused(
+                f"{person.actor!r} is a name Railyard already gives someone who does not sign in through"
+                f" {settings.display_name} ({error.message})",
+                "name_taken",
+            ) from None
+        raise
+    except RailyardError as error:  # USAGE_INVALID: a name or role the people table does not accept
+        raise refused(error.message, "claims") from None
+    if outcome.person.disabled:
+        raise refused(f"{person.actor!r} is disabled here", "disabled")
+    return outcome.person
