@@ -66,7 +66,8 @@ USERS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture
 def idp() -> Iterator[IdP]:
-    provider = IdP(clients={CLIENT_ID: Client([CALLBACK], SECRET)}, users=USERS, auto_user="petra")
+    users = {name: dict(claims) for name, claims in USERS.items()}  # a test may move its people between groups
+    provider = IdP(clients={CLIENT_ID: Client([CALLBACK], SECRET)}, users=users, auto_user="petra")
     with running(provider) as started:
         yield started
 

@@ -1003,6 +1003,8 @@ def oidc_callback(request: Request, ctx: Ctx) -> Response:
         person = client.finish(flow, {k: v[:2000] for k, v in request.query_params.items()})
         name = sync_person(ctx.directory.people, person, client.settings).name
     except RailyardError as error:
+        if error.code not in (Code.OIDC_REFUSED, Code.OIDC_UNAVAILABLE):
+            raise  # the database failed: the error page, as for any page
         if error.code is Code.OIDC_REFUSED:
             with ctx.throttle.lock:
                 ctx.throttle.failed(address=address, account=None)
