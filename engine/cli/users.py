@@ -3,8 +3,8 @@
 Every change is made on the database RAILYARD_DATABASE_URL names, takes effect
 on the next request of every running server (no restart), and is recorded in
 the access trail with who made it (`--by`, default the OS login name), in the
-same transaction. Passwords are read from stdin (`--password-stdin`) or asked
-for at a terminal, never taken as an argument (a process list shows those), and
+same transaction. Passwords are read from stdin (`--password-stdin`), or asked
+for at a terminal by `passwd`, never taken as an argument (a process list shows those), and
 never printed or recorded.
 """
 
@@ -65,22 +65,22 @@ def people() -> Iterator[People]:
             fail(error)
 
 
-def read_password(from_stdin: bool, *, required: bool) -> str | None:
-    """The password: one line of stdin with `--password-stdin`; asked twice at a terminal; else None (or a usage
-    error when `required`)."""
+def read_password(from_stdin: bool, *, ask: bool) -> str | None:
+    """The password: one line of stdin with `--password-stdin`; with `ask`, asked twice at a terminal (a usage
+    error without one); else None."""
     if from_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
         if not password:
             fail(RailyardError("no password on stdin", code=Code.USAGE_INVALID))
         return password
+    if not ask:
+        return None
     if sys.stdin.isatty():
         first = getpass.getpass(f"Password (at least {MIN_PASSWORD} characters): ")
         if getpass.getpass("Again: ") != first:
             fail(RailyardError("the two passwords differ: nothing was changed", code=Code.USAGE_INVALID))
         return first
-    if required:
-        fail(RailyardError("give the password on stdin with --password-stdin", code=Code.USAGE_INVALID))
-    return None
+    fail(RailyardError("give the password on stdin with --password-stdin", code=Code.USAGE_INVALID))
 
 
 def _done(outcome: Outcome, did: str, unchanged: str) -> None:
@@ -104,7 +104,7 @@ def add(
     `railyard users passwd`)."""
     actor = who(by)
     with people() as directory:
-        password = read_password(password_stdin, required=False)
+        password = read_password(password_stdin, ask=False)
         outcome = directory.add(name, roles or [], tenants or None, password=password, by=actor)
     held = ", ".join(sorted(outcome.person.roles)) or "no role"
     extra = "" if password is not None else f" (no password yet: railyard users passwd {name})"
@@ -186,7 +186,7 @@ def passwd(
     actor = who(by)
     with people() as directory:
         directory.require(name)
-        password = read_password(password_stdin, required=True)
+        password = read_password(password_stdin, ask=True)
         assert password is not None
         directory.set_password(name, password, by=actor)
     render.say(f"{name}'s password is set")
