@@ -17,6 +17,7 @@ from engine.cli.options import (
     ExpectedSeq,
     ExtraBodyOpt,
     JsonFlag,
+    ReaderOpt,
     ReasonOpt,
     RetriesOpt,
     StreamOpt,
@@ -27,8 +28,9 @@ from engine.cli.options import (
     model_options,
     parse_json,
 )
+from engine.core.access import Caller
 from engine.core.events import Event
-from engine.runtime import queries
+from engine.runtime import queries, shown
 from engine.runtime.engine import Engine
 
 #: A worker not heard from for this long is not listed by `railyard status` (it reports every 10 s).
@@ -50,6 +52,16 @@ def start(
     render.started(view, as_json)
 
 
+def reading(engine: Engine, reader: str | None, task_id: str) -> tuple[Caller | None, str]:
+    """Whom a read is for (`--as`: that person; without it the trusted process, None) and the task id it names,
+    resolved among the tasks they may read: one they may not is absent (TASK_NOT_FOUND), as on the API."""
+    caller = engine.caller(reader) if reader is not None else None
+    names = queries.readable(engine, caller)
+    resolved = engine.resolve_task_id(task_id, sorted(names) if names is not None else None)
+    queries.require_visible(engine, resolved, caller)
+    return caller, resolved
+
+
 def show(
     task_id: TaskId,
     as_of: Annotated[
@@ -60,6 +72,7 @@ def show(
             "that event, or after the last event written at or before that time.",
         ),
     ] = None,
+    reader: ReaderOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Where a task stands (or stood, with --as-of): state, seq, status, the triggers it allows."""
@@ -67,16 +80,16 @@ def show(
 
     point: Event | None = None
     with open_engine() as engine:
-        task_id = engine.resolve_task_id(task_id)
+        caller, task_id = reading(engine, reader, task_id)
         if as_of is None:
-            view = engine.get(task_id)
+            view = shown.view(engine, engine.load(task_id), caller)
         else:
             seq, at = _point(as_of)
             try:
                 found = engine.audit.as_of_event(task_id, seq=seq, at=at)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--as-of") from None
-            view, point = engine.view(found.task), found.event
+            view, point = shown.view(engine, found.task, caller), found.event
         # What its model turns spent, up to the point shown.
         tokens = token_totals(e.data for e in engine.history(task_id) if point is None or e.seq <= point.seq)
     render.task(view, point, as_json, tokens)
@@ -89,11 +102,11 @@ def _point(text: str) -> tuple[int | None, datetime | None]:
     return None, instant(text, "--as-of")
 
 
-def history(task_id: TaskId, as_json: JsonFlag = False) -> None:
+def history(task_id: TaskId, reader: ReaderOpt = None, as_json: JsonFlag = False) -> None:
     """The task's timeline, one row per event."""
     with open_engine() as engine:
-        task_id = engine.resolve_task_id(task_id)
-        events = engine.history(task_id)
+        caller, task_id = reading(engine, reader, task_id)
+        events = shown.events(engine, task_id, caller)
     render.history(task_id, events, as_json)
 
 

@@ -531,6 +531,12 @@ class Engine:
         """The trusted caller an actor is: the roles the authoriser gives it."""
         return Caller(actor, frozenset(self.authoriser.roles_of(actor)))
 
+    def caller(self, actor: str) -> Caller:
+        """The person `actor` is to this process (the authoriser's roles): whom a read made for them is scoped to
+        (the CLI's `--as` on reads)."""
+        _check_actor(actor)
+        return self._caller(actor)
+
     def _as_seen(self, task_id: str, expected_seq: int | None) -> TaskState:
         """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one."""
         task = self.load(task_id)
