@@ -391,7 +391,10 @@ def test_the_cli_reads_as_a_person_show_them_only_what_their_roles_may_see(cli_e
         seen = person is None or person in SEES
         assert (MESSAGE in text) is seen, person
         assert (reference_id in text) is seen, person
+        assert (RESTRICTED in text) is not seen, person
         assert waiting[:8] in text, person
+        code, out, _ = invoke("show", task_id, *(("--as", person) if person else ()))
+        assert (f'"message": "{RESTRICTED}"' in out) is not seen, out  # the table shows the marker as written
     code, _out, err = invoke("show", task_id, "--as", "sam")  # a person who may not read refunds at all
     assert code == 1 and err.startswith("TASK_NOT_FOUND") and f"no task '{task_id}'" in err
     code, out, _ = invoke("approvals", "--json", "--as", "sam")
