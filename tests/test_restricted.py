@@ -402,6 +402,21 @@ def test_the_cli_reads_as_a_person_show_them_only_what_their_roles_may_see(cli_e
     proves_itself(engine, task_id, before)
 
 
+def test_a_cli_command_prints_the_task_as_its_actor_may_see_it(cli_env: Engine) -> None:
+    engine = cli_env
+    task_id = engine.start("refund", DAMAGED, actor="ann", version=1)
+    ask = call("request_more_info", question="Which order do you mean?")
+    assert engine.run(task_id, model=ScriptedModel([ask], profile="anthropic")).state == "awaiting_customer"
+    reply = json.dumps({"message": "Order O-1001."})
+    code, out, err = invoke("fire", task_id, "customer_replied", "--payload", reply, "--as", "portal", "--json")
+    assert code == 0, err
+    assert MESSAGE not in out and json.loads(out)["input"]["message"] == RESTRICTED
+    code, out, err = invoke("cancel", task_id, "--as", "olga", "--reason", "asked to stop", "--json")
+    assert code == 0, err
+    assert json.loads(out)["input"]["message"] == MESSAGE  # an operator is shown it
+    assert engine.replay(task_id).ok
+
+
 def test_an_export_made_for_a_person_without_the_role_withholds_and_says_so(cli_env: Engine, tmp_path: Path) -> None:
     engine = cli_env
     task_id, reference_id = paid(engine)

@@ -62,7 +62,7 @@ def approve(
             render.approved(prepared)
         return decided
 
-    act(task_id, decide_now, as_json)
+    act(task_id, decide_now, as_json, actor)
 
 
 def reject(
@@ -73,4 +73,4 @@ def reject(
     as_json: JsonFlag = False,
 ) -> None:
     """Reject the decision a task is waiting on."""
-    act(task_id, lambda e, t: e.reject(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.reject(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json, actor)

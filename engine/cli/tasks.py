@@ -48,7 +48,7 @@ def start(
     payload = parse_json(input_json, "--input")
     with open_engine() as engine:
         task_id = engine.start(workflow, payload, actor=actor, version=version)
-        view = engine.get(task_id)
+        view = shown.view(engine, engine.load(task_id), engine.caller(actor))
     render.started(view, as_json)
 
 
@@ -110,12 +110,12 @@ def history(task_id: TaskId, reader: ReaderOpt = None, as_json: JsonFlag = False
     render.history(task_id, events, as_json)
 
 
-def act(task_id: str, command: Callable[[Engine, str], Any], as_json: bool) -> None:
+def act(task_id: str, command: Callable[[Engine, str], Any], as_json: bool, actor: str) -> None:
     """Run a human command on the task `task_id` names (a whole id or a prefix of one) and print the task it
-    leaves (shared with `approvals` and `forks`)."""
+    leaves, as `actor` may see it (shared with `approvals` and `forks`)."""
     with open_engine() as engine:
         task = command(engine, engine.resolve_task_id(task_id))
-        view = engine.get(task.task_id)
+        view = shown.view(engine, engine.load(task.task_id), engine.caller(actor))
     render.fired(view, as_json)
 
 
@@ -129,7 +129,7 @@ def fire(
 ) -> None:
     """Fire a human or system trigger (approve, signal, ...) on a task."""
     args = parse_json(payload, "--payload")
-    act(task_id, lambda e, t: e.fire(t, trigger, args, actor=actor, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.fire(t, trigger, args, actor=actor, expected_seq=expected_seq), as_json, actor)
 
 
 def cancel(
@@ -145,7 +145,7 @@ def cancel(
     effect once the call's outcome is on record: `cancelled` if nothing happened, the workflow's review state
     if it did.
     """
-    act(task_id, lambda e, t: e.cancel(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.cancel(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json, actor)
 
 
 class SettledOutcome(StrEnum):
@@ -173,6 +173,7 @@ def settle(
         task_id,
         lambda e, t: e.settle(t, actor=actor, outcome=outcome.value, evidence=evidence, expected_seq=expected_seq),
         as_json,
+        actor,
     )
 
 
@@ -193,7 +194,7 @@ def migrate(
         if not sep or not old.strip() or not new.strip():
             raise typer.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--map")
         mapping[old.strip()] = new.strip()
-    act(task_id, lambda e, t: e.migrate(t, to_version, mapping, actor=actor, reason=reason), as_json)
+    act(task_id, lambda e, t: e.migrate(t, to_version, mapping, actor=actor, reason=reason), as_json, actor)
 
 
 def run(

@@ -85,13 +85,14 @@ def pending(engine: Engine, items: Sequence[Mapping[str, Any]], caller: Caller |
     """Approvals waiting (`Engine.approvals_page`) as `caller` is shown them."""
     out = []
     for item in items:
-        shown = dict(item)
-        if caller is not None:
-            found = engine.load(str(item["task_id"]))
-            hidden = withheld_from(engine, caller, found)
-            if hidden is not None:
-                shown = hidden.pending(item)
-        out.append(shown)
+        name, _, version = str(item["workflow"]).rpartition("@")
+        definition = definition_named(engine, name, int(version)) if version.isdigit() else None
+        if caller is None or definition is None or sees_restricted(definition, caller):
+            out.append(dict(item))
+            continue
+        found = engine.load(str(item["task_id"]))
+        hidden = withholding(definition, caller, engine.events_of(found), found)
+        out.append(hidden.pending(item) if hidden is not None else dict(item))
     return out
 
 
