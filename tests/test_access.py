@@ -1,9 +1,10 @@
 """Who may act and who may read (issue #28): deny by default, standing in for the model, reads scoped by role.
 
 The reference refund workflow is the subject: an approver (dana), an operator (olga), an auditor (audrey), the
-customer portal, a support agent of another workflow (sam) and a person with no role (bob). The matrix at the end
-asks every task route of the API, for every one of them, at the states a refund waits in, and takes the expected
-answer from the definition's declared roles, not from the code under test.
+customer portal, a support agent of another workflow (sam), a person with no role (bob), an approver of the
+task's own tenant (aldo) and one of another tenant (gina). The matrix at the end asks every task route of the API,
+for every one of them, at the states a refund waits in, and takes the expected answer from the definition's
+declared roles and the people's tenants, not from the code under test.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from engine import (
     Wait,
     Workflow,
 )
-from engine.api import TokenTable, create_app
+from engine.api import Principal, TokenTable, create_app
+from engine.api.tokens import hash_token
 from engine.core.definition import CANCEL
 from engine.providers.scripted import call
 from tests.support import reference
@@ -61,9 +63,13 @@ def refused(action: Any) -> RailyardError:
     return caught.value
 
 
+#: The tenant the matrix's refunds belong to (started by a caller confined to no tenant, who may name one).
+TENANT = "acme"
+
+
 def to_eligible(engine: Engine, starter: str = "ann") -> str:
     """A refund the model looked up and assessed: it waits in the agent state `eligible` for a proposal."""
-    task_id = engine.start("refund", DAMAGED, actor=starter, version=1)
+    task_id = engine.start("refund", DAMAGED, actor=starter, version=1, tenant=TENANT)
     model = ScriptedModel(
         [call("query_order", order_id="O-1001"), call("assess_eligibility", order_id="O-1001", finding="damaged")],
         profile="anthropic",
@@ -79,7 +85,7 @@ def to_approval(engine: Engine, starter: str = "ann") -> str:
 
 
 def to_customer(engine: Engine) -> str:
-    task_id = engine.start("refund", DAMAGED, actor="ann", version=1)
+    task_id = engine.start("refund", DAMAGED, actor="ann", version=1, tenant=TENANT)
     ask = call("request_more_info", question="Which order do you mean?")
     assert engine.run(task_id, model=ScriptedModel([ask], profile="anthropic")).state == "awaiting_customer"
     return task_id
@@ -206,13 +212,19 @@ PEOPLE: dict[str, set[str]] = {
     "portal": {"customer_portal"},
     "sam": {"support_agent"},  # another workflow's role
     "bob": set(),
+    "aldo": {"refund_approver"},  # of the task's tenant
+    "gina": {"refund_approver"},  # of another tenant
 }
+#: The tenants people are confined to (the others are confined to none, as in a single-tenant install).
+TENANTS: dict[str, frozenset[str]] = {"aldo": frozenset({TENANT}), "gina": frozenset({"globex"})}
 
 
 @pytest.fixture
 def api(eng: Engine) -> tuple[Engine, FastAPI]:
     """An engine whose roles are the tokens' (as `railyard serve` builds it), over the reference fixtures' store."""
-    tokens = TokenTable.from_tokens({f"tok-{p}": (p, roles) for p, roles in PEOPLE.items()})
+    tokens = TokenTable(
+        Principal(p, frozenset(roles), hash_token(f"tok-{p}"), tenants=TENANTS.get(p)) for p, roles in PEOPLE.items()
+    )
     engine = Engine(store=eng.store, registry=eng.registry, authoriser=tokens)
     return engine, create_app(engine, tokens, session_secret="test")
 
@@ -227,7 +239,8 @@ def declared_roles(definition: Workflow) -> set[str]:
 
 
 def may_read(person: str) -> bool:
-    return AUDITOR in PEOPLE[person] or bool(PEOPLE[person] & declared_roles(REFUND_V1))
+    in_tenant = person not in TENANTS or TENANT in TENANTS[person]
+    return in_tenant and (AUDITOR in PEOPLE[person] or bool(PEOPLE[person] & declared_roles(REFUND_V1)))
 
 
 def role_for(state: str, trigger: str) -> str | None:
@@ -280,7 +293,7 @@ CELLS = [
 
 
 def to_hand_off(engine: Engine) -> str:
-    task_id = engine.start("refund", DAMAGED, actor="ann", version=1)
+    task_id = engine.start("refund", DAMAGED, actor="ann", version=1, tenant=TENANT)
     mute = ScriptedModel([{"text": "hmm"}] * 4, profile="anthropic")
     assert engine.run(task_id, model=mute).state == "needs_human"
     return task_id
@@ -387,16 +400,15 @@ def test_a_hand_off_is_work_for_an_operator_only_and_nobody_without_a_role_is_ha
     api: tuple[Engine, FastAPI],
 ) -> None:
     engine, app = api
-    task_id = engine.start("refund", DAMAGED, actor="ann", version=1)
-    mute = ScriptedModel([{"text": "hmm"}] * 4, profile="anthropic")
-    assert engine.run(task_id, model=mute).state == "needs_human"
+    task_id = to_hand_off(engine)
     client = TestClient(app)
     queue = {p: client.get("/api/work", headers=headers(p)).json() for p in PEOPLE}
     assert [i["task_id"] for i in queue["olga"]["items"]] == [task_id]
     assert queue["olga"]["items"][0]["triggers"] == ["reopen", "close", "cancel", "redrive"]
     assert queue["olga"]["total"] == {"yours": 1, "others": 0}
     assert queue["dana"]["items"] == [] and queue["dana"]["total"] == {"yours": 0, "others": 1}  # seen, not hers
-    for person in ("bob", "sam"):
+    assert queue["aldo"]["total"] == {"yours": 0, "others": 1}  # an approver of the task's tenant: the same
+    for person in ("bob", "sam", "gina"):  # another tenant's approver neither sees nor counts it
         assert queue[person]["items"] == [] and queue[person]["total"] == {"yours": 0, "others": 0}
 
 

@@ -97,6 +97,7 @@ def test_whoami_names_the_tokens_actor_and_roles(client: TestClient) -> None:
         "actor": "dana",
         "roles": ["approver", "refund_approver"],
         "read_only": False,
+        "tenants": None,
     }
     assert client.get("/api/me", headers=bearer("audrey")).json()["read_only"] is True
 

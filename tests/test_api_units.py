@@ -167,7 +167,7 @@ def test_railyard_serve_starts_the_api_on_the_port_given(tmp_path: Path) -> None
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"railyard serve did not answer: {server.communicate(timeout=5)[0]!r}")
                 time.sleep(0.1)
-        assert response.json() == {"actor": "dana", "roles": ["refund_approver"], "read_only": False}
+        assert response.json() == {"actor": "dana", "roles": ["refund_approver"], "read_only": False, "tenants": None}
         names = [
             w["name"]
             for w in httpx.get(

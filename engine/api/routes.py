@@ -187,10 +187,7 @@ def visible_task(task_id: TaskIdText, ctx: Ctx, who: Reader) -> str:
     """The path's task, if the caller may read it: one they may not is answered as one that does not exist. A
     prefix is resolved among the tasks the caller may read: one they may not see neither makes it ambiguous nor
     is named to them."""
-    names = readable(ctx.engine, who.caller)
-    resolved = ctx.engine.resolve_task_id(task_id, sorted(names) if names is not None else None)
-    require_visible(ctx.engine, resolved, who.caller)
-    return resolved
+    return queries.resolve(ctx.engine, task_id, who.caller)
 
 
 #: A task id in an API path, checked against what the caller may read before the route runs.
@@ -373,18 +370,20 @@ DECISION = (Code.TASK_NOT_AWAITING_APPROVAL, Code.APPROVAL_FORBIDDEN, *TRIGGER)
 @task_api.get("/me", response_model=WhoAmI, responses=refusals(API))
 def whoami(who: Reader) -> dict[str, Any]:
     """The actor and roles the bearer token stands for."""
-    return {"actor": who.actor, "roles": sorted(who.roles), "read_only": who.read_only}
+    tenants = sorted(who.tenants) if who.tenants is not None else None
+    return {"actor": who.actor, "roles": sorted(who.roles), "read_only": who.read_only, "tenants": tenants}
 
 
 @task_api.post(
     "/tasks",
     status_code=201,
     response_model=TaskBody,
-    responses=refusals(STORED, WRITE, Code.WORKFLOW_UNKNOWN, Code.VERSION_UNKNOWN, tagged=201),
+    responses=refusals(STORED, WRITE, Code.WORKFLOW_UNKNOWN, Code.VERSION_UNKNOWN, Code.TENANT_REQUIRED, tagged=201),
 )
 def start_task(body: StartRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
-    """Start a task on a workflow (its newest version unless `version`); the token's actor starts it."""
-    task_id = ctx.engine.start(body.workflow, body.input, actor=who.actor, version=body.version)
+    """Start a task on a workflow (its newest version unless `version`); the token's actor starts it, in the
+    token's tenant (`tenant` chooses among the token's tenants)."""
+    task_id = ctx.engine.start(body.workflow, body.input, actor=who.actor, version=body.version, tenant=body.tenant)
     response.headers["Location"] = f"/api/tasks/{task_id}"
     return task_body(response, ctx.engine, ctx.engine.load(task_id), who.caller)
 
@@ -616,10 +615,11 @@ def approvals(
     """Tasks waiting at an approval state, oldest first, each with the prepared call and its digest; a page at
     a time, like the task list."""
     after = decode_cursor(cursor) if cursor else None
-    if after is not None and not queries.exists(ctx.engine, after):
+    if after is not None and not queries.exists(ctx.engine, after, who.caller):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
+    bounds = queries.scope(ctx.engine, who.caller)
     found, last = ctx.engine.approvals_page(
-        role=role, after=after, limit=limit, workflows=readable(ctx.engine, who.caller)
+        role=role, after=after, limit=limit, workflows=bounds.workflows, tenants=bounds.tenants
     )
     page = [one_name(a) for a in shown.pending(ctx.engine, found, who.caller)]
     more = encode_cursor(last) if last is not None else None

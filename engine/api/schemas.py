@@ -22,10 +22,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.core.access import TENANT_NAME
 from engine.core.errors import Code, RailyardError
 
 #: Workflow and trigger names (as `engine.definition` requires); states may also be generated (`S~force`).
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+TENANT_PATTERN = TENANT_NAME.pattern
 STATE_PATTERN = r"^[a-z][a-z0-9_~]{0,127}$"
 TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 MAX_TEXT = 2000
@@ -62,6 +64,12 @@ class StartRequest(_Request):
     workflow: str = Field(pattern=NAME_PATTERN, description="Workflow name.")
     version: int | None = Field(default=None, ge=1, le=2**31 - 1, description="Version; the newest if omitted.")
     input: dict[str, Any] | None = Field(default=None, description="The task input, checked against the workflow's.")
+    tenant: str | None = Field(
+        default=None,
+        pattern=TENANT_PATTERN,
+        description="The tenant the task is for: one of the token's tenants, required when it has several; a token "
+        "confined to none may name any, or none.",
+    )
 
     @field_validator("input")
     @classmethod
@@ -208,6 +216,7 @@ class TaskBody(BaseModel):
     unsettled: Unsettled | None = Field(
         default=None, description="The write tool call whose outcome is not settled, if any."
     )
+    tenant: str | None = Field(default=None, description="The tenant the task belongs to (null: none).")
 
 
 class TaskSummary(BaseModel):
@@ -355,6 +364,7 @@ class WhoAmI(BaseModel):
     actor: str
     roles: list[str]
     read_only: bool
+    tenants: list[str] | None = Field(description="The tenants the token is confined to (null: none).")
 
 
 # -- errors: the status of every code, the error body, the responses each route declares -----------
@@ -389,6 +399,7 @@ _STATUS: dict[Code, int] = {
     Code.LOGIN_THROTTLED: 429,
     # The request's content is wrong.
     Code.PAYLOAD_INVALID: 422,
+    Code.TENANT_REQUIRED: 422,
     Code.DIGEST_TOO_SHORT: 422,
     Code.DIGEST_INVALID: 422,
     Code.EXPORT_INVALID: 422,

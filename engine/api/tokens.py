@@ -84,6 +84,10 @@ class Principal:
         return Caller(self.actor, self.roles, self.tenants)
 
 
+#: A table's two indexes: principals by token hash, and one principal per actor (its roles and tenants).
+_Table = tuple[dict[str, Principal], dict[str, Principal]]
+
+
 class TokenTable:
     """Token hashes to principals; an actor's roles are the same whichever of its tokens is used. An expired token
     is no token: `authenticate` and `by_hash` answer None for it (`clock` says when now is)."""
@@ -93,26 +97,29 @@ class TokenTable:
         self._state = self._build(principals)
 
     @staticmethod
-    def _build(principals: Iterable[Principal]) -> tuple[dict[str, Principal], dict[str, frozenset[str]]]:
+    def _build(principals: Iterable[Principal]) -> _Table:
         by_hash: dict[str, Principal] = {}
-        roles: dict[str, frozenset[str]] = {}
+        by_actor: dict[str, Principal] = {}
         problems: list[str] = []
         for p in principals:
             if p.token_hash in by_hash:
                 problems.append(f"a token hash is listed twice (actor {p.actor!r})")
-            if roles.setdefault(p.actor, p.roles) != p.roles:
+            first = by_actor.setdefault(p.actor, p)
+            if first.roles != p.roles:
                 problems.append(f"actor {p.actor!r} has tokens with different roles")
+            if first.tenants != p.tenants:
+                problems.append(f"actor {p.actor!r} has tokens with different tenants")
             by_hash[p.token_hash] = p
         if problems:
             raise RailyardError("tokens: " + "; ".join(problems), code=Code.CONFIG_INVALID)
-        return by_hash, roles
+        return by_hash, by_actor
 
     @classmethod
     def from_tokens(cls, tokens: Mapping[str, tuple[str, Set[str]]]) -> TokenTable:
         """A table from clear tokens (`token -> (actor, roles)`): for tests and tools, never a file format."""
         return cls(Principal(actor, frozenset(roles), hash_token(token)) for token, (actor, roles) in tokens.items())
 
-    def _current(self) -> tuple[dict[str, Principal], dict[str, frozenset[str]]]:
+    def _current(self) -> _Table:
         """The table in force (`TokensFile` reads its file again first when it changed)."""
         return self._state
 
@@ -133,7 +140,13 @@ class TokenTable:
 
     def roles_of(self, actor: str) -> Set[str]:
         """`Authoriser`: the engine asks this when it checks roles, so approvals follow the tokens file."""
-        return self._current()[1].get(actor, frozenset())
+        found = self._current()[1].get(actor)
+        return found.roles if found is not None else frozenset()
+
+    def tenants_of(self, actor: str) -> frozenset[str] | None:
+        """`Authoriser`: the tenants the actor's tokens are confined to (one actor's tokens all say the same)."""
+        found = self._current()[1].get(actor)
+        return found.tenants if found is not None else None
 
     def principals(self) -> list[Principal]:
         """Every entry, expired ones included (`railyard tokens list`)."""
@@ -163,7 +176,7 @@ class TokensFile(TokenTable):
             return None
         return found.st_mtime_ns, found.st_size
 
-    def _current(self) -> tuple[dict[str, Principal], dict[str, frozenset[str]]]:
+    def _current(self) -> _Table:
         moment = time.monotonic()
         if moment - self._checked >= self._every and self._lock.acquire(blocking=False):
             try:

@@ -434,13 +434,11 @@ def list_tasks(engine: Engine, where: TaskFilter, caller: Caller | None = None) 
     Only the tasks `caller` may read are listed (`runtime.queries.readable`; None: the trusted process)."""
     limit = max(1, min(where.limit, MAX_LIMIT))
     after = decode_cursor(where.cursor) if where.cursor else None
-    if after is not None and not queries.exists(engine, after):
+    if after is not None and not queries.exists(engine, after, caller):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
     q = (where.q or "").strip()
-    names = readable(engine, caller)
     query = TaskQuery(
         workflow=where.workflow or None,
-        workflows=sorted(names) if names is not None else None,
         states=states_of(engine.registry, where.state) if where.state else (),
         status=where.status or None,
         started_by=(where.started_by or "").strip() or None,
@@ -451,7 +449,7 @@ def list_tasks(engine: Engine, where: TaskFilter, caller: Caller | None = None) 
         after=after,
         limit=limit + 1,
     )
-    rows = queries.list_tasks(engine, query)
+    rows = queries.list_tasks(engine, query, caller)
     shown = [
         ListedTask(
             t.row.task_id,
@@ -1112,7 +1110,7 @@ def work_queue(
     lacks are counted, never loaded or drawn."""
     limit = max(1, min(limit, WORK_MAX_LIMIT))
     after = decode_cursor(cursor) if cursor else None
-    if after is not None and not queries.exists(engine, after):
+    if after is not None and not queries.exists(engine, after, principal.caller):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
     at = datetime.now(UTC)
     waiting_before = at - AGES[older_than] if older_than else None
@@ -1122,7 +1120,12 @@ def work_queue(
     counts: dict[tuple[WorkKind, str], list[int]] = {}
     for definition, state, k, mine in states:
         n = len(
-            queries.blocked_in(engine, [(definition.name, definition.version, state)], waiting_before=waiting_before)
+            queries.blocked_in(
+                engine,
+                [(definition.name, definition.version, state)],
+                caller=principal.caller,
+                waiting_before=waiting_before,
+            )
         )
         if n:
             entry = counts.setdefault((k, definition.name), [0, 0])
@@ -1130,7 +1133,13 @@ def work_queue(
     by_kind = {k: sum(n[0] for (of, _w), n in counts.items() if of is k) for k in WorkKind}
     wanted = [(d.name, d.version, s) for d, s, k, mine in states if mine and (not kind or k == kind)]
     ids = queries.blocked_in(
-        engine, wanted, after=after, limit=limit + 1, by_deadline=True, waiting_before=waiting_before
+        engine,
+        wanted,
+        caller=principal.caller,
+        after=after,
+        limit=limit + 1,
+        by_deadline=True,
+        waiting_before=waiting_before,
     )
     items = []
     for task_id in ids[:limit]:

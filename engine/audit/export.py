@@ -86,6 +86,8 @@ def export_lines(
                         "seq": item.seq,
                         "last_hash": item.last_hash,
                         "created_at": format_instant(item.created_at),
+                        # Only a task of a tenant has the field: exports of single-tenant installs are unchanged.
+                        **({"tenant": item.tenant} if item.tenant is not None else {}),
                     }
                 )
                 + "\n"
@@ -132,7 +134,7 @@ def _fields(value: dict[str, Any], names: tuple[str, ...], kind: str) -> None:
 
 
 def _row(value: dict[str, Any]) -> TaskRow:
-    _fields(value, (*_ROW_FIELDS, "format"), "task")
+    _fields(value, (*_ROW_FIELDS, "format", *({"tenant"} & set(value))), "task")
     if value["format"] != FORMAT:
         raise _Unreadable(f"format {value['format']!r}, expected {FORMAT!r}")
     created = _instant(value["created_at"])
@@ -148,6 +150,7 @@ def _row(value: dict[str, Any]) -> TaskRow:
             str(value["last_hash"]),
             created,
             created,
+            tenant=str(value["tenant"]) if "tenant" in value else None,
         )
     except (TypeError, ValueError) as exc:
         raise _Unreadable(f"a task line with unusable values ({exc})") from None

@@ -27,8 +27,7 @@ def approvals(
 
     with open_engine() as engine:
         caller = engine.caller(reader) if reader is not None else None
-        names = queries.readable(engine, caller)
-        readable = [p for p in engine.approvals(role=role) if names is None or p["workflow"].split("@")[0] in names]
+        readable = [p for p in engine.approvals(role=role) if queries.exists(engine, p["task_id"], caller)]
         pending = shown.pending(engine, readable, caller)
     render.approvals(pending, as_json, wide)
 

@@ -129,10 +129,10 @@ def export(
         if reader is None:
             render.jsonl(export_lines(items, proof_of))
         else:
-            names = queries.readable(engine, caller)
+            bounds = queries.scope(engine, caller)
             render.jsonl(
                 export_lines(
-                    shown.readable_logs(items, names), proof_of, lambda row: shown.withholding_for(engine, caller, row)
+                    shown.readable_logs(items, bounds), proof_of, lambda row: shown.withholding_for(engine, caller, row)
                 )
             )
 

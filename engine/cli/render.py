@@ -178,6 +178,8 @@ def task(view: TaskView, point: Event | None, as_json: bool, tokens: Mapping[str
     if point is not None:
         table.add_row("as of", f"seq {point.seq}: {point.trigger} by {point.actor} at {_when(point.at)} UTC")
     table.add_row("workflow", f"{view.workflow}@{view.version}")
+    if view.tenant is not None:
+        table.add_row("tenant", view.tenant)
     table.add_row("state", f"{view.state} ({view.kind})")
     table.add_row("status", view.status)
     table.add_row("seq", str(view.seq))

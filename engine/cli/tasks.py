@@ -42,12 +42,16 @@ def start(
     actor: ActorOpt,
     input_json: Annotated[str | None, typer.Option("--input", help="Task input: " + JSON_SOURCES + ".")] = None,
     version: VersionOpt = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", help="The tenant the task belongs to (default: the actor's, if it has one)."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a task; prints its id."""
     payload = parse_json(input_json, "--input")
     with open_engine() as engine:
-        task_id = engine.start(workflow, payload, actor=actor, version=version)
+        task_id = engine.start(workflow, payload, actor=actor, version=version, tenant=tenant)
         view = shown.view(engine, engine.load(task_id), engine.caller(actor))
     render.started(view, as_json)
 
@@ -56,10 +60,7 @@ def reading(engine: Engine, reader: str | None, task_id: str) -> tuple[Caller | 
     """Whom a read is for (`--as`: that person; without it the trusted process, None) and the task id it names,
     resolved among the tasks they may read: one they may not is absent (TASK_NOT_FOUND), as on the API."""
     caller = engine.caller(reader) if reader is not None else None
-    names = queries.readable(engine, caller)
-    resolved = engine.resolve_task_id(task_id, sorted(names) if names is not None else None)
-    queries.require_visible(engine, resolved, caller)
-    return caller, resolved
+    return caller, queries.resolve(engine, task_id, caller)
 
 
 def show(

@@ -47,6 +47,39 @@ class Caller:
         return AUDITOR in self.roles
 
 
+def in_tenants(tenant: str | None, caller: Caller | None) -> bool:
+    """Whether a task of `tenant` (None: of none) is within `caller`'s tenants: every task for a caller confined
+    to none (and for the trusted process, None); for a confined caller only its own tenants' tasks."""
+    return caller is None or caller.tenants is None or (tenant is not None and tenant in caller.tenants)
+
+
+def start_tenant(caller: Caller, asked: str | None) -> str | None:
+    """The tenant a task `caller` starts belongs to: the caller's, never the input's. `asked` only chooses among
+    the caller's own tenants (and is required when it has several); a caller confined to none may name any, or
+    none for a task of no tenant."""
+    if asked is not None and not TENANT_NAME.match(asked):
+        raise Refused(f"{asked!r} is not a tenant name", code=Code.PAYLOAD_INVALID, tenant=asked[:80])
+    if caller.tenants is None:
+        return asked
+    if asked is None:
+        if len(caller.tenants) == 1:
+            return next(iter(caller.tenants))
+        raise Refused(
+            f"{caller.actor!r} belongs to {len(caller.tenants)} tenants: say which one the task is for (tenant)",
+            code=Code.TENANT_REQUIRED,
+            actor=caller.actor,
+            tenants=sorted(caller.tenants),
+        )
+    if asked not in caller.tenants:
+        raise Refused(
+            f"{caller.actor!r} may not start tasks for tenant {asked!r}",
+            code=Code.FORBIDDEN,
+            actor=caller.actor,
+            tenant=asked,
+        )
+    return asked
+
+
 def holds(roles: Set[str], role: str | None) -> bool:
     """Whether `roles` satisfy a declared `role`: `ANYONE` is every signed-in person, None nobody (deny by default)."""
     return role is not None and (role == ANYONE or role in roles)
@@ -175,3 +208,25 @@ def sees_restricted(definition: Workflow, caller: Caller | None) -> bool:
     if restricted is None or caller is None or caller.read_only:
         return True
     return bool(set(restricted.roles) & caller.roles)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What a caller may read: the tasks of these workflows and of these tenants (None: no bound on either)."""
+
+    workflows: frozenset[str] | None = None
+    tenants: frozenset[str] | None = None
+
+    def sees(self, workflow: str, tenant: str | None) -> bool:
+        """Whether a task of `workflow` and `tenant` is within the scope."""
+        if self.workflows is not None and workflow not in self.workflows:
+            return False
+        return self.tenants is None or (tenant is not None and tenant in self.tenants)
+
+
+def read_scope(definitions: Iterable[Workflow], caller: Caller | None) -> Scope:
+    """The tasks `caller` may read, of those `definitions` define: by workflow (the roles it holds, or the auditor
+    role) and by tenant (its tenants, whatever its roles: an auditor confined to a tenant reads only that one)."""
+    if caller is None:
+        return Scope()
+    return Scope(readable_workflows(definitions, caller), caller.tenants)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from engine.core.access import Caller, operator_refusal
+from engine.core.access import Caller, operator_refusal, start_tenant
 from engine.core.approvals import check_decision, full_digest
 from engine.core.canonical import GENESIS_HASH
 from engine.core.decide import Decision, decide, validate_payload
@@ -80,15 +80,27 @@ def new_task(
         created_at=at,
         updated_at=at,
         next_run_at=next_run_at(definition, task.state, at),
+        tenant=task.tenant,
     )
     return NewTask(row, first, task, dict(fields))
 
 
 def start(
-    definition: Workflow, input: Mapping[str, Any] | None, *, caller: Caller, task_id: str, at: datetime
+    definition: Workflow,
+    input: Mapping[str, Any] | None,
+    *,
+    caller: Caller,
+    task_id: str,
+    at: datetime,
+    tenant: str | None = None,
 ) -> NewTask:
-    """A task of `definition` with `input` (checked by its input model), pinned to its version and digest."""
+    """A task of `definition` with `input` (checked by its input model), pinned to its version and digest, in the
+    tenant the caller starts it in (`engine.core.access.start_tenant`: `tenant` only chooses among the caller's)."""
+    within = start_tenant(caller, tenant)
     _, input_json = validate_payload(definition.input, f"{definition.ref} input", input)
+    data: EventData = {"workflow": definition.ref, "digest": definition.digest, "input": input_json or {}}
+    if within is not None:  # absent, not null, when there is none: a single-tenant install's events are unchanged
+        data["tenant"] = within
     return new_task(
         definition,
         task_id=task_id,
@@ -96,7 +108,7 @@ def start(
         actor=caller.actor,
         trigger=START,
         to_state=definition.initial_state,
-        data={"workflow": definition.ref, "digest": definition.digest, "input": input_json or {}},
+        data=data,
         fields=definition.search_values(input_json),
     )
 

@@ -91,6 +91,12 @@ class Code(StrEnum):
         "A domain guard of the transition refused it; the log is unchanged.",
     )
     FORBIDDEN = "FORBIDDEN", Category.TASK, "The actor does not hold the role the transition requires."
+    TENANT_REQUIRED = (
+        "TENANT_REQUIRED",
+        Category.TASK,
+        "The caller belongs to several tenants and did not say which one the new task is for (`tenant`); "
+        "nothing was written.",
+    )
     CONCURRENCY_CONFLICT = (
         "CONCURRENCY_CONFLICT",
         Category.TASK,

@@ -51,6 +51,8 @@ class TaskState:
     effect: dict[str, Any] | None = None
     #: A cancel recorded while a write was in flight: who asked, why, at which seq (`engine.effects`).
     cancel_requested: dict[str, Any] | None = None
+    #: The tenant the task belongs to, from its first event (a `start`'s `tenant`, a `fork`'s carried one).
+    tenant: str | None = None
 
     @property
     def ref(self) -> str:
@@ -93,6 +95,8 @@ class TaskState:
             doc["effect"] = self.effect
         if self.cancel_requested is not None:
             doc["cancel_requested"] = self.cancel_requested
+        if self.tenant is not None:
+            doc["tenant"] = self.tenant
         return doc
 
     @classmethod
@@ -115,6 +119,7 @@ class TaskState:
             usage=doc.get("usage", {}),
             effect=doc.get("effect"),
             cancel_requested=doc.get("cancel_requested"),
+            tenant=doc.get("tenant"),
         )
 
 
@@ -150,6 +155,7 @@ def initial(definition: Workflow, event: Event) -> TaskState:
         input=event.data.get("input", {}),
         visit=next_visit(definition, {}, event.trigger, event.to_state, event.data),
         started_by=event.actor,
+        tenant=event.data.get("tenant"),
         usage={"turns": 0, "calls": 0, "repeats": {}, "started_at": format_instant(event.at)},
     )
 
@@ -175,6 +181,7 @@ def forked(definition: Workflow, event: Event) -> TaskState:
         facts=carried["facts"],
         visit=carried["visit"],
         started_by=carried["started_by"],
+        tenant=carried.get("tenant"),
         prepared=carried["prepared"],
         prepared_by=carried["prepared_by"],
         usage={**carried["usage"], "started_at": format_instant(event.at)},
@@ -304,6 +311,7 @@ class Fold:
             self.usage,
             self.effect,
             self.cancel_requested,
+            task.tenant,
         )
 
 

@@ -120,7 +120,7 @@ def repeat_hazard(found: Iterable[Write], point: int, carried_action: str | None
 
 def carried_of(task: TaskState) -> Carried:
     """What a fork carries of `task` (the source's state as of the fork's seq): what replay compares."""
-    return {
+    carried: Carried = {
         "state": task.state,
         "facts": task.facts,
         "visit": task.visit,
@@ -130,6 +130,9 @@ def carried_of(task: TaskState) -> Carried:
         "effect": task.effect,
         "started_by": task.started_by,
     }
+    if task.tenant is not None:  # only when there is one: forks of tasks of no tenant carry what they always did
+        carried["tenant"] = task.tenant
+    return carried
 
 
 def fork_data(

@@ -213,6 +213,7 @@ class Carried(TypedDict):
     usage: Annotated[dict[str, Any], Doc("the budget counters")]
     effect: Annotated[dict[str, Any] | None, Doc("the newest write and what it came to")]
     started_by: Annotated[str, Doc("who started the source (separation of duties holds in the fork too)")]
+    tenant: NotRequired[Annotated[str, Doc("the tenant the source belongs to, and so the fork (absent: none)")]]
 
 
 class _StepKeys(TypedDict, total=False):
@@ -221,6 +222,10 @@ class _StepKeys(TypedDict, total=False):
     digest: Annotated[str, Doc("that version's digest", "`start`, `fork`")]
     input: Annotated[
         dict[str, Any], Doc("the task's input, validated by the workflow's input model", "`start`, `fork`")
+    ]
+    tenant: Annotated[
+        str,
+        Doc("the tenant the task belongs to, from the trusted caller who started it (absent: none)", "`start`"),
     ]
     # fork and redrive (operators)
     forked_from: Annotated[ForkOrigin, Doc("the source task, seq and hash the fork starts from", "`fork`")]

@@ -553,8 +553,8 @@ class LogCheck:
             folded: tuple[Any, ...]
             stored: tuple[Any, ...]
             if task is not None:
-                folded = (task.state, task.seq, task.last_hash, str(task.status), task.ref, task.digest)
-                stored = (row.state, row.seq, row.last_hash, row.status, self.ref, row.digest)
+                folded = (task.state, task.seq, task.last_hash, str(task.status), task.ref, task.digest, task.tenant)
+                stored = (row.state, row.seq, row.last_hash, row.status, self.ref, row.digest, row.tenant)
             else:  # the fold was abandoned: what the last event says is still comparable
                 folded = (last.to_state, last.seq, last.hash)
                 stored = (row.state, row.seq, row.last_hash)
@@ -570,7 +570,10 @@ class LogCheck:
 def _head(values: tuple[Any, ...]) -> str:
     """`state@seq (hash ..., status, on name@version digest ...)`: the parts a row and a fold can disagree on."""
     text = f"{values[0]}@{values[1]} (hash {str(values[2])[:12]}"
-    return text + (f", {values[3]}, on {values[4]} digest {str(values[5])[:12]})" if len(values) > 3 else ")")
+    if len(values) <= 3:
+        return text + ")"
+    tenant = f", tenant {values[6]}" if values[6] is not None else ""
+    return text + f", {values[3]}, on {values[4]} digest {str(values[5])[:12]}{tenant})"
 
 
 def replay_stream(

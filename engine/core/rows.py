@@ -35,6 +35,8 @@ class TaskRow:
     lease_expires_at: datetime | None = None
     lease_epoch: int = 0
     failures: int = 0
+    #: The tenant the task belongs to (its first event says; None: none).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from engine.audit.auditor import Auditor
 from engine.core import commands
-from engine.core.access import Caller, operator_refusal
+from engine.core.access import Caller, in_tenants, operator_refusal
 from engine.core.approvals import DECISIONS, pending_view
 from engine.core.canonical import canonical_json, format_instant, now
 from engine.core.commands import NewTask
@@ -77,6 +77,8 @@ class TaskView:
     #: A cancel waiting for a write in flight to settle (`Engine.cancel`), and that write, if one is open.
     cancel_requested: dict[str, Any] | None = None
     unsettled: dict[str, Any] | None = None
+    #: The tenant the task belongs to (None: none).
+    tenant: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +95,7 @@ class TaskView:
             "facts": self.facts,
             "cancel_requested": self.cancel_requested,
             "unsettled": self.unsettled,
+            "tenant": self.tenant,
         }
 
 
@@ -147,11 +150,16 @@ class Engine:
         input: Mapping[str, Any] | None = None,
         actor: str = "",
         version: int | None = None,
+        *,
+        tenant: str | None = None,
     ) -> str:
-        """Start a task on `workflow` (newest version unless `version`); returns its id."""
+        """Start a task on `workflow` (newest version unless `version`); returns its id. It belongs to the actor's
+        tenant (`tenant` chooses among the actor's, or names any for an actor confined to none)."""
         _check_actor(actor)
         definition = self.registry.get(workflow, version)
-        created = commands.start(definition, input, caller=Caller(actor), task_id=str(uuid.uuid4()), at=now())
+        created = commands.start(
+            definition, input, caller=self._caller(actor), task_id=str(uuid.uuid4()), at=now(), tenant=tenant
+        )
         return self._create(definition, created)
 
     def _create(self, definition: Workflow, created: NewTask) -> str:
@@ -178,7 +186,7 @@ class Engine:
         state now), never retried into another meaning.
         """
         _check_actor(actor)
-        task = self._as_seen(task_id, expected_seq)
+        task = self._as_seen(task_id, expected_seq, actor)
         if trigger in DECISIONS and self.definition_of(task).state(task.state).kind is StateKind.APPROVAL:
             # One way to decide an approval, whichever door it comes through: the same checks and the same
             # record as `approve` / `reject`. The payload names the digest the approver saw, and a comment.
@@ -402,12 +410,18 @@ class Engine:
         after: str | None = None,
         limit: int,
         workflows: Set[str] | None = None,
+        tenants: Set[str] | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """A page of `approvals` and the task id the next page starts after (None at the end). The page is cut
         where the store's list is, not where the loaded tasks are: a task skipped on this page (it moved, or its
-        version's code changed) does not end the list early. `workflows`: only tasks of these (what a caller may
-        read, `runtime.queries.readable`)."""
-        ids = self.store.blocked_in(self._approval_states(role, workflows), after=after, limit=limit + 1)
+        version's code changed) does not end the list early. `workflows`, `tenants`: only tasks of these (what a
+        caller may read, `runtime.queries.scope`)."""
+        ids = self.store.blocked_in(
+            self._approval_states(role, workflows),
+            after=after,
+            limit=limit + 1,
+            tenants=sorted(tenants) if tenants is not None else None,
+        )
         more = len(ids) > limit
         ids = ids[:limit]
         found = self._approval_tasks(ids, role)
@@ -453,7 +467,7 @@ class Engine:
     ) -> TaskState:
         """`loaded`: the task as the caller just loaded it (then `expected_seq` was checked already)."""
         _check_actor(actor)
-        task = loaded if loaded is not None else self._as_seen(task_id, expected_seq)
+        task = loaded if loaded is not None else self._as_seen(task_id, expected_seq, actor)
         decision = commands.approval(
             self.definition_of(task),
             task,
@@ -483,7 +497,7 @@ class Engine:
         that finds the task moved on after it read it is refused (CONCURRENCY_CONFLICT), not retried.
         """
         _check_actor(actor)
-        task = self._as_seen(task_id, expected_seq)
+        task = self._as_seen(task_id, expected_seq, actor)
         decision = commands.cancel(self.definition_of(task), task, caller=self._caller(actor), reason=reason)
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
@@ -497,7 +511,7 @@ class Engine:
         retry send it again. With a cancel waiting, the task goes where the cancel says.
         """
         _check_actor(actor)
-        return self._settle(self._as_seen(task_id, expected_seq), actor, outcome, evidence)
+        return self._settle(self._as_seen(task_id, expected_seq, actor), actor, outcome, evidence)
 
     def _settle(self, task: TaskState, actor: str, outcome: Any, evidence: Any) -> TaskState:
         definition = self.definition_of(task)
@@ -528,8 +542,8 @@ class Engine:
         return None
 
     def _caller(self, actor: str) -> Caller:
-        """The trusted caller an actor is: the roles the authoriser gives it."""
-        return Caller(actor, frozenset(self.authoriser.roles_of(actor)))
+        """The trusted caller an actor is: the roles and tenants the authoriser gives it."""
+        return Caller(actor, frozenset(self.authoriser.roles_of(actor)), self.authoriser.tenants_of(actor))
 
     def caller(self, actor: str) -> Caller:
         """The person `actor` is to this process (the authoriser's roles): whom a read made for them is scoped to
@@ -537,12 +551,18 @@ class Engine:
         _check_actor(actor)
         return self._caller(actor)
 
-    def _as_seen(self, task_id: str, expected_seq: int | None) -> TaskState:
-        """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one."""
+    def _as_seen(self, task_id: str, expected_seq: int | None, actor: str) -> TaskState:
+        """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one.
+        A task of a tenant the actor is not of is, to it, no task (`engine.core.access.in_tenants`)."""
         task = self.load(task_id)
+        self._within_tenants(task_id, task.tenant, actor)
         if expected_seq is not None and expected_seq != task.seq:
             raise ConcurrencyConflict(task_id, expected_seq, task.seq, task.state)
         return task
+
+    def _within_tenants(self, task_id: str, tenant: str | None, actor: str) -> None:
+        if not in_tenants(tenant, self._caller(actor)):
+            raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
 
     def _human(self, task: TaskState, append: Callable[[], TaskState]) -> TaskState:
         """Append a human command decided on `task`; if the task moved meanwhile, say where it is now."""
@@ -626,6 +646,7 @@ class Engine:
         row = self.store.row(task_id)
         if row is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        self._within_tenants(task_id, row.tenant, actor)
         refusal = operator_refusal(
             self._definition(row.workflow, row.version, row.digest), row.state, FORK, self._caller(actor), task_id
         )
@@ -702,7 +723,7 @@ class Engine:
         (WRITE_WOULD_REPEAT) where going back could make a write a second time.
         """
         _check_actor(actor)
-        task = self._as_seen(task_id, expected_seq)
+        task = self._as_seen(task_id, expected_seq, actor)
         decision = commands.redrive(
             self.definition_of(task),
             task,
@@ -759,6 +780,7 @@ class Engine:
             unsettled=(
                 {k: unsettled[k] for k in ("action_id", "tool", "state", "status")} if unsettled is not None else None
             ),
+            tenant=task.tenant,
         )
 
     def history(self, task_id: str) -> list[Event]:
@@ -860,12 +882,14 @@ class Engine:
             )
         return task
 
-    def resolve_task_id(self, text: str, workflows: Sequence[str] | None = None) -> str:
+    def resolve_task_id(
+        self, text: str, workflows: Sequence[str] | None = None, tenants: Sequence[str] | None = None
+    ) -> str:
         """The task id `text` names: itself, or the one id it is a prefix of (8+ characters; `task_ids`), among
-        the tasks of `workflows` if given (what a caller may read)."""
+        the tasks of `workflows` and `tenants` if given (what a caller may read)."""
         from engine.runtime.task_ids import resolve_task_id
 
-        return resolve_task_id(self.store, text, workflows)
+        return resolve_task_id(self.store, text, workflows, tenants)
 
 
 def _log_transition(event: Event, duration_ms: float) -> None:

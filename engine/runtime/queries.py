@@ -6,20 +6,22 @@ contract in `pyproject.toml` keeps them from importing `engine.store`; the app's
 start-up checks and the page-session store are the named exceptions).
 
 Every interface that reads for a person (the API, the pages) narrows what it
-reads here, with the caller's roles, so that what a person may not read is
-absent: a task of a workflow they hold no role in answers exactly as a task that
-does not exist (TASK_NOT_FOUND, the same words), lists leave it out, and the
-work queue neither shows nor counts it. The trusted process itself (the Python
-API, the CLI) passes no caller and reads everything.
+reads here, with the caller's roles and tenants (`engine.core.access.read_scope`),
+so that what a person may not read is absent: a task of a workflow they hold no
+role in, or of another tenant, answers exactly as a task that does not exist
+(TASK_NOT_FOUND, the same words), lists leave it out, and the work queue neither
+shows nor counts it. The trusted process itself (the Python API, the CLI) passes
+no caller and reads everything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from engine.core.access import Caller, readable_workflows
+from engine.core.access import Caller, Scope, read_scope, readable_workflows
 from engine.core.errors import Code, Refused
 from engine.core.events import Event
 from engine.core.rows import TaskRow, WorkerReport
@@ -35,7 +37,9 @@ __all__ = [
     "list_tasks",
     "readable",
     "require_visible",
+    "resolve",
     "row",
+    "scope",
     "status_counts",
     "workers",
 ]
@@ -46,20 +50,39 @@ def readable(engine: Engine, caller: Caller | None) -> frozenset[str] | None:
     return readable_workflows(engine.registry, caller)
 
 
+def scope(engine: Engine, caller: Caller | None) -> Scope:
+    """The tasks `caller` may read: by workflow and by tenant (no bound for the trusted process)."""
+    return read_scope(engine.registry, caller)
+
+
+def _sorted(names: frozenset[str] | None) -> list[str] | None:
+    return sorted(names) if names is not None else None
+
+
 def require_visible(engine: Engine, task_id: str, caller: Caller | None) -> None:
     """Refuse a task `caller` may not read as if it did not exist; a task that does not exist is left to the read
     that follows, which says so in the same words."""
-    names = readable(engine, caller)
-    if names is None:
+    bounds = scope(engine, caller)
+    if bounds == Scope():
         return
     row = engine.store.row(task_id)
-    if row is not None and row.workflow not in names:
+    if row is not None and not bounds.sees(row.workflow, row.tenant):
         raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
 
 
-def exists(engine: Engine, task_id: str) -> bool:
-    """Whether a task by that id is in the database (a list's cursor must name one)."""
-    return engine.store.row(task_id) is not None
+def resolve(engine: Engine, text: str, caller: Caller | None) -> str:
+    """The id of the task `text` names (a whole id, or a prefix of one among the tasks `caller` may read), once it
+    is checked that `caller` may read it (`require_visible`)."""
+    bounds = scope(engine, caller)
+    resolved = engine.resolve_task_id(text, _sorted(bounds.workflows), _sorted(bounds.tenants))
+    require_visible(engine, resolved, caller)
+    return resolved
+
+
+def exists(engine: Engine, task_id: str, caller: Caller | None = None) -> bool:
+    """Whether a task by that id is in the database and `caller` may read it (a list's cursor must name one)."""
+    found = engine.store.row(task_id)
+    return found is not None and scope(engine, caller).sees(found.workflow, found.tenant)
 
 
 def row(engine: Engine, task_id: str) -> TaskRow | None:
@@ -67,23 +90,32 @@ def row(engine: Engine, task_id: str) -> TaskRow | None:
     return engine.store.row(task_id)
 
 
-def list_tasks(engine: Engine, query: TaskQuery) -> list[ListedTask]:
-    """One keyset page of tasks, newest first (`Store.list_tasks`)."""
-    return engine.store.list_tasks(query)
+def list_tasks(engine: Engine, query: TaskQuery, caller: Caller | None = None) -> list[ListedTask]:
+    """One keyset page of tasks, newest first (`Store.list_tasks`), of those `caller` may read."""
+    bounds = scope(engine, caller)
+    return engine.store.list_tasks(replace(query, workflows=_sorted(bounds.workflows), tenants=_sorted(bounds.tenants)))
 
 
 def blocked_in(
     engine: Engine,
     states: Sequence[tuple[str, int, str]],
     *,
+    caller: Caller | None = None,
     after: str | None = None,
     limit: int | None = None,
     by_deadline: bool = False,
     waiting_before: datetime | None = None,
 ) -> list[str]:
-    """The ids of blocked tasks standing in one of `states` (`Store.blocked_in`)."""
+    """The ids of blocked tasks standing in one of `states` (`Store.blocked_in`), of the tenants `caller` may read
+    (the states are the caller's to choose: they name workflows it may read)."""
+    tenants = caller.tenants if caller is not None else None
     return engine.store.blocked_in(
-        states, after=after, limit=limit, by_deadline=by_deadline, waiting_before=waiting_before
+        states,
+        after=after,
+        limit=limit,
+        by_deadline=by_deadline,
+        waiting_before=waiting_before,
+        tenants=_sorted(tenants),
     )
 
 

@@ -12,17 +12,31 @@ from engine.runtime import config
 
 
 class Authoriser(Protocol):
+    """Who an actor is to the engine: the roles it holds and the tenants it is confined to."""
+
     def roles_of(self, actor: str) -> Set[str]: ...
+
+    def tenants_of(self, actor: str) -> frozenset[str] | None:
+        """The tenants `actor` is confined to (None: none, it acts on every tenant's tasks)."""
+        ...
 
 
 class StaticRoles:
-    """Roles from a mapping `actor -> roles`; an unknown actor holds none."""
+    """Roles (and tenants) from mappings `actor -> roles`; an unknown actor holds none and is confined to none."""
 
-    def __init__(self, roles: Mapping[str, Set[str] | list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        roles: Mapping[str, Set[str] | list[str]] | None = None,
+        tenants: Mapping[str, Set[str] | list[str]] | None = None,
+    ) -> None:
         self._roles = {actor: frozenset(r) for actor, r in (roles or {}).items()}
+        self._tenants = {actor: frozenset(t) for actor, t in (tenants or {}).items()}
 
     def roles_of(self, actor: str) -> Set[str]:
         return self._roles.get(actor, frozenset())
+
+    def tenants_of(self, actor: str) -> frozenset[str] | None:
+        return self._tenants.get(actor)
 
 
 def roles_from_file(path: str | Path) -> StaticRoles:

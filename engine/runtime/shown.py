@@ -8,10 +8,10 @@ way on each. None as the caller is the trusted process itself: it is shown every
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from engine.core.access import Caller, sees_restricted
+from engine.core.access import Caller, Scope, sees_restricted
 from engine.core.definition import Workflow
 from engine.core.errors import RailyardError
 from engine.core.events import Event
@@ -102,12 +102,12 @@ def withholding_for(engine: Engine, caller: Caller | None, row: TaskRow) -> With
     return withholding(definition, caller) if definition is not None else None
 
 
-def readable_logs(items: Iterable[TaskRow | Event | Snapshot], names: Set[str] | None) -> Iterator[TaskRow | Event]:
-    """A stream of task rows each followed by its events (`Auditor.logs`), without the tasks of workflows not in
-    `names` (None: every task): what an export made for a reader leaves out, as if those tasks did not exist."""
+def readable_logs(items: Iterable[TaskRow | Event | Snapshot], bounds: Scope) -> Iterator[TaskRow | Event]:
+    """A stream of task rows each followed by its events (`Auditor.logs`), without the tasks outside `bounds` (what
+    a reader may read, `queries.scope`): what an export made for them leaves out, as if those tasks did not exist."""
     keep = True
     for item in items:
         if isinstance(item, TaskRow):
-            keep = names is None or item.workflow in names
+            keep = bounds.sees(item.workflow, item.tenant)
         if keep and isinstance(item, TaskRow | Event):
             yield item

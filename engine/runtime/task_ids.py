@@ -20,17 +20,20 @@ TASK_ID_PREFIX = 8
 TASK_ID_LENGTH = 36
 
 
-def resolve_task_id(store: Store, text: str, workflows: Sequence[str] | None = None) -> str:
+def resolve_task_id(
+    store: Store, text: str, workflows: Sequence[str] | None = None, tenants: Sequence[str] | None = None
+) -> str:
     """The id of the one task whose id is `text` or starts with it (`TASK_ID_PREFIX` characters or more).
 
     `text` as given when it is shorter than a prefix, as long as a whole id, or names no task: the caller's own
     look-up then refuses it as TASK_NOT_FOUND. TASK_ID_AMBIGUOUS when it starts two tasks' ids (and is neither).
-    `workflows`: only tasks of these count (what the caller may read: a task they may not see neither makes a
-    prefix ambiguous nor is named to them).
+    `workflows`, `tenants`: only tasks of these count (what the caller may read: a task they may not see neither
+    makes a prefix ambiguous nor is named to them).
     """
     if not isinstance(text, str) or len(text) < TASK_ID_PREFIX or len(text) >= TASK_ID_LENGTH:
         return text
-    found = store.task_ids_starting(text, limit=2, workflows=workflows)  # a whole id sorts before those it starts
+    # A whole id sorts before those it starts.
+    found = store.task_ids_starting(text, limit=2, workflows=workflows, tenants=tenants)
     if not found or text in found:
         return text
     if len(found) == 1:

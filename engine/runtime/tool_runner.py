@@ -203,7 +203,7 @@ class ToolRunner:
             {"intent": prepared.to_dict(), "attempt": attempt, "requested_at": format_instant(now())},
             late=False,
         )
-        acting = Acting(task.started_by, task.prepared_by)
+        acting = Acting(task.started_by, task.prepared_by, task.tenant)
         outcome = await self.io.wait(lambda: execute(tool, prepared, acting))
         if hooks.active:
             code = str(outcome.code) if outcome.code is not None else None

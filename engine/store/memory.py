@@ -68,6 +68,7 @@ class _Task:
     archive_file: str | None = None
     archive_sha256: str | None = None
     started_by: str = ""
+    tenant: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
     events: list[_Stored] = field(default_factory=list)
     snapshots: dict[int, tuple[str, str]] = field(default_factory=dict)
@@ -89,6 +90,7 @@ class _Task:
             self.lease_expires_at,
             self.lease_epoch,
             self.failures,
+            self.tenant,
         )
 
     def head(self) -> TaskRow:
@@ -104,6 +106,7 @@ class _Task:
             self.last_hash,
             self.created_at,
             self.updated_at,
+            tenant=self.tenant,
         )
 
     def archive(self) -> ArchiveRef:
@@ -163,6 +166,7 @@ class MemoryStore:
                 utc(row.updated_at),
                 _utc_or_none(row.next_run_at),
                 started_by=first.actor,
+                tenant=row.tenant,
                 fields=dict(fields or {}),
             )
             task.events.append(_stored(first))
@@ -453,9 +457,20 @@ class MemoryStore:
         found.sort(key=lambda t: (t.created_at, t.task_id))
         return [t.task_id for t in found]
 
-    def task_ids_starting(self, prefix: str, *, limit: int = 2, workflows: Sequence[str] | None = None) -> list[str]:
+    def task_ids_starting(
+        self,
+        prefix: str,
+        *,
+        limit: int = 2,
+        workflows: Sequence[str] | None = None,
+        tenants: Sequence[str] | None = None,
+    ) -> list[str]:
         with self._lock:
-            found = (i for i, t in self._tasks.items() if workflows is None or t.workflow in workflows)
+            found = (
+                i
+                for i, t in self._tasks.items()
+                if (workflows is None or t.workflow in workflows) and (tenants is None or t.tenant in tenants)
+            )
             return sorted(i for i in found if i.startswith(prefix))[:limit]
 
     def recent(
@@ -491,6 +506,7 @@ class MemoryStore:
         limit: int | None = None,
         by_deadline: bool = False,
         waiting_before: datetime | None = None,
+        tenants: Sequence[str] | None = None,
     ) -> list[str]:
         wanted = set(states)
         before = utc(waiting_before) if waiting_before is not None else None
@@ -506,6 +522,7 @@ class MemoryStore:
                 if t.status == "blocked"
                 and (t.workflow, t.version, t.state) in wanted
                 and (before is None or t.updated_at < before)
+                and (tenants is None or t.tenant in tenants)
             ]
             if after is not None:
                 last = self._tasks.get(after)
@@ -692,6 +709,7 @@ def _selected(t: _Task, q: TaskQuery) -> bool:
     return (
         (not q.workflow or t.workflow == q.workflow)
         and (q.workflows is None or t.workflow in q.workflows)
+        and (q.tenants is None or t.tenant in q.tenants)
         and (not q.states or t.state in q.states)
         and (not q.status or t.status == q.status)
         and (not q.started_by or t.started_by == q.started_by)

@@ -246,7 +246,7 @@ def upsert(table: Table, values: dict[str, Any], key: str, refresh: Sequence[str
 # -- audit reads (replay, export, as-of) -------------------------------------------------------------
 #: Rows of a page of tasks and of their logs arrive in the same `ORDER BY task_id`, so a reader pairs them by
 #: equality alone and never compares ids in Python (whose string order may differ from the database collation).
-AUDIT_TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
+AUDIT_TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at, tenant"
 
 #: `task_id` among a page of ids: one array parameter (`audit_ids` passes the list), not hundreds of
 #: placeholders the driver would rewrite on every page.

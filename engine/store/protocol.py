@@ -39,6 +39,8 @@ class TaskQuery:
     workflow: str | None = None
     #: Only tasks of these workflows (None: any): what the caller may read (`engine.core.access.may_read`).
     workflows: Sequence[str] | None = None
+    #: Only tasks of these tenants (None: any, a task of no tenant too): the caller's (`Caller.tenants`).
+    tenants: Sequence[str] | None = None
     #: Any of these states (empty: any state).
     states: Sequence[str] = ()
     status: str | None = None
@@ -223,10 +225,17 @@ class Store(Protocol):
 
     def task_ids(self, *, workflow: str | None = None, status: str | None = None) -> list[str]: ...
 
-    def task_ids_starting(self, prefix: str, *, limit: int = 2, workflows: Sequence[str] | None = None) -> list[str]:
+    def task_ids_starting(
+        self,
+        prefix: str,
+        *,
+        limit: int = 2,
+        workflows: Sequence[str] | None = None,
+        tenants: Sequence[str] | None = None,
+    ) -> list[str]:
         """At most `limit` ids of tasks (archived ones too) that start with `prefix`, taken literally (`%` and `_`
-        are characters, not patterns), in id order: what resolves a task id typed short. `workflows`: only tasks
-        of these (what the caller may read; None: any)."""
+        are characters, not patterns), in id order: what resolves a task id typed short. `workflows`, `tenants`:
+        only tasks of these (what the caller may read; None: any)."""
         ...
 
     def recent(
@@ -247,11 +256,12 @@ class Store(Protocol):
         limit: int | None = None,
         by_deadline: bool = False,
         waiting_before: datetime | None = None,
+        tenants: Sequence[str] | None = None,
     ) -> list[str]:
         """Blocked tasks standing in one of `states` (workflow, version, state), oldest first by (created_at,
         task_id); with `by_deadline`, nearest deadline (`next_run_at`) first and those without one last, then
         oldest first. With `after` (a task id), only those after it in that order; with `waiting_before`, only
-        those whose last event (`updated_at`) is older; at most `limit`."""
+        those whose last event (`updated_at`) is older; with `tenants`, only tasks of those; at most `limit`."""
         ...
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:

@@ -150,7 +150,7 @@ class SqlStore:
     def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
         """Insert a new task and its `start` event together, or neither; its starter and searchable fields too."""
         with self._errors(), self._writer() as conn:
-            conn.execute(insert(tasks).values(**_row_values(row), started_by=first.actor))
+            conn.execute(insert(tasks).values(**_row_values(row), started_by=first.actor, tenant=row.tenant))
             conn.execute(insert(events).values(**_event_values(first)))
             if fields:
                 rows = [{"task_id": row.task_id, "name": k, "value": v} for k, v in fields.items()]
@@ -447,6 +447,7 @@ class SqlStore:
                         r[7],
                         read_instant(r[8]),
                         read_instant(r[9]),
+                        tenant=r[10],
                     )
                     for r in fetch_all(page, params)
                 ]
@@ -602,7 +603,14 @@ class SqlStore:
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
-    def task_ids_starting(self, prefix: str, *, limit: int = 2, workflows: Sequence[str] | None = None) -> list[str]:
+    def task_ids_starting(
+        self,
+        prefix: str,
+        *,
+        limit: int = 2,
+        workflows: Sequence[str] | None = None,
+        tenants: Sequence[str] | None = None,
+    ) -> list[str]:
         query = (
             select(tasks.c.task_id)
             # LIKE narrows (SQLite's ignores case), the substring decides: ids are compared as written.
@@ -613,6 +621,8 @@ class SqlStore:
         )
         if workflows is not None:
             query = query.where(tasks.c.workflow.in_(list(workflows)))
+        if tenants is not None:
+            query = query.where(tasks.c.tenant.in_(list(tenants)))
         with self._errors(), self._reader() as conn:
             return list(conn.execute(query).scalars())
 
@@ -638,6 +648,8 @@ class SqlStore:
             where.append(tasks.c.workflow == query.workflow)
         if query.workflows is not None:
             where.append(tasks.c.workflow.in_(list(query.workflows)))
+        if query.tenants is not None:
+            where.append(tasks.c.tenant.in_(list(query.tenants)))
         if query.states:
             where.append(tasks.c.state.in_(list(query.states)))
         if query.status:
@@ -688,6 +700,7 @@ class SqlStore:
         limit: int | None = None,
         by_deadline: bool = False,
         waiting_before: datetime | None = None,
+        tenants: Sequence[str] | None = None,
     ) -> list[str]:
         """Blocked tasks standing in one of `states` (workflow, version, state), oldest first (or nearest deadline
         first): the work queue reads these instead of loading every blocked task to find out where it stands."""
@@ -700,6 +713,8 @@ class SqlStore:
         )
         if waiting_before is not None:
             query = query.where(tasks.c.updated_at < waiting_before)
+        if tenants is not None:
+            query = query.where(tasks.c.tenant.in_(list(tenants)))
         if by_deadline:
             # No deadline sorts last: a far-off instant stands in for it, so the keyset stays one tuple comparison.
             due = func.coalesce(tasks.c.next_run_at, literal(NO_DEADLINE, type_=tasks.c.next_run_at.type))
@@ -1031,6 +1046,7 @@ def _task_row(r: Row[Any]) -> TaskRow:
         lease_expires_at=utc(r.lease_expires_at) if r.lease_expires_at is not None else None,
         lease_epoch=r.lease_epoch,
         failures=r.failures,
+        tenant=r.tenant,
     )
 
 

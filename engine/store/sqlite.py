@@ -238,7 +238,7 @@ def upsert(table: Table, values: dict[str, Any], key: str, refresh: Sequence[str
 # -- audit reads (replay, export, as-of) -------------------------------------------------------------
 #: Rows of a page of tasks and of their logs arrive in the same `ORDER BY task_id`, so a reader pairs them by
 #: equality alone and never compares ids in Python (whose string order may differ from the database collation).
-AUDIT_TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at"
+AUDIT_TASK_COLUMNS = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at, tenant"
 
 
 def _ids_in(n_ids: int) -> str:

@@ -284,11 +284,14 @@ def resolve(catalog: ToolCatalog, prepared: PreparedToolCall) -> ToolDef:
 @dataclass(frozen=True, slots=True)
 class Acting:
     """Who the call is made for, from the task's log (trusted; never the model's arguments): whoever started the
-    task and whoever proposed the call (the model's actor, or the person who stood in for it). A tool that guards
-    an object (a customer's order) checks ownership against these, not against anything the model wrote."""
+    task and whoever proposed the call (the model's actor, or the person who stood in for it), and the tenant the
+    task belongs to. A tool that guards an object (a customer's order) checks ownership against these, not against
+    anything the model wrote: a tenant's order is not another tenant's to refund."""
 
     started_by: str = ""
     proposed_by: str | None = None
+    #: The task's tenant (None: the task belongs to none).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
