@@ -69,9 +69,10 @@ from engine.core.fold import TaskState
 from engine.core.forks import last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.payloads import event_code
 from engine.core.summary import compact, details, summarise
-from engine.runtime import queries, shown
+from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
 from engine.runtime.queries import TaskQuery, readable
+from engine.runtime.shown import withheld_from
 
 # -- values in display form ------------------------------------------------------------------------
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
@@ -612,7 +613,7 @@ def as_shown(
     engine: Engine, task: TaskState, events: list[Event], principal: Principal
 ) -> tuple[TaskState, list[Event]]:
     """The task and its log as this person is shown them: without what its workflow restricts from them."""
-    hidden = shown.withheld_from(engine, principal.caller, task, events)
+    hidden = withheld_from(engine, principal.caller, task, events)
     if hidden is None:
         return task, events
     events = hidden.events(events)
