@@ -3,8 +3,8 @@ server is found). Helpers live in `tests/support/`.
 
 `make test` runs the suite on several pytest-xdist workers, each a process with its own session: its own
 PostgreSQL database (named after the worker), its own temporary folder for the SQLite files, its own migrated
-SQLite template. No test listens on a fixed port, and the files tests write are under their `tmp_path` (the one
-exception, the screenshots of docs/img, is one test's)."""
+SQLite template. No test listens on a fixed port, and the files tests write are under their `tmp_path` (the
+screenshots of docs/img are written there only with RAILYARD_UPDATE_SCREENSHOTS=1)."""
 
 from __future__ import annotations
 

@@ -55,6 +55,7 @@ def server(shared_server: ProviderServer, tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("RAILYARD_MODEL_STREAM", raising=False)
     monkeypatch.delenv("RAILYARD_MODEL_EXTRA_BODY", raising=False)
+    monkeypatch.delenv("RAILYARD_MODEL_THINKING", raising=False)
     assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
     return shared_server
 
@@ -423,3 +424,61 @@ def test_the_demo_stops_when_its_model_has_no_credentials(
         actors = [row[0] for row in db.execute("SELECT actor FROM events")]
     assert actors and not [a for a in actors if a.startswith("model:")], actors  # only the starts: no model wrote
     assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[profile.openai]\nretries = 1\n", "unknown table 'profile' (did you mean 'profiles'?)"),
+        ("retries = 1\n", "unknown table 'retries'"),
+        (
+            "[profiles.openai]\ntimout_seconds = 5\n",
+            "unknown setting 'timout_seconds' (did you mean 'timeout_seconds'?)",
+        ),
+        ("[profiles]\nopenai = 3\n", "[profiles.NAME] must be tables of settings"),
+    ],
+)
+def test_a_misspelt_table_or_setting_in_the_profiles_file_is_refused_with_the_closest_name(
+    server: ProviderServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, needle: str
+) -> None:
+    """A table or key the file does not know is no longer ignored: a file that silently sets nothing is the
+    mistake that costs a day."""
+    profiles_file(tmp_path, monkeypatch, text)
+    task_id = start_ticket()
+    code, _, err = invoke("providers")
+    assert code == 2 and err.startswith("CONFIG_INVALID") and needle in err, err
+    assert invoke("run", task_id, "--model", "openai:gpt-4.1")[0] == 2
+    assert len(history(task_id)) == 1 and server.requests == []
+
+
+def test_a_worker_thinks_when_told_by_option_or_environment_and_the_option_wins(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.core.profiles import load_profiles
+
+    on = load_profiles()["openai"].thinking_switch("gpt-4.1", True)
+    assert on  # the switch the request carries when thinking is on
+    switches = []
+    for options, variable in (([], "true"), (["--no-thinking"], "true"), (["--thinking"], "false"), ([], None)):
+        if variable is None:
+            monkeypatch.delenv("RAILYARD_MODEL_THINKING", raising=False)
+        else:
+            monkeypatch.setenv("RAILYARD_MODEL_THINKING", variable)
+        server.reply(Reply(body=ANSWER))
+        task_id = start_ticket()
+        worker = ("worker", "--once", "--model", "openai:gpt-4.1", "--workflows", "triage", *options)
+        code, _, err = invoke(*worker)
+        assert code == 0, err
+        switches.append(history(task_id)[1]["data"]["turn"].get("thinking_switch", {}))
+    assert switches == [on, {}, on, {}]
+
+
+def test_a_bad_thinking_variable_is_refused_before_anything_runs(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task_id = start_ticket()
+    monkeypatch.setenv("RAILYARD_MODEL_THINKING", "maybe")
+    for command in (["run", task_id, "--model", "openai:gpt-4.1"], ["worker", "--once", "--model", "openai:gpt-4.1"]):
+        code, _, err = invoke(*command)
+        assert code == 2 and err.startswith("CONFIG_INVALID") and "RAILYARD_MODEL_THINKING" in err, command
+    assert len(history(task_id)) == 1 and server.requests == []

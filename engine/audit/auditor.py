@@ -232,11 +232,28 @@ class Auditor:
         return state_as_of(self.store, self._definition, self.archived_events, row, seq=seq, at=at)
 
     def logs(
-        self, task_ids: list[str] | None = None, *, workflow: str | None = None, since: datetime | None = None
+        self,
+        task_ids: list[str] | None = None,
+        *,
+        workflow: str | None = None,
+        since: datetime | None = None,
+        tenant: str | None = None,
     ) -> Iterator[TaskRow | Event]:
-        """Task rows each followed by its events, streamed; archived tasks' events come from their files."""
-        return task_logs(self.store, self.archived_events, task_ids=task_ids, workflow=workflow, since=since)
+        """Task rows each followed by its events, streamed; archived tasks' events come from their files. With
+        `tenant`, only that tenant's tasks (the others are read and passed over: an export is one pass anyway)."""
+        found = task_logs(self.store, self.archived_events, task_ids=task_ids, workflow=workflow, since=since)
+        return found if tenant is None else _of_tenant(found, tenant)
 
     def path(self, task_id: str) -> tuple[TaskRow, Counter[tuple[str, str, str]], str | None]:
         """The task's row, how often it took each (source, trigger, target) edge, and where it is now."""
         return task_path(self.store, self.archived_events, task_id)
+
+
+def _of_tenant(items: Iterator[TaskRow | Event], tenant: str) -> Iterator[TaskRow | Event]:
+    """The rows (each followed by its events) of the tasks of `tenant`, of a stream of every task's."""
+    keep = False
+    for item in items:
+        if isinstance(item, TaskRow):
+            keep = item.tenant == tenant
+        if keep:
+            yield item

@@ -86,6 +86,7 @@ def export(
     all_tasks: AllTasks = False,
     workflow: OnlyWorkflow = None,
     since: ChangedSince = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only the tasks of this tenant.")] = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(
@@ -109,7 +110,7 @@ def export(
     from engine.cli.tasks import reading
     from engine.runtime import queries, shown
 
-    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since))
+    _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since), ("--tenant", tenant))
     since_at = instant(since, "--since")
     with open_engine() as engine:
         caller = None
@@ -125,7 +126,9 @@ def export(
             proof_of = proofs(read(checkpoint)) if checkpoint is not None else None
         except RailyardError as error:
             fail(error)
-        items = engine.audit.logs(None if task_id is None else [task_id], workflow=workflow, since=since_at)
+        items = engine.audit.logs(
+            None if task_id is None else [task_id], workflow=workflow, since=since_at, tenant=tenant
+        )
         if reader is None:
             render.jsonl(export_lines(items, proof_of))
         else:

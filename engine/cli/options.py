@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from engine.core.canonical import parse_instant
+from engine.core.errors import RailyardError
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 TaskId = Annotated[str, typer.Argument(help="Task id, or its first 8 characters or more.")]
@@ -107,6 +108,13 @@ StreamOpt = Annotated[
         help="Ask for a streamed answer (over RAILYARD_MODEL_STREAM and the profiles file; default off).",
     ),
 ]
+ThinkingOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--thinking/--no-thinking",
+        help="Ask the model to think, reasoning on (over RAILYARD_MODEL_THINKING; default off).",
+    ),
+]
 ExtraBodyOpt = Annotated[
     str | None,
     typer.Option(
@@ -127,3 +135,16 @@ def model_options(
         "stream": stream,
         "extra_body": parse_json(extra_body, "--extra-body"),
     }
+
+
+def thinking_option(given: bool | None) -> bool:
+    """`--thinking/--no-thinking`, else RAILYARD_MODEL_THINKING, else off; a bad variable exits 2."""
+    from engine.cli.exits import fail
+    from engine.runtime import config
+
+    if given is not None:
+        return given
+    try:
+        return bool(config.model_thinking())
+    except RailyardError as error:
+        fail(error)

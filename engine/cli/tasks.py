@@ -22,11 +22,13 @@ from engine.cli.options import (
     RetriesOpt,
     StreamOpt,
     TaskId,
+    ThinkingOpt,
     TimeoutOpt,
     VersionOpt,
     instant,
     model_options,
     parse_json,
+    thinking_option,
 )
 from engine.core.access import Caller
 from engine.core.events import Event
@@ -204,7 +206,7 @@ def run(
         str | None,
         typer.Option("--model", help="scripted:PATH, openai:MODEL or anthropic:MODEL (default: RAILYARD_MODEL)."),
     ] = None,
-    thinking: Annotated[bool, typer.Option("--thinking", help="Ask the model to think (reasoning on).")] = False,
+    thinking: ThinkingOpt = None,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Stop after this many model turns.")] = 50,
     timeout: TimeoutOpt = None,
     retries: RetriesOpt = None,
@@ -223,7 +225,7 @@ def run(
         adapter = open_model(spec, settings) if spec else None
         task_id = engine.resolve_task_id(task_id)
         before = engine.get(task_id).seq
-        task = engine.run(task_id, model=adapter, thinking=thinking, max_turns=max_turns)
+        task = engine.run(task_id, model=adapter, thinking=thinking_option(thinking), max_turns=max_turns)
         events = queries.events_after(engine, task_id, before)
         view = engine.get(task.task_id)
     render.ran(view, events, as_json)

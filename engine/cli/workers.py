@@ -11,7 +11,15 @@ import typer
 
 from engine.cli import render
 from engine.cli.exits import database_url, fail, open_engine, require_schema
-from engine.cli.options import ExtraBodyOpt, RetriesOpt, StreamOpt, TimeoutOpt, model_options
+from engine.cli.options import (
+    ExtraBodyOpt,
+    RetriesOpt,
+    StreamOpt,
+    ThinkingOpt,
+    TimeoutOpt,
+    model_options,
+    thinking_option,
+)
 from engine.core.errors import Code, RailyardError
 from engine.runtime import config
 from engine.runtime.engine import Engine
@@ -57,6 +65,7 @@ def worker(
     retries: RetriesOpt = None,
     stream: StreamOpt = None,
     extra_body: ExtraBodyOpt = None,
+    thinking: ThinkingOpt = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -122,6 +131,7 @@ def worker(
             lease_seconds=lease_seconds,
             workflows=names,
             model=adapter,
+            thinking=thinking_option(thinking),
             report_seconds=report_seconds,
             checkpoint_seconds=checkpoint_minutes * 60 if checkpoint_minutes is not None else None,
         )

@@ -27,12 +27,14 @@ import copy
 import fnmatch
 import os
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from engine.core.errors import Code, RailyardError
 from engine.core.model_settings import SETTING_NAMES, check_setting
+from engine.core.text import closest
 
 NativeSchema = Literal["strict", "loose", "json_object", "none"]
 #: `named` is a tool_choice naming one tool; an empty set means the field must not be sent at all.
@@ -244,9 +246,23 @@ def _profiles_file(path: str | None) -> dict[str, Any] | None:
     if not path:
         return None
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise RailyardError(f"cannot read profiles file {path}: {exc}", code=Code.CONFIG_INVALID) from None
+    # A misspelt table (`[profile.deepseek]`) would otherwise be a file that silently sets nothing.
+    problems = [_unknown(key, ("profiles",), "table") for key in doc if key != "profiles"]
+    tables = doc.get("profiles", {})
+    if not isinstance(tables, dict) or not all(isinstance(v, dict) for v in tables.values()):
+        problems.append("[profiles.NAME] must be tables of settings")
+    if problems:
+        raise RailyardError(f"profiles file {path}: " + "; ".join(problems), code=Code.CONFIG_INVALID)
+    return doc
+
+
+def _unknown(name: str, known: Iterable[str], kind: str) -> str:
+    """`unknown setting 'x'` with the known name it is most likely a slip for."""
+    close = closest(name, known)
+    return f"unknown {kind} {name!r}" + (f" (did you mean {close!r}?)" if close else "")
 
 
 def profile_settings(path: str | None = None) -> dict[str, dict[str, Any]]:
@@ -267,9 +283,10 @@ def load_profiles(path: str | None = None) -> dict[str, CapabilityProfile]:
     known = {f.name for f in fields(CapabilityProfile)} - {"name"}
     for name, values in doc.get("profiles", {}).items():
         values = {k: v for k, v in values.items() if k not in SETTING_NAMES}  # read by `profile_settings`
-        unknown = set(values) - known
+        unknown = sorted(set(values) - known)
         if unknown:
-            raise RailyardError(f"profile {name}: unknown settings {sorted(unknown)}", code=Code.CONFIG_INVALID)
+            slips = "; ".join(_unknown(k, known | set(SETTING_NAMES), "setting") for k in unknown)
+            raise RailyardError(f"profile {name}: {slips}", code=Code.CONFIG_INVALID)
         converted: dict[str, Any] = {
             k: frozenset(v) if k.startswith("tool_choice") else tuple(v) if k in _TUPLES else v
             for k, v in values.items()

@@ -70,6 +70,21 @@ MODEL_SETTING_VARIABLES = {
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 
 
+def model_thinking() -> bool | None:
+    """RAILYARD_MODEL_THINKING: ask the model to think (reasoning on) unless `--thinking/--no-thinking` says; None
+    when unset. CONFIG_INVALID for a text that is neither true nor false."""
+    raw = os.environ.get("RAILYARD_MODEL_THINKING", "").strip().lower()
+    if not raw:
+        return None
+    if raw not in _TRUE | _FALSE:
+        raise RailyardError(
+            f"RAILYARD_MODEL_THINKING={raw!r} is not true or false",
+            code=Code.CONFIG_INVALID,
+            setting="RAILYARD_MODEL_THINKING",
+        )
+    return raw in _TRUE
+
+
 def model_settings() -> dict[str, Any]:
     """The model settings the environment sets, as values (unset variables are left out); CONFIG_INVALID names the
     variable whose text is not one, or whose value is out of the setting's range."""

@@ -6,13 +6,13 @@ resolved to exactly the version it is pinned to, and its digest must match.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 from collections.abc import Iterable, Iterator, Sequence
 
 from engine.core.definition import Workflow
 from engine.core.errors import Code, DefinitionError, RailyardError, Refused
+from engine.core.text import closest
 from engine.runtime import config
 
 
@@ -46,8 +46,8 @@ class Registry:
             )
         if not versions:
             known = sorted(self._by_name)
-            close = difflib.get_close_matches(name, known, n=1)
-            guess = f" (did you mean {close[0]}?)" if close else ""
+            close = closest(name, known)
+            guess = f" (did you mean {close}?)" if close else ""
             listed = known[0] if len(known) == 1 else ", ".join(known[:-1]) + " and " + known[-1]
             raise Refused(
                 f"no workflow named {name!r}{guess}; the known ones are {listed}",

@@ -11,7 +11,6 @@ costs one round trip and no BEGIN/COMMIT.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, make_url
 
 from engine.core.errors import Code, RailyardError, StoreError
+from engine.core.text import closest
 
 #: Execution option that makes the next SQLite transaction a writer (`BEGIN IMMEDIATE`).
 WRITE = "railyard_write"
@@ -56,8 +56,8 @@ def check_url(url: str) -> str:
     scheme = url.split("://", 1)[0]
     backend, _, driver = scheme.partition("+")
     if backend not in _DRIVERS:
-        close = difflib.get_close_matches(backend, [*_DRIVERS, "postgresql+psycopg"], n=1, cutoff=0.6)
-        guess = f"; did you mean {close[0]}?" if close else ""
+        close = closest(backend, [*_DRIVERS, "postgresql+psycopg"])
+        guess = f"; did you mean {close}?" if close else ""
         _bad_url(f"{shown!r}: Railyard stores tasks in SQLite or PostgreSQL, not {backend!r}{guess}")
     if driver not in _DRIVERS[backend]:
         _bad_url(f"{shown!r}: the driver {driver!r} is not one Railyard uses for {backend}")

@@ -150,7 +150,9 @@ class SqlStore:
     def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
         """Insert a new task and its `start` event together, or neither; its starter and searchable fields too."""
         with self._errors(), self._writer() as conn:
-            conn.execute(insert(tasks).values(**_row_values(row), started_by=first.actor, tenant=row.tenant))
+            # The tenant only when there is one: a task of none is the row it always was (migration 0011).
+            within = {"tenant": row.tenant} if row.tenant is not None else {}
+            conn.execute(insert(tasks).values(**_row_values(row), started_by=first.actor, **within))
             conn.execute(insert(events).values(**_event_values(first)))
             if fields:
                 rows = [{"task_id": row.task_id, "name": k, "value": v} for k, v in fields.items()]
