@@ -35,6 +35,7 @@ from engine.core.definition import (
     DecisionCard,
     Guard,
     GuardContext,
+    Restricted,
     State,
     StateKind,
     Status,
@@ -73,6 +74,7 @@ from engine.core.tools import (
     ToolKind,
     UtcTimestamp,
 )
+from engine.core.visibility import RESTRICTED
 from engine.observability.hooks import enable_metrics, enable_tracing
 from engine.providers import ScriptedModel, adapter_from_spec
 from engine.providers.scripted import call as scripted_call
@@ -93,6 +95,7 @@ __all__ = [
     "ANYONE",
     "AUDITOR",
     "GENESIS_HASH",
+    "RESTRICTED",
     "SETTLE_MARGIN_SECONDS",
     "Acting",
     "Action",
@@ -127,6 +130,7 @@ __all__ = [
     "Refused",
     "Registry",
     "ReplayReport",
+    "Restricted",
     "ScriptedModel",
     "SqlStore",
     "State",

@@ -12,7 +12,18 @@ from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine import Action, Agent, Approval, CardField, DecisionCard, GuardContext, Terminal, Wait, Workflow
+from engine import (
+    Action,
+    Agent,
+    Approval,
+    CardField,
+    DecisionCard,
+    GuardContext,
+    Restricted,
+    Terminal,
+    Wait,
+    Workflow,
+)
 
 
 class ExpenseInput(BaseModel):
@@ -38,7 +49,9 @@ def within_limit(ctx: GuardContext) -> str | None:
     assert isinstance(ctx.args, Claim)
     limit = int(ctx.task.input["limit_cents"])
     if ctx.args.amount_cents > limit:
-        return f"amount {ctx.args.amount_cents} exceeds the limit {limit}"
+        # The limit itself is restricted (approvers only): the reason, which the log and its readers keep, says
+        # that it was exceeded, not what it is.
+        return f"amount {ctx.args.amount_cents} exceeds the employee's limit"
     return None
 
 
@@ -63,6 +76,8 @@ EXPENSE = Workflow(
     # Operators pick up claims nobody decided in time, cancel them, and may draft a claim by hand.
     operator_role="expense_operator",
     model_override_role="expense_operator",
+    # An employee's spending limit is for the approvers who hold claims to it (and auditors), not the operators.
+    restricted=Restricted(roles=("expense_approver",), input=("limit_cents",)),
     states=[
         Agent(
             "drafting",

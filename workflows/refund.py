@@ -27,6 +27,7 @@ from engine import (
     CardField,
     DecisionCard,
     Guard,
+    Restricted,
     Terminal,
     Tool,
     ToolCatalog,
@@ -145,6 +146,9 @@ def _refund_workflow(
         effect_after_cancel="paid_after_cancel",
         operator_role=OPERATOR,
         model_override_role=OPERATOR,
+        # The customer's own words and the payment provider's reference are for the people who decide and run
+        # refunds (and auditors): the customer portal, which reads refunds to relay answers, is shown neither.
+        restricted=Restricted(roles=(APPROVER, OPERATOR), input=("message",), results=("payments_refund.refund_id",)),
         states=[
             Agent(
                 "collecting_information",

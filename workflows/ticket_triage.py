@@ -24,6 +24,7 @@ from engine import (
     CardField,
     DecisionCard,
     GuardContext,
+    Restricted,
     Terminal,
     Tool,
     ToolCatalog,
@@ -169,6 +170,8 @@ TICKET_TRIAGE = Workflow(
     # Support agents run the queue: they take hand-offs, retry, cancel, and may read or decide a ticket by hand.
     operator_role=SUPPORT,
     model_override_role=SUPPORT,
+    # What the customer wrote is for support agents (and auditors); the portal that relays replies is not shown it.
+    restricted=Restricted(roles=(SUPPORT,), results=("query_ticket.body",)),
     states=[
         Agent(
             "reading",

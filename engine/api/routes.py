@@ -126,8 +126,9 @@ from engine.core.approvals import DECISIONS
 from engine.core.canonical import format_instant
 from engine.core.definition import StateKind, Status, Workflow
 from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
-from engine.runtime import queries
-from engine.runtime.engine import Engine, TaskView
+from engine.core.fold import TaskState
+from engine.runtime import queries, shown
+from engine.runtime.engine import Engine
 from engine.runtime.people import People
 from engine.runtime.queries import readable, require_visible
 from engine.runtime.registry import Registry
@@ -236,8 +237,10 @@ def etag(seq: int) -> str:
     return f'"{seq}"'
 
 
-def task_body(response: Response, view: TaskView) -> dict[str, Any]:
-    """The task as the response body, with its ETag on the response."""
+def task_body(response: Response, engine: Engine, task: TaskState, caller: Caller | None) -> dict[str, Any]:
+    """The task as the response body (without the fields its workflow restricts from `caller`), with its ETag on
+    the response."""
+    view = shown.view(engine, task, caller)
     response.headers["ETag"] = etag(view.seq)
     return view.to_dict()
 
@@ -394,7 +397,7 @@ def start_task(body: StartRequest, ctx: Ctx, who: Writer, response: Response) ->
     token's tenant (`tenant` chooses among the token's tenants)."""
     task_id = ctx.engine.start(body.workflow, body.input, actor=who.actor, version=body.version, tenant=body.tenant)
     response.headers["Location"] = f"/api/tasks/{task_id}"
-    return task_body(response, ctx.engine.get(task_id))
+    return task_body(response, ctx.engine, ctx.engine.load(task_id), who.caller)
 
 
 #: The filters of a task list, the API's and the page's alike (the page sends empty fields for "any").
@@ -472,9 +475,9 @@ def tasks(
 
 
 @task_api.get("/tasks/{task_id}", response_model=TaskBody, responses=refusals(STORED, TASK, tagged=200))
-def get_task(task_id: VisibleTask, ctx: Ctx, _who: Reader, response: Response) -> dict[str, Any]:
+def get_task(task_id: VisibleTask, ctx: Ctx, who: Reader, response: Response) -> dict[str, Any]:
     """Where the task stands: state, status, seq and the triggers it allows now. The ETag is the seq."""
-    return task_body(response, ctx.engine.get(task_id))
+    return task_body(response, ctx.engine, ctx.engine.load(task_id), who.caller)
 
 
 @task_api.get(
@@ -482,9 +485,10 @@ def get_task(task_id: VisibleTask, ctx: Ctx, _who: Reader, response: Response) -
     response_model=list[EventBody],
     responses=refusals(STORED, Code.TASK_NOT_FOUND, Code.TASK_ID_AMBIGUOUS, EVENTS_BROKEN),
 )
-def history(task_id: VisibleTask, ctx: Ctx, _who: Reader) -> list[dict[str, Any]]:
-    """Every event of the task's log, in order, with its hashes."""
-    return [e.to_dict() for e in ctx.engine.history(task_id)]
+def history(task_id: VisibleTask, ctx: Ctx, who: Reader) -> list[dict[str, Any]]:
+    """Every event of the task's log, in order, with its hashes (stored hashes: a value the workflow restricts
+    from the caller is shown as `[restricted]`, so only an unrestricted read recomputes them)."""
+    return [e.to_dict() for e in shown.events(ctx.engine, task_id, who.caller)]
 
 
 @task_api.post(
@@ -508,7 +512,7 @@ def signal(
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):
         task = ctx.engine.fire(task_id, body.trigger, body.payload, actor=who.actor, expected_seq=pre.expected_seq)
-    return task_body(response, ctx.engine.view(task))
+    return task_body(response, ctx.engine, task, who.caller)
 
 
 @task_api.post(
@@ -524,7 +528,7 @@ def cancel(
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):
         task = ctx.engine.cancel(task_id, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq)
-    return task_body(response, ctx.engine.view(task))
+    return task_body(response, ctx.engine, task, who.caller)
 
 
 @task_api.post(
@@ -542,7 +546,7 @@ def settle(
         task = ctx.engine.settle(
             task_id, actor=who.actor, outcome=body.outcome, evidence=body.evidence, expected_seq=pre.expected_seq
         )
-    return task_body(response, ctx.engine.view(task))
+    return task_body(response, ctx.engine, task, who.caller)
 
 
 @task_api.post(
@@ -565,7 +569,7 @@ def fork(task_id: VisibleTask, body: ForkRequest, ctx: Ctx, who: Writer, respons
     with 409 WRITE_WOULD_REPEAT where the fork could make a write the source made, or may make, a second time."""
     new_id = ctx.engine.fork(task_id, body.at_seq, actor=who.actor, reason=body.reason, version=body.version)
     response.headers["Location"] = f"/api/tasks/{new_id}"
-    return task_body(response, ctx.engine.get(new_id))
+    return task_body(response, ctx.engine, ctx.engine.load(new_id), who.caller)
 
 
 @task_api.post(
@@ -583,7 +587,7 @@ def redrive(
         task = ctx.engine.redrive(
             task_id, body.to_state, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq
         )
-    return task_body(response, ctx.engine.view(task))
+    return task_body(response, ctx.engine, task, who.caller)
 
 
 @task_api.get(
@@ -629,7 +633,7 @@ def approvals(
     found, last = ctx.engine.approvals_page(
         role=role, after=after, limit=limit, workflows=bounds.workflows, tenants=bounds.tenants
     )
-    page = [one_name(a) for a in found]
+    page = [one_name(a) for a in shown.pending(ctx.engine, found, who.caller)]
     more = encode_cursor(last) if last is not None else None
     return {
         "approvals": page,
@@ -710,7 +714,7 @@ def approve(
         task = ctx.engine.approve(
             task_id, actor=who.actor, prepared_digest=body.digest, comment=body.comment, expected_seq=pre.expected_seq
         )
-    return task_body(response, ctx.engine.view(task))
+    return task_body(response, ctx.engine, task, who.caller)
 
 
 @approval_api.post(
@@ -723,7 +727,7 @@ def reject(
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):
         task = ctx.engine.reject(task_id, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq)
-    return task_body(response, ctx.engine.view(task))
+    return task_body(response, ctx.engine, task, who.caller)
 
 
 # -- the API over definitions ----------------------------------------------------------------------

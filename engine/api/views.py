@@ -72,6 +72,7 @@ from engine.core.summary import compact, details, summarise
 from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
 from engine.runtime.queries import TaskQuery, readable
+from engine.runtime.shown import withheld_from
 
 # -- values in display form ------------------------------------------------------------------------
 #: ISO 4217 currencies whose minor unit is not a hundredth (the default exponent is 2).
@@ -608,10 +609,21 @@ def proposed_arguments(definition: Workflow, task: TaskState, events: list[Event
     return []
 
 
+def as_shown(
+    engine: Engine, task: TaskState, events: list[Event], principal: Principal
+) -> tuple[TaskState, list[Event]]:
+    """The task and its log as this person is shown them: without what its workflow restricts from them."""
+    hidden = withheld_from(engine, principal.caller, task, events)
+    if hidden is None:
+        return task, events
+    events = hidden.events(events)
+    return hidden.task(task), events
+
+
 def task_page(engine: Engine, task_id: str, principal: Principal, *, internal: bool = False) -> TaskPage:
     task = engine.load(task_id)
     definition = engine.definition_of(task)
-    events = engine.events_of(task)
+    task, events = as_shown(engine, task, engine.events_of(task), principal)
     approval = approval_view(engine, definition, task, events, principal)
     return TaskPage(
         view=engine.view(task),
@@ -1157,7 +1169,7 @@ def work_item(engine: Engine, task_id: str, principal: Principal, at: datetime) 
     except Refused:
         return None
     definition = engine.definition_of(task)
-    events = engine.events_of(task)
+    task, events = as_shown(engine, task, engine.events_of(task), principal)
     approval = approval_view(engine, definition, task, events, principal)
     return work_of(engine, definition, task, events, principal, at, approval)
 

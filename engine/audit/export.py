@@ -17,6 +17,17 @@ proof of that task's head in the checkpoint's tree:
     {"kind":"proof", "task_id", "checkpoint": ROOT, "tree_size", "index",
      "seq", "hash", "path": [hex, ...]}
 
+An export made for a reader (`railyard export --as ACTOR`) whose roles may not see
+fields the workflow restricts (`engine.core.visibility`) shows them as
+`[restricted]`, and each event line that withholds something says where:
+
+    {"kind":"event", ..., "data": {... "[restricted]" ...}, "withheld": ["input.message", ...]}
+
+Such a line's hash cannot be recomputed from what it shows: `verify_export`
+still checks its seq, its link to the line before, its legality and the fold,
+and reports the task's withheld events as one FIELDS_WITHHELD finding (exit 3).
+Only an export made without `--as`, or as an auditor, proves every event.
+
 An event line holds every field its hash covers, so `verify_export` recomputes
 each hash with the engine's own `chain_hash` and replays each task with the same
 `LogCheck` the database replay uses. Because every line must be exactly the
@@ -37,6 +48,7 @@ from engine.core.errors import Code
 from engine.core.events import Event
 from engine.core.payloads import as_event_data
 from engine.core.replay import LogCheck, Lookup, OriginCheck, ReplayReport
+from engine.core.visibility import Withholding
 from engine.store import Snapshot, TaskRow
 
 FORMAT = "railyard-export/1"
@@ -45,15 +57,20 @@ _EVENT_FIELDS = ("task_id", "seq", "at", "actor", "from_state", "trigger", "to_s
 
 
 def export_lines(
-    items: Iterable[TaskRow | Event | Snapshot], proofs: Callable[[str], dict[str, Any] | None] | None = None
+    items: Iterable[TaskRow | Event | Snapshot],
+    proofs: Callable[[str], dict[str, Any] | None] | None = None,
+    showing: Callable[[TaskRow], Withholding | None] | None = None,
 ) -> Iterator[str]:
     """The export of a `Store.audit_stream` (snapshots are a cache and are not exported), line by line.
 
     `proofs(task_id)`: the proof line's fields for a task a checkpoint lists (`engine.audit.checkpoint.proofs`).
+    `showing(row)`: what the reader the export is made for may not see of that task (None: all of it may be).
     """
     tasks = events = 0
+    hidden: Withholding | None = None
     for item in items:
         if isinstance(item, TaskRow):
+            hidden = showing(item) if showing is not None else None
             tasks += 1
             yield (
                 canonical_json(
@@ -80,7 +97,13 @@ def export_lines(
                 yield canonical_json({"kind": "proof", "task_id": item.task_id, **proof}) + "\n"
         elif isinstance(item, Event):
             events += 1
-            yield canonical_json({"kind": "event", **item.to_dict()}) + "\n"
+            line = {"kind": "event", **item.to_dict()}
+            if hidden is not None:
+                hidden.learn(item)
+                data, withheld = hidden.data(item.data)
+                if withheld:
+                    line.update(data=dict(data), withheld=list(withheld))
+            yield canonical_json(line) + "\n"
     yield canonical_json({"kind": "end", "format": FORMAT, "tasks": tasks, "events": events}) + "\n"
 
 
@@ -133,8 +156,18 @@ def _row(value: dict[str, Any]) -> TaskRow:
         raise _Unreadable(f"a task line with unusable values ({exc})") from None
 
 
+def _withheld(value: dict[str, Any]) -> tuple[str, ...]:
+    """The paths an event line says it withholds (none for an event shown whole)."""
+    if "withheld" not in value:
+        return ()
+    paths = value["withheld"]
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
+        raise _Unreadable("an event line whose `withheld` is not a list of the paths it withholds")
+    return tuple(paths)
+
+
 def _event(value: dict[str, Any]) -> Event:
-    _fields(value, _EVENT_FIELDS, "event")
+    _fields(value, (*_EVENT_FIELDS, "withheld") if "withheld" in value else _EVENT_FIELDS, "event")
     data = value["data"]
     if not isinstance(data, dict):
         raise _Unreadable("event data is not an object")
@@ -241,7 +274,7 @@ def verify_export(
                 exported.add(row.task_id)
             elif kind == "event":
                 events += 1
-                event = _event(value)
+                event, withheld = _event(value), _withheld(value)
                 if check is None:
                     file_findings.append(
                         Finding(Code.SEQ_GAP, event.seq, f"line {number}: an event before any task line")
@@ -253,7 +286,7 @@ def verify_export(
                         event.seq,
                         f"line {number}: an event of task {event.task_id} under the task line of {check.task_id}",
                     )
-                check.event(event)
+                check.event(event, withheld)
                 against.event(check.task_id, event)
             elif kind == "proof":
                 if check is None or value.get("task_id") != check.task_id:

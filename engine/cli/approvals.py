@@ -8,7 +8,7 @@ import typer
 
 from engine.cli import render
 from engine.cli.exits import open_engine
-from engine.cli.options import ActorOpt, ExpectedSeq, JsonFlag, ReasonOpt, TaskId
+from engine.cli.options import ActorOpt, ExpectedSeq, JsonFlag, ReaderOpt, ReasonOpt, TaskId
 from engine.cli.tasks import act
 from engine.runtime.engine import Engine
 
@@ -16,14 +16,19 @@ from engine.runtime.engine import Engine
 def approvals(
     role: Annotated[str | None, typer.Option("--role", help="Only decisions this role may take.")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Show each task id and digest whole as well.")] = False,
+    reader: ReaderOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Tasks waiting for a human decision, with the prepared call each one would approve.
 
     The table names each task and digest by its first 8 and 12 characters, which `approve` and the other commands
     take as they are; --wide adds them whole, --json gives them whole."""
+    from engine.runtime import queries, shown
+
     with open_engine() as engine:
-        pending = engine.approvals(role=role)
+        caller = engine.caller(reader) if reader is not None else None
+        readable = [p for p in engine.approvals(role=role) if queries.exists(engine, p["task_id"], caller)]
+        pending = shown.pending(engine, readable, caller)
     render.approvals(pending, as_json, wide)
 
 
@@ -56,7 +61,7 @@ def approve(
             render.approved(prepared)
         return decided
 
-    act(task_id, decide_now, as_json)
+    act(task_id, decide_now, as_json, actor)
 
 
 def reject(
@@ -67,4 +72,4 @@ def reject(
     as_json: JsonFlag = False,
 ) -> None:
     """Reject the decision a task is waiting on."""
-    act(task_id, lambda e, t: e.reject(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.reject(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json, actor)

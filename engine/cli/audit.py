@@ -12,7 +12,7 @@ import typer
 
 from engine.cli import render
 from engine.cli.exits import EXIT_AUDIT, fail, open_engine, registry
-from engine.cli.options import JsonFlag, PublicKeys, instant
+from engine.cli.options import JsonFlag, PublicKeys, ReaderOpt, instant
 from engine.core.chain import Finding
 from engine.core.errors import Code, IntegrityError, RailyardError, Refused
 from engine.core.replay import ReplayReport
@@ -96,20 +96,30 @@ def export(
             dir_okay=False,
         ),
     ] = None,
+    reader: ReaderOpt = None,
 ) -> None:
     """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools.
 
     With --checkpoint, the checkpoint's heads must hash to its root (CHECKPOINT_INVALID otherwise) before any
-    proof is drawn from it; its signature is the verifier's to check.
+    proof is drawn from it; its signature is the verifier's to check. With --as, only the tasks that person may
+    read, and the values their roles may not see shown as [restricted], each event line naming what it withholds
+    (`withheld`): such an export cannot prove those events (verify-export reports FIELDS_WITHHELD).
     """
     from engine.audit.checkpoint import proofs, read
     from engine.audit.export import export_lines
-    from engine.runtime import queries
+    from engine.cli.tasks import reading
+    from engine.runtime import queries, shown
 
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since), ("--tenant", tenant))
     since_at = instant(since, "--since")
     with open_engine() as engine:
-        task_id = None if task_id is None else engine.resolve_task_id(task_id)
+        caller = None
+        if task_id is not None and reader is not None:
+            caller, task_id = reading(engine, reader, task_id)
+        elif task_id is not None:
+            task_id = engine.resolve_task_id(task_id)
+        elif reader is not None:
+            caller = engine.caller(reader)
         if task_id is not None and not queries.exists(engine, task_id):
             fail(Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id))
         try:
@@ -119,7 +129,15 @@ def export(
         items = engine.audit.logs(
             None if task_id is None else [task_id], workflow=workflow, since=since_at, tenant=tenant
         )
-        render.jsonl(export_lines(items, proof_of))
+        if reader is None:
+            render.jsonl(export_lines(items, proof_of))
+        else:
+            bounds = queries.scope(engine, caller)
+            render.jsonl(
+                export_lines(
+                    shown.readable_logs(items, bounds), proof_of, lambda row: shown.withholding_for(engine, caller, row)
+                )
+            )
 
 
 def verify_export_command(

@@ -10,6 +10,7 @@ from engine.cli import render
 from engine.cli.exits import open_engine
 from engine.cli.options import ActorOpt, ExpectedSeq, JsonFlag, ReasonOpt, TaskId
 from engine.cli.tasks import act
+from engine.runtime import shown
 
 
 def fork(
@@ -28,7 +29,7 @@ def fork(
     """
     with open_engine() as engine:
         new_id = engine.fork(engine.resolve_task_id(task_id), at_seq, actor=actor, reason=reason, version=version)
-        view = engine.get(new_id)
+        view = shown.view(engine, engine.load(new_id), engine.caller(actor))
     render.started(view, as_json)
 
 
@@ -44,4 +45,9 @@ def redrive(
 
     The actor needs the workflow's redrive role (else its settle role, else its cancel role).
     """
-    act(task_id, lambda e, t: e.redrive(t, to_state, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(
+        task_id,
+        lambda e, t: e.redrive(t, to_state, actor=actor, reason=reason, expected_seq=expected_seq),
+        as_json,
+        actor,
+    )

@@ -16,6 +16,15 @@ from engine.core.errors import RailyardError
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 TaskId = Annotated[str, typer.Argument(help="Task id, or its first 8 characters or more.")]
 ActorOpt = Annotated[str, typer.Option("--as", help="The actor making the change (recorded in the log).")]
+#: On a read: whom it is made for. Only the tasks they may read, without the fields their roles may not see.
+ReaderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--as",
+        help="Read as this person (their roles from RAILYARD_ROLES_FILE): only the tasks they may read, and "
+        "[restricted] for the fields their workflow shows only to other roles. Without it, everything.",
+    ),
+]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded in the log).")]
 #: A human command names the seq it was decided on; without it, it is decided on the task as read when it runs.
 ExpectedSeq = Annotated[

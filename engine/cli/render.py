@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from engine.audit.archive import ArchiveRun
 from engine.audit.checkpoint import Taken
@@ -196,9 +197,10 @@ def task(view: TaskView, point: Event | None, as_json: bool, tokens: Mapping[str
             "cancel requested",
             f"by {c['actor']} at seq {c['seq']} ({c['reason']}): takes effect when the write's outcome is recorded",
         )
-    table.add_row("input", compact(view.input))
+    # Values as text, never Rich markup: a `[restricted]` or a customer's `[urgent]` is shown as written.
+    table.add_row("input", Text(compact(view.input)))
     if point is not None:
-        table.add_row("facts", compact(view.facts))
+        table.add_row("facts", Text(compact(view.facts)))
     if tokens is not None and tokens["turns"]:
         table.add_row("tokens", _tokens(tokens))
     out.print(table)
@@ -232,7 +234,7 @@ def history_table(events: Iterable[Event], title: str | None = None) -> Table:
             ev.trigger,
             ev.to_state,
             event_code(ev.data) or "",
-            summarise(ev, 60),
+            Text(summarise(ev, 60)),
         )
     return table
 
@@ -330,7 +332,7 @@ def approvals(pending: list[dict[str, Any]], as_json: bool, wide: bool = False) 
             p["state"],
             p["role"],
             p["started_by"],
-            call,
+            Text(call),
             (p["digest"] or "")[:DIGEST_PREFIX],
         ]
         table.add_row(*row, *((p["task_id"], p["digest"] or "") if wide else ()))

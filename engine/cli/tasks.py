@@ -17,6 +17,7 @@ from engine.cli.options import (
     ExpectedSeq,
     ExtraBodyOpt,
     JsonFlag,
+    ReaderOpt,
     ReasonOpt,
     RetriesOpt,
     StreamOpt,
@@ -29,8 +30,9 @@ from engine.cli.options import (
     parse_json,
     thinking_option,
 )
+from engine.core.access import Caller
 from engine.core.events import Event
-from engine.runtime import queries
+from engine.runtime import queries, shown
 from engine.runtime.engine import Engine
 
 #: A worker not heard from for this long is not listed by `railyard status` (it reports every 10 s).
@@ -52,8 +54,15 @@ def start(
     payload = parse_json(input_json, "--input")
     with open_engine() as engine:
         task_id = engine.start(workflow, payload, actor=actor, version=version, tenant=tenant)
-        view = engine.get(task_id)
+        view = shown.view(engine, engine.load(task_id), engine.caller(actor))
     render.started(view, as_json)
+
+
+def reading(engine: Engine, reader: str | None, task_id: str) -> tuple[Caller | None, str]:
+    """Whom a read is for (`--as`: that person; without it the trusted process, None) and the task id it names,
+    resolved among the tasks they may read: one they may not is absent (TASK_NOT_FOUND), as on the API."""
+    caller = engine.caller(reader) if reader is not None else None
+    return caller, queries.resolve(engine, task_id, caller)
 
 
 def show(
@@ -66,6 +75,7 @@ def show(
             "that event, or after the last event written at or before that time.",
         ),
     ] = None,
+    reader: ReaderOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Where a task stands (or stood, with --as-of): state, seq, status, the triggers it allows."""
@@ -73,16 +83,16 @@ def show(
 
     point: Event | None = None
     with open_engine() as engine:
-        task_id = engine.resolve_task_id(task_id)
+        caller, task_id = reading(engine, reader, task_id)
         if as_of is None:
-            view = engine.get(task_id)
+            view = shown.view(engine, engine.load(task_id), caller)
         else:
             seq, at = _point(as_of)
             try:
                 found = engine.audit.as_of_event(task_id, seq=seq, at=at)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--as-of") from None
-            view, point = engine.view(found.task), found.event
+            view, point = shown.view(engine, found.task, caller), found.event
         # What its model turns spent, up to the point shown.
         tokens = token_totals(e.data for e in engine.history(task_id) if point is None or e.seq <= point.seq)
     render.task(view, point, as_json, tokens)
@@ -95,20 +105,20 @@ def _point(text: str) -> tuple[int | None, datetime | None]:
     return None, instant(text, "--as-of")
 
 
-def history(task_id: TaskId, as_json: JsonFlag = False) -> None:
+def history(task_id: TaskId, reader: ReaderOpt = None, as_json: JsonFlag = False) -> None:
     """The task's timeline, one row per event."""
     with open_engine() as engine:
-        task_id = engine.resolve_task_id(task_id)
-        events = engine.history(task_id)
+        caller, task_id = reading(engine, reader, task_id)
+        events = shown.events(engine, task_id, caller)
     render.history(task_id, events, as_json)
 
 
-def act(task_id: str, command: Callable[[Engine, str], Any], as_json: bool) -> None:
+def act(task_id: str, command: Callable[[Engine, str], Any], as_json: bool, actor: str) -> None:
     """Run a human command on the task `task_id` names (a whole id or a prefix of one) and print the task it
-    leaves (shared with `approvals` and `forks`)."""
+    leaves, as `actor` may see it (shared with `approvals` and `forks`)."""
     with open_engine() as engine:
         task = command(engine, engine.resolve_task_id(task_id))
-        view = engine.get(task.task_id)
+        view = shown.view(engine, engine.load(task.task_id), engine.caller(actor))
     render.fired(view, as_json)
 
 
@@ -122,7 +132,7 @@ def fire(
 ) -> None:
     """Fire a human or system trigger (approve, signal, ...) on a task."""
     args = parse_json(payload, "--payload")
-    act(task_id, lambda e, t: e.fire(t, trigger, args, actor=actor, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.fire(t, trigger, args, actor=actor, expected_seq=expected_seq), as_json, actor)
 
 
 def cancel(
@@ -138,7 +148,7 @@ def cancel(
     effect once the call's outcome is on record: `cancelled` if nothing happened, the workflow's review state
     if it did.
     """
-    act(task_id, lambda e, t: e.cancel(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json)
+    act(task_id, lambda e, t: e.cancel(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json, actor)
 
 
 class SettledOutcome(StrEnum):
@@ -166,6 +176,7 @@ def settle(
         task_id,
         lambda e, t: e.settle(t, actor=actor, outcome=outcome.value, evidence=evidence, expected_seq=expected_seq),
         as_json,
+        actor,
     )
 
 
@@ -186,7 +197,7 @@ def migrate(
         if not sep or not old.strip() or not new.strip():
             raise typer.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--map")
         mapping[old.strip()] = new.strip()
-    act(task_id, lambda e, t: e.migrate(t, to_version, mapping, actor=actor, reason=reason), as_json)
+    act(task_id, lambda e, t: e.migrate(t, to_version, mapping, actor=actor, reason=reason), as_json, actor)
 
 
 def run(

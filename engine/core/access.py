@@ -200,6 +200,16 @@ def readable_workflows(definitions: Iterable[Workflow], caller: Caller | None) -
     return frozenset(name for name, versions in by_name.items() if may_read(versions, caller))
 
 
+def sees_restricted(definition: Workflow, caller: Caller | None) -> bool:
+    """Whether `caller` is shown the fields `definition` restricts (`Workflow.restricted`): the trusted process
+    (None), the auditor (who must be able to prove the history), and whoever holds one of the roles it names.
+    Everyone else who may read the task is shown `engine.core.visibility.RESTRICTED` in their place."""
+    restricted = definition.restricted
+    if restricted is None or caller is None or caller.read_only:
+        return True
+    return bool(set(restricted.roles) & caller.roles)
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     """What a caller may read: the tasks of these workflows and of these tenants (None: no bound on either)."""

@@ -224,6 +224,38 @@ def redact(model: type[BaseModel] | None, values: dict[str, Any]) -> dict[str, A
     return {k: (REDACTED if k in hidden else v) for k, v in values.items()} if hidden else values
 
 
+@dataclass(frozen=True)
+class Restricted:
+    """Fields of a task that only the roles a workflow names are shown (issue #28); not `sensitive`, which keeps a
+    value out of the log altogether.
+
+    A restricted value is in the log, hashed and replayed like any other; what a person is *shown* of it depends
+    on who they are. `input` names fields of the workflow's input model; `results` names a catalog tool (its
+    whole result) or `tool.field` (one field of its result model). `roles` may see them; so does the `auditor`,
+    who must be able to prove the history, and the trusted process (the Python API, the CLI without `--as`).
+    Everyone else who may read the task is shown `RESTRICTED` in their place (`engine.core.visibility`).
+
+    Presentation, not behaviour: not in the digest, so tightening it applies to the tasks already running.
+    """
+
+    roles: Sequence[str] = ()
+    input: Sequence[str] = ()
+    results: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("roles", "input", "results"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+
+    def result_fields(self, tool: str) -> frozenset[str] | None:
+        """The restricted fields of `tool`'s result: None when none is, empty when the whole result is."""
+        whole = tool in self.results
+        named = frozenset(r.partition(".")[2] for r in self.results if r.partition(".")[0] == tool and "." in r)
+        if whole:
+            return frozenset()
+        return named or None
+
+
 def guard_name(guard: Guard) -> str:
     return f"{getattr(guard, '__module__', '?')}.{getattr(guard, '__qualname__', repr(guard))}"
 
@@ -519,6 +551,9 @@ class Workflow:
     #: Who may fire an agent state's actions in the model's place (`Agent.override_role` narrows it per state);
     #: unset, only the model proposes. The event records the role the person stood in with.
     model_override_role: str | None = None
+    #: The fields of its tasks (input fields, tool results) shown only to the roles it names (`Restricted`).
+    #: Presentation, not behaviour: not in the digest, like `searchable`.
+    restricted: Restricted | None = None
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -607,6 +642,8 @@ class Workflow:
                 named.add(state.role)
             if isinstance(state, Agent):
                 named.add(state.override_role)
+        if self.restricted is not None:  # who may see its restricted fields reads its tasks
+            named.update(self.restricted.roles)
         return frozenset(r for r in named if r)
 
     # -- queries the runtime uses -----------------------------------------
@@ -780,6 +817,7 @@ def _validate(wf: Workflow) -> list[str]:
         problems.extend(_validate_state(wf, state, names))
 
     problems.extend(_validate_cards(wf, names))
+    problems.extend(_validate_restricted(wf))
     if wf.operator_of(CANCEL) is None:
         problems.append(
             "triggers 'cancel', 'settle', 'redrive', 'fork' and 'retry' name no role: set operator_role (or "
@@ -904,6 +942,37 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
             )
         if len({a.args for a in actions}) > 1:
             problems.append(f"{where}: trigger {trigger!r} has transitions with different argument models")
+    return problems
+
+
+def _validate_restricted(wf: Workflow) -> list[str]:
+    """Every name a `Restricted` declaration gives must be a field or tool the workflow has: a misspelt one would
+    otherwise restrict nothing, silently."""
+    found = wf.restricted
+    if found is None:
+        return []
+    if not isinstance(found, Restricted):
+        return [f"restricted must be a Restricted(...), not {type(found).__name__}"]
+    problems: list[str] = []
+    if not found.roles:
+        problems.append("restricted fields name no role that may see them: set Restricted(roles=...)")
+    if ANYONE in found.roles:
+        problems.append("restricted fields cannot be shown to ANYONE: name the roles that may see them")
+    fields = set(wf.input.model_fields) if wf.input is not None else set()
+    for name in found.input:
+        if name not in fields:
+            problems.append(f"restricted input field {name!r} is not a field of the input model")
+        elif name in wf.searchable:
+            problems.append(
+                f"restricted input field {name!r} is searchable: a search by its value would show whose task it is"
+            )
+    for name in found.results:
+        tool, _, field_name = name.partition(".")
+        if wf.tools is None or tool not in wf.tools:
+            problems.append(f"restricted result {name!r}: tool {tool!r} is not in the workflow's tool catalog")
+        elif field_name and field_name not in wf.tools.get(tool).result.model_fields:
+            model = wf.tools.get(tool).result.__name__
+            problems.append(f"restricted result {name!r}: {field_name!r} is not a field of {tool}'s result ({model})")
     return problems
 
 

@@ -489,6 +489,14 @@ class Code(StrEnum):
         "An archived task's file is not in the archive directory (RAILYARD_ARCHIVE_DIR), or does not hold"
         " its log: the task's history cannot be proven until the file is put back.",
     )
+    FIELDS_WITHHELD = (
+        "FIELDS_WITHHELD",
+        Category.INTEGRITY,
+        "An export shows some events with values withheld (`[restricted]`): it was made with `--as` for a reader"
+        " whose roles may not see fields the workflow restricts. Their seq, links, legality and fold are checked;"
+        " their hashes cannot be recomputed, so the export does not prove their content. Ask for an export made"
+        " without --as, or as an auditor.",
+    )
     # Against a signed checkpoint (railyard replay --checkpoint, verify-export --checkpoint, checkpoint verify)
     TASK_MISSING = (
         "TASK_MISSING",

@@ -29,7 +29,7 @@ also an `ILLEGAL_TRANSITION` or a `STATE_MISMATCH`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -202,6 +202,10 @@ class LogCheck:
         #: when it last entered each state: what a redrive's write rules are judged on, without the whole log.
         self.write_events: list[Event] = []
         self.held_on_entry: dict[str, str | None] = {}
+        #: Events shown with values withheld (an export made `--as` a reader without the role): their seqs, and
+        #: the paths withheld; reported once, as FIELDS_WITHHELD, when the log is finished.
+        self.withheld_seqs: list[int] = []
+        self.withheld_paths: dict[str, None] = {}
 
     def add(self, code: Code, seq: int, message: str) -> None:
         """Record a finding; readers of a log (an export's lines, say) add what only they can see."""
@@ -252,9 +256,16 @@ class LogCheck:
         self.fold, self.rules, self.unchecked = Fold(rules, task), rules, False
         return True
 
-    def event(self, event: Event) -> None:
-        """Check one event (the next in seq order) and fold it."""
+    def event(self, event: Event, withheld: Sequence[str] = ()) -> None:
+        """Check one event (the next in seq order) and fold it.
+
+        `withheld`: the paths of its data shown as `[restricted]` (`engine.core.visibility`): its hash cannot be
+        recomputed from what is shown (FIELDS_WITHHELD); its seq, its link, its legality and the fold still are
+        checked (none of them reads a restricted value)."""
         self.count += 1
+        if withheld:
+            self.withheld_seqs.append(event.seq)
+            self.withheld_paths.update(dict.fromkeys(withheld))
         if type(event.seq) is not int:  # SQLite stores what it is given: an edited row can hold text here
             self.add(Code.SEQ_GAP, self.expected_seq, f"expected seq {self.expected_seq}, found {event.seq!r}")
             self.expected_seq += 1
@@ -262,8 +273,13 @@ class LogCheck:
             self.last = event
             self._stop()
             return
-        if event.seq != self.expected_seq or event.prev_hash != self.prev_hash or event.computed_hash() != event.hash:
-            self.findings.extend(link_findings(event, self.expected_seq, self.prev_hash))
+        content = not withheld
+        if (
+            event.seq != self.expected_seq
+            or event.prev_hash != self.prev_hash
+            or (content and event.computed_hash() != event.hash)
+        ):
+            self.findings.extend(link_findings(event, self.expected_seq, self.prev_hash, content=content))
         self.expected_seq = event.seq + 1
         self.prev_hash = event.hash
         if self.first is None:
@@ -518,6 +534,17 @@ class LogCheck:
         first = self.first
         if first is not None and first.seq == 1 and first.trigger == FORK and self.origin is not None:
             self.findings.extend(self.origin(first))
+        if self.withheld_seqs:
+            seqs = self.withheld_seqs
+            listed = ", ".join(map(str, seqs[:10])) + (", ..." if len(seqs) > 10 else "")
+            self.add(
+                Code.FIELDS_WITHHELD,
+                seqs[0],
+                f"{len(seqs)} event(s) (seq {listed}) are shown with values withheld "
+                f"({', '.join(list(self.withheld_paths)[:5])}{', ...' if len(self.withheld_paths) > 5 else ''}): "
+                "their hashes cannot be recomputed from this export; an export made without --as, or as an "
+                "auditor, proves them",
+            )
         if self.count == 0:
             self.add(Code.SEQ_GAP, 1, "the task has no events")
         elif row is not None:

@@ -545,6 +545,12 @@ class Engine:
         """The trusted caller an actor is: the roles and tenants the authoriser gives it."""
         return Caller(actor, frozenset(self.authoriser.roles_of(actor)), self.authoriser.tenants_of(actor))
 
+    def caller(self, actor: str) -> Caller:
+        """The person `actor` is to this process (the authoriser's roles): whom a read made for them is scoped to
+        (the CLI's `--as` on reads)."""
+        _check_actor(actor)
+        return self._caller(actor)
+
     def _as_seen(self, task_id: str, expected_seq: int | None, actor: str) -> TaskState:
         """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one.
         A task of a tenant the actor is not of is, to it, no task (`engine.core.access.in_tenants`)."""
