@@ -723,6 +723,7 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("GET", "/api/workflows"),
         ("GET", "/api/workflows/{name}"),
         ("GET", "/api/workflows/{name}/diagram"),
+        ("GET", "/api/access/trail"),
     }
     assert "HTTPBearer" in doc["components"]["securitySchemes"]
     for command in ("signal", "cancel", "settle", "approve", "reject"):

@@ -46,7 +46,11 @@ NO_DATABASE = frozenset(
     {"workflows", "providers", "verify-export", "tokens new", "tokens hash", "tokens list", "checkpoint keygen"}
 )
 #: Options beyond the required ones, so that the command gets as far as the database: a valid input, a task.
-EXTRA = {"start": ["--input", '{"customer": "c1", "balance": 500}'], "graph": ["--task", str(uuid.uuid4())]}
+EXTRA = {
+    "start": ["--input", '{"customer": "c1", "balance": 500}'],
+    "graph": ["--task", str(uuid.uuid4())],
+    "users tenants": ["--none"],
+}
 #: Commands that check the files they are given before they connect: bad files are refused first.
 ARGUMENTS_FIRST = {"checkpoint verify": Code.CHECKPOINT_INVALID}
 #: Commands that run until stopped when nothing is wrong: only run against a bad database.
@@ -110,6 +114,9 @@ def argv_for(path: tuple[str, ...], command: Any, files: dict[str, Path]) -> lis
         "public_key": "00" * 32,
         "at_seq": "1",
         "to_state": "assessing",
+        "name": "dana",
+        "role": "auditor",
+        "prefix": "abcdef12",
     }
     argv = list(path)
     for param in command.params:

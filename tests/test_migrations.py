@@ -49,15 +49,18 @@ def test_upgrade_from_empty_to_head_and_back(empty_db: str) -> None:
         "login_failures",
         "task_fields",
         "terminal_counts",
+        "people",
+        "api_tokens",
+        "access_trail",
         "alembic_version",
     }
-    assert migrations.current(empty_db) == "0011"
+    assert migrations.current(empty_db) == "0012"
     migrations.check(empty_db)  # raises if the metadata and the migrated schema differ
     migrations.downgrade(empty_db, "base")
     assert tables(empty_db) == {"alembic_version"}
     assert migrations.current(empty_db) is None
     migrations.upgrade(empty_db)  # and up again: downgrade left nothing behind
-    assert migrations.current(empty_db) == "0011"
+    assert migrations.current(empty_db) == "0012"
 
 
 def test_upgrading_a_database_that_holds_ended_tasks_counts_them_once(empty_db: str) -> None:
@@ -116,7 +119,7 @@ def test_ended_tasks_inserted_in_bulk_are_counted(empty_db: str) -> None:
 def test_upgrade_is_idempotent(empty_db: str) -> None:
     migrations.upgrade(empty_db)
     migrations.upgrade(empty_db)
-    assert migrations.current(empty_db) == "0011"
+    assert migrations.current(empty_db) == "0012"
 
 
 @pytest.mark.parametrize("url", ["sqlite:///offline.db", "postgresql+psycopg://u@h/db"])
@@ -165,3 +168,53 @@ def test_a_migrations_folder_of_the_users_own_is_never_what_db_upgrade_runs(tmp_
     assert done.returncode == 0, done.stderr
     assert "the user migrations ran" not in done.stdout + done.stderr
     assert migrations.current(url) is not None
+
+
+def test_page_sessions_keep_working_across_0012_and_a_persons_session_is_dropped_going_down(empty_db: str) -> None:
+    """0012 turns each session's `token_hash` into `credential` (`token:<sha256>`), so nobody signed in with a
+    token is signed out by the upgrade; a downgrade turns those back and deletes the sessions people opened with
+    a password (no token to name: they sign in again)."""
+    migrations.upgrade(empty_db, "0011")
+    engine = create_engine(normalize_url(empty_db), poolclass=pool.NullPool)
+    row = "'{id}', '{token}', 'dana', 'csrf', '2026-01-01 00:00:00', '2099-01-01 00:00:00'"
+    columns = "id_hash, {column}, actor, csrf, created_at, expires_at"
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"INSERT INTO page_sessions ({columns.format(column='token_hash')}) "
+                f"VALUES ({row.format(id='s1', token='a' * 64)})"
+            )
+        migrations.upgrade(empty_db, "0012")
+        with engine.begin() as conn:
+            assert conn.exec_driver_sql("SELECT id_hash, credential FROM page_sessions").all() == [
+                ("s1", "token:" + "a" * 64)
+            ]
+            conn.exec_driver_sql(
+                f"INSERT INTO page_sessions ({columns.format(column='credential')}) "
+                f"VALUES ({row.format(id='s2', token='user:dana')})"
+            )
+        migrations.downgrade(empty_db, "0011")
+        with engine.begin() as conn:
+            assert conn.exec_driver_sql("SELECT id_hash, token_hash FROM page_sessions").all() == [("s1", "a" * 64)]
+        migrations.upgrade(empty_db)
+        migrations.check(empty_db)
+    finally:
+        engine.dispose()
+
+
+def test_the_access_trail_refuses_updates_and_deletes(empty_db: str) -> None:
+    migrations.upgrade(empty_db)
+    engine = create_engine(normalize_url(empty_db), poolclass=pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO access_trail (at, by, action, subject, details) "
+                "VALUES ('2026-01-01 00:00:00', 'root', 'person.added', 'dana', '{}')"
+            )
+        for statement in ("UPDATE access_trail SET by = 'mallory'", "DELETE FROM access_trail"):
+            with pytest.raises(Exception, match="append-only"), engine.begin() as conn:
+                conn.exec_driver_sql(statement)
+        with engine.begin() as conn:
+            assert conn.exec_driver_sql("SELECT by FROM access_trail").all() == [("root",)]
+    finally:
+        engine.dispose()

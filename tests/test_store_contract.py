@@ -795,3 +795,49 @@ def test_the_last_checkpoint_noted_is_the_newest_and_a_file_is_noted_once(store:
     assert store.last_checkpoint() == (quiet, "c.jsonl")
     with pytest.raises(StoreError):
         store.record_checkpoint(older, "a.jsonl")
+
+
+# -- people, database tokens and the access trail --------------------------------------------------
+def test_a_person_is_written_with_their_trail_entry_and_a_stale_revision_writes_nothing(store: Store) -> None:
+    from engine.core.people import AccessAction, AccessChange, Person, Source
+
+    dana = Person("dana", frozenset({"approver"}), None, "$argon2id$x", False, Source.LOCAL, T0, T0, 1)
+    added = AccessChange(T0, "root", AccessAction.PERSON_ADDED, "dana", {"roles": ["approver"], "tenants": None})
+    assert store.write_person(dana, [added], revision=None)
+    assert store.person("dana") == dana and store.person("Dana") is None
+    assert not store.write_person(dana, [added], revision=None)  # exists already: nothing written
+    granted = replace(dana, roles=frozenset({"approver", "auditor"}), tenants=frozenset({"acme"}), revision=2)
+    entry = AccessChange(LATER, "root", AccessAction.ROLE_GRANTED, "dana", {"role": "auditor"})
+    assert store.write_person(replace(granted, updated_at=LATER), [entry], revision=1)
+    assert not store.write_person(replace(granted, disabled=True, revision=3), [entry], revision=1)  # stale
+    assert store.person("dana") == replace(granted, updated_at=LATER)
+    assert store.people() == [replace(granted, updated_at=LATER)]
+    trail = store.access_trail()
+    assert [(c.by, c.action, c.subject, dict(c.details)) for c in trail] == [
+        ("root", AccessAction.PERSON_ADDED, "dana", {"roles": ["approver"], "tenants": None}),
+        ("root", AccessAction.ROLE_GRANTED, "dana", {"role": "auditor"}),
+    ]
+    assert [c.at for c in trail] == [T0, LATER]
+    first = trail[0].id
+    assert first is not None and trail[1].id is not None and trail[1].id > first
+    assert store.access_trail(after=first) == trail[1:]
+    assert store.access_trail(subject="erin") == [] and store.access_trail(limit=1) == trail[:1]
+
+
+def test_a_database_token_is_kept_revoked_once_and_each_change_is_in_the_trail(store: Store) -> None:
+    from engine.core.people import AccessAction, AccessChange, StoredToken
+
+    token = StoredToken("a" * 64, "ci-bot", frozenset({"operator"}), frozenset({"acme"}), LATER, T0, "root")
+    added = AccessChange(T0, "root", AccessAction.TOKEN_ADDED, "a" * 64, {"actor": "ci-bot"})
+    assert store.add_api_token(token, added)
+    assert not store.add_api_token(token, added)
+    assert store.api_token("a" * 64) == token and store.api_token("b" * 64) is None
+    assert store.api_tokens(actor="ci-bot") == [token] and store.api_tokens(actor="dana") == []
+    revoked = AccessChange(LATER, "olga", AccessAction.TOKEN_REVOKED, "a" * 64, {"actor": "ci-bot"})
+    assert store.revoke_api_token("a" * 64, LATER, "olga", revoked)
+    assert not store.revoke_api_token("a" * 64, LATER, "olga", revoked)  # once
+    assert store.api_tokens() == [replace(token, revoked_at=LATER, revoked_by="olga")]
+    assert [(c.by, c.action) for c in store.access_trail()] == [
+        ("root", AccessAction.TOKEN_ADDED),
+        ("olga", AccessAction.TOKEN_REVOKED),
+    ]

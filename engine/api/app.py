@@ -59,6 +59,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.api import routes
 from engine.api.auth import Context, LoginRequired, Signer, authenticate, bearer_token
+from engine.api.identity import Directory
 from engine.api.schemas import error_body, status_for, status_of, validation_body
 from engine.api.tokens import TokenTable, load_tokens
 from engine.api.views import STATIC, refused_command, render
@@ -92,8 +93,10 @@ def create_app(
     secure_cookies: bool = False,
     max_body: int = DEFAULT_MAX_BODY,
 ) -> FastAPI:
-    """The application over `engine`. Its authoriser should be `tokens` (what `railyard serve` builds), so the
-    roles the engine checks are the roles the tokens file gives; `session_secret` signs the login form's cookie
+    """The application over `engine`. Its authoriser becomes the directory of `tokens` and of the database's
+    people and tokens (`engine.api.identity.Directory`, over the authoriser it had, which answers for the names
+    none of them knows), so the roles the engine checks are the roles the caller signed in with. `session_secret`
+    signs the login form's cookie
     (its CSRF token; a random one per process if None: a login form opened before a restart must be reloaded).
     Sessions are rows in the database and outlive a restart; `max_body` is the largest
     request body read, in bytes (`railyard serve` takes it from RAILYARD_API_MAX_BODY)."""
@@ -107,8 +110,9 @@ def create_app(
         redoc_url=None,
         openapi_url=OPENAPI_URL,
     )
-    app.state.railyard = Context(engine, tokens, Signer(session_secret), secure_cookies)
-    app.add_middleware(RequestLimits, tokens=tokens, max_body=max_body)
+    ctx = Context(engine, tokens, Signer(session_secret), secure_cookies)
+    app.state.railyard = ctx
+    app.add_middleware(RequestLimits, directory=ctx.directory, max_body=max_body)
     app.add_middleware(SecurityHeaders)  # added last, so outermost: on the limits' own answers too
     for router in routes.ROUTERS:
         app.include_router(router)
@@ -227,11 +231,11 @@ class SecurityHeaders:
 class RequestLimits:
     """Authenticate /api requests before their body is read, and refuse any body over `max_body` bytes."""
 
-    def __init__(self, app: ASGIApp, *, tokens: TokenTable, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, *, directory: Directory, max_body: int) -> None:
         if max_body < 1:
             raise ValueError("max_body must be at least 1 byte")
         self.app = app
-        self.tokens = tokens
+        self.directory = directory
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -243,12 +247,16 @@ class RequestLimits:
         path = scope.get("path", "")
         if is_api(path) and path not in PUBLIC:
             try:
-                authenticate(self.tokens, bearer_token(headers.get("authorization")))
+                # A token the tokens file does not hold is looked up in the database: not on the event loop.
+                await run_in_threadpool(authenticate, self.directory, bearer_token(headers.get("authorization")))
             except RailyardError as unknown:
-                await self._refuse(
-                    scope, receive, send, 401, unknown, close=pending, extra={"WWW-Authenticate": "Bearer"}
-                )
-                return
+                if unknown.code is Code.ACTOR_REQUIRED:
+                    await self._refuse(
+                        scope, receive, send, 401, unknown, close=pending, extra={"WWW-Authenticate": "Bearer"}
+                    )
+                    return
+                # The database did not answer who this is (it is down, or has no schema): the route's own
+                # dependency asks again, and its error handler answers as for any request the database failed.
         declared = headers.get("content-length")
         if declared is not None:
             length = declared.strip()

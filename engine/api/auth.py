@@ -1,16 +1,21 @@
 """Who is calling: the bearer token of an API request, or the page session a login opened.
 
 The actor written to the log is always the one this module returns, never a
-field of the request; a token holding the `auditor` role may read but every
-write it attempts is refused (FORBIDDEN). Who holds which token and role is
-the tokens file's (`engine.api.tokens`).
+field of the request; a caller holding the `auditor` role may read but every
+write it attempts is refused (FORBIDDEN). Who holds which token, person and role
+is the directory's (`engine.api.identity`: the tokens file, and the database's
+tokens and people).
 
-A person logs in to the pages once with their bearer token. The server opens a
-session in the database (`Store.open_session`) and the cookie holds only a
-random id, whose SHA-256 is the row's key; the token itself never leaves the
-login form. Logout deletes the row, so a copied cookie stops working at once,
-on every server process. The session holds the CSRF token every form must echo
-and the one flash message the next page shows.
+A person logs in to the pages once, with their name and password (a person of
+the people table) or with a bearer token. The server opens a session in the
+database (`Store.open_session`) and the cookie holds only a random id, whose
+SHA-256 is the row's key; the password or token never leaves the login form.
+The row names what signed in (`token:<sha256>` or `user:<name>`), never a copy
+of its roles: every request reads them again, so a grant, a revocation or a
+disabled person takes effect on the next request. Logout deletes the row, so a
+copied cookie stops working at once, on every server process. The session holds
+the CSRF token every form must echo and the one flash message the next page
+shows.
 
 A page POST passes two checks before its form is even validated, so a forged
 one is 403 whatever else it lacks: the `Origin` (or, without one, the
@@ -39,11 +44,13 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
+from engine.api.identity import Directory
 from engine.api.tokens import Principal, TokenTable, hash_token
 from engine.core.access import AUDITOR
 from engine.core.canonical import now
 from engine.core.errors import Code, Refused
 from engine.runtime.engine import Engine
+from engine.runtime.people import People
 from engine.store.protocol import PageSession as StoredSession
 from engine.store.protocol import Store
 
@@ -186,12 +193,13 @@ class Sessions:
         self.seconds = seconds
 
     def open(self, principal: Principal) -> tuple[str, StoredSession]:
-        """A new session for `principal`: the cookie value to set, and the row kept."""
+        """A new session for `principal`: the cookie value to set, and the row kept. The row names the principal's
+        credential (`Principal.credential`), never its roles: `current_session` reads those on every request."""
         cookie = secrets.token_urlsafe(32)
         at = now()
         row = StoredSession(
             hash_token(cookie),
-            principal.token_hash,
+            principal.credential,
             principal.actor,
             secrets.token_urlsafe(24),
             at,
@@ -199,6 +207,14 @@ class Sessions:
         )
         self._store.open_session(row)
         return cookie, row
+
+    def open_person(self, name: str) -> tuple[str, StoredSession]:
+        """A new session for the person `name` of the people table (however they proved who they are: a password
+        here, or their OpenID Connect provider): the cookie value to set (as `SESSION_COOKIE`, the way
+        `routes.login` sets it), and the row kept, whose credential is `user:<name>`. Every request made with it
+        reads the person again (`current_session`): their roles and tenants as they are then, and no session at
+        all once they are disabled or gone. The caller has checked that the person exists and is enabled."""
+        return self.open(Principal(name, frozenset(), "", kind="person"))
 
     def read(self, cookie: str | None) -> StoredSession | None:
         if not cookie or len(cookie) > 200:
@@ -242,8 +258,8 @@ class Flash:
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What every request handler needs, held once on the application: the engine, the tokens, the login cookie
-    signer, the page sessions and the failed-login throttle."""
+    """What every request handler needs, held once on the application: the engine, the tokens, the directory of
+    tokens and people over them, the login cookie signer, the page sessions and the failed-login throttle."""
 
     engine: Engine
     tokens: TokenTable
@@ -252,10 +268,24 @@ class Context:
     secure_cookies: bool = False
     sessions: Sessions = field(init=False)
     throttle: LoginThrottle = field(init=False)
+    directory: Directory = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sessions", Sessions(self.engine))
         object.__setattr__(self, "throttle", LoginThrottle(self.engine.store))
+        object.__setattr__(self, "directory", directory_over(self.engine, self.tokens))
+
+
+def directory_over(engine: Engine, tokens: TokenTable) -> Directory:
+    """The directory over `tokens` and `engine`'s database, made the engine's authoriser too (the roles it checks
+    when a command is fired are the people table's, the tokens file's and the database tokens'; its authoriser
+    before answers for the names none of them knows)."""
+    if isinstance(engine.authoriser, Directory) and engine.authoriser.tokens is tokens:
+        return engine.authoriser
+    previous = engine.authoriser.fallback if isinstance(engine.authoriser, Directory) else engine.authoriser
+    directory = Directory(tokens, People(engine.store), previous)
+    engine.authoriser = directory
+    return directory
 
 
 def context(request: Request) -> Context:
@@ -281,12 +311,12 @@ def bearer_token(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def authenticate(tokens: TokenTable, token: str | None) -> Principal:
+def authenticate(directory: Directory, token: str | None) -> Principal:
     """The principal of a presented bearer token, or ACTOR_REQUIRED. The request-limits middleware calls this
     before any body is read, and the route dependencies below again: one answer for both."""
     if token is None:
         raise _no_actor("a bearer token is required (Authorization: Bearer TOKEN)")
-    principal = tokens.authenticate(token)
+    principal = directory.authenticate(token)
     if principal is None:
         raise _no_actor("the bearer token is not one this server knows")
     return principal
@@ -297,7 +327,7 @@ def api_principal(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     token = credentials.credentials.strip() if credentials is not None else ""
-    return authenticate(ctx.tokens, token or None)
+    return authenticate(ctx.directory, token or None)
 
 
 def require_writer(principal: Principal) -> Principal:
@@ -337,10 +367,12 @@ class Session:
 
 
 def current_session(request: Request) -> Session | None:
-    """The request's session, if its cookie names a live one and the token behind it is still in the file."""
+    """The request's session, if its cookie names a live one and what signed in still may: the token is still in
+    the file or the database (unexpired, unrevoked), or the person is still there and enabled, with their roles
+    and tenants as they are now."""
     ctx = context(request)
     row = ctx.sessions.read(request.cookies.get(SESSION_COOKIE))
-    principal = ctx.tokens.by_hash(row.token_hash) if row is not None else None
+    principal = ctx.directory.by_credential(row.credential) if row is not None else None
     if row is None or principal is None:
         return None
     return Session(principal, row, ctx.sessions)

@@ -74,6 +74,7 @@ from engine.api.schemas import (
     MAX_SEQ,
     NAME_PATTERN,
     STATE_PATTERN,
+    AccessTrailPage,
     ApprovalPage,
     ApproveRequest,
     CancelRequest,
@@ -115,7 +116,7 @@ from engine.api.views import (
     work_queue,
     workflow_diagram,
 )
-from engine.core.access import Caller
+from engine.core.access import AUDITOR, Caller
 from engine.core.approvals import DECISIONS
 from engine.core.canonical import format_instant
 from engine.core.definition import StateKind, Status, Workflow
@@ -123,6 +124,7 @@ from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
 from engine.core.fold import TaskState
 from engine.runtime import queries, shown
 from engine.runtime.engine import Engine
+from engine.runtime.people import People
 from engine.runtime.queries import readable, require_visible
 from engine.runtime.registry import Registry
 
@@ -178,9 +180,10 @@ def api_router(tag: str) -> APIRouter:
 
 
 task_api, approval_api, workflow_api = api_router("tasks"), api_router("approvals"), api_router("workflows")
+access_api = api_router("access")
 pages = APIRouter(include_in_schema=False)
 #: Every router, in the order the application includes them.
-ROUTERS = (task_api, approval_api, workflow_api, pages)
+ROUTERS = (task_api, approval_api, workflow_api, access_api, pages)
 
 
 def visible_task(task_id: TaskIdText, ctx: Ctx, who: Reader) -> str:
@@ -339,12 +342,13 @@ def one_name(body: dict[str, Any]) -> dict[str, Any]:
 # tests/test_api_errors.py checks every code listed is one the route can give, and that what a request provokes is
 # listed; schemathesis checks every answer against the document.
 
-#: Every API call: no token (401); a query, path, header or body that does not match its schema, or a query
-#: parameter the route does not take (422); a bug (500).
-API = (Code.ACTOR_REQUIRED, Code.PAYLOAD_INVALID, Code.INTERNAL_ERROR)
-#: A call that reads or writes the database: away, not there, failing, or without the schema (503).
+#: A call that reads or writes the database: away, not there, failing, or without the schema (503). Every call
+#: does: who holds a token, and whether a token's person is still enabled, is the database's too.
 DATABASE = (Code.DATABASE_UNREACHABLE, Code.DATABASE_NOT_FOUND, Code.DATABASE_ERROR, Code.SCHEMA_MISSING)
-STORED = (*API, *DATABASE)
+#: Every API call: no token (401); a query, path, header or body that does not match its schema, or a query
+#: parameter the route does not take (422); a bug (500); the database, asked who is calling (503).
+API = (Code.ACTOR_REQUIRED, Code.PAYLOAD_INVALID, Code.INTERNAL_ERROR, *DATABASE)
+STORED = API
 #: Every write: a read-only (auditor) token (403), a body over the limit (413).
 WRITE = (Code.FORBIDDEN, BODY_TOO_LARGE)
 #: A task's events that do not hold together, or an archived task whose file is gone (500).
@@ -369,7 +373,8 @@ DECISION = (Code.TASK_NOT_AWAITING_APPROVAL, Code.APPROVAL_FORBIDDEN, *TRIGGER)
 # -- the API over tasks ----------------------------------------------------------------------------
 @task_api.get("/me", response_model=WhoAmI, responses=refusals(API))
 def whoami(who: Reader) -> dict[str, Any]:
-    """The actor and roles the bearer token stands for."""
+    """The actor, roles and tenants the bearer token stands for (the database is asked too: a token may be kept
+    there, and a person's token carries the person's roles)."""
     tenants = sorted(who.tenants) if who.tenants is not None else None
     return {"actor": who.actor, "roles": sorted(who.roles), "read_only": who.read_only, "tenants": tenants}
 
@@ -772,6 +777,35 @@ def workflow_diagram_body(
     return workflow_diagram(ctx.engine.registry.get(name, version))
 
 
+# -- the access trail ------------------------------------------------------------------------------
+#: The largest page of the access trail.
+TRAIL_MAX_LIMIT = 1000
+
+
+@access_api.get("/access/trail", response_model=AccessTrailPage, responses=refusals(API, Code.FORBIDDEN))
+def access_trail(
+    ctx: Ctx,
+    who: Reader,
+    after: Annotated[int, Query(ge=0, description="The id of the last entry of the previous page.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=TRAIL_MAX_LIMIT, description="Page size.")] = 100,
+) -> dict[str, Any]:
+    """Every change of people, roles, tenants, passwords and database tokens, oldest first: who made it, when,
+    what. For callers holding the `auditor` role; anyone else is refused (403 FORBIDDEN)."""
+    if AUDITOR not in who.roles:
+        raise Refused(
+            f"{who.actor!r} may not read the access trail: role {AUDITOR!r} required",
+            code=Code.FORBIDDEN,
+            actor=who.actor,
+            role=AUDITOR,
+        )
+    found = People(ctx.engine.store).trail(after=after or None, limit=limit + 1)
+    page = found[:limit]
+    return {
+        "entries": [c.to_dict() for c in page],
+        "next": page[-1].id if len(found) > limit and page else None,
+    }
+
+
 # -- the pages -------------------------------------------------------------------------------------
 #: The seq a decision form was rendered at. Optional only so a hand-made post still gets the engine's own refusal;
 #: the pages always send it.
@@ -852,12 +886,15 @@ async def login_post(request: Request) -> None:
 def login(
     request: Request,
     ctx: Ctx,
-    token: Annotated[str, Form(max_length=500)],
+    token: Annotated[str, Form(max_length=500)] = "",
     user: Annotated[str, Form(max_length=200, pattern=TEXT_PATTERN)] = "",
+    password: Annotated[str, Form(max_length=1000)] = "",
     next: Next = "",
 ) -> Response:
-    """A failed login answers the form again (401, or 429 LOGIN_THROTTLED with Retry-After): it changed nothing
-    but the failure count, so a reload only tries again. A login redirects (303) to where it was asked for."""
+    """A name and password (a person of the people table), or a token. A failed login answers the form again (401,
+    or 429 LOGIN_THROTTLED with Retry-After), in the same words whatever was wrong (no such name, a wrong password,
+    a disabled person): it changed nothing but the failure count, so a reload only tries again. A login redirects
+    (303) to where it was asked for."""
     address = request.client.host if request.client is not None else None
     named = user.strip() or None
     target = safe_next(next)
@@ -865,10 +902,15 @@ def login(
     with ctx.throttle.lock:  # the check and the count together: a burst sent at once is counted one by one
         wait = ctx.throttle.retry_after(address=address, account=named)
         if wait is None:
-            principal = ctx.tokens.authenticate(token.strip()) if token.strip() else None
+            if password:
+                principal = ctx.directory.verify(named, password) if named is not None else None
+            else:
+                principal = ctx.directory.authenticate(token.strip()) if token.strip() else None
             if principal is None or named not in (None, principal.actor):  # unknown, or someone else's token
                 ctx.throttle.failed(address=address, account=named)
-                return _login_form(request, ctx, 401, target, "That name and token are not one this server knows.")
+                return _login_form(
+                    request, ctx, 401, target, "That name and password (or token) are not one this server knows."
+                )
             wait = ctx.throttle.retry_after(address=address, account=principal.actor)
     if wait is not None or principal is None:
         refusal = throttled(wait or 1)

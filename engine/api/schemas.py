@@ -335,6 +335,23 @@ class WorkflowBody(BaseModel):
     versions: list[WorkflowVersion]
 
 
+class AccessEntry(BaseModel):
+    """One change of a person or a database token, as the access trail keeps it (never a password or its hash)."""
+
+    id: int
+    at: str
+    by: str
+    action: str
+    subject: str
+    details: dict[str, Any]
+
+
+class AccessTrailPage(BaseModel):
+    entries: list[AccessEntry]
+    #: The `after` of the next page (None: this page is the last).
+    next: int | None
+
+
 class Step(BaseModel):
     seq: int
     from_state: str
@@ -373,6 +390,11 @@ _STATUS: dict[Code, int] = {
     Code.TASK_NOT_FOUND: 404,
     Code.WORKFLOW_UNKNOWN: 404,
     Code.VERSION_UNKNOWN: 404,
+    # People and database tokens are managed with the CLI, not over HTTP: were one of these ever raised to an HTTP
+    # caller, it would say what `railyard users` and `railyard tokens` say.
+    Code.USER_NOT_FOUND: 404,
+    Code.TOKEN_NOT_FOUND: 404,
+    Code.USER_EXISTS: 409,
     # The request is fine but the task is not where it would have to be (or someone else moved it first).
     Code.CONCURRENCY_CONFLICT: 409,
     Code.LEASE_LOST: 409,

@@ -61,15 +61,24 @@ def new_token() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The caller a valid token (or a session made from one) stands for."""
+    """The caller a valid token, or a person signed in to the pages, stands for."""
 
     actor: str
     roles: frozenset[str]
+    #: The SHA-256 of the token ("" for a person who signed in with a password or through their provider).
     token_hash: str
     #: From this instant on the token is refused (None: it does not expire).
     expires: datetime | None = None
     #: The tenants the token is confined to (None: not confined; `engine.core.access.Caller.tenants`).
     tenants: frozenset[str] | None = None
+    #: Who this is: "token" (a token of the file or the database) or "person" (a person of the people table).
+    kind: str = "token"
+
+    @property
+    def credential(self) -> str:
+        """What a page session opened for this principal names, to find it again on every request
+        (`engine.api.identity.Directory.by_credential`): `token:<sha256>` or `user:<name>`."""
+        return f"user:{self.actor}" if self.kind == "person" else f"token:{self.token_hash}"
 
     def expired(self, at: datetime) -> bool:
         return self.expires is not None and at >= self.expires
@@ -147,6 +156,10 @@ class TokenTable:
         """`Authoriser`: the tenants the actor's tokens are confined to (one actor's tokens all say the same)."""
         found = self._current()[1].get(actor)
         return found.tenants if found is not None else None
+
+    def knows(self, actor: str) -> bool:
+        """Whether the table holds a token of `actor` (expired ones too: its roles are still the file's to say)."""
+        return actor in self._current()[1]
 
     def principals(self) -> list[Principal]:
         """Every entry, expired ones included (`railyard tokens list`)."""

@@ -31,6 +31,7 @@ from engine.cli.exits import (
 )
 from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
 from engine.cli.tokens import tokens_app
+from engine.cli.users import users_app
 from engine.observability import hooks
 
 __all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
@@ -48,6 +49,7 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 app.add_typer(db_app, name="db")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(users_app, name="users")
 
 #: The commands that run for long (until stopped, or model turn after model turn).
 LONG_RUNNING = frozenset({"worker", "serve", "demo", "run"})

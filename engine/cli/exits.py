@@ -48,14 +48,18 @@ def fail(error: RailyardError) -> NoReturn:
 def database_url(*, create: bool = False) -> str:
     """RAILYARD_DATABASE_URL checked before anything connects: a URL that can be used, naming a database that is
     there (only `create`, for `db upgrade`, may name a SQLite file that is not there yet)."""
+    try:
+        return checked_database_url(create=create)
+    except RailyardError as error:
+        fail(error)
+
+
+def checked_database_url(*, create: bool = False) -> str:
+    """`database_url`'s checks, raising their `RailyardError` for a command that can do without the database."""
     from engine.store.database import check_url, require_database
 
     url = config.database_url()
-    try:
-        checked = check_url(url)
-        require_database(checked, create=create)
-    except RailyardError as error:
-        fail(error)
+    require_database(check_url(url), create=create)
     return url
 
 

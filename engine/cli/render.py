@@ -527,21 +527,74 @@ def workflows(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def tokens(rows: list[dict[str, Any]], as_json: bool) -> None:
-    """A tokens file's entries (`railyard tokens list`): never a token, only the start of its hash."""
+    """The tokens of a tokens file and of the database (`railyard tokens list`): never a token, only the start of
+    its hash."""
     if as_json:
         print_json(rows)
         return
     out.print(
         _table(
             "Tokens",
-            ("actor", "roles", "tenants", "expires", "sha256"),
+            ("source", "actor", "roles", "tenants", "expires", "sha256"),
             (
                 (
+                    r["source"],
                     r["actor"],
                     ", ".join(r["roles"]),
                     ", ".join(r["tenants"]) if r["tenants"] is not None else "any",
-                    (r["expires"] or "never") + (" (expired)" if r["expired"] else ""),
+                    (r["expires"] or "never")
+                    + (" (expired)" if r["expired"] else "")
+                    + (f" (revoked {r['revoked']})" if r.get("revoked") else ""),
                     r["sha256"][:12],
+                )
+                for r in rows
+            ),
+        )
+    )
+
+
+def people(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """`railyard users list`: never a password or its hash, only whether there is one."""
+    if as_json:
+        print_json(rows)
+        return
+    out.print(
+        _table(
+            "People",
+            ("name", "roles", "tenants", "source", "password", "disabled", "updated"),
+            (
+                (
+                    r["name"],
+                    ", ".join(r["roles"]),
+                    ", ".join(r["tenants"]) if r["tenants"] is not None else "any",
+                    r["source"],
+                    "set" if r["password"] else "none",
+                    "disabled" if r["disabled"] else "",
+                    r["updated_at"] or "",
+                )
+                for r in rows
+            ),
+        )
+    )
+
+
+def access_trail(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """`railyard users trail`: who changed which person or token, when, and what."""
+    if as_json:
+        print_json(rows)
+        return
+    out.print(
+        _table(
+            "Access trail",
+            ("id", "at", "by", "action", "subject", "details"),
+            (
+                (
+                    str(r["id"]),
+                    r["at"],
+                    r["by"],
+                    r["action"],
+                    r["subject"],
+                    json.dumps(r["details"], ensure_ascii=False, separators=(", ", ": ")) if r["details"] else "",
                 )
                 for r in rows
             ),

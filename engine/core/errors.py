@@ -387,6 +387,23 @@ class Code(StrEnum):
         "Too many failed logins to the pages from this address or for this account: every login from it (or to"
         " it) is refused until the window in Retry-After has passed, even with a valid token.",
     )
+    USER_NOT_FOUND = (
+        "USER_NOT_FOUND",
+        Category.CALLER,
+        "No person of that name is kept in the database (`railyard users list` shows who is): nothing was changed.",
+    )
+    USER_EXISTS = (
+        "USER_EXISTS",
+        Category.CALLER,
+        "The name is taken: by a person (in any letter case), by a live database token's actor, or, for a sign-in"
+        " through another source (OpenID Connect), by a local person it may not take over. Nothing was changed.",
+    )
+    TOKEN_NOT_FOUND = (
+        "TOKEN_NOT_FOUND",
+        Category.CALLER,
+        "No database token's sha256 starts with the prefix given, or the token it names was revoked already"
+        " (`railyard tokens list` shows them; a token of the tokens file is revoked by deleting its entry).",
+    )
     # The store
     SCHEMA_MISSING = (
         "SCHEMA_MISSING",

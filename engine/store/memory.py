@@ -24,6 +24,7 @@ from engine.core.canonical import canonical_json, now, parse_instant, utc
 from engine.core.checkpoints import Head, Header
 from engine.core.errors import Code, StoreError
 from engine.core.events import Event, with_stored_data
+from engine.core.people import AccessChange, Person, StoredToken
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.store.decode import audit_data, stored_data
 from engine.store.protocol import AUDIT_PAGE, NO_DEADLINE, ListedTask, PageSession, TaskQuery, Wakeups, conflict
@@ -144,6 +145,9 @@ class MemoryStore:
         self._checkpoints: list[tuple[Header, str]] = []
         self._sessions: dict[str, tuple[PageSession, str | None]] = {}  # a session and its pending flash
         self._login_failures: list[tuple[str, datetime]] = []
+        self._people: dict[str, Person] = {}
+        self._tokens: dict[str, StoredToken] = {}
+        self._trail: list[AccessChange] = []
 
     def close(self) -> None:
         """Nothing to release: the data stays as long as the store object does."""
@@ -643,6 +647,76 @@ class MemoryStore:
     def clear_login_failures(self, key: str) -> None:
         with self._lock:
             self._login_failures = [(k, t) for k, t in self._login_failures if k != key]
+
+    # -- people, database tokens and the access trail --------------------
+    def person(self, name: str) -> Person | None:
+        with self._lock:
+            return self._people.get(name)
+
+    def people(self) -> list[Person]:
+        with self._lock:
+            return [self._people[name] for name in sorted(self._people)]
+
+    def write_person(self, person: Person, changes: Sequence[AccessChange], *, revision: int | None) -> bool:
+        with self._lock:
+            kept = self._people.get(person.name)
+            if (kept is None) != (revision is None) or (kept is not None and kept.revision != revision):
+                return False
+            created = kept.created_at if kept is not None else person.created_at
+            self._people[person.name] = replace(
+                person,
+                created_at=utc(created) if created is not None else None,
+                updated_at=utc(person.updated_at) if person.updated_at is not None else None,
+            )
+            self._append_trail(changes)
+        return True
+
+    def api_token(self, sha256: str) -> StoredToken | None:
+        with self._lock:
+            return self._tokens.get(sha256)
+
+    def api_tokens(self, *, actor: str | None = None) -> list[StoredToken]:
+        with self._lock:
+            found = [t for t in self._tokens.values() if actor is None or t.actor == actor]
+        return sorted(found, key=lambda t: (t.created_at, t.sha256))
+
+    def add_api_token(self, token: StoredToken, change: AccessChange) -> bool:
+        with self._lock:
+            if token.sha256 in self._tokens:
+                return False
+            self._tokens[token.sha256] = replace(
+                token,
+                created_at=utc(token.created_at),
+                expires_at=utc(token.expires_at) if token.expires_at is not None else None,
+            )
+            self._append_trail([change])
+        return True
+
+    def revoke_api_token(self, sha256: str, at: datetime, by: str, change: AccessChange) -> bool:
+        with self._lock:
+            kept = self._tokens.get(sha256)
+            if kept is None or kept.revoked_at is not None:
+                return False
+            self._tokens[sha256] = replace(kept, revoked_at=utc(at), revoked_by=by)
+            self._append_trail([change])
+        return True
+
+    def access_trail(
+        self, *, subject: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[AccessChange]:
+        with self._lock:
+            found = [
+                c
+                for c in self._trail
+                if (subject is None or c.subject == subject) and (after is None or (c.id or 0) > after)
+            ]
+        return found[:limit] if limit is not None else found
+
+    def _append_trail(self, changes: Sequence[AccessChange]) -> None:
+        for change in changes:
+            # As the database keeps it: the details as JSON text read back, the time in UTC.
+            details = json.loads(canonical_json(dict(change.details)))
+            self._trail.append(replace(change, at=utc(change.at), details=details, id=len(self._trail) + 1))
 
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:

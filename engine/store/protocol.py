@@ -18,6 +18,7 @@ from typing import Any, Protocol, Self
 from engine.core.checkpoints import Head, Header
 from engine.core.errors import ConcurrencyConflict, LeaseLost
 from engine.core.events import Event
+from engine.core.people import AccessChange, Person, StoredToken
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 
 #: Audit reads: task rows per keyset page (what parallel replay hands to a job).
@@ -69,7 +70,8 @@ class PageSession:
     """A logged-in page session as the store keeps it: the cookie's id is never stored, only its SHA-256."""
 
     id_hash: str
-    token_hash: str
+    #: What signed in, looked up again on every request: `token:<sha256>` (a token) or `user:<name>` (a person).
+    credential: str
     actor: str
     csrf: str
     created_at: datetime
@@ -300,6 +302,44 @@ class Store(Protocol):
 
     def clear_login_failures(self, key: str) -> None:
         """Forget the failures recorded under `key` (a login to that account went through)."""
+        ...
+
+    # -- people, database tokens and the access trail --------------------
+    def person(self, name: str) -> Person | None:
+        """The person of this name (exactly), or None."""
+        ...
+
+    def people(self) -> list[Person]:
+        """Every person, by name."""
+        ...
+
+    def write_person(self, person: Person, changes: Sequence[AccessChange], *, revision: int | None) -> bool:
+        """Keep `person` and append `changes` to the access trail, together (or neither). `revision` is the one the
+        change was made on: None to add a new person, else the row must still be at it (and `person.revision` is
+        the next). False, and nothing written, when it is not: the person exists already, or changed meanwhile."""
+        ...
+
+    def api_token(self, sha256: str) -> StoredToken | None:
+        """The database token with this hash (revoked and expired ones too), or None."""
+        ...
+
+    def api_tokens(self, *, actor: str | None = None) -> list[StoredToken]:
+        """Every database token (of `actor`, if given), revoked and expired ones too, oldest first."""
+        ...
+
+    def add_api_token(self, token: StoredToken, change: AccessChange) -> bool:
+        """Keep a new token and its trail entry together; False (nothing written) if its hash is kept already."""
+        ...
+
+    def revoke_api_token(self, sha256: str, at: datetime, by: str, change: AccessChange) -> bool:
+        """Mark the token revoked and append `change`, together; False (nothing written) if there is no such token
+        or it was revoked already."""
+        ...
+
+    def access_trail(
+        self, *, subject: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[AccessChange]:
+        """The access trail in the order it was written (of `subject`, if given), after the entry `after`."""
         ...
 
     # -- worker reports -------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     text,
 )
 
@@ -113,11 +115,13 @@ terminal_counts = Table(
 
 #: A page session per login: the cookie holds a random id, this row its SHA-256. Logout deletes the row, so a
 #: copied cookie stops working at once; `flash` is the one message the next page shows (then it is cleared).
+#: `credential` says what signed in, read again on every request: `token:<sha256>` (a token of the tokens file or
+#: of `api_tokens`) or `user:<name>` (a person of `people`), migration 0012 (before it, `token_hash`).
 page_sessions = Table(
     "page_sessions",
     metadata,
     Column("id_hash", String(64), primary_key=True),
-    Column("token_hash", String(64), nullable=False),
+    Column("credential", String(250), nullable=False),
     Column("actor", String(200), nullable=False),
     Column("csrf", String(64), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
@@ -136,6 +140,56 @@ login_failures = Table(
     Column("at", DateTime(timezone=True), nullable=False),
     Index("ix_login_failures_key_at", "key", "at"),
     Index("ix_login_failures_at", "at"),
+)
+
+#: The people who sign in to the pages (migration 0012): `name` is the actor the log records, `password_hash` an
+#: Argon2 hash (NULL: no password), `roles` a JSON list, `tenants` a JSON list or NULL (not confined), `source`
+#: `local` (`railyard users`) or `oidc` (the OpenID Connect sign-in). `revision` counts the row's changes: a
+#: write names the one it read, so two changes at once cannot overwrite each other.
+people = Table(
+    "people",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("password_hash", String(200), nullable=True),
+    Column("roles", Text, nullable=False),
+    Column("tenants", Text, nullable=True),
+    Column("disabled", Boolean, nullable=False, server_default=false()),
+    Column("source", String(16), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("revision", Integer, nullable=False, server_default="1"),
+)
+
+#: API tokens kept in the database (migration 0012), beside the tokens file: the SHA-256 of each (never the token),
+#: whom it speaks for, its roles (JSON list), tenants (JSON list or NULL), expiry, and who made and revoked it.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("actor", String(200), nullable=False),
+    Column("roles", Text, nullable=False),
+    Column("tenants", Text, nullable=True),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_by", String(200), nullable=False),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    Column("revoked_by", String(200), nullable=True),
+    Index("ix_api_tokens_actor", "actor"),
+)
+
+#: Every change of people, their roles, tenants and passwords, and of database tokens (migration 0012): who made
+#: it, when, what, of whom, with its details as canonical JSON (never a password or its hash). Append-only: the
+#: same triggers as `checkpoints` refuse every UPDATE and DELETE.
+access_trail = Table(
+    "access_trail",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("by", String(200), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("subject", String(200), nullable=False),
+    Column("details", Text, nullable=False),
+    Index("ix_access_trail_subject", "subject", "id"),
 )
 
 #: The append-only log. `data` is the canonical JSON text that was hashed, byte for byte.

@@ -43,17 +43,21 @@ from engine.core.canonical import canonical_json, format_instant, now, parse_ins
 from engine.core.checkpoints import Head, Header
 from engine.core.errors import Code, RailyardError, StoreError
 from engine.core.events import Event, with_stored_data
+from engine.core.people import AccessAction, AccessChange, Person, Source, StoredToken
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.store import postgres, sqlite
 from engine.store.database import connection_problem, make_engine, reading, writing
 from engine.store.decode import audit_data, audit_instant, read_instant, stored_data
 from engine.store.protocol import AUDIT_PAGE, NO_DEADLINE, ListedTask, PageSession, TaskQuery, conflict
 from engine.store.schema import (
+    access_trail,
+    api_tokens,
     archive_permits,
     checkpoints,
     events,
     login_failures,
     page_sessions,
+    people,
     snapshots,
     task_fields,
     tasks,
@@ -798,7 +802,7 @@ class SqlStore:
             conn.execute(
                 insert(page_sessions).values(
                     id_hash=session.id_hash,
-                    token_hash=session.token_hash,
+                    credential=session.credential,
                     actor=session.actor,
                     csrf=session.csrf,
                     created_at=session.created_at,
@@ -813,7 +817,7 @@ class SqlStore:
             r = conn.execute(query).first()
         if r is None:
             return None
-        return PageSession(r.id_hash, r.token_hash, r.actor, r.csrf, utc(r.created_at), utc(r.expires_at), r.flash)
+        return PageSession(r.id_hash, r.credential, r.actor, r.csrf, utc(r.created_at), utc(r.expires_at), r.flash)
 
     def end_session(self, id_hash: str) -> None:
         with self._errors(), self._writer() as conn:
@@ -857,6 +861,112 @@ class SqlStore:
     def clear_login_failures(self, key: str) -> None:
         with self._errors(), self._writer() as conn:
             conn.execute(delete(login_failures).where(login_failures.c.key == key))
+
+    # -- people, database tokens and the access trail --------------------
+    def person(self, name: str) -> Person | None:
+        with self._errors(), self._reader() as conn:
+            r = conn.execute(select(people).where(people.c.name == name)).first()
+        return _person(r) if r is not None else None
+
+    def people(self) -> list[Person]:
+        with self._errors(), self._reader() as conn:
+            return [_person(r) for r in conn.execute(select(people).order_by(people.c.name))]
+
+    def write_person(self, person: Person, changes: Sequence[AccessChange], *, revision: int | None) -> bool:
+        values = {
+            "password_hash": person.password_hash,
+            "roles": canonical_json(sorted(person.roles)),
+            "tenants": canonical_json(sorted(person.tenants)) if person.tenants is not None else None,
+            "disabled": person.disabled,
+            "source": str(person.source),
+            "updated_at": person.updated_at,
+            "revision": person.revision,
+        }
+        try:
+            with self._errors(), self._writer() as conn:
+                if revision is None:
+                    if conn.execute(select(people.c.name).where(people.c.name == person.name)).first() is not None:
+                        return False
+                    conn.execute(insert(people).values(name=person.name, created_at=person.created_at, **values))
+                else:
+                    moved = conn.execute(
+                        update(people)
+                        .where(people.c.name == person.name, people.c.revision == revision)
+                        .values(**values)
+                    )
+                    if moved.rowcount != 1:
+                        return False
+                _trail(conn, changes)
+        except StoreError:
+            if revision is None and self.person(person.name) is not None:
+                return False  # added at the same moment by another writer: its insert won
+            raise
+        return True
+
+    def api_token(self, sha256: str) -> StoredToken | None:
+        with self._errors(), self._reader() as conn:
+            r = conn.execute(select(api_tokens).where(api_tokens.c.sha256 == sha256)).first()
+        return _stored_token(r) if r is not None else None
+
+    def api_tokens(self, *, actor: str | None = None) -> list[StoredToken]:
+        query = select(api_tokens).order_by(api_tokens.c.created_at, api_tokens.c.sha256)
+        if actor is not None:
+            query = query.where(api_tokens.c.actor == actor)
+        with self._errors(), self._reader() as conn:
+            return [_stored_token(r) for r in conn.execute(query)]
+
+    def add_api_token(self, token: StoredToken, change: AccessChange) -> bool:
+        try:
+            with self._errors(), self._writer() as conn:
+                if conn.execute(select(api_tokens.c.sha256).where(api_tokens.c.sha256 == token.sha256)).first():
+                    return False
+                conn.execute(
+                    insert(api_tokens).values(
+                        sha256=token.sha256,
+                        actor=token.actor,
+                        roles=canonical_json(sorted(token.roles)),
+                        tenants=canonical_json(sorted(token.tenants)) if token.tenants is not None else None,
+                        expires_at=token.expires_at,
+                        created_at=token.created_at,
+                        created_by=token.created_by,
+                        revoked_at=token.revoked_at,
+                        revoked_by=token.revoked_by,
+                    )
+                )
+                _trail(conn, [change])
+        except StoreError:
+            if self.api_token(token.sha256) is not None:
+                return False
+            raise
+        return True
+
+    def revoke_api_token(self, sha256: str, at: datetime, by: str, change: AccessChange) -> bool:
+        with self._errors(), self._writer() as conn:
+            moved = conn.execute(
+                update(api_tokens)
+                .where(api_tokens.c.sha256 == sha256, api_tokens.c.revoked_at.is_(None))
+                .values(revoked_at=at, revoked_by=by)
+            )
+            if moved.rowcount != 1:
+                return False
+            _trail(conn, [change])
+        return True
+
+    def access_trail(
+        self, *, subject: str | None = None, after: int | None = None, limit: int | None = None
+    ) -> list[AccessChange]:
+        query = select(access_trail).order_by(access_trail.c.id)
+        if subject is not None:
+            query = query.where(access_trail.c.subject == subject)
+        if after is not None:
+            query = query.where(access_trail.c.id > after)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._errors(), self._reader() as conn:
+            return [
+                AccessChange(utc(r.at), r.by, AccessAction(r.action), r.subject, json.loads(r.details), r.id)
+                for r in conn.execute(query)
+            ]
 
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:
@@ -933,6 +1043,56 @@ class SqlStore:
             raise _store_error(exc.orig, dbapi, self.url) from None
         except dbapi.Error as exc:
             raise _store_error(exc, dbapi, self.url) from None
+
+
+def _trail(conn: Connection, changes: Sequence[AccessChange]) -> None:
+    """Append access-trail entries inside the transaction of the change they record."""
+    if changes:
+        conn.execute(
+            insert(access_trail),
+            [
+                {
+                    "at": c.at,
+                    "by": c.by,
+                    "action": str(c.action),
+                    "subject": c.subject,
+                    "details": canonical_json(dict(c.details)),
+                }
+                for c in changes
+            ],
+        )
+
+
+def _names(text: str | None) -> frozenset[str] | None:
+    return frozenset(json.loads(text)) if text is not None else None
+
+
+def _person(r: Row[Any]) -> Person:
+    return Person(
+        r.name,
+        frozenset(json.loads(r.roles)),
+        _names(r.tenants),
+        r.password_hash,
+        bool(r.disabled),
+        Source(r.source),
+        utc(r.created_at),
+        utc(r.updated_at),
+        int(r.revision),
+    )
+
+
+def _stored_token(r: Row[Any]) -> StoredToken:
+    return StoredToken(
+        r.sha256,
+        r.actor,
+        frozenset(json.loads(r.roles)),
+        _names(r.tenants),
+        utc(r.expires_at) if r.expires_at is not None else None,
+        utc(r.created_at),
+        r.created_by,
+        utc(r.revoked_at) if r.revoked_at is not None else None,
+        r.revoked_by,
+    )
 
 
 def _store_error(orig: BaseException | None, dbapi: Any, url: str) -> StoreError:
