@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -398,3 +399,60 @@ def test_two_tenants_under_load_never_see_each_others_tasks(pg_database: str) ->
     assert len(started["acme"]) == len(started["globex"]) == PER_TENANT
     assert seen["acme"] and seen["acme"] <= started["acme"]
     assert seen["globex"] and seen["globex"] <= started["globex"]
+
+
+# -- checkpoints: the signature binds each task's tenant -----------------------------------------------------------
+def test_a_checkpoint_signs_each_tasks_tenant_and_one_tenants_export_is_complete_against_it(
+    tenanted: Engine, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's export verifies against the full checkpoint as that tenant's (`--tenant`): every head signed as
+    theirs is in it and nothing else; a task moved to another tenant behind the log is found in the database and
+    in the file."""
+    from typer.testing import CliRunner
+
+    from engine.audit.checkpoint import keygen
+    from engine.cli import app
+
+    key = tmp_path / "signing.key"
+    public = keygen(key)
+    acme = [tenanted.start("refund", DAMAGED, actor="acme_portal", version=1) for _ in range(2)]
+    globex = tenanted.start("refund", DAMAGED, actor="globex_portal", version=1)
+    plain = tenanted.start("refund", DAMAGED, actor="ann", version=1)
+    _, checkpoint, _ = tenanted.audit.checkpoint(key, tmp_path / "cp")
+    heads = [json.loads(line) for line in checkpoint.read_text(encoding="utf-8").splitlines()[1:]]
+    assert {h[0]: h[3:] for h in heads} == {acme[0]: ["acme"], acme[1]: ["acme"], globex: ["globex"], plain: []}
+
+    monkeypatch.setenv("RAILYARD_DATABASE_URL", db_url)
+    monkeypatch.setenv("RAILYARD_WORKFLOWS", "workflows")
+    runner = CliRunner()
+    exported = runner.invoke(app, ["export", "--all", "--tenant", "acme", "--checkpoint", str(checkpoint)])
+    assert exported.exit_code == 0, exported.output
+    export = tmp_path / "acme.jsonl"
+    export.write_text(exported.stdout, encoding="utf-8")
+    verify = ["verify-export", str(export), "--checkpoint", str(checkpoint), "--public-key", public, "--json"]
+
+    def findings(*extra: str) -> set[tuple[str, str]]:
+        got = runner.invoke(app, [*verify, *extra])
+        assert got.exit_code in (0, 3), got.output
+        return {(r["task_id"], f["code"]) for r in json.loads(got.stdout)["reports"] for f in r["findings"]}
+
+    assert findings("--tenant", "acme") == set()
+    assert findings() == {(globex, "TASK_MISSING"), (plain, "TASK_MISSING")}  # held to every tenant's heads
+    assert findings("--tenant", "globex") == {
+        (acme[0], "STATE_MISMATCH"),
+        (acme[1], "STATE_MISMATCH"),
+        (globex, "TASK_MISSING"),
+    }
+    moved = [
+        line.replace('"tenant":"acme"', '"tenant":"globex"') if acme[0] in line and '"kind":"task"' in line else line
+        for line in export.read_text(encoding="utf-8").splitlines(keepends=True)
+    ]
+    export.write_text("".join(moved), encoding="utf-8")
+    assert (acme[0], "HEAD_REWRITTEN") in findings("--tenant", "acme")  # the signed leaf names acme
+
+    raw = create_engine(db_url)
+    with raw.begin() as conn:
+        conn.execute(text("UPDATE tasks SET tenant = 'globex' WHERE task_id = :t"), {"t": acme[1]})
+    raw.dispose()
+    _, reports = tenanted.audit.judge_checkpoint(checkpoint, public)
+    assert {(r.task_id, f.code) for r in reports for f in r.findings} == {(acme[1], Code.STATE_MISMATCH)}

@@ -338,8 +338,13 @@ class ExportCheck:
     did not reach.
     """
 
-    def __init__(self, header: Header | None, heads: dict[str, Head] | None, *, complete: bool) -> None:
+    def __init__(
+        self, header: Header | None, heads: dict[str, Head] | None, *, complete: bool, tenant: str | None = None
+    ) -> None:
         self.header, self.heads, self.complete = header, heads, complete and heads is not None
+        #: An export of one tenant (`export --tenant`): only the heads the checkpoint signed as that tenant's must be
+        #: in it, and every task in it must be one of them.
+        self.tenant = tenant
         self.seen: set[str] = set()
         self.proved = self.uncovered = 0
         self._proved: dict[str, Head] = {}
@@ -361,7 +366,9 @@ class ExportCheck:
     def proof_line(self, check: LogCheck, value: dict[str, Any]) -> None:
         _fields(value, ("task_id", "checkpoint", "tree_size", "index", "seq", "hash", "path"), "proof")
         # Every field as exported, its type too: `3.0` for a tree size of 3 is an edit, as it is anywhere else.
-        head = Head(check.task_id, _int(value["seq"]), _text(value["hash"]))
+        # The tenant is the task line's: a proof holds only if the signed leaf names the same one.
+        tenant = check.row.tenant if check.row is not None else None
+        head = Head(check.task_id, _int(value["seq"]), _text(value["hash"]), tenant)
         given_size, given_root, index = _int(value["tree_size"]), _text(value["checkpoint"]), _int(value["index"])
         expected = self.heads.get(check.task_id) if self.heads is not None else head
         size, root = (self.header.tree_size, self.header.root) if self.header is not None else (given_size, given_root)
@@ -384,6 +391,9 @@ class ExportCheck:
     def finish(self, check: LogCheck) -> None:
         """The task's exported log against the head its proof line (or the checkpoint) committed to."""
         self.seen.add(check.task_id)
+        tenant = check.row.tenant if check.row is not None else None
+        if self.tenant is not None and tenant != self.tenant:
+            check.add(Code.STATE_MISMATCH, 0, f"it is tenant {tenant!r}'s task, in an export of tenant {self.tenant!r}")
         proved = self._proved.pop(check.task_id, None)
         expected = self.heads.get(check.task_id) if self.heads is not None else proved
         last, hashes = self._last_seq, self._hashes
@@ -407,6 +417,8 @@ class ExportCheck:
         if not self.complete or self.heads is None:
             return
         for task_id, head in self.heads.items():
+            if self.tenant is not None and head.tenant != self.tenant:
+                continue
             if task_id not in self.seen:
                 yield ReplayReport(
                     task_id,

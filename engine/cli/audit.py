@@ -156,6 +156,14 @@ def verify_export_command(
         bool,
         typer.Option("--partial", help="With --checkpoint: the export holds some tasks only (no TASK_MISSING)."),
     ] = False,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant",
+            help="With --checkpoint: the export is this tenant's (export --tenant): every task the checkpoint signed "
+            "as the tenant's must be in it, and no other.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Check an export offline, with only the file and the workflow definitions (RAILYARD_WORKFLOWS).
@@ -171,6 +179,8 @@ def verify_export_command(
 
     if (checkpoint is None) != (not public_key):
         raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
+    if tenant is not None and checkpoint is None:
+        raise typer.BadParameter("--tenant goes with --checkpoint", param_hint="--tenant")
     with path.open("rb") as lines:
         if not is_export(lines):
             fail(
@@ -197,7 +207,7 @@ def verify_export_command(
                     invalid = ReplayReport("", "", 0, (Finding(Code.CHECKPOINT_INVALID, 0, error.message),))
                     render.audit_totals([], as_json, "verified", (checkpoint, reading.header, [invalid]))
                     raise typer.Exit(EXIT_AUDIT) from None
-            against = ExportCheck(reading.header, heads, complete=not partial)
+            against = ExportCheck(reading.header, heads, complete=not partial, tenant=tenant)
     except RailyardError as error:
         fail(error)
     with path.open("rb") as lines:

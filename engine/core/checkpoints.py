@@ -1,10 +1,11 @@
 """Signed checkpoints of every task's head: what one commits to, and how a database is judged against it. Pure.
 
-A checkpoint lists each task's head (task id, seq, head hash) in task id order
-and commits to the list with an RFC 6962 Merkle root (`engine.core.merkle`). The
-header (format, tree size, root, time, the previous checkpoint's root, the key
-id) is what is signed, as canonical JSON; the leaves travel with it, so a
-verifier knows every task that existed and where its log stood.
+A checkpoint lists each task's head (task id, seq, head hash, and the task's
+tenant when it has one) in task id order and commits to the list with an RFC
+6962 Merkle root (`engine.core.merkle`). The header (format, tree size, root,
+time, the previous checkpoint's root, the key id) is what is signed, as
+canonical JSON; the leaves travel with it, so a verifier knows every task that
+existed, where its log stood and, for a task of a tenant, whose it is.
 
 A log can only grow, so against a checkpoint a task must still exist, reach at
 least the checkpointed seq, and hold the checkpointed hash at that seq: anything
@@ -21,6 +22,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from engine.core.access import TENANT_NAME
 from engine.core.canonical import canonical_json, format_instant, parse_instant
 from engine.core.chain import Finding
 from engine.core.errors import Code
@@ -32,15 +34,21 @@ FORMAT = "railyard-checkpoint/1"
 
 @dataclass(frozen=True, slots=True, order=True)
 class Head:
-    """Where one task's log stood: its last seq and that event's hash."""
+    """Where one task's log stood: its last seq and that event's hash; and the tenant the task belongs to, so that
+    the signature binds which tenant each task is (a tenant's auditor can tell which heads are theirs)."""
 
     task_id: str
     seq: int
     hash: str
+    tenant: str | None = None
 
     def leaf(self) -> bytes:
-        """The Merkle leaf's data: the canonical JSON array `[task_id, seq, hash]`, UTF-8."""
-        return canonical_json([self.task_id, self.seq, self.hash]).encode()
+        """The Merkle leaf's data: the canonical JSON array `[task_id, seq, hash]`, UTF-8, with the tenant as a
+        fourth element when the task has one (a task of no tenant has the leaf it always had)."""
+        items: list[object] = [self.task_id, self.seq, self.hash]
+        if self.tenant is not None:
+            items.append(self.tenant)
+        return canonical_json(items).encode()
 
 
 def key_id(public_key: bytes) -> str:
@@ -119,10 +127,12 @@ def parse_head_line(raw: bytes) -> Head:
     """One head of a checkpoint file, which must be byte for byte the line its leaf is. Raises ValueError."""
     try:
         value = json.loads(raw.decode("utf-8"))
-        task_id, seq, digest = value
+        if not isinstance(value, list) or len(value) not in (3, 4):
+            raise ValueError("not an array of 3 or 4")
+        task_id, seq, digest, *tenant = value
     except (ValueError, TypeError, RecursionError) as exc:
-        raise ValueError(f"not [task_id, seq, hash] ({type(exc).__name__})") from None
-    head = Head(task_id, seq, digest)
+        raise ValueError(f"not [task_id, seq, hash] or [task_id, seq, hash, tenant] ({type(exc).__name__})") from None
+    head = Head(task_id, seq, digest, tenant[0] if tenant else None)
     problem = head_problem(head)
     if problem is not None:
         raise ValueError(problem)
@@ -140,6 +150,8 @@ def head_problem(head: Head) -> str | None:
         return f"its seq {head.seq!r} is not a count from 1"
     if not isinstance(head.hash, str) or not _HEX64.fullmatch(head.hash):
         return f"its hash {head.hash!r} is not 64 lowercase hex digits"
+    if head.tenant is not None and not (isinstance(head.tenant, str) and TENANT_NAME.fullmatch(head.tenant)):
+        return f"its tenant {head.tenant!r} is not a tenant's name"
     return None
 
 
@@ -199,6 +211,14 @@ def head_findings(expected: Head, found: Head | None, hash_at: Callable[[str, in
     log itself (None if it has none), so a row left standing over a log cut short does not pass for the log."""
     if found is None:
         return [Finding(Code.TASK_MISSING, 0, f"the checkpoint lists it at seq {expected.seq}; it is not there")]
+    if found.tenant != expected.tenant:  # a task's tenant never changes: its row was moved behind the log
+        return [
+            Finding(
+                Code.STATE_MISMATCH,
+                expected.seq,
+                f"its row says tenant {found.tenant!r}; the checkpoint recorded {expected.tenant!r}",
+            )
+        ]
     if found.seq < expected.seq:
         return [
             Finding(

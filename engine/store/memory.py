@@ -559,14 +559,17 @@ class MemoryStore:
     # -- checkpoints ----------------------------------------------------
     def heads(self) -> Iterator[Head]:
         with self._lock:
-            found = [Head(t.task_id, t.seq, t.last_hash) for t in self._tasks.values()]
+            found = [Head(t.task_id, t.seq, t.last_hash, t.tenant) for t in self._tasks.values()]
         found.sort(key=lambda h: h.task_id.encode())
         return iter(found)
 
     def log_heads(self) -> Iterator[tuple[Head, str | None]]:
         with self._lock:
             found = [
-                (Head(t.task_id, t.seq, t.last_hash), next((e.hash for e in t.events if e.seq == t.seq), None))
+                (
+                    Head(t.task_id, t.seq, t.last_hash, t.tenant),
+                    next((e.hash for e in t.events if e.seq == t.seq), None),
+                )
                 for t in self._tasks.values()
             ]
         found.sort(key=lambda pair: pair[0].task_id.encode())

@@ -32,11 +32,11 @@ SUPPORTS_NOTIFY = True
 AUDIT_FETCH = 5000
 
 #: Every task's head in task id byte order: the database's collation may follow a locale, "C" compares bytes.
-HEADS = 'SELECT task_id, seq, last_hash FROM tasks ORDER BY task_id COLLATE "C"'
+HEADS = 'SELECT task_id, seq, last_hash, tenant FROM tasks ORDER BY task_id COLLATE "C"'
 #: Each task's head as its row states it, with the hash of the event at that seq as the log holds it (NULL when
 #: it holds none): what a checkpoint's judgement reads, one scan over the primary keys.
 LOG_HEADS = (
-    "SELECT t.task_id, t.seq, t.last_hash, e.hash FROM tasks t "
+    "SELECT t.task_id, t.seq, t.last_hash, t.tenant, e.hash FROM tasks t "
     'LEFT JOIN events e ON e.task_id = t.task_id AND e.seq = t.seq ORDER BY t.task_id COLLATE "C"'
 )
 

@@ -560,13 +560,13 @@ class SqlStore:
     def heads(self) -> Iterator[Head]:
         # One read-only snapshot (REPEATABLE READ on PostgreSQL), streamed: every head as of one instant.
         with self._errors(), self._audit_session() as (_fetch_all, stream):
-            for task_id, seq, last_hash in stream(self.sql.HEADS, []):
-                yield Head(task_id, seq, last_hash)
+            for task_id, seq, last_hash, tenant in stream(self.sql.HEADS, []):
+                yield Head(task_id, seq, last_hash, tenant)
 
     def log_heads(self) -> Iterator[tuple[Head, str | None]]:
         with self._errors(), self._audit_session() as (_fetch_all, stream):
-            for task_id, seq, last_hash, logged in stream(self.sql.LOG_HEADS, []):
-                yield Head(task_id, seq, last_hash), logged
+            for task_id, seq, last_hash, tenant, logged in stream(self.sql.LOG_HEADS, []):
+                yield Head(task_id, seq, last_hash, tenant), logged
 
     def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
         found: dict[tuple[str, int], str] = {}

@@ -31,11 +31,11 @@ from engine.store.protocol import conflict
 SUPPORTS_NOTIFY = False
 
 #: Every task's head in task id byte order (SQLite's default BINARY collation compares the UTF-8 bytes).
-HEADS = "SELECT task_id, seq, last_hash FROM tasks ORDER BY task_id"
+HEADS = "SELECT task_id, seq, last_hash, tenant FROM tasks ORDER BY task_id"
 #: Each task's head as its row states it, with the hash of the event at that seq as the log holds it (NULL when
 #: it holds none): what a checkpoint's judgement reads, one scan over the primary keys.
 LOG_HEADS = (
-    "SELECT t.task_id, t.seq, t.last_hash, e.hash FROM tasks t "
+    "SELECT t.task_id, t.seq, t.last_hash, t.tenant, e.hash FROM tasks t "
     "LEFT JOIN events e ON e.task_id = t.task_id AND e.seq = t.seq ORDER BY t.task_id"
 )
 
