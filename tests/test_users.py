@@ -18,7 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from engine import Engine
+from engine import Code, Engine, RailyardError
 from engine.api.auth import LOGIN_FAILURES_PER_ACCOUNT
 from engine.api.tokens import hash_token
 from engine.core.canonical import now
@@ -225,3 +225,32 @@ def test_users_refusals_have_stable_codes_and_exit_statuses(db_url: str) -> None
     assert "USAGE_INVALID" in railyard(db_url, "users", "passwd", "pat", "--password-stdin", stdin="short\n", code=2)
     assert "USAGE_INVALID" in railyard(db_url, "tokens", "revoke", "abc", code=2)
     assert "USER_EXISTS" in railyard(db_url, "tokens", "new", "--actor", "pat", "--save", code=1)
+
+
+def test_the_trusted_process_takes_a_persons_roles_from_the_people_table_too(engine: Engine, db_url: str) -> None:
+    """An engine given no authoriser (the CLI's, whose `--as` names the actor; a worker's; the Python API's) asks
+    the people table first, then the roles file: a role revoked or a person disabled there holds at the command
+    line as on the server, and a role granted there needs no roles file."""
+    task_id = to_approval(engine)
+    digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
+
+    def trusted() -> Engine:  # what `railyard approve --as pia` opens (a new process reads the person afresh)
+        return Engine(store=engine.store, registry=engine.registry)
+
+    def refusal() -> Code:
+        with pytest.raises(RailyardError) as refused:
+            trusted().approve(task_id, actor="pia", prepared_digest=digest)
+        return refused.value.code
+
+    railyard(db_url, "users", "add", "pia", "--role", "support", "--by", "root")
+    assert refusal() is Code.APPROVAL_FORBIDDEN  # no roles file names her, and the people table gives no approver
+    railyard(db_url, "users", "disable", "pia", "--by", "root")
+    assert refusal() is Code.TASK_NOT_FOUND  # a disabled person reads nothing: the task is absent to her
+    assert engine.load(task_id).state == "awaiting_approval"
+    railyard(db_url, "users", "enable", "pia", "--by", "root")
+    railyard(db_url, "users", "grant", "pia", "refund_approver", "--by", "root")
+    assert trusted().authoriser.roles_of("pia") == {"support", "refund_approver"}
+    assert trusted().authoriser.roles_of("nobody") == set()
+    trusted().approve(task_id, actor="pia", prepared_digest=digest)
+    last = engine.history(task_id)[-1]
+    assert (last.actor, last.trigger) == ("pia", "approve")

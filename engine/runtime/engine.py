@@ -46,7 +46,7 @@ from engine.runtime.leases import current_epoch
 from engine.runtime.models import open_model
 from engine.runtime.offload import INLINE, Offload, run_sync
 from engine.runtime.registry import Registry
-from engine.runtime.roles import Authoriser, default_authoriser
+from engine.runtime.roles import Authoriser, PeopleFirst, default_authoriser
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
 from engine.store import Loaded, Store, TaskRow, open_store
 from engine.store.protocol import TaskQuery
@@ -118,7 +118,8 @@ class Engine:
         hooks.configure()  # the OTEL_* variables turn tracing on, once per process (before anything is opened)
         self.store: Store = store if store is not None else open_store(database_url or config.database_url())
         self.registry = registry if registry is not None else Registry.from_env()
-        self.authoriser = authoriser if authoriser is not None else default_authoriser()
+        # Without one given: the people table first, then the roles file (`roles.PeopleFirst`).
+        self.authoriser = authoriser if authoriser is not None else PeopleFirst(self.store, default_authoriser())
         self.snapshot_every = snapshot_every
         self.model = model
         #: Where archived task logs are (`railyard archive` writes them; load, history and replay read them).
