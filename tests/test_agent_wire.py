@@ -7,6 +7,7 @@ errors become the transitions the design names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -187,6 +188,69 @@ def test_a_429_is_retried_by_the_engine_not_the_sdk(eng: Engine, server: Provide
     task = AgentRunner(eng, adapter(server, "openai"), retry=NO_SLEEP).step(eng.load(task_id))
     assert task.state == "decided" and len(server.requests) == 2
     assert eng.history(task_id)[-1].data["turn"]["attempts"] == 2
+
+
+DECIDED = json.dumps({"ticket_id": "T-1", "decision": "RESOLVE", "reason": "ok"})
+
+
+@pytest.mark.parametrize(
+    ("wire", "headers", "least"),
+    [
+        ("openai", {"Retry-After": "2"}, 2.0),
+        ("openai", {"retry-after-ms": "1500", "retry-after": "1"}, 1.5),  # the finer one wins
+        ("anthropic", {"retry-after": "3"}, 3.0),
+    ],
+)
+def test_a_429_is_retried_no_sooner_than_the_provider_says(
+    eng: Engine, server: ProviderServer, wire: str, headers: dict[str, str], least: float
+) -> None:
+    """A 429's Retry-After (or retry-after-ms) is a floor under the backoff: the next call waits at least that
+    long (the backoff's own jitter is at most 1 s on a first retry here)."""
+    waited: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waited.append(seconds)
+
+    if wire == "openai":
+        refusal = dataclasses.replace(openai_error(429, "Rate limit reached", type="rate_limit_error"), headers=headers)
+        answer = openai_completion(tool_calls=(("c1", "decide", DECIDED),), finish_reason="tool_calls")
+    else:
+        refusal = dataclasses.replace(anthropic_error(429, "Rate limited", type="rate_limit_error"), headers=headers)
+        answer = anthropic_message(tool_use_block("t1", "decide", json.loads(DECIDED)), stop_reason="tool_use")
+    server.reply(refusal, answer)
+    task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    runner = AgentRunner(eng, adapter(server, wire), retry=RetryPolicy(attempts=2, sleep=record))
+    task = runner.step(eng.load(task_id))
+    assert task.state == "decided" and len(server.requests) == 2
+    assert len(waited) == 1 and least <= waited[0] <= max(least, 1.0) + 0.001, waited
+
+
+def test_a_retry_after_longer_than_the_policy_waits_ends_the_retries_rather_than_calling_sooner(
+    eng: Engine, server: ProviderServer
+) -> None:
+    refusal = dataclasses.replace(
+        openai_error(429, "Rate limit reached", type="rate_limit_error"), headers={"Retry-After": "600"}
+    )
+    server.reply(refusal, openai_completion(tool_calls=(("c1", "decide", DECIDED),), finish_reason="tool_calls"))
+    task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    task = AgentRunner(eng, adapter(server, "openai"), retry=NO_SLEEP).step(eng.load(task_id))
+    assert len(server.requests) == 1  # not called again within the 600 s asked
+    turn = eng.history(task_id)[-1].data["turn"]
+    assert (turn["code"], turn["attempts"]) == ("RATE_LIMITED", 1), turn
+    assert task.state != "decided"
+
+
+def test_retry_after_is_read_in_seconds_milliseconds_or_as_a_date() -> None:
+    from datetime import UTC, datetime
+
+    from engine.core.model_errors import retry_after
+
+    at = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+    assert retry_after({"Retry-After": "7"}, at) == 7.0
+    assert retry_after({"retry-after-ms": "250"}, at) == 0.25
+    assert retry_after({"Retry-After": "Thu, 03 Dec 2026 12:00:30 GMT"}, at) == 30.0
+    for unusable in ({}, {"Retry-After": "soon"}, {"Retry-After": "-3"}, {"Retry-After": "nan"}):
+        assert retry_after(unusable, at) is None, unusable
 
 
 def test_signed_thinking_is_passed_back_in_the_repair_turn(eng: Engine, server: ProviderServer) -> None:

@@ -16,8 +16,12 @@ for the server log; it never reaches the public log, nor does the request body.
 from __future__ import annotations
 
 import logging
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Literal
 
 from engine.core.errors import Category, Code
@@ -81,6 +85,8 @@ class ModelError(Exception):
         #: What the provider reported spending on an answer that arrived and still failed (truncated, filtered,
         #: empty): token budgets count it.
         self.usage = usage
+        #: How long the provider asked to be left alone before the next call (`retry_after`), in seconds.
+        self.retry_after: float | None = None
         #: Set by the runner that made the calls: how many it made, and the seconds they took, backoff included.
         self.attempts = 1
         self.seconds = 0.0
@@ -204,9 +210,44 @@ def names_shape(fields: ErrorFields) -> bool:
     return bool(fields.param) and re.split(r"[.\[]", fields.param or "", maxsplit=1)[0] in _NAMING_PARAMS
 
 
-def failure(fields: ErrorFields, sent: frozenset[Shape], message: str, status: int | None = None) -> ModelError:
-    """The `ModelError` of an error the provider sent: its code (`classify`) and whether it named the shape."""
-    return ModelError(classify(fields, sent), message, status=status, named=names_shape(fields))
+def failure(
+    fields: ErrorFields,
+    sent: frozenset[Shape],
+    message: str,
+    status: int | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ModelError:
+    """The `ModelError` of an error the provider sent: its code (`classify`), whether it named the shape, and how
+    long it asked the caller to wait (its `retry-after-ms` or `retry-after` header)."""
+    error = ModelError(classify(fields, sent), message, status=status, named=names_shape(fields))
+    error.retry_after = retry_after(headers or {})
+    return error
+
+
+def retry_after(headers: Mapping[str, str], at: datetime | None = None) -> float | None:
+    """The seconds a provider asks a client to wait before its next call: `retry-after-ms` (OpenAI's and
+    Anthropic's, in milliseconds) first, else `retry-after` in seconds or as an HTTP date; None when neither says
+    (or says something that is not a time to come). Header names are matched without regard to case."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = (lowered.get(name) or "").strip()
+        if not raw:
+            continue
+        try:
+            seconds = float(raw) * scale
+        except ValueError:
+            if scale != 1.0:
+                continue
+            try:
+                when = parsedate_to_datetime(raw)
+            except (TypeError, ValueError, IndexError):
+                continue
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            seconds = (when - (at or datetime.now(UTC))).total_seconds()
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    return None
 
 
 def classify(fields: ErrorFields, sent: frozenset[Shape] = frozenset()) -> Code:

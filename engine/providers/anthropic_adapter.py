@@ -148,7 +148,8 @@ class AnthropicAdapter:
         except anthropic.APIStatusError as exc:
             # An `event: error` inside a 200 stream arrives here too, with status_code 200: its type decides.
             message = error_message(exc.body, exc.api_message or exc.message)
-            raise failure(ErrorFields.of(exc.body, exc.status_code), sent, message, exc.status_code) from None
+            fields = ErrorFields.of(exc.body, exc.status_code)
+            raise failure(fields, sent, message, exc.status_code, exc.response.headers) from None
         except anthropic.APIError as exc:
             message = error_message(exc.body, exc.message)
             raise failure(ErrorFields.of(exc.body), sent, message) from None

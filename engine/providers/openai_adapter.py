@@ -131,7 +131,8 @@ class OpenAIAdapter:
             raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
         except openai.APIStatusError as exc:
             message = error_message(exc.body, exc.message)
-            raise failure(ErrorFields.of(exc.body, exc.status_code), sent, message, exc.status_code) from None
+            fields = ErrorFields.of(exc.body, exc.status_code)
+            raise failure(fields, sent, message, exc.status_code, exc.response.headers) from None
         except openai.APIError as exc:
             # Raised by the SDK for a `data: {"error": ...}` chunk inside a 200 stream.
             message = error_message(exc.body, exc.message)

@@ -62,11 +62,20 @@ class RetryPolicy:
     attempts: int = 3
     base_delay: float = 0.5
     max_delay: float = 8.0
+    #: The longest a provider's `retry-after` is waited for in the process; one that asks for longer ends the
+    #: retries (the turn fails with the provider's code) rather than calling again sooner than it said.
+    max_retry_after: float = 60.0
     sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
-    def delay(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(max, base * 2^attempt)]."""
-        return random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
+    def delay(self, attempt: int, retry_after: float | None = None) -> float | None:
+        """Full jitter: uniform in [0, min(max, base * 2^attempt)], but never sooner than the provider's
+        `retry_after`; None when that is longer than this policy waits."""
+        jitter = random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
+        if retry_after is None:
+            return jitter
+        if retry_after > self.max_retry_after:
+            return None
+        return max(jitter, retry_after)
 
 
 @dataclass
@@ -268,10 +277,10 @@ class AgentRunner:
                     hooks.model_call(
                         self.adapter.provider, self.adapter.model, self.profile.name, call_started, error=error
                     )
-                if not error.retryable or attempt >= self.retry.attempts:
+                delay = self.retry.delay(attempt, error.retry_after) if error.retryable else None
+                if delay is None or attempt >= self.retry.attempts:
                     error.attempts, error.seconds = attempt, round(time.monotonic() - started, 3)
                     raise
-                delay = self.retry.delay(attempt)
                 log.info(
                     "model call %s; retrying in %.2fs (attempt %s of %s)",
                     error.code,
