@@ -172,7 +172,8 @@ def test_error_inside_the_provider_is_a_provider_error_state_not_a_repair(eng: E
     assert task.state == "deciding~provider_error" and task.status == "blocked"
     event = eng.history(task_id)[-1]
     assert (event.trigger, event.data["turn"]["code"]) == ("provider_error", "PROVIDER_ERROR")
-    assert "upstream exploded" not in json.dumps(event.data)
+    # The provider's own words are kept (masked and capped: issue #30), where the turn's code is; never as a repair.
+    assert event.data["turn"]["provider_message"] == "upstream exploded"
     assert undeclared([event]) == []
     assert task.visit.get("repairs", 0) == 0
 

@@ -16,6 +16,7 @@ import pytest
 
 from engine import Engine, Registry, StaticRoles, migrations
 from engine.core.profiles import BUILTIN_PROFILES, load_profiles
+from engine.core.summary import details
 from engine.providers.anthropic_adapter import AnthropicAdapter
 from engine.providers.openai_adapter import OpenAIAdapter
 from engine.runtime.agent import AgentRunner, RetryPolicy
@@ -223,6 +224,12 @@ def test_a_429_is_retried_no_sooner_than_the_provider_says(
     task = runner.step(eng.load(task_id))
     assert task.state == "decided" and len(server.requests) == 2
     assert len(waited) == 1 and least <= waited[0] <= max(least, 1.0) + 0.001, waited
+    # What the retry was after is on the event, in the provider's words, and the timeline says it.
+    turn = eng.history(task_id)[-1].data["turn"]
+    said = "Rate limit reached" if wire == "openai" else "Rate limited"
+    assert turn["retried"] == [{"code": "RATE_LIMITED", "status": 429, "message": said, "waited": round(waited[0], 3)}]
+    shown = details(eng.history(task_id)[-1])
+    assert f"retried after RATE_LIMITED (429: {said}), waiting {round(waited[0], 3)} s" in shown, shown
 
 
 def test_a_retry_after_longer_than_the_policy_waits_ends_the_retries_rather_than_calling_sooner(
@@ -237,7 +244,22 @@ def test_a_retry_after_longer_than_the_policy_waits_ends_the_retries_rather_than
     assert len(server.requests) == 1  # not called again within the 600 s asked
     turn = eng.history(task_id)[-1].data["turn"]
     assert (turn["code"], turn["attempts"]) == ("RATE_LIMITED", 1), turn
+    assert turn["provider_message"] == "Rate limit reached" and "retried" not in turn
+    assert "the provider said: Rate limit reached" in details(eng.history(task_id)[-1])
     assert task.state != "decided"
+
+
+def test_a_failed_turn_keeps_the_providers_words_with_secrets_masked_and_capped(
+    eng: Engine, server: ProviderServer
+) -> None:
+    key = "sk-proj-" + "a1B2c3D4" * 6
+    words = f"upstream overloaded (key {key} over quota) " + "x" * 600
+    server.reply(openai_error(400, words, type="invalid_request_error"))
+    task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
+    AgentRunner(eng, adapter(server, "openai"), retry=NO_SLEEP).step(eng.load(task_id))
+    said = eng.history(task_id)[-1].data["turn"]["provider_message"]
+    assert said.startswith("upstream overloaded (key [redacted] over quota)") and key not in said
+    assert len(said) <= 300 + len("…[cut]")
 
 
 def test_retry_after_is_read_in_seconds_milliseconds_or_as_a_date() -> None:

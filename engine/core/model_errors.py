@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Literal
+from typing import Any, Literal
 
 from engine.core.errors import Category, Code
 from engine.core.model_interface import ModelRequest, Usage
@@ -87,6 +87,8 @@ class ModelError(Exception):
         self.usage = usage
         #: How long the provider asked to be left alone before the next call (`retry_after`), in seconds.
         self.retry_after: float | None = None
+        #: Set by the runner: the errors of the calls before this one, each retried (`provider_said`, `waited`).
+        self.retried: list[dict[str, Any]] = []
         #: Set by the runner that made the calls: how many it made, and the seconds they took, backoff included.
         self.attempts = 1
         self.seconds = 0.0
@@ -269,3 +271,19 @@ def classify(fields: ErrorFields, sent: frozenset[Shape] = frozenset()) -> Code:
         if observed[rule.field] in rule.values:
             return rule.code
     return Code.PROVIDER_ERROR
+
+
+#: What the log keeps of a provider's own words about an error: enough to tell "upstream overloaded" from a quota.
+MAX_PROVIDER_MESSAGE = 300
+
+
+def provider_said(error: ModelError) -> dict[str, Any]:
+    """What an event records of a provider's error: its code, its HTTP status, and its message (secrets redacted
+    when the error was made, control characters removed, capped), so that `show`, `history` and the task page can
+    say why a call failed or was made again, not only its code."""
+    said: dict[str, Any] = {"code": str(error.code)}
+    if error.status is not None:
+        said["status"] = error.status
+    if message := clean(error.raw, MAX_PROVIDER_MESSAGE).strip():
+        said["message"] = message
+    return said

@@ -71,6 +71,18 @@ class Turn(TypedDict):
             float, Doc("when the turn failed, the seconds its provider calls took, backoff between them included")
         ]
     ]
+    provider_message: NotRequired[
+        Annotated[str, Doc("when the turn failed, the provider's own words (secrets redacted, at most 300 characters)")]
+    ]
+    retried: NotRequired[
+        Annotated[
+            list[dict[str, Any]],
+            Doc(
+                "each provider call made again, in order: the error's `code`, HTTP `status` and `message` (as "
+                "`provider_message`), and the seconds `waited` before the next call"
+            ),
+        ]
+    ]
     errors: NotRequired[Annotated[list[dict[str, Any]], Doc("what was wrong with the proposal, as the model was told")]]
     demoted: NotRequired[
         Annotated[str, Doc("the request shape the provider refused, not sent again for this task and model")]

@@ -135,6 +135,11 @@ def details(event: Event, width: int | None = 300, *, earlier: Sequence[Event] =
             out.append(f"the {turn.get('worked')} rung worked after escalating: the next visit starts there")
         if turn.get("demoted"):
             out.append(f"the provider refused the request shape {turn.get('demoted')}: it is not sent again")
+        for again in turn.get("retried") or []:
+            if isinstance(again, dict):
+                out.append(clip(f"retried after {_said(again)}, waiting {again.get('waited')} s", width))
+        if turn.get("provider_message"):
+            out.append(clip(f"the provider said: {turn.get('provider_message')}", width))
     if (outcome := data.get("outcome")) is not None and outcome.get("code"):
         out.append(clip(f"{outcome.get('code')}: {outcome.get('message') or 'no message'}", width))
     if data.get("reconciled") is True:
@@ -176,3 +181,10 @@ def _stranded(earlier: Sequence[Event], action_id: object) -> bool:
         if e.data.get("outcome") is not None and e.data.get("action_id") == action_id:
             return False
     return False
+
+
+def _said(error: dict[str, Any]) -> str:
+    """A provider error as a turn's `retried` records it: `RATE_LIMITED (429: Rate limit reached)`."""
+    status, message = error.get("status"), error.get("message")
+    inside = ": ".join(str(p) for p in (status, message) if p)
+    return f"{error.get('code')}" + (f" ({inside})" if inside else "")

@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from engine.core.budgets import exceeded
 from engine.core.canonical import now
@@ -42,7 +42,7 @@ from engine.core.forcing import (
     remembered_rung,
     reminder_message,
 )
-from engine.core.model_errors import REQUEST_SHAPE, ModelError
+from engine.core.model_errors import REQUEST_SHAPE, ModelError, provider_said
 from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
 from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
@@ -162,10 +162,14 @@ class AgentRunner:
         if request.thinking_switch:
             turn["thinking_switch"] = request.thinking_switch
         try:
-            response, attempts = await self._call(request)
+            response, attempts, retried = await self._call(request)
         except ModelError as error:
             turn["code"], turn["messages"] = str(error.code), [m.to_dict() for m in added]
             turn["attempts"], turn["seconds"] = error.attempts, error.seconds
+            if said := provider_said(error).get("message"):
+                turn["provider_message"] = said
+            if error.retried:
+                turn["retried"] = error.retried
             if error.usage is not None and (spent := error.usage.to_dict()):  # answered, then failed: it counts
                 turn["usage"] = cast(TokenUsage, spent)
             # A call that fails after an unconfirmed refusal does not confirm it: the shape stays this task's alone.
@@ -221,6 +225,8 @@ class AgentRunner:
             turn["usage"] = cast(TokenUsage, usage)
         if attempts > 1:
             turn["attempts"] = attempts
+        if retried:
+            turn["retried"] = retried
         if outcome.errors:
             turn["errors"] = outcome.errors
         data: EventData = {**outcome.data, "turn": turn}
@@ -265,8 +271,10 @@ class AgentRunner:
         answer = await self.io.wait(lambda: complete(request))
         return await answer if inspect.isawaitable(answer) else answer
 
-    async def _call(self, request: ModelRequest) -> tuple[ModelResponse, int]:
+    async def _call(self, request: ModelRequest) -> tuple[ModelResponse, int, list[dict[str, Any]]]:
+        """The answer, the calls it took, and what each call made again was retried after (`turn.retried`)."""
         attempt, started = 0, time.monotonic()
+        retried: list[dict[str, Any]] = []
         while True:
             attempt += 1
             call_started = time.perf_counter() if hooks.active else 0.0  # this attempt's, for its span
@@ -280,7 +288,9 @@ class AgentRunner:
                 delay = self.retry.delay(attempt, error.retry_after) if error.retryable else None
                 if delay is None or attempt >= self.retry.attempts:
                     error.attempts, error.seconds = attempt, round(time.monotonic() - started, 3)
+                    error.retried = retried
                     raise
+                retried.append({**provider_said(error), "waited": round(delay, 3)})
                 log.info(
                     "model call %s; retrying in %.2fs (attempt %s of %s)",
                     error.code,
@@ -294,4 +304,4 @@ class AgentRunner:
                 hooks.model_call(
                     self.adapter.provider, self.adapter.model, self.profile.name, call_started, response=response
                 )
-            return response, attempt
+            return response, attempt, retried
