@@ -187,7 +187,8 @@ class Engine:
         state now), never retried into another meaning.
         """
         _check_actor(actor)
-        task = self._as_seen(task_id, expected_seq, actor)
+        caller = self._caller(actor)
+        task = self._as_seen(task_id, expected_seq, caller)
         if trigger in DECISIONS and self.definition_of(task).state(task.state).kind is StateKind.APPROVAL:
             # One way to decide an approval, whichever door it comes through: the same checks and the same
             # record as `approve` / `reject`. The payload names the digest the approver saw, and a comment.
@@ -196,12 +197,13 @@ class Engine:
             comment = next((str(fields[k]) for k in ("comment", "reason", "note") if k in fields), "")
             verdict: Literal["approve", "reject"] = "approve" if trigger == "approve" else "reject"
             return self._decide_approval(
-                task_id, verdict, actor, digest if isinstance(digest, str) else None, comment, loaded=task
+                task_id, verdict, caller, digest if isinstance(digest, str) else None, comment, loaded=task
             )
         if trigger == SETTLE:
             fields = dict(payload or {})
-            return self._settle(task, actor, fields.get("outcome"), fields.get("evidence"))
-        return self._human(task, lambda: self.transition(task, trigger, payload, actor=actor))
+            return self._settle(task, caller, fields.get("outcome"), fields.get("evidence"))
+        decision = decide(self.definition_of(task), task, trigger, payload, actor=actor, roles=caller.roles)
+        return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
     #: DESIGN.md's name for firing a human or external trigger (a customer replied, an operator closed): the
     #: same method, so a signal gets the same checks, refusals and approval handling as `fire`.
@@ -382,7 +384,9 @@ class Engine:
         expected_seq: int | None = None,
     ) -> TaskState:
         """Approve the prepared call awaiting approval; `prepared_digest` is the digest the approver saw."""
-        return self._decide_approval(task_id, "approve", actor, prepared_digest, comment, expected_seq=expected_seq)
+        _check_actor(actor)
+        caller = self._caller(actor)
+        return self._decide_approval(task_id, "approve", caller, prepared_digest, comment, expected_seq=expected_seq)
 
     def reject(
         self,
@@ -394,7 +398,9 @@ class Engine:
         expected_seq: int | None = None,
     ) -> TaskState:
         """Reject it. The digest is optional: refusing a call does not depend on its exact content."""
-        return self._decide_approval(task_id, "reject", actor, prepared_digest, reason, expected_seq=expected_seq)
+        _check_actor(actor)
+        caller = self._caller(actor)
+        return self._decide_approval(task_id, "reject", caller, prepared_digest, reason, expected_seq=expected_seq)
 
     def approvals(
         self, *, role: str | None = None, after: str | None = None, limit: int | None = None
@@ -459,7 +465,7 @@ class Engine:
         self,
         task_id: str,
         verdict: Literal["approve", "reject"],
-        actor: str,
+        caller: Caller,
         digest: str | None,
         comment: str,
         *,
@@ -467,18 +473,17 @@ class Engine:
         expected_seq: int | None = None,
     ) -> TaskState:
         """`loaded`: the task as the caller just loaded it (then `expected_seq` was checked already)."""
-        _check_actor(actor)
-        task = loaded if loaded is not None else self._as_seen(task_id, expected_seq, actor)
+        task = loaded if loaded is not None else self._as_seen(task_id, expected_seq, caller)
         decision = commands.approval(
             self.definition_of(task),
             task,
             verdict,
-            caller=self._caller(actor),
+            caller=caller,
             digest=digest,
             comment=comment,
             earlier_digests=lambda: self._prepared_digests(task.task_id),
         )
-        return self._human(task, lambda: self.commit(task, decision, actor=actor))
+        return self._human(task, lambda: self.commit(task, decision, actor=caller.actor))
 
     def _prepared_digests(self, task_id: str) -> set[str]:
         """Every call the task prepared, by digest: what a digest prefix must not also name."""
@@ -498,8 +503,9 @@ class Engine:
         that finds the task moved on after it read it is refused (CONCURRENCY_CONFLICT), not retried.
         """
         _check_actor(actor)
-        task = self._as_seen(task_id, expected_seq, actor)
-        decision = commands.cancel(self.definition_of(task), task, caller=self._caller(actor), reason=reason)
+        caller = self._caller(actor)
+        task = self._as_seen(task_id, expected_seq, caller)
+        decision = commands.cancel(self.definition_of(task), task, caller=caller, reason=reason)
         return self._human(task, lambda: self.commit(task, decision, actor=actor))
 
     def settle(
@@ -512,15 +518,14 @@ class Engine:
         retry send it again. With a cancel waiting, the task goes where the cancel says.
         """
         _check_actor(actor)
-        return self._settle(self._as_seen(task_id, expected_seq, actor), actor, outcome, evidence)
+        caller = self._caller(actor)
+        return self._settle(self._as_seen(task_id, expected_seq, caller), caller, outcome, evidence)
 
-    def _settle(self, task: TaskState, actor: str, outcome: Any, evidence: Any) -> TaskState:
+    def _settle(self, task: TaskState, caller: Caller, outcome: Any, evidence: Any) -> TaskState:
         definition = self.definition_of(task)
         running = self._attempt_running(definition, task) if task.unsettled is not None else None
-        decision = commands.settle(
-            definition, task, caller=self._caller(actor), outcome=outcome, evidence=evidence, running=running
-        )
-        return self._human(task, lambda: self.commit(task, decision, actor=actor))
+        decision = commands.settle(definition, task, caller=caller, outcome=outcome, evidence=evidence, running=running)
+        return self._human(task, lambda: self.commit(task, decision, actor=caller.actor))
 
     def _attempt_running(self, definition: Workflow, task: TaskState) -> str | None:
         """Why the open write's last attempt may still be in flight (a worker holds the task, or its call has not
@@ -552,17 +557,17 @@ class Engine:
         _check_actor(actor)
         return self._caller(actor)
 
-    def _as_seen(self, task_id: str, expected_seq: int | None, actor: str) -> TaskState:
+    def _as_seen(self, task_id: str, expected_seq: int | None, caller: Caller) -> TaskState:
         """The task a human command is decided on: as it is now, and at `expected_seq` if the caller names one.
-        A task of a tenant the actor is not of is, to it, no task (`engine.core.access.in_tenants`)."""
+        A task of a tenant the caller is not of is, to it, no task (`engine.core.access.in_tenants`)."""
         task = self.load(task_id)
-        self._within_tenants(task_id, task.tenant, actor)
+        self._within_tenants(task_id, task.tenant, caller)
         if expected_seq is not None and expected_seq != task.seq:
             raise ConcurrencyConflict(task_id, expected_seq, task.seq, task.state)
         return task
 
-    def _within_tenants(self, task_id: str, tenant: str | None, actor: str) -> None:
-        if not in_tenants(tenant, self._caller(actor)):
+    def _within_tenants(self, task_id: str, tenant: str | None, caller: Caller) -> None:
+        if not in_tenants(tenant, caller):
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
 
     def _human(self, task: TaskState, append: Callable[[], TaskState]) -> TaskState:
@@ -647,9 +652,10 @@ class Engine:
         row = self.store.row(task_id)
         if row is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
-        self._within_tenants(task_id, row.tenant, actor)
+        caller = self._caller(actor)
+        self._within_tenants(task_id, row.tenant, caller)
         refusal = operator_refusal(
-            self._definition(row.workflow, row.version, row.digest), row.state, FORK, self._caller(actor), task_id
+            self._definition(row.workflow, row.version, row.digest), row.state, FORK, caller, task_id
         )
         if refusal is not None:
             raise refusal
@@ -690,7 +696,7 @@ class Engine:
             target,
             source,
             source_id=task_id,
-            caller=self._caller(actor),
+            caller=caller,
             reason=reason,
             task_id=str(uuid.uuid4()),
             at=now(),
@@ -724,13 +730,14 @@ class Engine:
         (WRITE_WOULD_REPEAT) where going back could make a write a second time.
         """
         _check_actor(actor)
-        task = self._as_seen(task_id, expected_seq, actor)
+        caller = self._caller(actor)
+        task = self._as_seen(task_id, expected_seq, caller)
         decision = commands.redrive(
             self.definition_of(task),
             task,
             self.events_of(task),
             to_state,
-            caller=self._caller(actor),
+            caller=caller,
             reason=reason,
             state_at=lambda seq: self.audit.as_of(task_id, seq=seq),
         )
