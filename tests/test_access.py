@@ -422,9 +422,9 @@ class Found(BaseModel):
     ok: bool
 
 
-def test_a_tool_is_told_who_started_the_task_and_who_proposed_the_call(db_url: str) -> None:
+def test_a_tool_is_told_who_started_the_task_who_proposed_the_call_and_the_tenant(db_url: str) -> None:
     """Tools receive the acting identity in their trusted context (`ToolInvocation.acting`), from the log: a tool
-    guarding an object checks ownership against it, never against what the model wrote."""
+    guarding an object checks ownership against it, never against what the model wrote, and the task's tenant."""
     seen: list[Acting] = []
 
     def lookup(call: ToolInvocation) -> Found:
@@ -444,13 +444,14 @@ def test_a_tool_is_told_who_started_the_task_and_who_proposed_the_call(db_url: s
             Terminal("done"),
         ],
     )
-    with Engine(db_url, Registry([flow]), authoriser=StaticRoles({"olga": {"ops"}})) as engine:
+    people = StaticRoles({"olga": {"ops"}}, tenants={"portal": {"acme"}})
+    with Engine(db_url, Registry([flow]), authoriser=people) as engine:
         task_id = engine.start("who", actor="portal")
         engine.fire(task_id, "lookup", {"q": "by hand"}, actor="olga")  # standing in for the model
         engine.run(task_id, max_turns=1)  # the tool state only
         model = ScriptedModel([call("lookup", q="by the model")], profile="anthropic")
         engine.run(task_id, model=model, max_turns=2)
-    assert seen == [Acting("portal", "olga"), Acting("portal", "model:scripted:scripted")]
+    assert seen == [Acting("portal", "olga", "acme"), Acting("portal", "model:scripted:scripted", "acme")]
 
 
 def test_a_task_id_typed_short_is_resolved_among_what_the_caller_may_read(

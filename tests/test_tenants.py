@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import create_engine, text
 
 from engine import (
-    Acting,
     Action,
     Agent,
     Code,
@@ -30,11 +29,6 @@ from engine import (
     ScriptedModel,
     StaticRoles,
     Terminal,
-    Tool,
-    ToolCatalog,
-    ToolDef,
-    ToolInvocation,
-    ToolKind,
     Wait,
     Workflow,
 )
@@ -198,43 +192,6 @@ def test_an_export_of_a_tenant_holds_only_its_tasks_and_verifies(tenanted: Engin
     ]
     findings = [f for r in verify_export((m.encode() for m in moved), tenanted.registry.find) for f in r.findings]
     assert [f.code for f in findings] == [Code.STATE_MISMATCH]
-
-
-class Lookup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    q: str
-
-
-class Found(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ok: bool
-
-
-def test_a_tool_is_told_the_tenant_of_the_task_it_works_for(db_url: str) -> None:
-    seen: list[Acting] = []
-
-    def lookup(call: ToolInvocation) -> Found:
-        seen.append(call.acting)
-        return Found(ok=True)
-
-    catalog = ToolCatalog("who", 1, [ToolDef("lookup", Lookup, Found, ToolKind.READ, lookup)])
-    flow = Workflow(
-        name="who",
-        version=1,
-        tools=catalog,
-        operator_role="ops",
-        model_override_role="ops",
-        states=[
-            Agent("asking", actions=[Action("lookup", "looking", Lookup, prepares="lookup"), Action("end", "done")]),
-            Tool("looking", tool="lookup", on_succeeded="asking", on_failed="asking", on_unknown="asking"),
-            Terminal("done"),
-        ],
-    )
-    people = StaticRoles({"portal": set()}, {"portal": {"acme"}})
-    with Engine(db_url, Registry([flow]), authoriser=people) as engine:
-        task_id = engine.start("who", actor="portal")
-        engine.run(task_id, model=ScriptedModel([call("lookup", q="mine")], profile="anthropic"), max_turns=2)
-    assert seen == [Acting("portal", "model:scripted:scripted", "acme")]
 
 
 # -- the API: a person of one tenant sees nothing of the other -------------------------------------------------------

@@ -62,7 +62,10 @@ def _sorted(names: frozenset[str] | None) -> list[str] | None:
 def require_visible(engine: Engine, task_id: str, caller: Caller | None) -> None:
     """Refuse a task `caller` may not read as if it did not exist; a task that does not exist is left to the read
     that follows, which says so in the same words."""
-    bounds = scope(engine, caller)
+    _within(engine, task_id, scope(engine, caller))
+
+
+def _within(engine: Engine, task_id: str, bounds: Scope) -> None:
     if bounds == Scope():
         return
     row = engine.store.row(task_id)
@@ -75,7 +78,7 @@ def resolve(engine: Engine, text: str, caller: Caller | None) -> str:
     is checked that `caller` may read it (`require_visible`)."""
     bounds = scope(engine, caller)
     resolved = engine.resolve_task_id(text, _sorted(bounds.workflows), _sorted(bounds.tenants))
-    require_visible(engine, resolved, caller)
+    _within(engine, resolved, bounds)
     return resolved
 
 
