@@ -60,7 +60,7 @@ from engine.core.model_interface import (
 )
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, Endpoint, connection_failed, json_object, no_credentials
+from engine.providers.transport import LIMITS, Endpoint, answered, connection_failed, json_object, no_credentials
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -292,17 +292,7 @@ def parse_message(body: dict[str, Any], sent: frozenset[Shape] = frozenset()) ->
     if body.get("type") == "error" or body.get("error"):
         message = error_message(body, "error object in a 200 response")
         raise failure(ErrorFields.of(body, 200), sent, message, 200)
-    return _answered(_finish(body.get("content") or [], body.get("stop_reason"), body.get("usage")), body)
-
-
-def _answered(response: ModelResponse, message: dict[str, Any]) -> ModelResponse:
-    """`response` with the model and the id the provider gave its message (a body, or a stream's message_start)."""
-    model, answer_id = message.get("model"), message.get("id")
-    return replace(
-        response,
-        response_model=model if isinstance(model, str) and model else None,
-        response_id=answer_id if isinstance(answer_id, str) and answer_id else None,
-    )
+    return answered(_finish(body.get("content") or [], body.get("stop_reason"), body.get("usage")), body)
 
 
 def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = frozenset()) -> ModelResponse:
@@ -352,7 +342,7 @@ def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
     if not stopped and stop_reason is None:
         # Something arrived, but never the end: a dropped stream must not pass for a short answer.
         raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a stop_reason")
-    return _answered(_finish(content, stop_reason, usage), started)
+    return answered(_finish(content, stop_reason, usage), started)
 
 
 def _finish(content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, Any] | None) -> ModelResponse:

@@ -53,7 +53,7 @@ from engine.core.model_interface import (
 from engine.core.profiles import with_switch
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, Endpoint, connection_failed, json_object, no_credentials
+from engine.providers.transport import LIMITS, Endpoint, answered, connection_failed, json_object, no_credentials
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -258,7 +258,7 @@ def parse_completion(body: dict[str, Any], sent: frozenset[Shape] = frozenset())
         )
         for c in message.get("tool_calls") or ()
     )
-    return _answered(
+    return answered(
         _finish(
             calls=calls,
             text=message.get("content") or "",
@@ -268,16 +268,6 @@ def parse_completion(body: dict[str, Any], sent: frozenset[Shape] = frozenset())
             usage=body.get("usage"),
         ),
         body,
-    )
-
-
-def _answered(response: ModelResponse, body: dict[str, Any]) -> ModelResponse:
-    """`response` with the model and the id the provider gave its answer (a body, or a stream's chunk)."""
-    model, answer_id = body.get("model"), body.get("id")
-    return replace(
-        response,
-        response_model=model if isinstance(model, str) and model else None,
-        response_id=answer_id if isinstance(answer_id, str) and answer_id else None,
     )
 
 
@@ -318,7 +308,7 @@ def _read_stream(chunks: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
     if finish is None:
         # Something arrived, but never the end: a dropped stream must not pass for a short answer.
         raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a finish_reason")
-    return _answered(
+    return answered(
         _finish(
             calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())),
             text="".join(text),

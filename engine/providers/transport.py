@@ -13,12 +13,14 @@ calls as its `--concurrency`, each on a connection of its own (HTTP/1.1), so the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import httpx2
 
 from engine.core.errors import Code, RailyardError
+from engine.core.model_interface import ModelResponse
 
 #: Connections one SDK client may hold: above any worker's calls in flight (aiohttp's own default is 100).
 MAX_CONNECTIONS = 100_000
@@ -78,3 +80,14 @@ def no_credentials(provider: str, detail: str) -> RailyardError:
     Which sources count is the SDK's to say (keys, tokens, profiles, workload identity), not the engine's: a
     key the provider refuses is still `PROVIDER_AUTH`."""
     return RailyardError(f"{provider}: no credentials: {detail}", code=Code.MODEL_NOT_CONFIGURED)
+
+
+def answered(response: ModelResponse, body: dict[str, Any]) -> ModelResponse:
+    """`response` with the model and the id the provider gave its answer (a body, a stream's first chunk, or the
+    Anthropic stream's `message_start` message): what traces and the turn record of who answered."""
+    model, answer_id = body.get("model"), body.get("id")
+    return replace(
+        response,
+        response_model=model if isinstance(model, str) and model else None,
+        response_id=answer_id if isinstance(answer_id, str) and answer_id else None,
+    )
