@@ -50,7 +50,12 @@ class Caller:
 def in_tenants(tenant: str | None, caller: Caller | None) -> bool:
     """Whether a task of `tenant` (None: of none) is within `caller`'s tenants: every task for a caller confined
     to none (and for the trusted process, None); for a confined caller only its own tenants' tasks."""
-    return caller is None or caller.tenants is None or (tenant is not None and tenant in caller.tenants)
+    return caller is None or _of_tenants(tenant, caller.tenants)
+
+
+def _of_tenants(tenant: str | None, tenants: frozenset[str] | None) -> bool:
+    """The tenant rule itself: no bound (None) admits every task; a bound admits only its tenants' tasks."""
+    return tenants is None or (tenant is not None and tenant in tenants)
 
 
 def start_tenant(caller: Caller, asked: str | None) -> str | None:
@@ -221,7 +226,7 @@ class Scope:
         """Whether a task of `workflow` and `tenant` is within the scope."""
         if self.workflows is not None and workflow not in self.workflows:
             return False
-        return self.tenants is None or (tenant is not None and tenant in self.tenants)
+        return _of_tenants(tenant, self.tenants)
 
 
 def read_scope(definitions: Iterable[Workflow], caller: Caller | None) -> Scope:
