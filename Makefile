@@ -57,23 +57,12 @@ test: $(DEV) $(TOOLS_STAMP)
 test-core: $(DEV)
 	$(PYTEST) -m core
 
+# bench/figures.py runs every benchmark in bench/ (its BENCHES, in order) and ends with one table of every target.
 bench: $(DEV)
-	$(BIN)/python bench/replay.py
-	$(BIN)/python bench/append.py
-	$(BIN)/python bench/agent_step.py
-	$(BIN)/python bench/workers.py
-	$(BIN)/python bench/checkpoint.py
-	$(BIN)/python bench/llm_bound.py
-	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/figures.py
 
 bench-quick: $(DEV)
-	$(BIN)/python bench/replay.py --quick
-	$(BIN)/python bench/append.py --quick
-	$(BIN)/python bench/agent_step.py --quick
-	$(BIN)/python bench/workers.py --quick
-	$(BIN)/python bench/checkpoint.py --quick
-	$(BIN)/python bench/llm_bound.py --quick
-	$(BIN)/python bench/scale.py --quick
+	$(BIN)/python bench/figures.py --quick
 
 lint: $(DEV)
 	$(BIN)/ruff format --check engine workflows migrations tests bench tools

@@ -100,6 +100,7 @@ from engine import (
 from engine.core.canonical import canonical_json
 from engine.core.forcing import build_request, choose_rung, model_actions
 from engine.core.model_interface import ModelRequest, ModelResponse, ToolCall
+from engine.core.webhooks import Outgoing
 from engine.runtime.agent import AgentRunner
 
 HISTORIES = (10, 1000)
@@ -194,11 +195,14 @@ class BatchingStore(SqlStore):
         snapshot: tuple[int, str, str] | None = None,
         next_run_at: datetime | None = None,
         lease_epoch: int | None = None,
+        outbox: Sequence[Outgoing] = (),
     ) -> None:
-        # The other task-row fields an append sets (next_run_at, lease_epoch): the last ones win.
-        row = {"next_run_at": next_run_at, "lease_epoch": lease_epoch}
+        # The other task-row fields an append sets (next_run_at, lease_epoch): the last ones win; webhook messages
+        # are kept and written with the batch.
         if self.pending is not None and self.pending[0] != task_id:
             self.flush()
+        kept = list(self.pending[4]["outbox"]) if self.pending is not None else []
+        row = {"next_run_at": next_run_at, "lease_epoch": lease_epoch, "outbox": [*kept, *outbox]}
         if self.pending is None:
             self.pending = (task_id, expected_seq, [], status, row)
         self.pending[2].extend(new_events)

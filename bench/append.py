@@ -7,7 +7,11 @@ On PostgreSQL, with 1 and 4 concurrent writers (processes, each on its own task)
   (c) engine      `Engine.transition` on a task the caller already holds (state and seq known)
 
 and, with 1 writer, a stateless read-then-write: raw (BEGIN; SELECT; UPDATE; INSERT; COMMIT)
-against `Engine.fire` (load, then append). On SQLite (WAL): sqlite3 by hand (BEGIN IMMEDIATE;
+against `Engine.fire` (load, then append). Beside that self-loop (one task, `{"n": i}`), the peer shape of
+issue #33: each operation on a different one of 100 tasks, round robin, the tick carrying a pydantic-validated
+payload of about 200 bytes with a nested dict (`harness.peer_args`): (b) and (c), and the stateless pair, on
+PostgreSQL with 1 writer, and raw sqlite3 against `Engine.transition` on SQLite, each against its own raw
+baseline in the same rounds. On SQLite (WAL): sqlite3 by hand (BEGIN IMMEDIATE;
 UPDATE; INSERT; COMMIT) against the engine. Then `Engine.load` of a task with 10,000 events
 from its snapshot. Last, what observability costs on SQLite, in this process: `Engine.transition`
 with nothing turned on (and neither opentelemetry nor prometheus_client imported: checked) against
@@ -86,13 +90,23 @@ LABELS = {
     "transition": "(c) engine: Engine.transition (task held)",
     "read_write": "raw read-then-write: BEGIN; SELECT; UPDATE; INSERT; COMMIT",
     "fire": "engine: Engine.fire (load, then append)",
+    "peer_best": "peer shape (b) raw best: one CTE statement, autocommit",
+    "peer_transition": "peer shape (c) engine: Engine.transition (task held)",
+    "peer_read_write": "peer shape raw read-then-write: BEGIN; SELECT; UPDATE; INSERT; COMMIT",
+    "peer_fire": "peer shape engine: Engine.fire (load, then append)",
 }
 SQLITE_LABELS = {
     "naive": "raw sqlite3: BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT",
     "transition": "engine: Engine.transition (task held)",
     "read_write": "raw read-then-write: BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT",
     "fire": "engine: Engine.fire (load, then append)",
+    "peer_naive": "peer shape raw sqlite3: BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT",
+    "peer_transition": "peer shape engine: Engine.transition (task held)",
 }
+#: The peer shape (issue #33), beside the self-loop: each operation on a different one of 100 tasks, round robin,
+#: the tick carrying a pydantic-validated payload of about 200 bytes with a nested dict (`harness.peer_args`).
+PEER_PG = ("peer_best", "peer_transition", "peer_read_write", "peer_fire")
+PEER_SQLITE = ("peer_naive", "peer_transition")
 
 
 def run_rounds(pool: Pool, plan: Plan, series: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -221,13 +235,13 @@ def measure_all(plan: Plan, pg_url: str | None, sqlite_url: str) -> dict[str, An
     pool = Pool(cfg, max(WRITERS) if pg_url else 1)
     try:
         if pg_url is not None:
-            series = [(f"pg:{k}", 1) for k in ("naive", "best", "transition", "read_write", "fire")]
+            series = [(f"pg:{k}", 1) for k in ("naive", "best", "transition", "read_write", "fire", *PEER_PG)]
             series += [(f"pg:{k}", 4) for k in ("naive", "best", "transition")]
             figures = run_rounds(pool, plan, series)
             out["postgresql"] = {
                 str(w): {k.split(":")[1]: v for (k, n), v in figures.items() if n == w} for w in WRITERS
             }
-        kinds = ("naive", "transition", "read_write", "fire")
+        kinds = ("naive", "transition", "read_write", "fire", *PEER_SQLITE)
         figures = run_rounds(pool, plan, [(f"sqlite:{k}", 1) for k in kinds])
         out["sqlite"] = {k.split(":")[1]: v for (k, _), v in figures.items()}
     finally:
@@ -263,9 +277,12 @@ def ratios_and_targets(
         ratio("pg_4w_vs_1w_raw_best", four["best"], one["best"])
         ratio("pg_4w_transition_vs_naive", four["transition"], four["naive"])
         ratio("pg_4w_transition_vs_best", four["transition"], four["best"])
+        ratio("pg_peer_transition_vs_best", one["peer_transition"], one["peer_best"])
+        ratio("pg_peer_fire_vs_read_write", one["peer_fire"], one["peer_read_write"])
     sq = fig["sqlite"]
     ratio("sqlite_transition_vs_raw", sq["transition"], sq["naive"])
     ratio("sqlite_fire_vs_read_write", sq["fire"], sq["read_write"])
+    ratio("sqlite_peer_transition_vs_raw", sq["peer_transition"], sq["peer_naive"])
     ratio("sqlite_observed_vs_plain", fig["observability"]["on"], fig["observability"]["off"])
 
     def ratio_target(name: str, threshold: float, note: str) -> dict[str, Any]:
@@ -278,6 +295,21 @@ def ratios_and_targets(
             "pg_1w_transition_vs_best", 0.7, "Engine.transition / (b) raw best (one CTE), PostgreSQL, 1 writer"
         ),
         ratio_target("pg_1w_fire_vs_read_write", 1.0, "Engine.fire / raw read-then-write, PostgreSQL, 1 writer"),
+        ratio_target(
+            "pg_peer_transition_vs_best",
+            0.8,
+            "issue #33, peer shape: Engine.transition / one raw CTE statement, 100 tasks round robin, PostgreSQL",
+        ),
+        ratio_target(
+            "pg_peer_fire_vs_read_write",
+            1.0,
+            "issue #33, peer shape: Engine.fire / raw select + update + insert, PostgreSQL",
+        ),
+        ratio_target(
+            "sqlite_peer_transition_vs_raw",
+            0.5,
+            "issue #33, peer shape: Engine.transition / raw sqlite3 insert + update, WAL, synchronous=NORMAL",
+        ),
         ratio_target("pg_4w_vs_1w_engine", 2.5, "Engine.transition, 4 writer processes / 1, one task each, PostgreSQL"),
         ratio_target(
             "sqlite_transition_vs_raw",

@@ -80,9 +80,44 @@ def tick_workflow(name: str) -> Workflow:
 BENCH_WORKFLOW = tick_workflow("bench_tick")
 
 
+class PeerArgs(BaseModel):
+    """The payload the peers were measured with (issue #33): about 200 bytes, a nested dict, validated."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int
+    order_ref: str
+    note: str
+    detail: dict[str, dict[str, int | str]]
+
+
+def peer_args(n: int) -> dict[str, Any]:
+    """The peer shape's arguments for step `n`: 200-odd bytes of canonical JSON."""
+    return {
+        "n": n,
+        "order_ref": f"C-{n % 10_000:05d}",
+        "note": "refund requested after a late delivery; customer asked twice",
+        "detail": {"order": {"id": f"O-{n:08d}", "cents": 4_250 + n % 100}, "channel": {"name": "email", "tries": 2}},
+    }
+
+
+#: The same self-loop with the peers' payload: each operation on a different one of PEER_TASKS tasks.
+PEER_WORKFLOW = Workflow(
+    name="bench_peer",
+    version=1,
+    description="A self-loop whose tick carries the peers' 200-byte validated payload.",
+    states=[
+        Agent("working", actions=[Action("tick", "working", PeerArgs), Action("finish", "done")]),
+        Terminal("done"),
+    ],
+    operator_role=ANYONE,
+    model_override_role=ANYONE,
+)
+PEER_TASKS = 100
+
+
 def tick_engine(url: str) -> Engine:
-    """An engine that knows only `BENCH_WORKFLOW`, the self-loop the raw baselines write."""
-    return Engine(url, registry=Registry([BENCH_WORKFLOW]), authoriser=StaticRoles({}))
+    """An engine that knows only the self-loops the raw baselines write (`BENCH_WORKFLOW`, `PEER_WORKFLOW`)."""
+    return Engine(url, registry=Registry([BENCH_WORKFLOW, PEER_WORKFLOW]), authoriser=StaticRoles({}))
 
 
 # -- the hand-written transition: same rows, same hash, no engine code -------------------------------
@@ -90,10 +125,12 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def _hand_event(task_id: str, seq: int, prev_hash: str, n: int) -> tuple[datetime, str, str]:
+def _hand_event(
+    task_id: str, seq: int, prev_hash: str, n: int, args: dict[str, Any] | None = None
+) -> tuple[datetime, str, str]:
     """(at, data JSON, hash) of the `tick` event `seq`: sha256(prev_hash || canonical JSON of the body)."""
     at = datetime.now(UTC)
-    data = {"args": {"n": n}}
+    data = {"args": {"n": n} if args is None else args}
     body = {
         "task_id": task_id,
         "seq": seq,
@@ -221,6 +258,100 @@ class PgRaw:
                 PG_INSERT, (self.task_id, seq, at, ACTOR, state, "tick", "working", data, prev_hash, digest)
             )
         self.seq, self.last_hash = seq, digest  # bookkeeping only: the next read_write reads again
+
+
+class PeerRaw:
+    """The peer shape by hand: one connection (autocommit), PEER_TASKS tasks advanced round robin, each step's
+    event carrying `peer_args` (not validated: the physical limit)."""
+
+    def __init__(self, pg_dsn: str | None, sqlite_path: str | None, task_ids: list[str]) -> None:
+        self.pg = pg_dsn is not None
+        if pg_dsn is not None:
+            self.conn: Any = psycopg.connect(pg_dsn, autocommit=True)
+        else:
+            self.conn = sqlite3.connect(sqlite_path or "", isolation_level=None, timeout=30)
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=30000"):
+                self.conn.execute(f"PRAGMA {pragma}")  # as SqliteRaw: as the engine configures SQLite
+        self.cur = self.conn.cursor()
+        self.heads: list[tuple[str, int, str]] = []
+        for task_id in task_ids:
+            self.cur.execute(PG_SELECT if self.pg else SQLITE_SELECT, (task_id,))
+            seq, _, last_hash = self.cur.fetchone()
+            self.heads.append((task_id, seq, last_hash))
+        self.n = 0
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _next(self) -> tuple[int, str, int, str, datetime, str, str]:
+        self.n += 1
+        i = self.n % len(self.heads)
+        task_id, expected, prev_hash = self.heads[i]
+        seq = expected + 1
+        at, data, digest = _hand_event(task_id, seq, prev_hash, self.n, peer_args(self.n))
+        self.heads[i] = (task_id, seq, digest)
+        return i, task_id, expected, prev_hash, at, data, digest
+
+    def best(self) -> None:
+        """PostgreSQL: one data-modifying CTE in autocommit, one round trip."""
+        _, task_id, expected, prev, at, data, digest = self._next()
+        seq = expected + 1
+        row = (seq, "working", "runnable", digest, at, task_id, expected)
+        self.cur.execute(PG_CTE, (*row, seq, at, ACTOR, "working", "tick", "working", data, prev, digest))
+        if self.cur.rowcount != 1:
+            raise Conflict(task_id)
+
+    def read_write(self) -> None:
+        """PostgreSQL, stateless: BEGIN; SELECT the row; UPDATE ... WHERE seq = read; INSERT; COMMIT."""
+        self.n += 1
+        i = self.n % len(self.heads)
+        task_id = self.heads[i][0]
+        with self.conn.transaction():
+            self.cur.execute(PG_SELECT, (task_id,))
+            expected, state, prev_hash = self.cur.fetchone()
+            seq = expected + 1
+            at, data, digest = _hand_event(task_id, seq, prev_hash, self.n, peer_args(self.n))
+            self.cur.execute(PG_UPDATE, (seq, "working", "runnable", digest, at, task_id, expected))
+            if self.cur.rowcount != 1:
+                raise Conflict(task_id)
+            self.cur.execute(PG_INSERT, (task_id, seq, at, ACTOR, state, "tick", "working", data, prev_hash, digest))
+        self.heads[i] = (task_id, seq, digest)
+
+    def naive(self) -> None:
+        """SQLite: BEGIN IMMEDIATE; UPDATE; INSERT; COMMIT."""
+        _, task_id, expected, prev, at, data, digest = self._next()
+        seq = expected + 1
+        when = _sqlite_time(at)
+        self.cur.execute("BEGIN IMMEDIATE")
+        try:
+            self.cur.execute(SQLITE_UPDATE, (seq, "working", "runnable", digest, when, task_id, expected))
+            if self.cur.rowcount != 1:
+                raise Conflict(task_id)
+            self.cur.execute(
+                SQLITE_INSERT, (task_id, seq, when, ACTOR, "working", "tick", "working", data, prev, digest)
+            )
+            self.cur.execute("COMMIT")
+        except BaseException:
+            self.cur.execute("ROLLBACK")
+            raise
+
+
+class PeerEngine:
+    """The engine on the peer shape: PEER_TASKS tasks round robin, `transition` (each task held) or `fire`."""
+
+    def __init__(self, eng: Engine, task_ids: list[str]) -> None:
+        self.eng = eng
+        self.tasks = [eng.load(t) for t in task_ids]
+        self.n = 0
+
+    def transition(self) -> None:
+        self.n += 1
+        i = self.n % len(self.tasks)
+        self.tasks[i] = self.eng.transition(self.tasks[i], "tick", peer_args(self.n), actor=ACTOR)
+
+    def fire(self) -> None:
+        self.n += 1
+        self.eng.fire(self.tasks[self.n % len(self.tasks)].task_id, "tick", peer_args(self.n), actor=ACTOR)
 
 
 class SqliteRaw:
@@ -561,6 +692,15 @@ class Runners:
     def _make(self, kind: str) -> Callable[[], None]:
         backend, what = kind.split(":")
         eng = self.engine(backend)
+        if what.startswith("peer_"):
+            task_ids = [eng.start(PEER_WORKFLOW.name, {}, actor=ACTOR) for _ in range(PEER_TASKS)]
+            if what in ("peer_transition", "peer_fire"):
+                peer = PeerEngine(eng, task_ids)
+                return peer.transition if what == "peer_transition" else peer.fire
+            pg_dsn = libpq(self.cfg.pg_url) if backend == "pg" and self.cfg.pg_url else None
+            by_hand = PeerRaw(pg_dsn, None if pg_dsn else make_url(self.cfg.sqlite_url).database, task_ids)
+            self.closers.append(by_hand.close)
+            return {"peer_best": by_hand.best, "peer_read_write": by_hand.read_write}.get(what, by_hand.naive)
         task_id = eng.start(BENCH_WORKFLOW.name, {}, actor=ACTOR)
         if what in ("transition", "fire"):
             writer = EngineWriter(eng, task_id)

@@ -344,7 +344,9 @@ def worker_env(case: Case, url: str, port: int, workdir: Path) -> tuple[dict[str
         env |= {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "bench"}
     else:
         env |= {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "bench"}
-    argv = [str(RAILYARD), "worker", "--concurrency", str(case.concurrency), "--model", f"{case.wire}:bench-model"]
+    # One process each (the case says how many): their CPU is read from their own pids.
+    argv = [str(RAILYARD), "worker", "--processes", "1", "--concurrency", str(case.concurrency)]
+    argv += ["--model", f"{case.wire}:bench-model"]
     return env, argv
 
 

@@ -15,7 +15,7 @@ the rounds:
                     after it), live and finished ones in proportion
   approvals         `Engine.approvals_page(limit=50)`, what `GET /api/approvals` runs
   work queue        `engine.api.views.work_queue` for a holder of the approval role, what `/work` and
-                    `GET /api/work` run (the counts per kind, then a page of 50, each task loaded)
+                    `GET /api/work` run (the counts per kind, then a page of 50 rows, no task loaded)
   status            what `railyard status` runs: `Store.status_counts` and `Store.workers`
 
 Then, for each database:
@@ -410,7 +410,7 @@ class Database:
         t0 = time.perf_counter()
         found = work_queue(self.eng, self.principal, limit=PAGE)
         elapsed = time.perf_counter() - t0
-        assert len(found.items) == min(PAGE, self.expect["blocked"]), len(found.items)
+        assert len(found.rows) == min(PAGE, self.expect["blocked"]), len(found.rows)
         return elapsed
 
     def status(self) -> float:

@@ -1,7 +1,8 @@
 """Ctrl-C while the `railyard` command is still starting: the process ends quietly, never with a traceback.
 
-Importing `engine` takes about a second (SQLAlchemy, pydantic, the SDKs), and it happens before any of the
-command's own code runs: a SIGINT then would print a traceback of whatever module was importing. So, when this
+Starting the command imports Typer, Rich and the command modules (the heavy ones, SQLAlchemy, pydantic and the
+SDKs, only once a command runs), and that happens before any of the command's own code runs: a SIGINT then
+would print a traceback of whatever module was importing. So, when this
 process is the `railyard` command (its console script, or `python -m engine.cli`), the first thing `engine`
 does is give SIGINT its default action back: the process ends at once, silently, as a Unix program does.
 `engine.cli.main` turns SIGINT back into `KeyboardInterrupt` as soon as it runs (each command stops in its own

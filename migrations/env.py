@@ -7,7 +7,7 @@ from sqlalchemy import create_engine, pool
 
 from engine import config as railyard_config
 from engine.store.database import normalize_url
-from engine.store.schema import metadata
+from engine.store.schema import POSTGRESQL_ONLY_INDEXES, metadata
 
 config = context.config
 target_metadata = metadata
@@ -15,7 +15,10 @@ target_metadata = metadata
 
 def _ours(name: str | None, type_: str, _parents: object) -> bool:
     """Compare only Railyard's tables: others in the same database (the reference fakes' `fake_*` tables, an
-    application's own) are not Railyard's to create or drop, so `alembic check` must not report them."""
+    application's own) are not Railyard's to create or drop, so `alembic check` must not report them. Nor
+    the indexes on an expression that only PostgreSQL has (`schema.POSTGRESQL_ONLY_INDEXES`)."""
+    if type_ == "index":
+        return name not in POSTGRESQL_ONLY_INDEXES
     return type_ != "table" or name in target_metadata.tables
 
 

@@ -26,7 +26,17 @@ from tests.support.sqlite import migrated_sqlite
 #: `core` marker; `make test-core` (`pytest -m core`) collects these files alone and runs them in seconds, and
 #: a test among them that starts a process, opens a database or connects anywhere fails.
 CORE_TESTS = frozenset(
-    {"test_decide.py", "test_fold.py", "test_merkle.py", "test_model_errors.py", "test_payloads.py", "test_records.py"}
+    {
+        "test_children_core.py",
+        "test_decide.py",
+        "test_flow_core.py",
+        "test_fold.py",
+        "test_merkle.py",
+        "test_model_errors.py",
+        "test_payloads.py",
+        "test_records.py",
+        "test_worker_groups.py",
+    }
 )
 
 

@@ -168,7 +168,7 @@ def test_refused_shapes_are_never_resent_unchanged(eng: Engine) -> None:
 
 def test_error_inside_the_provider_is_a_provider_error_state_not_a_repair(eng: Engine) -> None:
     task_id = eng.start("triage", TICKET, actor="ann")
-    task = run(eng, task_id, ScriptedModel([{"error": {"status": 500, "message": "upstream exploded"}}]))
+    task = run(eng, task_id, ScriptedModel([{"error": {"status": 404, "message": "upstream exploded"}}]))
     assert task.state == "deciding~provider_error" and task.status == "blocked"
     event = eng.history(task_id)[-1]
     assert (event.trigger, event.data["turn"]["code"]) == ("provider_error", "PROVIDER_ERROR")
@@ -192,10 +192,12 @@ def test_retryable_errors_back_off_inside_their_own_budget(eng: Engine) -> None:
     assert task.state == "decided" and len(slept) == 2
     assert eng.history(task_id)[-1].data["turn"]["attempts"] == 3
     assert undeclared(eng.history(task_id)) == []
-    # Past the budget it is a provider error with the retryable code, still no repair spent.
+    # Past the in-process budget it is a durable backoff with the retryable code (issue #30), still no repair spent.
     task_id = eng.start("triage", TICKET, actor="ann")
     task = AgentRunner(eng, ScriptedModel([rate] * 5), retry=NO_SLEEP).step(eng.load(task_id))
-    assert (task.state, eng.history(task_id)[-1].data["turn"]["code"]) == ("deciding~provider_error", "RATE_LIMITED")
+    last = eng.history(task_id)[-1]
+    assert (task.state, last.trigger, last.data["turn"]["code"]) == ("deciding", "backoff", "RATE_LIMITED")
+    assert task.visit.get("repairs", 0) == 0
 
 
 def test_running_out_of_script_is_empty_response(eng: Engine) -> None:

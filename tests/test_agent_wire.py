@@ -140,13 +140,13 @@ def test_tool_choice_unsupported_from_the_server_moves_down_without_a_repair(
 
 
 @pytest.mark.parametrize("wire", ["openai", "anthropic"])
-def test_an_error_inside_a_200_stream_is_a_provider_error_not_an_answer_nor_a_repair(
+def test_an_error_inside_a_200_stream_is_a_retried_provider_error_not_an_answer_nor_a_repair(
     eng: Engine, server: ProviderServer, wire: str
 ) -> None:
     if wire == "openai":
         # The wording once made this RATE_LIMITED (retried); its fields say a server error.
         failure = json.dumps({"error": {"message": "upstream overloaded", "type": "server_error", "code": 502}})
-        server.reply(openai_stream(openai_chunk({"content": "Escalating the"}), failure))
+        server.reply(*[openai_stream(openai_chunk({"content": "Escalating the"}), failure)] * 2)
         profile = "deepseek"
     else:
         error = anthropic_event("error", error={"type": "api_error", "message": "upstream overloaded"})
@@ -163,18 +163,16 @@ def test_an_error_inside_a_200_stream_is_a_provider_error_not_an_answer_nor_a_re
                 "usage": {"input_tokens": 1, "output_tokens": 1},
             },
         )
-        server.reply(anthropic_stream(start, error))
+        server.reply(*[anthropic_stream(start, error)] * 2)
         profile = "anthropic"
     task_id = eng.start("triage", {"ticket_id": "T-1"}, actor="ann")
     task = AgentRunner(eng, adapter(server, profile, stream=True), retry=NO_SLEEP).step(eng.load(task_id))
     event = eng.history(task_id)[-1]
-    assert (event.trigger, event.data["turn"]["code"], task.state) == (
-        "provider_error",
-        "PROVIDER_ERROR",
-        "deciding~provider_error",
-    )
+    # The server failed (its fields say so): called again in the process, then a durable backoff (issue #30).
+    assert (event.trigger, event.data["turn"]["code"], task.state) == ("backoff", "PROVIDER_ERROR", "deciding")
+    assert event.data["turn"]["provider_message"] == "upstream overloaded"
     assert task.visit.get("repairs", 0) == 0
-    assert len(server.requests) == 1
+    assert len(server.requests) == 2
 
 
 def test_a_429_is_retried_by_the_engine_not_the_sdk(eng: Engine, server: ProviderServer) -> None:

@@ -720,6 +720,8 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("GET", "/api/work"),
         ("POST", "/api/tasks/{task_id}/approve"),
         ("POST", "/api/tasks/{task_id}/reject"),
+        ("POST", "/api/tasks/{task_id}/claim"),
+        ("DELETE", "/api/tasks/{task_id}/claim"),
         ("GET", "/api/workflows"),
         ("GET", "/api/workflows/{name}"),
         ("GET", "/api/workflows/{name}/diagram"),

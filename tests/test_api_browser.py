@@ -102,6 +102,7 @@ def log_in(page: Any, who: str) -> None:
 def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: Any, engine: Engine) -> None:
     task_id = to_approval(engine, text="The customer sent photos of the crushed box.")
     log_in(page, "dana")
+    page.locator(f"#work-{task_id} a.open-link").click()  # the queue's row opens its card in place
     card = page.locator(f"#approval-{task_id}")
     assert card.is_visible()
     text = card.inner_text()
@@ -116,9 +117,10 @@ def test_an_approver_approves_the_prepared_refund_and_the_task_completes(page: A
     assert "This runs refund_payment for 40.00 EUR." in card.inner_text()
     assert approve.count() == 1  # its accessible name says what it decides
     approve.click()
-    page.wait_for_url(f"**/tasks/{task_id}")
-    assert page.text_content("#task-state") == "executing"
+    page.wait_for_url("**/inbox*")  # back to the queue, at the next item (there is none)
     assert page.text_content("#flash") == "Your decision (approved) is recorded."
+    page.goto(f"/tasks/{task_id}")
+    assert page.text_content("#task-state") == "executing"
 
     assert Worker(engine, listen=False, concurrency=1).run_once() == 1  # a worker runs the approved refund
     page.reload()  # a reload is a GET: nothing is sent again, and the banner was shown once
@@ -156,9 +158,12 @@ def test_a_model_reason_containing_script_renders_as_text(page: Any, engine: Eng
         text=f'Because {script} <img src=x onerror="window.pwned=2">',
     )
     log_in(page, "dana")
+    page.goto(f"/inbox?open={task_id}")
     card = page.locator(f"#approval-{task_id}")
     assert script in card.inner_text()  # shown, as text
-    assert page.locator("script").count() == 0 and page.locator("main img").count() == 0
+    # No script but the queue's own keys (/static/queue.js), and no image.
+    assert page.locator("script").count() == 1 and page.locator("script[src='/static/queue.js']").count() == 1
+    assert page.locator("main img").count() == 0
     assert page.evaluate("typeof window.pwned") == "undefined"
     page.goto(f"/tasks/{task_id}")
     assert script in page.inner_text("main")
@@ -308,11 +313,11 @@ def test_each_page_passes_the_contrast_and_name_checks(browser: Any, server: str
         for url in ("/inbox", "/tasks", "/tasks?q=C-0042", f"/tasks/{task_id}", "/tasks/no-such-task"):
             tab.goto(url)
             assert tab.evaluate(AUDIT) == [], url
-        tab.goto("/inbox")
+        tab.goto(f"/inbox?open={task_id}")
         tab.locator(f"#approval-{task_id} summary.ok").click()
         assert tab.evaluate(AUDIT) == []  # the confirmation, open
         tab.locator(f"#approval-{task_id} button.ok").click()  # the banner after a decision, too
-        tab.wait_for_url(f"**/tasks/{task_id}")
+        tab.wait_for_url("**/inbox*")
         assert tab.locator("#flash").is_visible() and tab.evaluate(AUDIT) == []
         # The checks can fail: the borders this page had before (1.37:1) and grey labels are found.
         tab.goto("/tasks")
@@ -352,7 +357,7 @@ def test_an_approver_and_an_operator_work_the_queue_in_the_reference_workflows(b
                     tab.goto(path)
                     assert tab.evaluate("document.documentElement.scrollWidth") <= 1280, path
                     assert tab.evaluate(AUDIT) == [], path
-                tab.goto("/inbox")
+                tab.goto(f"/inbox?open={expense}")
                 assert tab.locator(f"#approval-{expense}").is_visible()
                 assert tab.locator(f"#work-{failed}").count() == 0  # an operator's: retrying is not the approver's
                 assert tab.locator(f"#work-{ticket}").count() == 0
@@ -360,33 +365,37 @@ def test_an_approver_and_an_operator_work_the_queue_in_the_reference_workflows(b
                 assert "123.45 EUR" in card.inner_text()
                 assert card.locator("form.trigger-reject").count() == 0  # the workflow has no reject
                 card.locator("textarea[name=comment]").fill("Receipt matches.")
-                card.get_by_role("button", name=f"Approve expense of 123.45 EUR for task {expense[:8]}…").click()
-                tab.wait_for_url(f"**/tasks/{expense}")
-                assert tab.text_content("#task-state") == "paid"
+                card.get_by_role(
+                    "button", name=f"Approve the claim expense of 123.45 EUR for task {expense[:8]}…"
+                ).click()
+                tab.wait_for_url("**/inbox*")
+                assert eng.get(expense).state == "paid"
                 tab.click("#logout")
                 log_in(tab, "olga")
-                tab.goto("/inbox")
-                work = tab.locator(f"#work-{failed}")
-                work.locator("summary:has-text('Retry refund')").click()
+                tab.goto(f"/inbox?open={failed}")
+                work = tab.locator(f"article#work-{failed}")
+                work.locator("summary:has-text('Retry the payment')").click()
                 assert "runs payments_refund for 129.99 EUR" in work.inner_text()
-                work.locator("button:has-text('Confirm: retry refund')").click()
-                tab.wait_for_url(f"**/tasks/{failed}")
-                assert tab.text_content("#task-state") == "executing"
+                work.locator("button:has-text('Confirm: retry the payment')").click()
+                tab.wait_for_url("**/inbox*")
                 assert tab.text_content("#flash") == "Done: retry refund is recorded."
+                assert eng.get(failed).state == "executing"
                 tab.click("#logout")
                 second = ticket_queued(eng)
                 log_in(tab, "sam")  # support agents run the ticket queue: they cancel, resolve, retry
                 tab.goto(f"/tasks/{ticket}")
                 tab.fill(f"#cancel-reason-{ticket}", "Duplicate of another ticket")
-                tab.get_by_role("button", name=f"Cancel ticket_triage@1 task {ticket[:8]}…").click()
+                # Cancel is set apart from the decisions and asks on its own before it stops the task.
+                tab.locator(f"#danger-{ticket} summary:has-text('Cancel the ticket')").click()
+                tab.get_by_role("button", name=f"Cancel the ticket ticket_triage@1 task {ticket[:8]}…").click()
                 tab.wait_for_url(f"**/tasks/{ticket}")
                 assert tab.text_content("#task-state") == "cancelled"
-                tab.goto("/inbox")
-                queued = tab.locator(f"#work-{second}")
+                tab.goto(f"/inbox?open={second}")
+                queued = tab.locator(f"article#work-{second}")
                 queued.locator("textarea[name='arg.note']").first.fill("Refunded the double charge.")
                 queued.get_by_role("button", name=f"Resolve ticket_triage@1 task {second[:8]}…").click()
-                tab.wait_for_url(f"**/tasks/{second}")
-                assert tab.text_content("#task-state") == "resolved"
+                tab.wait_for_url("**/inbox*")
+                assert eng.get(second).state == "resolved"
                 assert [e.actor for e in eng.history(second)][-1] == "sam"
                 tab.set_viewport_size({"width": 390, "height": 844})
                 for path in ("/inbox", f"/tasks/{second}"):
@@ -444,7 +453,7 @@ def test_the_back_office_as_docs_api_md_shows_it(browser: Any, tmp_path: Path) -
                 log_in(tab, "dana")
                 for width in (1280, 390):
                     tab.set_viewport_size({"width": width, "height": 900 if width > 400 else 844})
-                    tab.goto("/inbox")
+                    tab.goto(f"/inbox?open={waiting}")
                     assert tab.evaluate("document.documentElement.scrollWidth") <= width
                     assert tab.evaluate(AUDIT) == []
                     card = tab.locator(f"#approval-{waiting}")
@@ -488,17 +497,187 @@ def test_a_person_signs_in_through_the_openid_provider_and_sees_what_their_group
             page.wait_for_url(f"**/tasks/{task_id}")  # back where they were going, signed in
             assert page.text_content("#actor") == "petra"
             assert "refund_approver" in page.inner_text(".roles")
-            page.goto("/inbox")
+            page.goto(f"/inbox?open={task_id}")
             card = page.locator(f"#approval-{task_id}")
             assert card.is_visible()  # their groups let them decide it
             card.locator("summary:has-text('Approve')").click()
             page.get_by_role("button", name=f"Approve shop refund of 40.00 EUR for task {task_id[:8]}…").click()
-            page.wait_for_url(f"**/tasks/{task_id}")
+            page.wait_for_url("**/inbox*")
             assert page.text_content("#flash") == "Your decision (approved) is recorded."
-            assert page.text_content("#task-state") == "executing"
+            assert engine.get(task_id).state == "executing"
             token = idp.requests("token")[-1]
             assert token["code_verifier"] and idp.requests("authorize")[-1]["code_challenge_method"] == "S256"
             context.close()
     assert [e.actor for e in engine.history(task_id) if e.trigger == "approve"] == ["petra"]
     petra = People(engine.store).require("petra")
     assert petra.source is Source.OIDC and petra.roles == {"refund_approver", "approver"}
+
+
+def test_an_approvers_day_sort_search_claim_decide_and_next_by_keyboard_then_a_bulk_approval(
+    page: Any, engine: Engine
+) -> None:
+    """#32: the queue as a table, worked from the keyboard: j/k move, o opens, c claims, a approves (after the
+    confirmation, as ever), and the next item opens; then ten rows approved at once, one of them stale."""
+    first, second = to_approval(engine), to_approval(engine)
+    log_in(page, "dana")
+    assert page.locator("#queue tbody tr[data-task]").count() == 2
+    page.click("#queue thead a:has-text('task')")  # sort by creation: oldest first
+    page.wait_for_url("**sort=created*")
+    page.click("#queue thead a:has-text('task')")  # and again: newest first
+    page.wait_for_url("**order=desc*")
+    assert page.locator("#queue tbody tr[data-task]").first.get_attribute("data-task") == second
+    page.keyboard.press("/")
+    page.keyboard.type(first[:13])
+    page.keyboard.press("Enter")  # the search box's form
+    page.wait_for_url("**q=*")
+    assert page.locator("#queue tbody tr[data-task]").count() == 1
+    page.goto("/inbox")
+    page.keyboard.press("j")
+    page.keyboard.press("o")
+    page.wait_for_url(f"**open={first}*")
+    page.keyboard.press("c")
+    page.keyboard.press("Enter")  # the claim button has the focus
+    page.wait_for_url(f"**open={first}*")
+    assert "You are on it" in page.inner_text("#claim-box")
+    assert "you are on it" in page.inner_text(f"#work-{first} td.claim")
+    page.keyboard.press("a")  # opens the confirmation of a write and focuses its button
+    assert "This runs refund_payment for 40.00 EUR." in page.inner_text(f"#approval-{first}")
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"**open={second}*")  # decided, and the next item is open
+    assert page.text_content("#flash") == "Your decision (approved) is recorded."
+    assert engine.get(first).state == "executing" and page.locator(f"#approval-{second}").is_visible()
+
+    batch = [to_approval(engine) for _ in range(10)]
+    page.goto("/inbox?sort=created&order=desc")
+    for task_id in batch:
+        page.check(f"#pick-{task_id}")
+    engine.signal(batch[4], "cancel", {"reason": "withdrawn"}, actor="ann")  # moves while the page is open
+    page.select_option("#bulk-decision", "approve")
+    page.fill("#bulk-reason", "Batch checked against the orders.")
+    page.click("#bulk-submit")
+    page.wait_for_url("**/inbox/bulk")
+    assert page.text_content("h1") == "Approve: 9 of 10 done"
+    assert page.get_attribute(f"#result-{batch[4]}", "data-done") == "no"
+    assert "CONCURRENCY_CONFLICT" in page.inner_text(f"#result-{batch[4]}")
+    assert [engine.get(t).state for t in batch].count("executing") == 9 and engine.get(batch[4]).state == "cancelled"
+    assert page.dialogs == []
+
+
+def test_two_browsers_claim_the_same_item_one_wins_and_the_other_sees_who_has_it(
+    browser: Any, server: str, engine: Engine
+) -> None:
+    task_id = to_approval(engine)
+    tabs = []
+    for who in ("dana", "erin"):
+        context = browser.new_context(base_url=server, viewport={"width": 1280, "height": 900})
+        tab = context.new_page()
+        log_in(tab, who)
+        tab.goto(f"/inbox?open={task_id}")
+        tabs.append(tab)
+    try:
+        dana, erin = tabs  # both see nobody on it, both press Claim
+        dana.click("#claim-box button")
+        erin.click("#claim-box button")
+        dana.wait_for_load_state()
+        erin.wait_for_load_state()
+        assert "You are on it" in dana.inner_text("#claim-box")
+        assert "WORK_CLAIMED" in erin.inner_text("#flash") and "dana is on task" in erin.inner_text("#flash")
+        assert "dana is on it" in erin.inner_text("#claim-box")
+        assert "dana is on it" in erin.inner_text(f"#work-{task_id}")
+    finally:
+        for tab in tabs:
+            tab.context.close()
+
+
+def test_from_a_task_to_its_workflows_quality_figures_in_chromium(browser: Any, server: str, engine: Engine) -> None:
+    """The task page tags each model turn with its rung and first try; its workflow's link opens the figures of the
+    last 7 days, readable at 1280 and at 390 pixels, with the contrast and names the other pages keep."""
+    task_id = to_approval(engine)
+    for width in (1280, 390):
+        context = browser.new_context(base_url=server, viewport={"width": width, "height": 900})
+        tab = context.new_page()
+        try:
+            tab.goto("/login")
+            tab.fill("#token", "tok-dana")
+            tab.click("button:has-text('Log in')")
+            tab.wait_for_url("**/inbox")
+            tab.goto(f"/tasks/{task_id}")
+            tags = [t for t in tab.locator("ol.timeline .tag.turn").all_inner_texts() if t]  # those on screen
+            assert len(tags) == 2 and all(t.endswith("· first-try answer") for t in tags), tags
+            tab.click("#workflow-link")
+            tab.wait_for_url("**/workflows/shop_refund")
+            section = tab.locator("#state-collecting")
+            assert section.locator("td.first-try").inner_text() == "2/2 (100%)"
+            assert "Nothing in the last 7 days." in tab.locator("#state-awaiting_approval").inner_text()
+            assert tab.evaluate(AUDIT) == []
+            assert tab.evaluate("document.documentElement.scrollWidth") <= width
+        finally:
+            context.close()
+
+
+def test_a_note_in_the_timeline_labels_local_times_and_a_conflict_that_names_who_in_chromium(
+    browser: Any, tmp_path: Path
+) -> None:
+    """#32: a note added on the page shows in the timeline; a note by someone else does not make an open approval
+    stale, a cancel does and the refusal names who; states show their labels and times are the viewer's."""
+    from engine import Registry, migrations
+    from engine.api import TokenTable, create_app
+    from tests.support.reference import fake_systems
+    from tests.test_api_work import TOKENS, expense_in_review
+    from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE
+
+    url = f"sqlite:///{tmp_path / 'reference.db'}"
+    migrations.upgrade(url)
+    tokens = TokenTable.from_tokens(TOKENS)
+    with (
+        fake_systems(url),
+        Engine(url, Registry([REFUND_V1, TICKET_TRIAGE, EXPENSE]), authoriser=tokens) as eng,
+    ):
+        noted, cancelled = expense_in_review(eng, "eve"), expense_in_review(eng, "fay")
+        with live_server(create_app(eng, tokens, session_secret="test-secret")) as base:
+            context = browser.new_context(
+                base_url=base, viewport={"width": 1280, "height": 900}, timezone_id="Asia/Tokyo"
+            )
+            tab = context.new_page()
+            try:
+                log_in(tab, "erin")
+                tab.goto(f"/tasks/{noted}")
+                assert tab.text_content("#task-state") == "review"
+                assert tab.text_content("#task-state-label") == "(Waiting for approval)"
+                timeline = tab.locator("ol.timeline").last  # the page's (the approval card folds its own away)
+                assert "In Drafting the claim" in timeline.inner_text()
+                first = timeline.locator("time").first
+                assert first.get_attribute("title").endswith(" UTC")  # UTC on hover, the viewer's zone in the text
+                assert "GMT+9" in first.inner_text() or "JST" in first.inner_text()
+                tab.fill("#note-text", "Receipt checked against the card statement.")
+                tab.click("#note-form button")
+                tab.wait_for_url(f"**/tasks/{noted}")
+                assert tab.text_content("#flash") == "Your note is recorded."
+                note = tab.locator("ol.timeline").last.locator("li.step.note").last
+                assert "Receipt checked against the card statement." in note.inner_text()
+                assert "erin" in note.inner_text()
+                tab.click("#logout")
+                log_in(tab, "dana")
+                tab.goto(f"/inbox?open={cancelled}")
+                cancelled_card = tab.locator(f"#approval-{cancelled}")
+                eng.cancel(cancelled, "olga", "Sent twice.")  # meanwhile, an operator cancels the claim dana sees
+                cancelled_card.locator("textarea[name=comment]").fill("Looks right.")
+                cancelled_card.get_by_role(
+                    "button", name=f"Approve the claim expense of 123.45 EUR for task {cancelled[:8]}…"
+                ).click()
+                tab.wait_for_url(f"**/tasks/{cancelled}")
+                flash = tab.inner_text("#flash")
+                assert "CONCURRENCY_CONFLICT" in flash and "olga changed it meanwhile" in flash, flash
+                tab.goto(f"/inbox?open={noted}")
+                card = tab.locator(f"#approval-{noted}")
+                eng.note(
+                    noted, "erin", "One more thing: the taxi receipt is attached."
+                )  # a note is no reason to refuse
+                card.locator("textarea[name=comment]").fill("Receipt matches.")
+                card.get_by_role(
+                    "button", name=f"Approve the claim expense of 123.45 EUR for task {noted[:8]}…"
+                ).click()
+                tab.wait_for_url("**/inbox*")
+                assert eng.get(noted).state == "paid", tab.inner_text("#flash")
+            finally:
+                context.close()

@@ -178,7 +178,7 @@ def test_a_post_from_a_foreign_origin_is_refused_even_with_a_valid_token(
 def test_the_inbox_shows_the_prepared_call_evidence_reason_and_history(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine, text="Customer sent photos of the damage.")
     login(client, "dana")
-    html = client.get("/inbox").text
+    html = client.get("/inbox", params={"open": task_id}).text  # its row, and its card opened in place
     assert f'id="approval-{task_id}"' in html
     assert "40.00 EUR" in html and "refund_payment" in html  # minor units shown as money
     assert "damaged parcel" in html and "Customer sent photos of the damage." in html  # the model's reason
@@ -249,8 +249,9 @@ def test_every_decision_form_carries_the_seq_it_was_rendered_at(client: TestClie
     task_id = to_approval(engine)
     login(client, "dana")
     seq = str(engine.load(task_id).seq)
-    for url in ("/inbox", f"/tasks/{task_id}"):
+    for url in (f"/inbox?open={task_id}", f"/tasks/{task_id}"):
         assert seqs_of(client.get(url).text, task_id) == [seq, seq], url  # approve and reject
+    assert f'data-seq="{seq}"' in client.get("/inbox").text  # the queue's row, for a bulk decision
 
 
 @pytest.mark.parametrize("form", ["approve", "reject"])
@@ -259,7 +260,7 @@ def test_a_stale_form_is_refused_with_the_state_the_task_is_in_now(
 ) -> None:
     task_id = to_approval(engine)
     csrf = login(client, "dana")
-    [seq, _] = seqs_of(client.get("/inbox").text, task_id)
+    [seq, _] = seqs_of(client.get("/inbox", params={"open": task_id}).text, task_id)
     digest = engine.load(task_id).prepared["digest"]  # type: ignore[index]
     engine.signal(task_id, "cancel", {"reason": "customer withdrew"}, actor="ann")  # while the page was open
     fields = {"approve": {"digest": digest, "comment": "ok"}, "reject": {"reason": "no"}}[form]
@@ -457,3 +458,85 @@ def test_a_task_is_found_by_the_first_8_characters_of_its_id_on_its_page_and_in_
     found = client.get("/tasks", params={"q": waiting[:8]}).text
     assert waiting in found and other not in found
     assert client.get(f"/tasks/{waiting[:7]}").status_code == 404  # shorter than a task id typed short
+
+
+def test_the_task_page_shows_each_model_turns_rung_and_whether_it_was_a_first_try_answer(
+    client: TestClient, engine: Engine
+) -> None:
+    from engine.providers.scripted import ScriptedModel, call
+    from tests.support.api import REFUND
+
+    task_id = engine.start("shop_refund", {"customer": "c1"}, actor="ann")
+    lookup, proposal = call("query_order", order_id="O-1"), call("propose_refund", **REFUND)
+    no_reason = call("propose_refund", **{**REFUND, "reason": ""})
+    model = ScriptedModel([lookup, no_reason, proposal], profile="anthropic")
+    assert engine.run(task_id, model=model).state == "awaiting_approval"
+    login(client, "dana")
+    html = client.get(f"/tasks/{task_id}").text
+    steps = re.findall(r'<li class="step[^"]*" id="event-(\d+)">(.*?)</li>', html, flags=re.S)
+    tags = {seq: found[0] for seq, step in steps if (found := re.findall(r'<span class="tag turn">(.*?)</span>', step))}
+    turns = [e for e in engine.history(task_id) if "turn" in e.data]
+    rung = turns[0].data["turn"]["strategy"]
+    # The lookup and the refused proposal answered first asks; the accepted proposal answered the repair.
+    assert [tags[str(e.seq)] for e in turns] == [
+        f"rung {rung} · first-try answer",
+        f"rung {rung} · first-try answer",
+        f"rung {rung} · answer to a repair",
+    ]
+    assert len(tags) == len(turns)  # no other event is tagged
+
+
+def test_the_workflow_page_shows_each_states_quality_figures_of_the_last_seven_days(
+    client: TestClient, engine: Engine
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from engine.api.views import workflow_page
+    from engine.providers.scripted import ScriptedModel, call
+    from tests.support.api import REFUND
+
+    task_id = engine.start("shop_refund", {"customer": "c1"}, actor="ann")
+    lookup, proposal = call("query_order", order_id="O-1"), call("propose_refund", **REFUND)
+    no_reason = call("propose_refund", **{**REFUND, "reason": ""})
+    assert engine.run(task_id, model=ScriptedModel([lookup, no_reason, proposal], model="m1")).state == (
+        "awaiting_approval"
+    )
+    login(client, "dana")
+    assert 'href="/workflows/shop_refund" id="workflow-link"' in client.get(f"/tasks/{task_id}").text
+    html = client.get("/workflows/shop_refund").text
+    collecting = re.search(r'<section class="state-quality" id="state-collecting".*?</section>', html, flags=re.S)
+    assert collecting is not None
+    section = collecting.group(0)
+    # Two first asks (the lookup, accepted; the proposal without a reason, refused) and the repair's answer.
+    assert "scripted:m1" in section and '<td class="first-try">1/2 (50%)</td>' in section
+    assert '<td class="fields">reason 1</td>' in section
+    assert "Time in collecting" in section and "<td>collecting</td><td>2</td>" in section.replace("\n", "")
+    waiting = re.search(r'id="state-awaiting_approval".*?</section>', html, flags=re.S)
+    assert waiting is not None and "Nothing in the last 7 days." in waiting.group(0)  # the visit is still open
+    # Eight days later the turns are out of the period.
+    later = workflow_page(engine, "shop_refund", engine.caller("dana"), datetime.now(UTC) + timedelta(days=8))
+    assert all(not s.turns and not s.visits for s in later.states)
+    assert client.get("/workflows/nosuch").status_code == 404
+
+
+def test_every_page_names_a_model_whose_breaker_is_open_until_it_closes(client: TestClient, engine: Engine) -> None:
+    """A task slowed by an open breaker shows nothing wrong on its own page: the banner says why, on every page."""
+    from engine.core.flow import BreakerSettings
+    from engine.store.protocol import FlowStore
+
+    store = engine.store
+    assert isinstance(store, FlowStore)
+    login(client, "dana")
+    assert 'id="paused-models"' not in client.get("/inbox").text
+    settings = BreakerSettings(failures=2, cool_down_seconds=600)
+    store.breaker_failed("openai:gpt-test", settings)
+    assert 'id="paused-models"' not in client.get("/inbox").text  # one failure in a row: still closed
+    store.breaker_failed("openai:gpt-test", settings)
+    for url in ("/inbox", "/tasks", "/workflows/shop_refund"):
+        html = client.get(url).text
+        banner = re.search(r'<section class="flash paused" role="status" id="paused-models".*?</section>', html, re.S)
+        assert banner is not None, url
+        assert "<code>openai:gpt-test</code> are paused after 2 failures in a row" in banner.group(0)
+        assert re.search(r"a probe call is let through in (59\d|600) s", banner.group(0))
+    store.breaker_closed("openai:gpt-test")
+    assert 'id="paused-models"' not in client.get("/inbox").text

@@ -4,7 +4,7 @@ state allows for the person and their roles, over the reference workflows and th
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from html import unescape
 from typing import Any
 
@@ -19,9 +19,10 @@ from tests.support.reference import DAMAGED, books, fake_systems, refund  # noqa
 from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE, fakes
 from workflows.scripts import TICKET_DOUBLE_CHARGE, TICKET_DOUBLE_CHARGE_INPUT
 
-#: dana approves refunds and expenses; sam works the ticket queue; olga picks up expired expense claims.
+#: dana and erin approve refunds and expenses; sam works the ticket queue; olga picks up expired expense claims.
 TOKENS: dict[str, tuple[str, set[str]]] = {
     "tok-dana": ("dana", {"refund_approver", "expense_approver"}),
+    "tok-erin": ("erin", {"refund_approver", "expense_approver"}),
     "tok-sam": ("sam", {"support_agent"}),
     "tok-olga": ("olga", {"expense_operator", "refund_operator"}),
     "tok-pat": ("pat", {"customer_portal"}),
@@ -99,7 +100,7 @@ def test_the_queue_holds_every_kind_of_work_for_the_roles_held_and_counts_the_re
     ticket, expense = ticket_queued(eng), expense_in_review(eng)
     login(client, "dana")
     html = client.get("/inbox").text
-    assert f'id="approval-{approval}"' in html and f'id="approval-{expense}"' in html
+    assert f'id="work-{approval}"' in html and f'id="work-{expense}"' in html  # a row each
     assert failure not in html  # an operator's: counted, not drawn
     assert ticket not in html  # sam's workflow, where dana holds no role: neither drawn nor counted
     assert "1 more wait on roles which you do not hold" in html  # the failed payment: an operator's to retry
@@ -159,7 +160,7 @@ def test_an_operator_retries_a_failed_payment_from_the_task_page(
     assert 'value="retry_refund"' not in client.get(f"/tasks/{task_id}").text
     csrf = login(client, "olga")
     html = client.get(f"/tasks/{task_id}").text
-    assert "Confirm: retry refund (runs payments_refund for 129.99 EUR)" in html  # a write asks first
+    assert "Confirm: retry the payment (runs payments_refund for 129.99 EUR)" in html  # a write asks first
     seq = str(eng.load(task_id).seq)
     response = client.post(f"/tasks/{task_id}/fire", data={"csrf": csrf, "seq": seq, "trigger": "retry_refund"})
     assert "retry refund is recorded" in flash(client, response, task_id)
@@ -232,7 +233,8 @@ def test_the_work_api_is_bounded_and_pages_oldest_first_without_repeats(client: 
     assert client.get("/api/work").status_code == 401
     login(client, "dana")
     html = client.get("/inbox").text
-    assert html.count('class="card approval"') == 30 and 'id="last-page"' in html
+    assert html.count('<tr id="work-') == 30 and 'id="last-page"' in html and "page 1 of 1" in html
+    assert 'class="card approval"' not in html  # rows, not cards: a card opens on demand
 
 
 def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_words(
@@ -264,7 +266,8 @@ def test_the_timeline_of_a_repaired_approved_and_recovered_refund_says_each_in_w
     assert eng.run(task_id).state == "completed"
     html = client.get(f"/tasks/{task_id}").text
     text = words(html)
-    assert "In eligible" in text and "In awaiting_approval" in text and "In executing" in text  # grouped by stay
+    # grouped by stay, each stay named by the workflow's label for its state (`REFUND_LABELS`)
+    assert "In Proposing a refund" in text and "In Waiting for approval" in text and "In Paying the refund" in text
     assert "refused with DOMAIN_INVALID, fed back: within_refundable_balance: amount 15000 exceeds" in text
     assert "the model answered, refused: propose_refund(" in text  # the refused answer itself
     assert "approve by dana as refund_approver: photo checked" in text
@@ -281,7 +284,7 @@ def test_decision_cards_show_what_each_reference_workflow_declares_and_a_default
     client: TestClient, eng: Engine
 ) -> None:
     approval, ticket = refund_at_approval(eng), ticket_queued(eng)
-    expense_in_review(eng)
+    expense = expense_in_review(eng)
     login(client, "dana")
     text = words(client.get(f"/tasks/{approval}").text)
     assert "Refund 129.99 EUR to C-100 for order O-1001" in text
@@ -291,9 +294,10 @@ def test_decision_cards_show_what_each_reference_workflow_declares_and_a_default
     assert re.search(r"proposed by model:scripted:scripted at 20\d\d-", text)
     assert re.search(r"deadline 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC ?, then it goes to needs_human", text)
     assert (
-        "Approve: to executing: runs payments_refund (a write)" in text and "Reject: ends the task as rejected" in text
+        "Approve the refund: to executing: runs payments_refund (a write)" in text
+        and "Reject: ends the task as rejected" in text
     )
-    text = words(client.get("/inbox").text)
+    text = words(client.get("/inbox", params={"open": expense}).text)  # the card opens in place
     assert "Expense of 123.45 EUR by eve: Train to the customer visit" in text
     assert "the employee's limit 500.00 EUR" in text
     login(client, "sam")
@@ -359,8 +363,8 @@ def test_the_queue_filters_by_how_long_a_task_has_waited(client: TestClient, eng
     assert client.get("/api/work", params={"older_than": "2h"}, headers=auth).status_code == 422
     login(client, "dana")
     html = client.get("/inbox", params={"older_than": "1d"}).text
-    assert f'id="approval-{old}"' in html and new not in html and 'value="1d" selected' in html
-    assert re.search(r"waiting 2 d 0 h", words(html))
+    assert f'id="work-{old}"' in html and new not in html and 'value="1d" selected' in html
+    assert re.search(r"2 d 0 h", words(html))
 
 
 def test_the_counts_are_of_what_the_filters_select_and_say_so(
@@ -549,7 +553,8 @@ def test_an_operator_sends_a_task_that_ran_out_of_budget_back_from_its_page(
         )
         assert form, html
         assert re.findall(r'<option value="([^"]*)">', form.group(0)) == ["collecting_information", "looking_up_order"]
-        assert f'id="work-{task_id}"' in c.get("/inbox").text and "Send back" in words(c.get("/inbox").text)
+        assert f'id="work-{task_id}"' in c.get("/inbox").text
+        assert "Send back" in words(c.get("/inbox", params={"open": task_id}).text)
         seq = str(eng.load(task_id).seq)
         stale = c.post(
             f"/tasks/{task_id}/redrive",
@@ -569,3 +574,203 @@ def test_an_operator_sends_a_task_that_ran_out_of_budget_back_from_its_page(
             "The order is found now",
         )
         assert "redriven by olga, budgets reset: The order is found now" in words(c.get(f"/tasks/{task_id}").text)
+
+
+# -- #32: the queue as a table, claims, bulk decisions ----------------------------------------------
+def rows_of(html: str) -> list[str]:
+    return re.findall(r'<tr id="work-([^"]+)"', html)
+
+
+def test_the_queue_sorts_searches_and_pages_and_page_two_is_not_page_one(client: TestClient, eng: Engine) -> None:
+    started = [expense_in_review(eng, f"e{n:02d}") for n in range(60)]
+    login(client, "dana")
+    first = client.get("/inbox").text
+    assert rows_of(first) == started[:50]  # no deadline differs: oldest first
+    assert "1-50 of 60" in words(first) and "page 1 of 2" in first
+    following = re.search(r'href="([^"]*)" id="next-page"', first)
+    assert following is not None
+    second = client.get(unescape(following.group(1))).text
+    assert rows_of(second) == started[50:] and "51-60 of 60" in words(second) and "page 2 of 2" in second
+    newest = client.get("/inbox", params={"sort": "created", "order": "desc"}).text
+    assert rows_of(newest) == started[::-1][:50]
+    assert 'href="/inbox?sort=created"' in newest  # its header link sorts the other way
+    found = client.get("/inbox", params={"q": started[7][:13]}).text
+    assert rows_of(found) == [started[7]] and "1-1 of 1" in words(found)
+    assert "matching" in words(found)  # the counts say what they are of
+    assert client.get("/inbox", params={"sort": "nonsense"}).status_code == 422
+    assert client.get("/inbox", params={"order": "sideways"}).status_code == 422
+
+
+def test_after_a_decision_on_the_opened_item_the_queue_opens_the_next(client: TestClient, eng: Engine) -> None:
+    one, two = expense_in_review(eng, "eve"), expense_in_review(eng, "finn")
+    csrf = login(client, "dana")
+    opened = client.get("/inbox", params={"open": one}).text
+    then = re.search(r'name="then" value="([^"]+)"', opened)
+    assert then is not None and f"open={two}" in unescape(then.group(1))
+    done = client.post(
+        f"/tasks/{one}/approve",
+        data={"csrf": csrf, "seq": str(eng.load(one).seq), "comment": "ok", "then": unescape(then.group(1))},
+    )
+    assert done.status_code == 303 and f"open={two}" in done.headers["location"]
+    page = client.get(done.headers["location"]).text
+    assert "Your decision (approved) is recorded." in page and f'id="approval-{two}"' in page
+    assert rows_of(page) == [two] and eng.get(one).state == "paid"
+    # A refused decision does not move on: the task page says why.
+    stale = client.post(f"/tasks/{two}/approve", data={"csrf": csrf, "seq": "1", "comment": "ok", "then": "/inbox"})
+    assert stale.headers["location"] == f"/tasks/{two}"
+    # `then` is a path of this server or nothing.
+    away = client.post(
+        f"/tasks/{two}/approve",
+        data={"csrf": csrf, "seq": str(eng.load(two).seq), "comment": "ok", "then": "https://evil.example/"},
+    )
+    assert away.headers["location"] == "/inbox" and eng.get(two).state == "paid"
+
+
+def test_a_claim_shows_who_is_on_an_item_and_another_approver_is_refused_unless_taking_it_over(
+    client: TestClient, eng: Engine
+) -> None:
+    task_id = expense_in_review(eng, "eve")
+    before = eng.history(task_id)
+    dana = {"Authorization": "Bearer tok-dana"}
+    erin = {"Authorization": "Bearer tok-erin"}
+    claimed = client.post(f"/api/tasks/{task_id}/claim", json={}, headers=dana)
+    assert claimed.status_code == 200 and claimed.json()["actor"] == "dana"
+    assert claimed.json()["seq"] == eng.load(task_id).seq and claimed.json()["taken_from"] is None
+    [item] = client.get("/api/work", headers=erin).json()["items"]
+    assert (item["claimed_by"], item["seq"]) == ("dana", eng.load(task_id).seq)
+    refused = client.post(f"/api/tasks/{task_id}/claim", json={}, headers=erin)
+    assert refused.status_code == 409 and refused.json()["code"] == "WORK_CLAIMED"
+    assert refused.json()["details"]["claimed_by"] == "dana" and "dana is on task" in refused.json()["message"]
+    blank = client.post(f"/api/tasks/{task_id}/claim", json={"take_over": ""}, headers=erin)
+    assert blank.status_code == 422 and blank.json()["code"] == "PAYLOAD_INVALID"
+    assert (
+        client.post(f"/api/tasks/{task_id}/claim", json={}, headers={"Authorization": "Bearer tok-audrey"}).json()[
+            "code"
+        ]
+        == "FORBIDDEN"
+    )
+    assert (
+        client.post(f"/api/tasks/{task_id}/claim", json={}, headers={"Authorization": "Bearer tok-sam"}).json()["code"]
+        == "TASK_NOT_FOUND"
+    )  # sam may not read expenses: to him the task does not exist
+    taken = client.post(f"/api/tasks/{task_id}/claim", json={"take_over": "dana is out today"}, headers=erin).json()
+    assert (taken["actor"], taken["taken_from"], taken["reason"]) == ("erin", "dana", "dana is out today")
+    # Each claim is an event where the task stands (the take-over with its reason); refusals wrote nothing.
+    added = eng.history(task_id)[len(before) :]
+    assert [(e.trigger, e.actor, e.to_state) for e in added] == [
+        ("work_claimed", "dana", "review"),
+        ("work_claimed", "erin", "review"),
+    ]
+    assert (added[1].data["claim"]["taken_from"], added[1].data["claim"]["reason"]) == ("dana", "dana is out today")
+    # On the page: erin sees herself on it, dana sees erin and the take-over, with its reason.
+    login(client, "dana")
+    page = words(client.get("/inbox", params={"open": task_id}).text)
+    assert "erin is on it" in page and "taken over from dana: dana is out today" in page
+    assert client.delete(f"/api/tasks/{task_id}/claim", headers=erin).status_code == 204
+    assert "nobody" in words(client.get("/inbox").text)
+
+
+def test_two_approvers_claiming_at_once_one_wins_and_the_other_is_told_who(client: TestClient, eng: Engine) -> None:
+    from tests.support.races import together
+
+    task_ids = [expense_in_review(eng, f"e{n}") for n in range(4)]
+
+    def claims(task_id: str, who: str) -> Callable[[], Any]:
+        return lambda: client.post(
+            f"/api/tasks/{task_id}/claim", json={}, headers={"Authorization": f"Bearer tok-{who}"}
+        )
+
+    for task_id in task_ids:
+        answers = together(claims(task_id, "dana"), claims(task_id, "erin"))
+        codes = sorted(a.status_code for a in answers)  # type: ignore[attr-defined]
+        assert codes == [200, 409], codes
+        won = next(a.json()["actor"] for a in answers if a.status_code == 200)  # type: ignore[attr-defined]
+        lost = next(a.json() for a in answers if a.status_code == 409)  # type: ignore[attr-defined]
+        assert lost["code"] == "WORK_CLAIMED" and lost["details"]["claimed_by"] == won
+
+
+def test_a_claim_from_the_page_and_its_end_when_the_task_is_decided(client: TestClient, eng: Engine) -> None:
+    task_id = expense_in_review(eng, "eve")
+    csrf = login(client, "dana")
+    back = f"/inbox?open={task_id}"
+    done = client.post(f"/tasks/{task_id}/claim", data={"csrf": csrf, "then": back})
+    assert done.status_code == 303 and done.headers["location"] == back
+    page = words(client.get(back).text)
+    assert "You are on it: the others see that you have it." in page and "you are on it" in page
+    login(client, "erin")
+    page = client.get(back).text
+    assert "dana is on it" in words(page) and "Take it over" in page
+    refused = client.post(f"/tasks/{task_id}/claim", data={"csrf": csrf_of_page(page), "then": back})
+    assert refused.headers["location"] == back
+    assert "WORK_CLAIMED" in client.get(back).text
+    eng.approve(task_id, actor="erin", prepared_digest=None, comment="ok", expected_seq=eng.load(task_id).seq)
+    assert eng.get(task_id).state == "paid"  # the claim ended with the decision: nothing to show or hold
+    assert client.post(f"/tasks/{task_id}/claim", data={"csrf": csrf_of_page(page), "then": back}).status_code == 303
+    assert "TASK_TERMINAL" in client.get(back).text
+
+
+def csrf_of_page(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found is not None
+    return found.group(1)
+
+
+def test_a_bulk_approval_decides_each_row_on_its_own_seq_and_refuses_the_one_that_moved(
+    client: TestClient, eng: Engine
+) -> None:
+    started = [expense_in_review(eng, f"e{n:02d}") for n in range(10)]
+    csrf = login(client, "dana")
+    page = client.get("/inbox").text
+    picks = re.findall(r'name="pick" value="([^"]+)"', page)
+    assert [p.split(":")[0] for p in picks] == started
+    stale = started[3]
+    eng.signal(stale, "cancel", {"reason": "withdrawn"}, actor="olga")  # it moves after the page was drawn
+    before = eng.history(stale)
+    answer = client.post(
+        "/inbox/bulk", data={"csrf": csrf, "decision": "approve", "reason": "Receipts match.", "pick": picks}
+    )
+    assert answer.status_code == 200
+    shown = words(answer.text)
+    assert "Approve: 9 of 10 done" in shown and "CONCURRENCY_CONFLICT" in shown and "cancelled" in shown
+    assert re.search(rf'id="result-{stale}" data-done="no"', answer.text)
+    assert eng.history(stale) == before  # refused, never applied
+    assert [eng.get(t).state for t in started if t != stale] == ["paid"] * 9
+    # Sent again (a reload): every seq has moved, nothing is decided twice.
+    again = client.post("/inbox/bulk", data={"csrf": csrf, "decision": "approve", "pick": picks})
+    assert "Approve: 0 of 10 done" in words(again.text)
+    assert sum(e.trigger == "approve" for t in started for e in eng.history(t)) == 9
+    # Rejecting or cancelling needs a reason; a made-up row is refused as one.
+    left = expense_in_review(eng, "zed")
+    pick = f"{left}:{eng.load(left).seq}:"
+    none = client.post("/inbox/bulk", data={"csrf": csrf, "decision": "cancel", "pick": [pick]})
+    assert "PAYLOAD_INVALID" in none.text and eng.get(left).state == "review"
+    bad = client.post("/inbox/bulk", data={"csrf": csrf, "decision": "approve", "reason": "x", "pick": ["nope"]})
+    assert "PAYLOAD_INVALID" in bad.text and "0 of 1 done" in words(bad.text)
+
+
+def test_the_api_carries_the_handles_to_decide_and_documents_one_enum_per_kind(client: TestClient, eng: Engine) -> None:
+    task_id = refund_at_approval(eng)
+    auth = {"Authorization": "Bearer tok-dana"}
+    body = client.get(f"/api/tasks/{task_id}", headers=auth)
+    prepared = body.json()["prepared"]
+    assert prepared["digest"] == eng.load(task_id).prepared["digest"]  # type: ignore[index]
+    assert prepared["kind"] == "write" and prepared["tool"] == "payments_refund"
+    assert body.headers["ETag"] == f'"{body.json()["seq"]}"'
+    [item] = client.get("/api/work", headers=auth).json()["items"]
+    assert (item["digest"], item["seq"]) == (prepared["digest"], body.json()["seq"])
+    approved = client.post(
+        f"/api/tasks/{task_id}/approve",
+        json={"digest": item["digest"], "comment": "ok"},
+        headers={**auth, "If-Match": f'"{item["seq"]}"'},
+    )
+    assert approved.status_code == 200 and approved.json()["state"] == "executing"
+    document = client.get("/api/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert schemas["WorkKind"]["enum"] == ["approval", "handoff", "failure", "limit", "cancel_review", "wait"]
+    assert schemas["WorkItemBody"]["properties"]["kind"]["$ref"] == "#/components/schemas/WorkKind"
+    assert "PreparedCallBody" in schemas and schemas["ToolKind"]["enum"] == ["read", "write"]
+    for path in ("/api/tasks", "/api/work"):
+        for parameter in document["paths"][path]["get"]["parameters"]:
+            assert parameter["schema"].get("default") != "", (path, parameter["name"])  # unset: not sent
+    kind = next(p for p in document["paths"]["/api/work"]["get"]["parameters"] if p["name"] == "kind")
+    assert {"$ref": "#/components/schemas/WorkKind"} in kind["schema"]["anyOf"]

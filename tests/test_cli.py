@@ -510,3 +510,20 @@ def test_an_unknown_workflow_is_named_with_the_known_ones_and_the_closest(cli_en
     assert "counter, " in err and " and " in err and "[" not in err  # in words, not a Python list
     code, _, err = invoke("graph", "zzz")
     assert code == 1 and "did you mean" not in err and "the known ones are" in err
+
+
+def test_a_note_from_the_cli_is_an_event_in_the_history_and_none_after_the_end(cli_env: str) -> None:
+    task_id = start_refund()
+    code, out, err = invoke("note", task_id, "Customer called about the parcel.", "--as", "dana", "--json")
+    assert code == 0, err
+    assert (json.loads(out)["state"], json.loads(out)["seq"]) == ("assessing", 2)
+    code, out, _ = invoke("history", task_id, "--json")
+    last = json.loads(out)[-1]
+    assert (last["trigger"], last["actor"], last["data"]) == (
+        "comment",
+        "dana",
+        {"note": {"text": "Customer called about the parcel."}},
+    )
+    invoke("cancel", task_id, "--as", "ann", "--reason", "test")
+    code, out, err = invoke("note", task_id, "Too late", "--as", "dana")
+    assert code != 0 and "TASK_TERMINAL" in out + err

@@ -43,7 +43,17 @@ runner = CliRunner()
 REFUSAL = re.compile(r"^([A-Z][A-Z_]+): \S")
 #: Commands that never open the database: a bad one is no concern of theirs.
 NO_DATABASE = frozenset(
-    {"workflows", "providers", "verify-export", "tokens new", "tokens hash", "tokens list", "checkpoint keygen"}
+    {
+        "workflows",
+        "providers",
+        "verify-export",
+        "tokens new",
+        "tokens hash",
+        "tokens list",
+        "checkpoint keygen",
+        "eval run",
+        "eval generate",
+    }
 )
 #: Options beyond the required ones, so that the command gets as far as the database: a valid input, a task.
 EXTRA = {
@@ -108,6 +118,7 @@ def argv_for(path: tuple[str, ...], command: Any, files: dict[str, Path]) -> lis
         "actor": "ann",
         "reason": "checking",
         "evidence": "ticket 1",
+        "text": "a note",
         "to_version": "2",
         "state_map": "assessing=assessing",
         "before": "2020-01-01",
@@ -117,6 +128,11 @@ def argv_for(path: tuple[str, ...], command: Any, files: dict[str, Path]) -> lis
         "name": "dana",
         "role": "auditor",
         "prefix": "abcdef12",
+        "state": "assessing",
+        "cases": str(files["text"]),
+        "base": str(files["text"]),
+        "out": str(files["text"].parent / "cases"),
+        "model": f"scripted:{files['text']}",
     }
     argv = list(path)
     for param in command.params:
@@ -779,6 +795,8 @@ def test_help_to_a_pipe_is_not_cut_at_80_columns(path: tuple[str, ...]) -> None:
     result = runner.invoke(app, [*path, "--help"])
     assert result.exit_code == 0 and "…" not in result.stdout, result.stdout
     for param in ALL[path].params:
+        if getattr(param, "hidden", False):  # not for people: `worker --supervised`, what a supervisor passes
+            continue
         for opt in getattr(param, "opts", ()):
             if opt.startswith("--"):
                 assert opt in result.stdout, (opt, result.stdout)

@@ -7,8 +7,9 @@ Fenced blocks in README.md and docs/*.md are handled by their info string:
 - ```LANG file=NAME       written to NAME in the working directory, not executed
                           (a workflow module to import, a roles file, a model script);
 - ```console / ```bash    run, command by command. In `console` blocks each line
-                          starting with `$ ` is a command (other lines are sample
-                          output, not compared); in `bash` blocks every line is. A
+                          starting with `$ ` is a command and the lines under it are
+                          what it prints (see below); in `bash` blocks every line is
+                          a command. A
                           command is `railyard ...` (the venv's, optionally after
                           `NAME=VALUE` words for that command alone), `export NAME=VALUE`,
                           or `NAME=$(railyard ...)`; `$NAME` expands; `railyard ... > FILE`
@@ -21,6 +22,14 @@ Fenced blocks in README.md and docs/*.md are handled by their info string:
                           `alembic`, anything that needs a provider key or PostgreSQL).
                           Any other console or bash block must run: a command that is
                           not `railyard` fails the test until its block says `no-run`.
+
+In the pages of `COMPARED`, what a console block shows under a command is compared with what
+the command printed to a terminal `TERMINAL_COLUMNS` wide (its stdout and stderr, as they came),
+line by line, spaces at either end aside, with placeholders for what changes from run to run:
+any task id (a UUID, or its first 8 characters), hex digest, time and worker name stands for
+any other; `…` or `...` in a line stands for any text; a line that is `...` alone stands for any
+number of lines. A command shown without output is not compared; nor is a `console demo` block
+(tests/test_demo.py is).
 
 `NOT_MARKED_YET` lists, by file and command, the few commands that cannot run but sit in
 pages whose owners have not marked them `no-run` yet; each entry must still match a command
@@ -53,6 +62,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 #: mark the block `console no-run`. Remove an entry once its block is marked.
 NOT_MARKED_YET: dict[tuple[str, str], str] = {}
 RAILYARD = Path(sys.executable).parent / "railyard"
+#: The pages whose console blocks' output is compared with what the commands print (issue #29's "docs that run").
+COMPARED = frozenset({"README.md", "tutorial.md", "operations.md"})
 
 FENCE = re.compile(r"^(\s*)```(.*)$")
 EXPECT = re.compile(r"\s+#\s*exit\s+(\d+)(?:\s+([A-Z_]+))?\s*$")
@@ -128,6 +139,102 @@ def commands(block: Block) -> list[tuple[int, str]]:
     return out
 
 
+def outputs(block: Block) -> list[list[str]]:
+    """What a console block shows under each of its commands (in `commands`' order): the lines up to the next
+    command, without the blank lines that end the block."""
+    shown: list[list[str]] = []
+    if block.lang != "console":
+        return [[] for _ in commands(block)]
+    continued = False
+    for raw in block.text.splitlines():
+        if continued:
+            continued = raw.endswith("\\")
+        elif raw.startswith("$ "):
+            shown.append([])
+            continued = raw.endswith("\\")
+        elif shown:
+            shown[-1].append(raw)
+    for lines in shown:
+        while lines and not lines[-1].strip():
+            lines.pop()
+    return shown
+
+
+#: What changes from run to run, each matched by its kind: (pattern, placeholder), applied in this order.
+PLACEHOLDERS = (
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "<uuid>"),
+    (re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})?"), "<time>"),
+    (re.compile(r"\d{8}T\d{6}Z"), "<time>"),
+    (re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12,64}\b"), "<hex>"),
+    (re.compile(r"\b[\w.-]+-\d+-[0-9a-f]{6}(?=: )"), "<worker>"),
+    (re.compile(r"\b[0-9a-f]{8}\b"), "<id8>"),  # a task id as the tables show it, by its first 8 characters
+)
+ELLIPSIS = re.compile(r"…|\.\.\.")
+
+
+def placeheld(line: str) -> str:
+    for pattern, placeholder in PLACEHOLDERS:
+        line = pattern.sub(placeholder, line)
+    return line.strip()
+
+
+def line_pattern(shown: str) -> re.Pattern[str]:
+    """A line the page shows as a pattern of printed lines: placeholders for ids and times, `…` for any text."""
+    return re.compile(".*".join(re.escape(part) for part in ELLIPSIS.split(placeheld(shown))))
+
+
+def matches(shown: list[str], printed: list[str]) -> bool:
+    """Whether the printed lines are the lines shown, a `...` line standing for any number of them."""
+    if not shown:
+        return not printed
+    if shown[0].strip() == "...":
+        return any(matches(shown[1:], printed[i:]) for i in range(len(printed) + 1))
+    return (
+        bool(printed)
+        and line_pattern(shown[0]).fullmatch(placeheld(printed[0])) is not None
+        and matches(shown[1:], printed[1:])
+    )
+
+
+#: A terminal's escape sequences: colours and styles (CSI ... m) and links (OSC 8).
+STYLES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x1b\x07]*(?:\x07|\x1b\\)")
+#: The terminal the pages' output is drawn for: what a console block shows is what a person sees in one.
+TERMINAL_COLUMNS = 160
+
+
+def in_terminal(argv: list[str], *, env: dict[str, str], cwd: Path, **_: Any) -> subprocess.CompletedProcess[str]:
+    """Run `argv` with its stdout and stderr a terminal TERMINAL_COLUMNS wide (a pseudo-terminal), stdin empty, as
+    `subprocess.run(..., capture_output=True, text=True)` would: what the terminal showed, both streams in the
+    order they were written and without their colours and styles, is the result's stdout and its stderr alike.
+    (TERM=dumb would leave the styles out too, but Rich then draws for 80 columns whatever the terminal's size.)"""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, TERMINAL_COLUMNS, 0, 0))
+    terminal = {**env, "TERM": "xterm", "COLUMNS": str(TERMINAL_COLUMNS)}
+    terminal.pop("TERMINAL_WIDTH", None)
+    with subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=terminal, cwd=cwd
+    ) as process:
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the command closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        returncode = process.wait(timeout=120)
+    shown = STYLES.sub("", b"".join(chunks).decode("utf-8", errors="replace").replace("\r\n", "\n"))
+    return subprocess.CompletedProcess(argv, returncode, shown, shown)
+
+
 def expand(command: str, env: dict[str, str], where: str) -> str:
     """Replace `$NAME` and `${NAME}` with their values (quotes are not special, unlike in a shell)."""
 
@@ -153,7 +260,7 @@ def without_comment(command: str) -> str:
 
 
 def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
-    for line, written in commands(block):
+    for (line, written), page in zip(commands(block), outputs(block), strict=True):
         where = f"{block.path.name}:{line}: {written}"
         if (block.path.name, written) in NOT_MARKED_YET:
             continue
@@ -181,13 +288,23 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path) -> None:
         assert argv and argv[0] == "railyard", (
             f"{where}: only `railyard` commands run; mark its block `no-run` if it cannot run in a test"
         )
-        result = subprocess.run(
+        # A command whose output the page shows runs as a person runs it, its stdout a terminal (tables and JSON
+        # are drawn for one); a command whose output is captured or not shown, as a script runs it.
+        compared = block.path.name in COMPARED and block.option("demo") is None and bool(page) and into is None
+        run = in_terminal if compared and target is None else subprocess.run
+        result = run(
             [str(RAILYARD), *argv[1:]], env=scoped, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
         )
         shown = f"{where}\n--- stdout\n{result.stdout}--- stderr\n{result.stderr}"
         assert result.returncode == expected_exit, f"exit {result.returncode}, expected {expected_exit}: {shown}"
         if expected_code is not None:
             assert f"{expected_code}:" in result.stderr, f"expected {expected_code} on stderr: {shown}"
+        printed = (result.stdout if run is in_terminal else result.stdout + result.stderr).rstrip().splitlines()
+        # A `console demo` block shows what `make demo` leaves: tests/test_demo.py compares it after the demo.
+        if compared:
+            assert matches(page, printed), (
+                f"{where}: the page shows\n" + "\n".join(page) + "\n--- but it printed\n" + "\n".join(printed)
+            )
         if target is not None:
             env[target] = result.stdout.strip()
         if into is not None:
@@ -302,7 +419,7 @@ def test_not_marked_yet_is_current() -> None:
 #: What docs/concepts.md leaves out of refund@1's diagram, so the business path can be read: the triggers
 #: every agent or tool state has (cancel, limit, demote, and the tool protocol's call | reconcile self-loops)
 #: and the generated sub-states (`S~force`, `S~provider_error`). The page says so under the diagram.
-DIAGRAM_HIDDEN_TRIGGERS = frozenset({"cancel", "limit", "demote", "call", "reconcile"})
+DIAGRAM_HIDDEN_TRIGGERS = frozenset({"cancel", "limit", "demote", "backoff", "call", "reconcile"})
 
 
 def trimmed_diagram(mermaid: str) -> str:

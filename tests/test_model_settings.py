@@ -99,7 +99,9 @@ def test_a_hung_provider_with_a_timeout_from_the_environment_ends_within_the_ret
     assert 4.0 <= took < 8.0
     assert len(server.requests) == 2
     event = json.loads(out)["events"][-1]
-    assert (event["trigger"], event["to_state"]) == ("provider_error", "deciding~provider_error")
+    # Then the wait is durable (issue #30): the task stays put until its next call is due, nobody sleeps.
+    assert (event["trigger"], event["to_state"]) == ("backoff", "deciding")
+    assert json.loads(out)["task"]["next_try_at"] == event["data"]["retry"]["due_at"]
     turn = event["data"]["turn"]
     assert (turn["code"], turn["attempts"]) == ("PROVIDER_TIMEOUT", 2)
     assert 4.0 <= turn["seconds"] <= took
@@ -158,7 +160,7 @@ def test_a_stream_that_trickles_is_cut_at_the_calls_deadline_not_left_to_run(
 def test_a_provider_error_that_is_not_retried_records_one_attempt_and_its_time(
     server: ProviderServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server.reply(Reply(status=500, body={"error": {"message": "boom", "type": "server_error"}}))
+    server.reply(Reply(status=404, body={"error": {"message": "no such model", "code": "model_not_found"}}))
     task_id = start_ticket()
     code, _, err = invoke("run", task_id, "--model", "openai:gpt-4.1")
     assert code == 0, err
@@ -353,10 +355,11 @@ def test_the_demo_calls_its_model_with_the_options_it_is_given(server: ProviderS
         began = time.monotonic()
         done = subprocess.run([str(exe), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-    # The refund's and the ticket's model turns each end after one call of 1 s, not 30 s (or 60 s).
+    # The refund's, the ticket's and the ticket with a refund child's model turns each end after one call of 1 s,
+    # not 30 s (or 60 s).
     assert "PROVIDER_TIMEOUT" in done.stdout
     assert time.monotonic() - began < 40
-    assert len(server.requests) == 2  # the refund's first turn and the ticket's: one call each, no retry
+    assert len(server.requests) == 3  # each scenario's first model turn: one call each, no retry
 
 
 def test_options_apply_to_the_model_named_by_railyard_model_too(
@@ -464,7 +467,7 @@ def test_a_worker_thinks_when_told_by_option_or_environment_and_the_option_wins(
             monkeypatch.delenv("RAILYARD_MODEL_THINKING", raising=False)
         else:
             monkeypatch.setenv("RAILYARD_MODEL_THINKING", variable)
-        server.reply(Reply(body=ANSWER))
+        server.reply(ANSWER)
         task_id = start_ticket()
         worker = ("worker", "--once", "--model", "openai:gpt-4.1", "--workflows", "triage", *options)
         code, _, err = invoke(*worker)

@@ -369,7 +369,7 @@ def test_worker_metrics_port_serves_what_the_worker_did(tmp_path: Path) -> None:
     port = free_port()
     exe = Path(sys.executable).parent / "railyard"
     worker = subprocess.Popen(
-        [str(exe), "worker", "--metrics-port", str(port), "--workflows", "counter"],
+        [str(exe), "worker", "--processes", "1", "--metrics-port", str(port), "--workflows", "counter"],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -384,7 +384,10 @@ def test_worker_metrics_port_serves_what_the_worker_did(tmp_path: Path) -> None:
                 samples = scrape(f"http://127.0.0.1:{port}")
             except httpx.TransportError:
                 samples = {}
-            if value(samples, "railyard_tasks", workflow="counter", status="terminal") == 1:
+            # The gauge is read from the database at the scrape; the counter moves just after the append's commit,
+            # so one scrape may fall between the two.
+            finished = value(samples, "railyard_transitions_total", workflow="counter", trigger="finish", code="none")
+            if value(samples, "railyard_tasks", workflow="counter", status="terminal") == 1 and finished == 1:
                 break
             time.sleep(0.2)
         assert value(samples, "railyard_tasks", workflow="counter", status="terminal") == 1, samples.keys()

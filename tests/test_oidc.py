@@ -160,7 +160,7 @@ def test_the_approver_signed_in_through_the_provider_sees_the_refund_waiting(
     task_id = to_approval(engine)
     assert sign_in(client).status_code == 200
     inbox = client.get("/inbox").text
-    assert f'id="approval-{task_id}"' in inbox
+    assert f'id="work-{task_id}"' in inbox
     assert client.get(f"/tasks/{task_id}").status_code == 200
 
 
@@ -172,7 +172,7 @@ def test_a_person_whose_groups_map_to_no_role_signs_in_and_sees_nothing(
     assert sign_in(client).status_code == 200
     inbox = client.get("/inbox")
     assert '<strong id="actor">nora</strong>' in inbox.text and 'class="roles"' not in inbox.text
-    assert f"approval-{task_id}" not in inbox.text  # not theirs to decide
+    assert f"work-{task_id}" not in inbox.text  # not theirs to decide
     page = client.get(f"/tasks/{task_id}").text  # the test shop lets anyone operate, so they may read it
     assert "You cannot decide this one" in page and "Approve shop refund" not in page
 
@@ -402,11 +402,11 @@ def test_a_sign_in_makes_the_person_and_keeps_them_in_step_with_their_groups(
 def test_the_session_reads_the_person_again_on_every_request(client: TestClient, engine: Engine) -> None:
     task_id = to_approval(engine)
     assert sign_in(client).status_code == 200
-    assert f'id="approval-{task_id}"' in client.get("/inbox").text
+    assert f'id="work-{task_id}"' in client.get("/inbox").text
     people = People(engine.store)
     people.revoke("petra", "refund_approver", by="admin")
     people.revoke("petra", "approver", by="admin")
-    assert f'id="approval-{task_id}"' not in client.get("/inbox").text  # the open session lost the roles
+    assert f'id="work-{task_id}"' not in client.get("/inbox").text  # the open session lost the roles
     people.disable("petra", by="admin")
     assert client.get("/inbox").status_code == 303  # and a disabled person has no session at all
     refused(client, sign_in(client), "is disabled here")  # which the provider's word does not change

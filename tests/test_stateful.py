@@ -16,7 +16,21 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from engine import ConcurrencyConflict, Engine, RailyardError, Registry, StaticRoles, TaskState, fold, verify_chain
+from engine import (
+    ConcurrencyConflict,
+    Engine,
+    RailyardError,
+    Registry,
+    ScriptedModel,
+    StaticRoles,
+    TaskState,
+    fold,
+    verify_chain,
+)
+from engine.core.canonical import parse_instant
+from engine.providers.scripted import call
+from engine.runtime.agent import AgentRunner, RetryPolicy
+from tests.support.provider_server import no_sleep
 from tests.support.sample_workflows import ROLES, all_workflows
 
 TRIGGERS = [
@@ -37,6 +51,16 @@ TRIGGERS = [
     "bogus",
 ]
 ACTORS = ["model", "dana", "olga", "bob", "system"]
+#: What a model turn may meet: answers, failures calling again may fix, and one it cannot.
+MODEL_ANSWERS: list[dict[str, Any]] = [
+    call("tick", n=1),
+    call("finish"),
+    {"text": "no action"},
+    {"error": {"status": 500, "type": "server_error", "message": "upstream overloaded"}},
+    {"error": {"status": 429, "message": "slow down", "retry_after": 7}},
+    {"error": {"status": 401, "type": "authentication_error", "message": "bad key"}},
+]
+ONE_CALL = RetryPolicy(attempts=1, base_delay=0.0, sleep=no_sleep)
 
 payloads = st.one_of(
     st.just({}),
@@ -101,6 +125,22 @@ class StoreMachine(RuleBasedStateMachine):
             return
         assert not terminal
         self.expected_seq[task_id] += 1
+
+    @rule(task_id=tasks, answer=st.sampled_from(MODEL_ANSWERS))
+    def model_turn(self, task_id: str, answer: dict[str, Any]) -> None:
+        """A model turn, answered or failed: transient failures are durable backoffs (issue #30), whose due time
+        the row is put off until."""
+        task = self.eng.load(task_id)
+        try:
+            after = AgentRunner(self.eng, ScriptedModel([answer]), retry=ONE_CALL).step(task)
+        except RailyardError as refusal:
+            assert refusal.code == "STATE_NOT_AGENT"
+            return
+        self.expected_seq[task_id] += after.seq - task.seq
+        row = self.eng.store.row(task_id)
+        assert row is not None
+        if self.eng.history(task_id)[-1].trigger == "backoff":
+            assert row.next_run_at == parse_instant(after.visit["due_at"]) > self.eng.history(task_id)[-1].at
 
     @rule(task_id=tasks, first=st.sampled_from(["note", "tick", "cancel"]))
     def conflicting_append(self, task_id: str, first: str) -> None:

@@ -10,7 +10,7 @@ seqs, against the three stores at once and asks for the same logs and refusals.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -29,7 +29,7 @@ from engine.core.checkpoints import Header
 from engine.core.errors import Code
 from engine.core.rows import Claim, Snapshot, TaskRow, WorkerReport
 from engine.store import MemoryStore, SqlStore, Store, open_store
-from engine.store.protocol import PageSession, TaskQuery
+from engine.store.protocol import PageSession, QueueQuery, TaskQuery, WorkClaim
 from tests.support.races import together
 from tests.support.stores import BACKENDS, T0, Log, ended, opened, started, store_for
 
@@ -292,6 +292,29 @@ def test_postpone_moves_the_next_look_and_counts_failures_only_at_its_epoch(stor
     assert store.claim("w2", limit=1, lease_seconds=1, at=LATER - timedelta(seconds=1)) == []
     assert [c.task_id for c in store.claim("w2", limit=1, lease_seconds=1, at=LATER)] == ["t-1"]
     assert store.postpone("nobody", 1, LATER, failed=True) == 0
+
+
+def test_a_wake_makes_a_task_blocked_in_the_named_state_due_and_leaves_every_other_task_alone(store: Store) -> None:
+    waiting = started(store, "parent", status="blocked", next_run_at=LATER)
+    started(store, "elsewhere", status="blocked", next_run_at=None)
+    started(store, "due-sooner", status="blocked", next_run_at=T0 - timedelta(hours=1))
+    started(store, "runnable", next_run_at=LATER)
+    assert store.wake("parent", waiting.state, T0) is True
+    assert store.wake("elsewhere", "another_state", T0) is False
+    assert store.wake("due-sooner", waiting.state, T0) is True
+    assert store.wake("runnable", waiting.state, T0) is False
+    assert store.wake("nobody", waiting.state, T0) is False
+    due = {
+        task_id: row.next_run_at
+        for task_id in ("parent", "elsewhere", "due-sooner", "runnable")
+        if (row := store.row(task_id))
+    }
+    assert due == {
+        "parent": T0,
+        "elsewhere": None,
+        "due-sooner": T0 - timedelta(hours=1),  # a wake never puts a task off
+        "runnable": LATER,
+    }
 
 
 # -- snapshots and loads ---------------------------------------------------------------------------
@@ -591,6 +614,104 @@ def test_blocked_tasks_page_nearest_deadline_first_then_oldest(store: Store) -> 
     assert store.blocked_in(states) == [f"b-{n}" for n in range(6)]  # the default order is untouched
 
 
+# -- the work queue: pages in any order, counts by aggregate, claims -------------------------------
+def _queue(store: Store) -> None:
+    """Six blocked refunds and two blocked triage tasks (q-0 .. q-7), created a second apart, q-5 waiting
+    longest; deadlines on q-1 (40 s), q-2 and q-3 (10 s); q-6 and q-7 of tenant `acme`; q-4 found by C-9."""
+    due = {1: 40, 2: 10, 3: 10}
+    for n in range(8):
+        log = Log(f"q-{n}", workflow="triage" if n >= 6 else "refund", state="review" if n % 2 else "approve")
+        at = T0 + timedelta(seconds=n)
+        deadline = T0 + timedelta(seconds=due[n]) if n in due else None
+        waited = T0 - timedelta(hours=1) if n == 5 else at
+        row = replace(log.row(status="blocked"), created_at=at, updated_at=waited, next_run_at=deadline)
+        store.create(replace(row, tenant="acme") if n >= 6 else row, log.first, {"customer_id": f"C-{n + 5}"})
+    ended(store, "q-ended")  # not blocked: never listed or counted
+
+
+PLACES = [("refund", 1, "approve"), ("refund", 1, "review"), ("triage", 1, "approve"), ("triage", 1, "review")]
+
+
+def queued(store: Store, **asked: Any) -> list[str]:
+    return [t.row.task_id for t in store.queue_page(QueueQuery(PLACES, **asked))]
+
+
+def test_the_work_queue_pages_in_every_order_without_repeats_and_counts_by_place(store: Store) -> None:
+    _queue(store)
+    assert queued(store) == ["q-2", "q-3", "q-1", "q-0", "q-4", "q-5", "q-6", "q-7"]  # nearest deadline first
+    assert queued(store, sort="created", descending=True) == [f"q-{n}" for n in range(7, -1, -1)]
+    assert queued(store, sort="waiting")[0] == "q-5"
+    assert queued(store, sort="workflow", descending=True)[:2] == ["q-7", "q-6"]
+    assert queued(store, sort="state") == ["q-0", "q-2", "q-4", "q-6", "q-1", "q-3", "q-5", "q-7"]
+    for sort in ("deadline", "waiting", "created", "workflow", "state"):
+        for descending in (False, True):
+            whole = queued(store, sort=sort, descending=descending)
+            pages, after = [], None
+            while page := queued(store, sort=sort, descending=descending, after=after, limit=3):
+                pages.append(page)
+                after = page[-1]
+            assert [t for p in pages for t in p] == whole and len(pages) == 3, (sort, descending)
+    assert [t.row.task_id for t in store.queue_page(QueueQuery(PLACES[:1]))] == ["q-2", "q-0", "q-4"]
+    assert queued(store, tenants=["acme"]) == ["q-6", "q-7"]
+    assert queued(store, field_value="C-9") == ["q-4"] and queued(store, id_prefix="q-7") == ["q-7"]
+    assert queued(store, waiting_before=T0) == ["q-5"]
+    assert store.queue_counts(QueueQuery(PLACES)) == {
+        ("refund", 1, "approve"): 3,
+        ("refund", 1, "review"): 3,
+        ("triage", 1, "approve"): 1,
+        ("triage", 1, "review"): 1,
+    }
+    assert store.queue_counts(QueueQuery(PLACES, tenants=["acme"], id_prefix="q-6")) == {("triage", 1, "approve"): 1}
+    assert store.queue_counts(QueueQuery([])) == {} and store.queue_page(QueueQuery([])) == []
+    [row] = store.queue_page(QueueQuery(PLACES, id_prefix="q-4"))
+    assert (row.started_by, row.fields, row.claim) == ("ann", {"customer_id": "C-9"}, None)
+    assert row.head is not None and row.head == store.events("q-4")[-1]
+
+
+def test_a_claim_is_one_persons_until_it_expires_the_task_moves_or_someone_takes_it_over(store: Store) -> None:
+    _queue(store)
+    until = T0 + timedelta(minutes=30)
+    assert store.claim_work("q-0", "dana", at=T0, until=until) == WorkClaim("q-0", "dana", 1, T0, until)
+    # erin is answered with dana's claim, and nothing changes; dana claiming again renews hers.
+    lost = store.claim_work("q-0", "erin", at=T0 + timedelta(minutes=1), until=until)
+    assert lost is not None and lost.actor == "dana"
+    [shown] = store.queue_page(QueueQuery(PLACES, id_prefix="q-0", at=T0 + timedelta(minutes=2)))
+    assert shown.claim == WorkClaim("q-0", "dana", 1, T0, until)
+    # A take-over names its reason and whom it was taken from.
+    taken = store.claim_work("q-0", "erin", at=T0 + timedelta(minutes=3), until=until, take_over="dana is out")
+    assert taken == WorkClaim("q-0", "erin", 1, T0 + timedelta(minutes=3), until, "dana", "dana is out")
+    assert not store.release_work("q-0", "dana") and store.release_work("q-0", "erin")
+    assert store.queue_page(QueueQuery(PLACES, id_prefix="q-0", at=T0))[0].claim is None
+    # Expired: anyone may claim it; not shown either.
+    store.claim_work("q-1", "dana", at=T0, until=T0 + timedelta(minutes=1))
+    assert store.queue_page(QueueQuery(PLACES, id_prefix="q-1", at=T0 + timedelta(minutes=2)))[0].claim is None
+    taken = store.claim_work("q-1", "erin", at=T0 + timedelta(minutes=2), until=until)
+    assert taken is not None and taken.actor == "erin"
+    # The task moved (a decision): the claim is over.
+    log = Log("q-moves", state="approve")
+    store.create(log.row(status="blocked"), log.first)
+    store.claim_work("q-moves", "dana", at=T0, until=until)
+    store.append("q-moves", 1, [log.next("wait", "approve")], status="blocked")
+    assert store.queue_page(QueueQuery(PLACES, id_prefix="q-moves", at=T0))[0].claim is None
+    assert store.claim_work("q-moves", "erin", at=T0, until=until) == WorkClaim("q-moves", "erin", 2, T0, until)
+    assert store.claim_work("nobody", "dana", at=T0, until=until) is None
+
+
+def test_of_two_people_claiming_one_item_at_once_one_wins_and_both_are_told_who(store: Store) -> None:
+    _queue(store)
+    until = T0 + timedelta(minutes=30)
+    for n in range(8):
+
+        def claimer(actor: str, task_id: str = f"q-{n}") -> Callable[[], WorkClaim | None]:
+            return lambda: store.claim_work(task_id, actor, at=T0, until=until)
+
+        results = together(claimer("dana"), claimer("erin"))
+        holders = {r.actor for r in results if isinstance(r, WorkClaim)}
+        assert len(holders) == 1, results  # both answers name the one who won
+        [row] = store.queue_page(QueueQuery(PLACES, id_prefix=f"q-{n}", at=T0))
+        assert row.claim is not None and {row.claim.actor} == holders
+
+
 def test_a_page_session_is_read_until_it_expires_or_ends_and_its_flash_is_shown_once(store: Store) -> None:
     def session(id_hash: str, hours: int) -> PageSession:
         return PageSession(id_hash, "h" * 64, "dana", "csrf-" + id_hash, T0, T0 + timedelta(hours=hours))
@@ -692,6 +813,10 @@ def test_a_worker_report_is_refreshed_in_place_and_stopped_workers_are_not_liste
     assert [w.name for w in store.workers(seen_since=T0 + timedelta(seconds=1))] == ["w1"]
     store.report_worker(WorkerReport("w1", "host-a", 11, 8, T0, LATER, LATER, {"claimed": 3}))
     assert [w.name for w in store.workers(seen_since=T0)] == ["w0"]
+    # A supervisor sums its processes' last reports, the stopped ones' too.
+    assert store.workers(seen_since=T0 + timedelta(seconds=1), stopped=True) == [
+        WorkerReport("w1", "host-a", 11, 8, T0, LATER, LATER, {"claimed": 3})
+    ]
 
 
 # -- what a store can do ---------------------------------------------------------------------------

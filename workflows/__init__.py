@@ -7,7 +7,8 @@ In the repository's root they are the working directory's `workflows` package, w
 """
 
 from workflows.expense import EXPENSE
+from workflows.order_review import ORDER_CHECK, ORDER_REVIEW
 from workflows.refund import REFUND_V1, REFUND_V2
-from workflows.ticket_triage import TICKET_TRIAGE
+from workflows.ticket_triage import TICKET_TRIAGE, TICKET_TRIAGE_V2
 
-__all__ = ["EXPENSE", "REFUND_V1", "REFUND_V2", "TICKET_TRIAGE"]
+__all__ = ["EXPENSE", "ORDER_CHECK", "ORDER_REVIEW", "REFUND_V1", "REFUND_V2", "TICKET_TRIAGE", "TICKET_TRIAGE_V2"]

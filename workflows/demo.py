@@ -1,12 +1,17 @@
 """`railyard demo`: the reference workflows on their showcase paths, printed step by step.
 
-Three scenarios against the fakes (orders, payments, tickets) in the demo's own
+Four scenarios against the fakes (orders, payments, tickets) in the demo's own
 database: (1) a refund through a read tool, an amount the guard refuses and the
 model repairs, an approval, and one payment; (2) a ticket whose model answers in
 prose until the forcing ladder gets a `TicketDecision` out of it; (3) a worker
 process killed after the payment provider acted, and another worker that
-reconciles instead of paying again. Then every demo task is replayed and the
-refund's route is drawn. No provider is called unless `--model` names one; the
+reconciles instead of paying again; (4) a ticket that starts a refund task (a
+child state), a worker killed after making it and before the ticket records it,
+and another that finds it by its action id; (5) a batch of orders that starts one
+check task per order (a fan-out), a worker killed after making two of the four,
+another that finds those by their action ids and makes the rest, a flagged
+check, and a reviewer's decision on all of them. Then every demo task is replayed and
+the refund's route is drawn. No provider is called unless `--model` names one; the
 scripted answers walk the same engine paths (forcing, repair, approval) a real
 model gets.
 """
@@ -45,6 +50,7 @@ from engine import (
     redact_url,
     summarise,
 )
+from engine.core.canonical import now
 from workflows import fakes
 from workflows.refund_tools import SETTLE_SECONDS
 from workflows.scripts import (
@@ -52,12 +58,16 @@ from workflows.scripts import (
     REFUND_WRONG_ITEM_INPUT,
     TICKET_DOUBLE_CHARGE,
     TICKET_DOUBLE_CHARGE_INPUT,
+    TICKET_REFUND,
+    TICKET_REFUND_INPUT,
     refund_damaged_order,
     refund_wrong_item,
 )
 
 #: The demo's trusted context: who holds which role (a deployment reads RAILYARD_ROLES_FILE instead).
-DEMO_ROLES = {"dana": {"refund_approver"}, "sam": {"support_agent"}}
+DEMO_ROLES = {"dana": {"refund_approver"}, "sam": {"support_agent"}, "olga": {"order_reviewer"}}
+#: The batch of scenario 5: one order_check task per order.
+ORDER_REVIEW_INPUT: dict[str, Any] = {"batch_id": "B-77", "orders": ["O-2001", "O-2002", "O-2003", "O-2004"]}
 #: The repository the reference workflows are in (the folder holding this package): they are not installed.
 REPOSITORY = Path(__file__).resolve().parents[1]
 #: The killed worker's lease: short, so the demo need not wait long for it to run out.
@@ -65,7 +75,7 @@ CRASH_LEASE_SECONDS = 2
 
 
 class Demo:
-    """One run of the three scenarios on `engine`, printing to `console`."""
+    """One run of the five scenarios on `engine`, printing to `console`."""
 
     def __init__(self, engine: Engine, console: Console, database_url: str, model: ModelAdapter | None) -> None:
         self.engine = engine
@@ -151,7 +161,7 @@ class Demo:
     def ticket(self) -> str:
         self.console.rule("2. A ticket: prose forced into a TicketDecision")
         engine = self.engine
-        task_id = engine.start("ticket_triage", TICKET_DOUBLE_CHARGE_INPUT, actor="helpdesk")
+        task_id = engine.start("ticket_triage", TICKET_DOUBLE_CHARGE_INPUT, actor="helpdesk", version=1)
         ticket = TICKET_DOUBLE_CHARGE_INPUT["ticket_id"]
         self.console.print(f"the helpdesk starts [bold]{task_id}[/] for ticket {ticket}", highlight=False)
         self.advance(
@@ -240,6 +250,154 @@ class Demo:
             )
         return done.returncode
 
+    def ticket_refund(self) -> tuple[str, str | None]:
+        self.console.rule("4. A ticket that needs a refund: it starts a refund task, a worker dies mid-start")
+        engine = self.engine
+        script = self.model_for(TICKET_REFUND)
+        ticket_id = engine.start("ticket_triage", TICKET_REFUND_INPUT, actor="helpdesk", version=2)
+        self.console.print(
+            f"the helpdesk starts [bold]{ticket_id}[/] on ticket_triage@2 for ticket T-5003 (customer C-100, "
+            "order O-1003, not delivered)",
+            highlight=False,
+        )
+        self.advance(
+            ticket_id,
+            "the agent reads the ticket and decides REFUND",
+            lambda: engine.run(ticket_id, model=script, max_turns=3),  # up to the child state, not into it
+        )
+        self.console.print(
+            "[bold]a worker process starts the refund task; it is killed (SIGKILL) after the refund task exists, "
+            "before the ticket records it[/]"
+        )
+        before = engine.get(ticket_id).seq
+        env = {**os.environ, "RAILYARD_DATABASE_URL": absolute(self.database_url)}
+        done = subprocess.run(
+            [sys.executable, "-m", "workflows.demo_child_crash"],
+            env=env,
+            cwd=REPOSITORY,
+            capture_output=True,
+            timeout=120,
+        )
+        killed = "killed by SIGKILL" if done.returncode == -signal.SIGKILL else f"exit status {done.returncode}"
+        self.console.print(f"   the worker process ended: {killed}")
+        self.show_events(ticket_id, before)
+        spawn = next((e for e in engine.history(ticket_id) if e.trigger == "spawn"), None)
+        if spawn is None:
+            self.console.print("   no refund task was started")
+            return ticket_id, None
+        refund_id = str(spawn.data["child"]["task_id"])
+        first = engine.history(refund_id)[0]
+        self.console.print(
+            f"   refund task [bold]{refund_id}[/] exists; its first event names its parent "
+            f"{first.data['parent']['task_id'][:8]} (seq {first.data['parent']['seq']})",
+            highlight=False,
+        )
+        time.sleep(CRASH_LEASE_SECONDS + 0.5)
+        before = engine.get(ticket_id).seq
+        self.console.print("[bold]another worker, once the lease ran out: it finds the refund task by its action id[/]")
+        Worker(engine, name="demo-worker-3", listen=False, workflows=["ticket_triage"]).run_once()
+        self.show_events(ticket_id, before)
+        self.advance(refund_id, "the refund task's agent works the case", lambda: engine.run(refund_id, model=script))
+        prepared: Mapping[str, Any] = engine.load(refund_id).prepared or {}
+        if engine.get(refund_id).state == "awaiting_approval":
+            self.advance(
+                refund_id,
+                "dana approves the refund, and it is paid",
+                lambda: (
+                    engine.approve(refund_id, actor="dana", prepared_digest=prepared.get("digest")),
+                    engine.run(refund_id, model=script),
+                ),
+            )
+        before = engine.get(ticket_id).seq
+        self.console.print("[bold]the refund's end woke the ticket: a worker records it and the agent answers[/]")
+        Worker(engine, name="demo-worker-4", listen=False, workflows=["ticket_triage"], model=script).drain()
+        self.show_events(ticket_id, before)
+        view = engine.get(ticket_id)
+        self.console.print(
+            f"   the ticket is [cyan]{view.state}[/]; it started {len(view.children)} refund task(s); "
+            f"the provider paid action {str(prepared.get('action_id'))[:8]} "
+            f"{self.books.payments.executions().get(str(prepared.get('action_id')), 0)} time(s)",
+            highlight=False,
+        )
+        return ticket_id, refund_id
+
+    def order_review(self) -> tuple[str, list[str]]:
+        self.console.rule("5. A batch of orders: one check task per order, a worker dies amid the fan-out")
+        engine = self.engine
+        review_id = engine.start("order_review", ORDER_REVIEW_INPUT, actor="back-office")
+        orders = ORDER_REVIEW_INPUT["orders"]
+        self.console.print(
+            f"the back office starts [bold]{review_id}[/] on order_review@1 for batch {ORDER_REVIEW_INPUT['batch_id']}"
+            f" ({len(orders)} orders: {', '.join(orders)}); code builds one order_check per order",
+            highlight=False,
+        )
+        self.console.print(
+            "[bold]a worker process records the intent for all four checks, makes two, and is killed (SIGKILL)[/]"
+        )
+        env = {**os.environ, "RAILYARD_DATABASE_URL": absolute(self.database_url)}
+        done = subprocess.run(
+            [sys.executable, "-m", "workflows.demo_fanout_crash"],
+            env=env,
+            cwd=REPOSITORY,
+            capture_output=True,
+            timeout=120,
+        )
+        killed = "killed by SIGKILL" if done.returncode == -signal.SIGKILL else f"exit status {done.returncode}"
+        self.console.print(f"   the worker process ended: {killed}")
+        self.show_events(review_id, 0)
+        self.console.print(f"   check tasks that exist: {self._checks(review_id)} of {len(orders)}", highlight=False)
+        self._lease_ran_out(review_id)
+        before = engine.get(review_id).seq
+        self.console.print(
+            "[bold]another worker, once the lease ran out: it finds the two checks by their action ids and makes "
+            "the other two[/]"
+        )
+        Worker(engine, name="demo-worker-5", listen=False, workflows=["order_review"]).run_once()
+        self.show_events(review_id, before)
+        checks = [str(c["task_id"]) for c in engine.get(review_id).children]
+        flagged = checks[2] if len(checks) > 2 else None
+        if flagged is not None:
+            self.advance(
+                flagged,
+                f"olga (order_reviewer) flags the check of {orders[2]}",
+                lambda: engine.fire(flagged, "flag", {"note": "Shipping address differs from the card's."}, "olga"),
+            )
+        before = engine.get(review_id).seq
+        self.console.print("[bold]the other checks clear when their window passes; a worker records the join[/]")
+        worker = Worker(engine, name="demo-worker-6", listen=False, workflows=["order_check", "order_review"])
+        deadline = time.monotonic() + 20
+        while engine.get(review_id).state == "checking" and time.monotonic() < deadline:
+            worker.drain()
+            time.sleep(0.2)
+        self.show_events(review_id, before)
+        joined = engine.load(review_id).facts.get("children:checking") or {}
+        for child in joined.get("children", []):
+            self.console.print(f"   {child['result']['order_id']}: {child['state']}", highlight=False)
+        if engine.get(review_id).state == "deciding":
+            self.advance(
+                review_id,
+                "olga decides on the whole batch: hold it",
+                lambda: engine.fire(review_id, "hold", {"note": "Hold the batch until O-2003 is verified."}, "olga"),
+            )
+        view = engine.get(review_id)
+        self.console.print(
+            f"   the batch is [cyan]{view.state}[/]; it started {len(view.children)} check task(s), one per order",
+            highlight=False,
+        )
+        return review_id, checks
+
+    def _lease_ran_out(self, task_id: str) -> None:
+        """Wait (at most a few seconds) until the killed worker's lease on `task_id` has run out."""
+        deadline = time.monotonic() + CRASH_LEASE_SECONDS + 5
+        while time.monotonic() < deadline:
+            row = self.engine.store.row(task_id)
+            if row is None or row.lease_expires_at is None or row.lease_expires_at <= now():
+                return
+            time.sleep(0.1)
+
+    def _checks(self, review_id: str) -> int:
+        return sum(1 for c in self.engine.get(review_id).children if c["state"] is not None)
+
     # -- audit ----------------------------------------------------------
     def audit(self, task_ids: list[str]) -> None:
         self.console.rule("Replay: every demo task, checked from its log without calling a model or a tool")
@@ -280,6 +438,12 @@ class DemoTasks:
     refund: str
     ticket: str
     crashed_refund: str
+    #: The ticket that started a refund task (scenario 4), and that refund task (None if it was not started).
+    ticket_with_refund: str = ""
+    child_refund: str | None = None
+    #: The batch review that fanned out (scenario 5), and its checks in the order of its orders.
+    order_review: str = ""
+    order_checks: tuple[str, ...] = ()
 
 
 def run_demo(
@@ -302,11 +466,15 @@ def run_demo(
         refund = demo.refund()
         ticket = demo.ticket()
         crashed = demo.crash()
-        demo.audit([refund, ticket, crashed])
+        parent, child = demo.ticket_refund()
+        review, checks = demo.order_review()
+        demo.audit([refund, ticket, crashed, parent, *([child] if child else []), review, *checks])
         demo.route(refund)
     console.print(
         f"done in {time.monotonic() - started:.1f} s. Look further:\n"
         f"  railyard history {refund}\n"
+        f"  railyard show {parent}   (a ticket and the refund task it started)\n"
+        f"  railyard show {review}   (a batch and its four checks)\n"
         f"  railyard show {refund} --as-of 7\n"
         "  railyard approvals\n"
         f"  railyard graph refund --task {refund} --format dot\n"
@@ -314,7 +482,7 @@ def run_demo(
         f"  railyard export {crashed} > refund.jsonl && railyard verify-export refund.jsonl",
         highlight=False,
     )
-    return DemoTasks(refund, ticket, crashed)
+    return DemoTasks(refund, ticket, crashed, parent, child, review, tuple(checks))
 
 
 def route_only(mermaid: str) -> str:

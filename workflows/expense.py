@@ -19,6 +19,7 @@ from engine import (
     CardField,
     DecisionCard,
     GuardContext,
+    Labels,
     Restricted,
     Terminal,
     Wait,
@@ -66,6 +67,35 @@ CLAIM_CARD = DecisionCard(
     ),
 )
 
+#: The words the back office shows for expense (`Labels`: not in the digest).
+EXPENSE_LABELS = Labels(
+    states={
+        "drafting": "Drafting the claim",
+        "review": "Waiting for approval",
+        "needs_human": "Nobody decided in time",
+        "paid": "Paid",
+        "withdrawn": "Withdrawn",
+        "cancelled": "Cancelled",
+        "limit_exceeded": "Out of budget",
+    },
+    actions={
+        "submit": "Submit the claim",
+        "withdraw": "Withdraw",
+        "approve": "Approve the claim",
+        "send_back": "Send back to the employee",
+        "resume": "Put back for review",
+        "cancel": "Cancel the claim",
+    },
+    fields={
+        "employee": "Employee",
+        "limit_cents": "Spending limit",
+        "amount_cents": "Amount",
+        "currency": "Currency",
+        "description": "Description",
+        "comment": "Comment",
+    },
+)
+
 EXPENSE = Workflow(
     name="expense",
     version=1,
@@ -73,6 +103,7 @@ EXPENSE = Workflow(
     input=ExpenseInput,
     searchable=("employee",),
     cards={"review": CLAIM_CARD},
+    labels=EXPENSE_LABELS,
     # Operators pick up claims nobody decided in time, cancel them, and may draft a claim by hand.
     operator_role="expense_operator",
     model_override_role="expense_operator",

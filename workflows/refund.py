@@ -27,6 +27,7 @@ from engine import (
     CardField,
     DecisionCard,
     Guard,
+    Labels,
     Restricted,
     Terminal,
     Tool,
@@ -130,6 +131,56 @@ REFUND_CARDS = {
 }
 
 
+#: The words the back office shows for refund's states, actions, codes and fields (`Labels`: not in the digest).
+REFUND_LABELS = Labels(
+    states={
+        "collecting_information": "Finding the order",
+        "looking_up_order": "Looking up the order",
+        "awaiting_customer": "Waiting for the customer",
+        "eligible": "Proposing a refund",
+        "awaiting_approval": "Waiting for approval",
+        "executing": "Paying the refund",
+        "retryable_failure": "Payment failed",
+        "needs_human": "Needs a person",
+        "paid_after_cancel": "Paid despite a cancel",
+        "completed": "Refunded",
+        "rejected": "No refund",
+        "cancelled": "Cancelled",
+        "limit_exceeded": "Out of budget",
+    },
+    actions={
+        "query_order": "Look up the order",
+        "assess_eligibility": "Assess eligibility",
+        "request_more_info": "Ask the customer",
+        "customer_replied": "Customer replied",
+        "propose_refund": "Propose a refund",
+        "approve": "Approve the refund",
+        "reject": "Reject",
+        "retry_refund": "Retry the payment",
+        "give_up": "Give up on paying",
+        "reopen": "Reopen",
+        "close": "Close without a refund",
+        "acknowledge": "Acknowledge",
+        "cancel": "Cancel the task",
+    },
+    codes={
+        "TOOL_REMOTE_ERROR": "The payment provider refused the payment",
+        "TOOL_TIMEOUT": "The payment provider did not answer in time",
+        "OUTCOME_UNKNOWN": "Whether the payment went out is not known",
+    },
+    fields={
+        "order_id": "Order",
+        "customer_id": "Customer",
+        "amount": "Amount",
+        "currency": "Currency",
+        "reason": "Reason",
+        "message": "Customer's message",
+        "refund_id": "Refund reference",
+        "evidence_ids": "Evidence",
+    },
+)
+
+
 def _refund_workflow(
     version: int, tools: ToolCatalog, request: type[RefundRequest], guards: Sequence[Guard], note: str
 ) -> Workflow:
@@ -140,6 +191,7 @@ def _refund_workflow(
         input=RefundInput,
         searchable=("customer_id", "order_id"),
         cards=REFUND_CARDS,
+        labels=REFUND_LABELS,
         tools=tools,
         # A cancel that arrives while the payment is in flight waits for its outcome; if the money went out, a
         # refund approver sees it here instead of the task quietly ending `cancelled`.

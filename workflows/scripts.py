@@ -105,3 +105,39 @@ def refund_wrong_item(version: int = 2) -> dict[str, Any]:
             ],
         },
     }
+
+
+#: Start `ticket_triage@2` with `TICKET_REFUND_INPUT` and answer with `TICKET_REFUND` (one script for the ticket and
+#: the refund task it starts: their states differ). The model reads T-5003 (order O-1003 never arrived) and decides
+#: REFUND; the ticket starts a refund@1 task for C-100's order O-1003, whose model proposes 300.00 USD; once a
+#: refund approver approved it and it paid, the ticket's model answers the customer from the refund's outcome.
+TICKET_REFUND_INPUT: dict[str, Any] = {"ticket_id": "T-5003", "customer_id": "C-100", "order_id": "O-1003"}
+TICKET_REFUND: dict[str, Any] = {
+    "profile": "anthropic",
+    "model": "scripted-triage",
+    "by_state": {
+        "reading": [call("query_ticket", ticket_id="T-5003")],
+        "deciding": [
+            call("decide", ticket_id="T-5003", decision="REFUND", reason="The parcel never arrived: refund it."),
+        ],
+        "collecting_information": [
+            call("query_order", order_id="O-1003"),
+            call("assess_eligibility", order_id="O-1003", finding="Shipped, never delivered; tracking stalled."),
+        ],
+        "eligible": [
+            call(
+                "propose_refund",
+                order_id="O-1003",
+                amount=30_000,
+                currency="USD",
+                reason="The parcel never arrived.",
+                evidence_ids=[],
+            )
+        ],
+        "answering": [
+            call(
+                "reply", message="Your parcel never arrived: we refunded 300.00 USD; it reaches your card in 3-5 days."
+            ),
+        ],
+    },
+}

@@ -22,6 +22,7 @@ from markupsafe import Markup, escape
 
 from engine.audit.reads import path_visits
 from engine.core.definition import (
+    BACKOFF,
     CALL,
     CANCEL,
     DEMOTE,
@@ -36,7 +37,7 @@ from engine.core.events import Event
 from engine.core.machine import UNDRAWN
 
 #: The engine's own triggers, drawn only where the task took them.
-ROUTINE = frozenset({CANCEL, LIMIT, REPAIR, DEMOTE, CALL, RECONCILE, PROVIDER_ERROR, *UNDRAWN})
+ROUTINE = frozenset({CANCEL, LIMIT, REPAIR, DEMOTE, BACKOFF, CALL, RECONCILE, PROVIDER_ERROR, *UNDRAWN})
 
 NODE_HEIGHT = 38
 LAYER_GAP = 72

@@ -39,9 +39,11 @@ instead of landing on a task the person did not see.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import urlencode, urlsplit
 
@@ -71,6 +73,7 @@ from engine.api.auth import (
     same_token,
     throttled,
 )
+from engine.api.csv_export import CSV_FORMAT, csv_response, queue_csv, tasks_csv
 from engine.api.oidc import Flow, OidcClient, sync_person
 from engine.api.paths import TaskId, TaskIdText
 from engine.api.schemas import (
@@ -79,13 +82,17 @@ from engine.api.schemas import (
     MAX_SEQ,
     NAME_PATTERN,
     STATE_PATTERN,
+    TASK_ID_PATTERN,
     AccessTrailPage,
     ApprovalPage,
     ApproveRequest,
     CancelRequest,
+    ClaimBody,
+    ClaimRequest,
     DiagramBody,
     EventBody,
     ForkRequest,
+    NoteRequest,
     PreconditionFailed,
     RedriveRequest,
     RejectRequest,
@@ -97,6 +104,7 @@ from engine.api.schemas import (
     TaskPage,
     WhoAmI,
     WorkflowBody,
+    WorkKind,
     WorkQueueBody,
     refusals,
     status_for,
@@ -105,10 +113,10 @@ from engine.api.views import (
     AGES,
     MAX_LIMIT,
     PAGE_SIZE,
+    SORT_LABELS,
     WORK_MAX_LIMIT,
     WORK_PAGE_SIZE,
     TaskFilter,
-    WorkKind,
     WorkPage,
     decode_cursor,
     encode_cursor,
@@ -120,6 +128,7 @@ from engine.api.views import (
     task_page,
     work_queue,
     workflow_diagram,
+    workflow_page,
 )
 from engine.core.access import AUDITOR, Caller
 from engine.core.approvals import DECISIONS
@@ -130,7 +139,7 @@ from engine.core.fold import TaskState
 from engine.runtime import queries, shown
 from engine.runtime.engine import Engine
 from engine.runtime.people import People
-from engine.runtime.queries import readable, require_visible
+from engine.runtime.queries import WorkClaim, readable, require_visible
 from engine.runtime.registry import Registry
 
 log = logging.getLogger("railyard.api")
@@ -151,6 +160,8 @@ OPERATION_IDS = {
     "approvals": "list_approvals",
     "approve": "approve_task",
     "reject": "reject_task",
+    "claim": "claim_work",
+    "release": "release_work",
     "work": "list_work",
     "workflows": "list_workflows",
     "workflow": "get_workflow",
@@ -237,12 +248,18 @@ def etag(seq: int) -> str:
     return f'"{seq}"'
 
 
-def task_body(response: Response, engine: Engine, task: TaskState, caller: Caller | None) -> dict[str, Any]:
+def task_body(
+    response: Response, engine: Engine, task: TaskState, caller: Caller | None, *, quota: bool = False
+) -> dict[str, Any]:
     """The task as the response body (without the fields its workflow restricts from `caller`), with its ETag on
-    the response."""
-    view = shown.view(engine, task, caller)
-    response.headers["ETag"] = etag(view.seq)
-    return view.to_dict()
+    the response; `quota`: with its place in the queue for quota, if it waits in one (a read of the flow rows,
+    made for GET only: a command's answer is about what the command did)."""
+    seen = shown.task(engine, task, caller)
+    response.headers["ETag"] = etag(seen.seq)
+    view = engine.view(seen)
+    if quota:
+        view = queries.waiting_for_quota(engine, view)
+    return {**view.to_dict(), "prepared": seen.prepared}
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +337,11 @@ def moved(engine: Engine, task_id: str, conflict: ConcurrencyConflict, pre: Prec
     expected = pre.expected_seq if pre.expected_seq is not None else details.get("expected")
     details.update(task_id=task_id, state=state, actual=actual, expected=expected)
     where = f"it is now in {state!r} at seq {actual}" if state is not None else "it moved"
+    if details.get("changed_by"):  # who changed it and how: what the person refused needs to hear, not only a seq
+        where = (
+            f"{details['changed_by']} changed it meanwhile ({details.get('changed_with')} to "
+            f"{details.get('changed_to')!r}); {where}"
+        )
     if pre.from_header:
         message = (
             f"task {task_id} is no longer at the seq If-Match named ({expected}): {where}. "
@@ -400,35 +422,53 @@ def start_task(body: StartRequest, ctx: Ctx, who: Writer, response: Response) ->
     return task_body(response, ctx.engine, ctx.engine.load(task_id), who.caller)
 
 
-#: The filters of a task list, the API's and the page's alike (the page sends empty fields for "any").
-WorkflowFilter = Annotated[str, Query(pattern=f"^$|{NAME_PATTERN}", description="Only tasks of this workflow.")]
+#: The filters of a task list, the API's and the page's alike (unset: any; the page sends empty fields for "any",
+#: a generated client sends nothing).
+WorkflowFilter = Annotated[str | None, Query(pattern=f"^$|{NAME_PATTERN}", description="Only tasks of this workflow.")]
 State = Annotated[
-    str,
+    str | None,
     Query(
         pattern=f"^$|{STATE_PATTERN}",
         description="Only tasks in this state; a public state matches its internal `~` sub-states too.",
     ),
 ]
-StatusFilter = Annotated[str, Query(pattern="^(|runnable|blocked|terminal)$", description="Only tasks of this status.")]
+StatusFilter = Annotated[
+    str | None, Query(pattern="^(|runnable|blocked|terminal)$", description="Only tasks of this status.")
+]
 #: Text filters: no control characters (PostgreSQL refuses NUL in a string; nobody types the others).
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
-StartedBy = Annotated[str, Query(max_length=200, pattern=TEXT_PATTERN, description="Only tasks this actor started.")]
+StartedBy = Annotated[
+    str | None, Query(max_length=200, pattern=TEXT_PATTERN, description="Only tasks this actor started.")
+]
 CreatedFrom = Annotated[
-    str, Query(max_length=40, description="Created at or after: a date (UTC) or an ISO 8601 date-time.")
+    str | None, Query(max_length=40, description="Created at or after: a date (UTC) or an ISO 8601 date-time.")
 ]
 CreatedTo = Annotated[
-    str, Query(max_length=40, description="Created on or before this date (UTC), or before this ISO 8601 date-time.")
+    str | None,
+    Query(max_length=40, description="Created on or before this date (UTC), or before this ISO 8601 date-time."),
 ]
 Search = Annotated[
-    str,
+    str | None,
     Query(
         max_length=200,
         pattern=TEXT_PATTERN,
         description="A task id prefix, or the value of a searchable input field (a customer id).",
     ),
 ]
-Cursor = Annotated[str, Query(max_length=200, description="The `next_cursor` of the previous page.")]
+Cursor = Annotated[str | None, Query(max_length=200, description="The `next_cursor` of the previous page.")]
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Page size.")]
+#: `csv`: the whole list (every page, the same filters) as a CSV download, streamed; the page's and the API's.
+Format = Annotated[
+    str | None,
+    Query(pattern=f"^(|json|{CSV_FORMAT})$", description="`csv`: every page of the list as one CSV file."),
+]
+#: How the API's lists say they can also answer with CSV (`?format=csv`).
+CSV_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/csv": {"schema": {"type": "string"}}},
+        "description": "The list, or with `format=csv` the whole list as CSV.",
+    }
+}
 
 
 def list_link(path: str, params: dict[str, Any], cursor: str | None = None) -> str:
@@ -444,24 +484,28 @@ def next_link(path: str, params: dict[str, Any], cursor: str | None) -> str | No
     return list_link(path, params, cursor) if cursor else None
 
 
-@task_api.get("/tasks", response_model=TaskPage, responses=refusals(STORED))
+@task_api.get("/tasks", response_model=TaskPage, responses={**refusals(STORED), **CSV_ANSWER})
 def tasks(
     request: Request,
     ctx: Ctx,
     who: Reader,
-    workflow: WorkflowFilter = "",
-    state: State = "",
-    status: StatusFilter = "",
-    started_by: StartedBy = "",
-    created_from: CreatedFrom = "",
-    created_to: CreatedTo = "",
-    q: Search = "",
-    cursor: Cursor = "",
+    workflow: WorkflowFilter = None,
+    state: State = None,
+    status: StatusFilter = None,
+    started_by: StartedBy = None,
+    created_from: CreatedFrom = None,
+    created_to: CreatedTo = None,
+    q: Search = None,
+    cursor: Cursor = None,
     limit: Limit = PAGE_SIZE,
-) -> dict[str, Any]:
+    format: Format = None,
+) -> Any:
     """Tasks, newest first (by creation time, then id), a page at a time: follow `next` (or send `next_cursor`
-    as `cursor` with the same filters) until it is null. Tasks created meanwhile never shift a page."""
+    as `cursor` with the same filters) until it is null. Tasks created meanwhile never shift a page. With
+    `format=csv`, every task the filters select as one CSV file (`cursor` and `limit` do not apply)."""
     where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, limit)
+    if format == CSV_FORMAT:
+        return csv_response(tasks_csv(ctx.engine, where, who), "tasks")
     found = list_tasks(ctx.engine, where, who.caller)
     return {
         "tasks": [
@@ -477,7 +521,7 @@ def tasks(
 @task_api.get("/tasks/{task_id}", response_model=TaskBody, responses=refusals(STORED, TASK, tagged=200))
 def get_task(task_id: VisibleTask, ctx: Ctx, who: Reader, response: Response) -> dict[str, Any]:
     """Where the task stands: state, status, seq and the triggers it allows now. The ETag is the seq."""
-    return task_body(response, ctx.engine, ctx.engine.load(task_id), who.caller)
+    return task_body(response, ctx.engine, ctx.engine.load(task_id), who.caller, quota=True)
 
 
 @task_api.get(
@@ -528,6 +572,19 @@ def cancel(
     pre = precondition(if_match, body.expected_seq)
     with acting_on(ctx.engine, task_id, pre):
         task = ctx.engine.cancel(task_id, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq)
+    return task_body(response, ctx.engine, task, who.caller)
+
+
+@task_api.post(
+    "/tasks/{task_id}/notes",
+    response_model=TaskBody,
+    responses=refusals(STORED, *WRITE, *TASK, ENDED, tagged=200),
+)
+def note(task_id: VisibleTask, body: NoteRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
+    """Add a note to the task: a `comment` event where it stands, shown in its timeline. It takes no If-Match: a
+    note decides nothing, and it makes no pending decision stale (a decision sent with the seq before it still
+    goes through). Nothing is recorded on a task that ended (409 TASK_TERMINAL)."""
+    task = ctx.engine.note(task_id, who.actor, body.text)
     return task_body(response, ctx.engine, task, who.caller)
 
 
@@ -658,9 +715,14 @@ def work_body(queue: WorkPage) -> dict[str, Any]:
                 "waiting_since": format_instant(w.waiting_since),
                 "deadline": format_instant(w.deadline) if w.deadline is not None else None,
                 "at_deadline": w.at_deadline,
-                "triggers": [b.trigger for b in w.buttons],
+                "triggers": w.triggers,
+                "digest": w.digest,
+                "asked": w.asked,
+                "fields": w.fields,
+                "claimed_by": w.claim.actor if w.claim is not None else None,
+                "claimed_until": format_instant(w.claim.expires_at) if w.claim is not None else None,
             }
-            for w in queue.items
+            for w in queue.rows
         ],
         "counts": [
             {"kind": str(c.kind), "workflow": c.workflow, "yours": c.yours, "others": c.others} for c in queue.counts
@@ -671,21 +733,26 @@ def work_body(queue: WorkPage) -> dict[str, Any]:
     }
 
 
-@approval_api.get("/work", response_model=WorkQueueBody, responses=refusals(STORED, LOG_BROKEN))
+@approval_api.get("/work", response_model=WorkQueueBody, responses={**refusals(STORED, LOG_BROKEN), **CSV_ANSWER})
 def work(
     request: Request,
     ctx: Ctx,
     who: Reader,
-    kind: KindFilter = "",
-    workflow: WorkflowFilter = "",
-    older_than: OlderThan = "",
-    cursor: Cursor = "",
+    kind: WorkKindFilter = None,
+    workflow: WorkflowFilter = None,
+    older_than: OlderThan = None,
+    cursor: Cursor = None,
     limit: WorkLimit = WORK_PAGE_SIZE,
-) -> dict[str, Any]:
+    format: Format = None,
+) -> Any:
     """Every task waiting on a trigger the token's actor may fire (approvals, hand-offs, failures to retry,
     limits reached, effects after a cancel, waits on a person), nearest deadline first and then oldest, a page
     at a time, with the counts per kind and workflow of what the same filters select; tasks waiting on roles the
-    token lacks are only counted."""
+    token lacks are only counted. With `format=csv`, every item the filters select as one CSV file, with a
+    totals row per currency where the cards declare money (`cursor` and `limit` do not apply)."""
+    if format == CSV_FORMAT:
+        lines = queue_csv(ctx.engine, who, kind=kind, workflow=workflow, older_than=older_than)
+        return csv_response(lines, "work")
     queue = work_queue(ctx.engine, who, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor, limit=limit)
     params = {"kind": kind, "workflow": workflow, "older_than": older_than, "limit": queue.limit}
     return {**work_body(queue), "next": next_link(request.url.path, params, queue.next_cursor)}
@@ -728,6 +795,41 @@ def reject(
     with acting_on(ctx.engine, task_id, pre):
         task = ctx.engine.reject(task_id, actor=who.actor, reason=body.reason, expected_seq=pre.expected_seq)
     return task_body(response, ctx.engine, task, who.caller)
+
+
+def claim_body(claim: WorkClaim) -> dict[str, Any]:
+    return {
+        "task_id": claim.task_id,
+        "actor": claim.actor,
+        "seq": claim.seq,
+        "claimed_at": format_instant(claim.claimed_at),
+        "expires_at": format_instant(claim.expires_at),
+        "taken_from": claim.taken_from,
+        "reason": claim.reason,
+    }
+
+
+#: What a claim can refuse: the task (404), an ended one, someone else on it (409), a reason that is not one.
+CLAIM = (*STORED, *WRITE, Code.TASK_NOT_FOUND, Code.TASK_ID_AMBIGUOUS, Code.TASK_TERMINAL, Code.WORK_CLAIMED)
+
+
+@approval_api.post("/tasks/{task_id}/claim", response_model=ClaimBody, responses=refusals(CLAIM, tagged=200))
+def claim(task_id: VisibleTask, body: ClaimRequest, ctx: Ctx, who: Writer) -> dict[str, Any]:
+    """Put the token's actor on the task's work item for 30 minutes (again: renewed), so that others see who has
+    it (`claimed_by` in GET /api/work). Someone else's claim is refused (409 WORK_CLAIMED, naming them) unless
+    `take_over` says why you take it. A claim ends when it expires or the task moves (a decision)."""
+    return claim_body(ctx.engine.claim_work(task_id, who.actor, take_over=body.take_over))
+
+
+@approval_api.delete(
+    "/tasks/{task_id}/claim",
+    status_code=204,
+    responses=refusals(STORED, Code.FORBIDDEN, Code.TASK_NOT_FOUND, Code.TASK_ID_AMBIGUOUS),
+)
+def release(task_id: VisibleTask, ctx: Ctx, who: Writer) -> Response:
+    """Take the token's actor off the item (nothing happens if they were not on it)."""
+    ctx.engine.release_work(task_id, who.actor)
+    return Response(status_code=204)
 
 
 # -- the API over definitions ----------------------------------------------------------------------
@@ -848,19 +950,40 @@ def safe_next(target: str | None) -> str:
     return text
 
 
+@dataclass
+class Outcome:
+    """What a page command came to, for where it redirects: refused (and shown so in the flash), or done."""
+
+    refused: bool = False
+
+
 @contextmanager
-def flashed(session: Session, done: str) -> Iterator[None]:
+def flashed(session: Session, done: str) -> Iterator[Outcome]:
     """Around a page command: what happened goes to the session's flash, shown by the page redirected to. A
     refusal is shown there too (with its code), so the answer to every command is a redirect (Post/Redirect/Get)
     and a reload never sends it again; a server failure (5xx) is still the error page."""
+    outcome = Outcome()
     try:
-        yield
+        yield outcome
     except RailyardError as error:
         if status_for(error) >= 500:
             raise
+        outcome.refused = True
         session.flash(Flash("refused", error.message, str(error.code)))
     else:
         session.flash(Flash("done", done))
+
+
+#: Where a decision made from the work queue goes next: the queue with the next item opened (a path here).
+Then = Annotated[str, Form(max_length=2000)]
+
+
+def decided(task_id: str, outcome: Outcome, then: str) -> Response:
+    """The redirect after a command on a task: done from the queue, to the queue's next item (`then`, if it is a
+    path of this server); refused, or from the task page, to the task, which shows why and where it is now."""
+    if then and not outcome.refused:
+        return RedirectResponse(safe_next(then), status_code=303)
+    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
 
 
 @pages.get("/")
@@ -1029,14 +1152,26 @@ def oidc_callback(request: Request, ctx: Ctx) -> Response:
 
 
 #: The work queue's filters, the page's and the API's alike (empty: any).
-KindFilter = Annotated[str, Query(pattern="^(|" + "|".join(WorkKind) + ")$", description="Only work of this kind.")]
+KindFilter = Annotated[
+    str | None, Query(pattern="^(|" + "|".join(WorkKind) + ")$", description="Only work of this kind.")
+]
 WorkLimit = Annotated[int, Query(ge=1, le=WORK_MAX_LIMIT, description="Page size.")]
 OlderThan = Annotated[
-    str,
+    str | None,
     Query(
         pattern="^(|" + "|".join(AGES) + ")$", description="Only work waiting (since its last event) longer than this."
     ),
 ]
+
+
+#: The API's kind of work: the one `WorkKind` enum (the page's menu sends an empty value for "any" instead).
+WorkKindFilter = Annotated[WorkKind | None, Query(description="Only work of this kind.")]
+
+
+SortBy = Annotated[str, Query(pattern="^(|" + "|".join(SORT_LABELS) + ")$", description="What the queue is sorted by.")]
+Order = Annotated[str, Query(pattern="^(|asc|desc)$", description="asc (the default) or desc.")]
+PageNumber = Annotated[int, Query(ge=1, le=1_000_000, description="The number of the page the cursor starts.")]
+Opened = Annotated[str, Query(max_length=64, pattern=f"^$|{TASK_ID_PATTERN}", description="The item opened in place.")]
 
 
 @pages.get("/inbox", response_class=HTMLResponse)
@@ -1044,17 +1179,56 @@ def inbox_page(
     request: Request,
     ctx: Ctx,
     session: PageSession,
-    kind: KindFilter = "",
-    workflow: WorkflowFilter = "",
-    older_than: OlderThan = "",
-    cursor: Cursor = "",
+    kind: KindFilter = None,
+    workflow: WorkflowFilter = None,
+    older_than: OlderThan = None,
+    q: Search = None,
+    sort: SortBy = "",
+    order: Order = "",
+    cursor: Cursor = None,
+    page: PageNumber = 1,
+    open: Opened = "",
+    format: Format = None,
 ) -> Response:
-    """Every task waiting on a trigger this person may fire, nearest deadline first and then oldest, a page at a
-    time; the ones waiting on roles they lack are only counted."""
+    """Every task waiting on a trigger this person may fire, one row each, in the order asked (nearest deadline
+    first by default), a page at a time; the ones waiting on roles they lack are only counted. `open` draws one
+    item's full card in place, with its buttons, each of which comes back here to the next item. `format=csv`
+    downloads every row the same filters, sort and search select."""
+    if format == CSV_FORMAT:
+        lines = queue_csv(
+            ctx.engine,
+            session.principal,
+            kind=kind,
+            workflow=workflow,
+            older_than=older_than,
+            q=q,
+            sort=sort or "deadline",
+            descending=order == "desc",
+        )
+        return csv_response(lines, "work")
     queue = work_queue(
-        ctx.engine, session.principal, kind=kind, workflow=workflow, older_than=older_than, cursor=cursor
+        ctx.engine,
+        session.principal,
+        kind=kind,
+        workflow=workflow,
+        older_than=older_than,
+        q=q,
+        sort=sort or "deadline",
+        descending=order == "desc",
+        cursor=cursor,
+        page=page if cursor else 1,
+        opened=open or None,
     )
-    chosen = {"kind": kind, "workflow": workflow, "older_than": older_than}
+    chosen = {
+        "kind": kind or "",
+        "workflow": workflow or "",
+        "older_than": older_than or "",
+        "q": q or "",
+        "sort": sort,
+        "order": order,
+    }
+    here: dict[str, str] = {**chosen, "cursor": cursor or "", "page": str(page) if cursor else ""}
+    after_opened = queue.after(open) if open else None
     return render(
         request,
         "inbox.html",
@@ -1063,7 +1237,14 @@ def inbox_page(
         chosen=chosen,
         workflows=workflow_names(ctx.engine, session.principal.caller),
         first=list_link("/inbox", chosen) if cursor else None,
-        next=next_link("/inbox", chosen, queue.next_cursor),
+        next=list_link("/inbox", {**chosen, "page": queue.page + 1}, queue.next_cursor) if queue.next_cursor else None,
+        here=list_link("/inbox", here, cursor),
+        link=lambda **changed: list_link("/inbox", {**here, **changed}, cursor or None),
+        sorted_by=lambda column: list_link(
+            "/inbox", {**chosen, "sort": column, "order": "desc" if sort == column and order != "desc" else ""}
+        ),
+        download=list_link("/inbox", {**chosen, "format": CSV_FORMAT}),
+        then=list_link("/inbox", {**here, "open": after_opened or ""}, cursor) + ("#opened" if after_opened else ""),
     )
 
 
@@ -1072,18 +1253,21 @@ def tasks_page(
     request: Request,
     ctx: Ctx,
     session: PageSession,
-    workflow: WorkflowFilter = "",
-    state: State = "",
-    status: StatusFilter = "",
-    started_by: StartedBy = "",
-    created_from: CreatedFrom = "",
-    created_to: CreatedTo = "",
-    q: Search = "",
-    cursor: Cursor = "",
+    workflow: WorkflowFilter = None,
+    state: State = None,
+    status: StatusFilter = None,
+    started_by: StartedBy = None,
+    created_from: CreatedFrom = None,
+    created_to: CreatedTo = None,
+    q: Search = None,
+    cursor: Cursor = None,
+    format: Format = None,
 ) -> Response:
     where = TaskFilter(workflow, state, status, started_by, created_from, created_to, q, cursor, PAGE_SIZE)
+    if format == CSV_FORMAT:
+        return csv_response(tasks_csv(ctx.engine, where, session.principal), "tasks")
     found = list_tasks(ctx.engine, where, session.principal.caller)
-    chosen = {k: v for k, v in asdict(where).items() if k not in ("cursor", "limit")}
+    chosen = {k: v or "" for k, v in asdict(where).items() if k not in ("cursor", "limit")}
     return render(
         request,
         "tasks.html",
@@ -1095,7 +1279,18 @@ def tasks_page(
         chosen=chosen,
         first=list_link("/tasks", chosen) if cursor else None,
         next=next_link("/tasks", chosen, found.next_cursor),
+        download=list_link("/tasks", {**chosen, "format": CSV_FORMAT}),
     )
+
+
+@pages.get("/workflows/{name}", response_class=HTMLResponse)
+def workflow_page_view(request: Request, name: str, ctx: Ctx, session: PageSession) -> Response:
+    caller = session.principal.caller
+    if name not in workflow_names(ctx.engine, caller):
+        # Unknown, or not theirs to read: the same words either way (what they may not read is absent).
+        raise Refused(f"no workflow named {name!r} that you may read", code=Code.WORKFLOW_UNKNOWN, workflow=name)
+    page = workflow_page(ctx.engine, name, caller, datetime.now(UTC))
+    return render(request, "workflow.html", session=session, page=page)
 
 
 @pages.get("/tasks/{task_id}", response_class=HTMLResponse)
@@ -1119,8 +1314,9 @@ def approve_page(
     digest: Annotated[str, Form(max_length=64)] = "",
     comment: Annotated[str, Form(max_length=2000)] = "",
     seq: Seq = None,
+    then: Then = "",
 ) -> Response:
-    with flashed(session, "Your decision (approved) is recorded."):
+    with flashed(session, "Your decision (approved) is recorded.") as outcome:
         require_writer(session.principal)
         require_visible(ctx.engine, task_id, session.principal.caller)
         pre = precondition(None, seq)
@@ -1132,7 +1328,7 @@ def approve_page(
                 comment=comment,
                 expected_seq=pre.expected_seq,
             )
-    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+    return decided(task_id, outcome, then)
 
 
 @pages.post("/tasks/{task_id}/reject")
@@ -1142,14 +1338,15 @@ def reject_page(
     session: PagePost,
     reason: Annotated[str, Form(min_length=1, max_length=2000)],
     seq: Seq = None,
+    then: Then = "",
 ) -> Response:
-    with flashed(session, "Your decision (rejected) is recorded."):
+    with flashed(session, "Your decision (rejected) is recorded.") as outcome:
         require_writer(session.principal)
         require_visible(ctx.engine, task_id, session.principal.caller)
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.reject(task_id, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq)
-    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+    return decided(task_id, outcome, then)
 
 
 @pages.post("/tasks/{task_id}/redrive")
@@ -1160,10 +1357,11 @@ def redrive_page(
     to_state: Annotated[str, Form(pattern=STATE_PATTERN)],
     reason: Annotated[str, Form(min_length=1, max_length=500)],
     seq: Seq = None,
+    then: Then = "",
 ) -> Response:
     """Send a handed-off or limit-state task back to a state it was in (the engine checks the role and that no
     write would run twice)."""
-    with flashed(session, f"Sent back to {to_state}: the redrive is recorded."):
+    with flashed(session, f"Sent back to {to_state}: the redrive is recorded.") as outcome:
         require_writer(session.principal)
         require_visible(ctx.engine, task_id, session.principal.caller)
         pre = precondition(None, seq)
@@ -1171,7 +1369,128 @@ def redrive_page(
             ctx.engine.redrive(
                 task_id, to_state, actor=session.principal.actor, reason=reason, expected_seq=pre.expected_seq
             )
-    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+    return decided(task_id, outcome, then)
+
+
+@pages.post("/tasks/{task_id}/note")
+def note_page(
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PagePost,
+    text: Annotated[str, Form(max_length=2000)] = "",
+    then: Then = "",
+) -> Response:
+    """Add a note from the task page: back to the page, whose timeline shows it."""
+    with flashed(session, "Your note is recorded."):
+        require_writer(session.principal)
+        require_visible(ctx.engine, task_id, session.principal.caller)
+        ctx.engine.note(task_id, session.principal.actor, text)
+    return RedirectResponse(safe_next(then) if then else f"/tasks/{task_id}", status_code=303)
+
+
+@pages.post("/tasks/{task_id}/claim")
+def claim_page(
+    task_id: TaskId,
+    ctx: Ctx,
+    session: PagePost,
+    take_over: Annotated[str, Form(max_length=500)] = "",
+    then: Then = "",
+) -> Response:
+    """Claim the item (or take it over, with a reason): back to where the form was, which shows who has it now;
+    when someone else won, the flash says who (WORK_CLAIMED)."""
+    with flashed(session, "You are on it: the others see that you have it."):
+        require_writer(session.principal)
+        require_visible(ctx.engine, task_id, session.principal.caller)
+        ctx.engine.claim_work(task_id, session.principal.actor, take_over=take_over.strip() or None)
+    return RedirectResponse(safe_next(then) if then else f"/tasks/{task_id}", status_code=303)
+
+
+@pages.post("/tasks/{task_id}/release")
+def release_page(task_id: TaskId, ctx: Ctx, session: PagePost, then: Then = "") -> Response:
+    with flashed(session, "You are off it: anyone may take it."):
+        require_writer(session.principal)
+        require_visible(ctx.engine, task_id, session.principal.caller)
+        ctx.engine.release_work(task_id, session.principal.actor)
+    return RedirectResponse(safe_next(then) if then else f"/tasks/{task_id}", status_code=303)
+
+
+#: What a bulk decision may be, and how many rows one may decide.
+BULK_DECISIONS = ("approve", "reject", "retry", "cancel")
+BULK_MAX = 100
+_PICK = re.compile(rf"^({TASK_ID_PATTERN[1:-1]}):([1-9][0-9]{{0,9}}):([0-9a-f]{{64}})?$")
+
+
+async def picked_rows(request: Request) -> list[str]:
+    """The rows a bulk form selected (`pick`, once per row: task id, seq and digest as the page showed them)."""
+    return [v for k, v in (await request.form()).multi_items() if k == "pick" and isinstance(v, str)]
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What one selected row came to: done, or refused with its code and why."""
+
+    task_id: str
+    seq: str
+    done: bool
+    code: str | None
+    message: str
+
+
+def bulk_one(engine: Engine, actor: str, caller: Caller, decision: str, pick: str, reason: str) -> BulkResult:
+    """Decide one row on the seq (and, to approve, the digest) the page showed it at: a row that moved since is
+    refused (CONCURRENCY_CONFLICT, naming where it is now), never applied to what the person did not see."""
+    found = _PICK.match(pick)
+    if found is None:
+        return BulkResult(pick[:40], "", False, str(Code.PAYLOAD_INVALID), "not a row of the queue")
+    task_id, seq_text, digest = found.group(1), found.group(2), found.group(3)
+    pre = precondition(None, int(seq_text))
+    try:
+        require_visible(engine, task_id, caller)
+        with acting_on(engine, task_id, pre):
+            if decision == "approve":
+                engine.approve(
+                    task_id, actor, digest or None, reason or "Approved in bulk.", expected_seq=pre.expected_seq
+                )
+            elif decision == "reject":
+                engine.reject(task_id, actor, reason, expected_seq=pre.expected_seq)
+            elif decision == "cancel":
+                engine.cancel(task_id, actor, reason, expected_seq=pre.expected_seq)
+            else:
+                task = engine.load(task_id)
+                retries = [t for t in engine.definition_of(task).triggers(task.state) if t.startswith("retry")]
+                if len(retries) != 1:
+                    raise Refused(
+                        f"task {task_id} in {task.state!r} has no one retry to fire", code=Code.TRIGGER_NOT_ALLOWED
+                    )
+                engine.fire(task_id, retries[0], {}, actor=actor, expected_seq=pre.expected_seq)
+    except RailyardError as error:
+        if status_for(error) >= 500:
+            raise
+        return BulkResult(task_id, seq_text, False, str(error.code), error.message)
+    return BulkResult(task_id, seq_text, True, None, f"{decision}: done")
+
+
+@pages.post("/inbox/bulk", response_class=HTMLResponse)
+def bulk_page(
+    request: Request,
+    ctx: Ctx,
+    session: PagePost,
+    picks: Annotated[list[str], Depends(picked_rows)],
+    decision: Annotated[str, Form(pattern="^(" + "|".join(BULK_DECISIONS) + ")$")],
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    then: Then = "",
+) -> Response:
+    """Approve, reject, retry or cancel the selected rows, each on its own seq (and digest), one at a time; the
+    answer is the result of each row. A reload sends the same seqs again, which have moved: every row is refused,
+    none decided twice."""
+    require_writer(session.principal)
+    if not picks or len(picks) > BULK_MAX:
+        raise Refused(f"select between 1 and {BULK_MAX} rows", code=Code.PAYLOAD_INVALID, selected=len(picks))
+    if decision in ("reject", "cancel") and not reason.strip():
+        raise Refused(f"to {decision}, say why (the reason is recorded with each)", code=Code.PAYLOAD_INVALID)
+    caller = session.principal.caller
+    results = [bulk_one(ctx.engine, session.principal.actor, caller, decision, p, reason.strip()) for p in picks]
+    return render(request, "bulk.html", session=session, decision=decision, results=results, back=safe_next(then))
 
 
 async def trigger_form(request: Request) -> dict[str, str]:
@@ -1187,10 +1506,11 @@ def fire_page(
     form: Annotated[dict[str, str], Depends(trigger_form)],
     trigger: Annotated[str, Form(pattern=NAME_PATTERN)],
     seq: Seq = None,
+    then: Then = "",
 ) -> Response:
     """Any human trigger the state allows but an approval's decisions (those post to /approve and /reject, with
     the digest shown): its payload is the form's `arg.*` fields, typed by the action's model."""
-    with flashed(session, f"Done: {trigger.replace('_', ' ')} is recorded."):
+    with flashed(session, f"Done: {trigger.replace('_', ' ')} is recorded.") as outcome:
         require_writer(session.principal)
         require_visible(ctx.engine, task_id, session.principal.caller)
         if trigger in DECISIONS and awaits_approval(ctx.engine, task_id):
@@ -1204,4 +1524,4 @@ def fire_page(
         pre = precondition(None, seq)
         with acting_on(ctx.engine, task_id, pre):
             ctx.engine.fire(task_id, trigger, payload, actor=session.principal.actor, expected_seq=pre.expected_seq)
-    return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+    return decided(task_id, outcome, then)

@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.core.access import TENANT_NAME
+from engine.core.definition import StateKind
 from engine.core.errors import Code, RailyardError
 
 #: Workflow and trigger names (as `engine.definition` requires); states may also be generated (`S~force`).
@@ -109,6 +111,42 @@ class CancelRequest(_Request):
     expected_seq: int | None = _expected_seq()
 
 
+class NoteRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"text": "Customer called: the photo is in the ticket too."}]}
+    )
+    text: str = Field(
+        max_length=2000,
+        description="The note, for colleagues: recorded in the log as a `comment` event and shown in the timeline; "
+        "sent to the model only when the workflow says so. Empty once trimmed: 422 PAYLOAD_INVALID.",
+    )
+
+
+class ClaimRequest(_Request):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{}, {"take_over": "Dana is out today; I take her refunds."}]}
+    )
+    take_over: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="Why you take the item over from whoever is on it (without it, their claim is refused with "
+        "WORK_CLAIMED, naming them).",
+    )
+
+
+class ClaimBody(BaseModel):
+    """Who is on a work item: a claim lasts until `expires_at` and only while the task stays at `seq`."""
+
+    task_id: str
+    actor: str
+    seq: int = Field(description="The seq the task stood at when claimed: a decision (any move) ends the claim.")
+    claimed_at: DateTime
+    expires_at: DateTime
+    taken_from: str | None = Field(description="Whom it was taken over from (null: nobody held it).")
+    reason: str | None = Field(description="Why it was taken over (null: not a take-over).")
+
+
 class ApproveRequest(_Request):
     model_config = ConfigDict(
         extra="forbid",
@@ -166,9 +204,45 @@ class RedriveRequest(_Request):
 #: (an event's `at` is hashed as written), declared `format: date-time` for clients.
 DateTime = Annotated[str, Field(json_schema_extra={"format": "date-time"}, examples=["2026-12-01T06:23:18.123456Z"])]
 #: What a state is, and what a task's status is: the same closed sets as `engine.StateKind` and `engine.Status`.
-StateKindName = Literal["agent", "tool", "approval", "wait", "terminal"]
+StateKindName = StateKind
 StatusName = Literal["runnable", "blocked", "terminal"]
-WorkKindName = Literal["approval", "handoff", "failure", "limit", "cancel_review", "wait"]
+
+
+class WorkKind(StrEnum):
+    """Why a task waits on a person, as the work queue groups it: one enum wherever a kind of work is named (a work
+    item, a count, the `kind` filter), so a generated client has one type for it."""
+
+    APPROVAL = "approval"
+    HANDOFF = "handoff"
+    FAILURE = "failure"
+    LIMIT = "limit"
+    CANCEL_REVIEW = "cancel_review"
+    WAIT = "wait"
+
+
+WorkKindName = WorkKind
+
+
+class ToolKind(StrEnum):
+    """Whether a prepared call only reads, or changes something outside (a write: approved, run once)."""
+
+    READ = "read"
+    WRITE = "write"
+
+
+class PreparedCallBody(BaseModel):
+    """A prepared tool call: exactly what will run, sealed by its digest, which an approval names."""
+
+    task_id: str
+    action_id: str = Field(description="The idempotency key: the same for every attempt of this call.")
+    tool: str
+    kind: ToolKind
+    arguments: dict[str, Any] = Field(description="The normalised arguments.")
+    catalog: str
+    catalog_digest: str
+    policy_version: str
+    required_role: str | None = Field(description="The role an approver of this call needs.")
+    digest: str = Field(description="What `POST /api/tasks/{id}/approve` names: the sha256 of the call.")
 
 
 class ErrorBody(BaseModel):
@@ -192,9 +266,45 @@ class Unsettled(BaseModel):
     action_id: str
     tool: str
     state: str
-    status: Literal["pending", "unknown"] = Field(
-        description="pending: the call is in flight; unknown: it ended without a known outcome (settle it)."
+    status: Literal["pending", "unknown", "running"] = Field(
+        description="pending: the call is in flight (or the child is being started); unknown: it ended without a "
+        "known outcome (settle it); running: a child task the parent waits for (its cancel waits for the child's end)."
     )
+
+
+class QuotaPlace(BaseModel):
+    """A task's place in the queue for a quota every worker shares. Waiting is not an event: nothing happened to
+    the task, and it holds no lease meanwhile."""
+
+    quota: str = Field(description="The quota: `provider:model`, and `#key` when kept per API key.")
+    position: int = Field(description="How many are served before it (0: it is next).")
+    waiting: int = Field(description="How many tasks wait for this quota.")
+    priority: int
+    since: DateTime
+    looks_again_at: DateTime
+
+
+class ParentBody(BaseModel):
+    task_id: str = Field(description="The parent task, which started this one from a child state.")
+    seq: int = Field(description="The seq of the parent's `spawn` event: the intent this task fulfils.")
+    action_id: str
+    workflow: str = Field(description="The parent's name@version.")
+    state: str = Field(description="The parent's child state, which waits for this task's end.")
+
+
+class ChildEnd(BaseModel):
+    state: str | None = Field(description="The terminal state the child ended in, as the parent recorded it.")
+    result: dict[str, Any] | None = Field(description="The typed result the parent read from the child.")
+
+
+class ChildBody(BaseModel):
+    task_id: str
+    workflow: str | None = Field(description="The name@version the child is pinned to.")
+    state_of_parent: str | None = Field(description="The parent's child state that started it.")
+    spawn_seq: int = Field(description="The seq of the parent's intent to start it.")
+    state: str | None = Field(description="The child's state now (null: not found).")
+    status: StatusName | None = None
+    ended: ChildEnd | None = Field(description="Where it ended, once the parent recorded it.")
 
 
 class TaskBody(BaseModel):
@@ -217,6 +327,23 @@ class TaskBody(BaseModel):
         default=None, description="The write tool call whose outcome is not settled, if any."
     )
     tenant: str | None = Field(default=None, description="The tenant the task belongs to (null: none).")
+    parent: ParentBody | None = Field(default=None, description="The task that started this one, if one did.")
+    children: list[ChildBody] = Field(
+        default_factory=list, description="The tasks this one started from its child states, in order."
+    )
+    prepared: PreparedCallBody | None = Field(
+        default=None,
+        description="The newest prepared tool call: at an approval, the call to approve; send its `digest` with "
+        "the task's `seq` (the ETag) to /approve.",
+    )
+    next_try_at: DateTime | None = Field(
+        default=None,
+        description="After a provider error retried later (a `backoff` event): when the next model call is due.",
+    )
+    waiting_for_quota: QuotaPlace | None = Field(
+        default=None,
+        description="A worker put its model call off for quota (GET only): which quota and its place in line.",
+    )
 
 
 class TaskSummary(BaseModel):
@@ -267,7 +394,7 @@ class PendingApproval(BaseModel):
     role: str
     started_by: str
     proposed_by: str | None
-    prepared: dict[str, Any] | None
+    prepared: PreparedCallBody | None
     digest: str | None
     input: dict[str, Any]
     decisions: list[str]
@@ -293,6 +420,13 @@ class WorkItemBody(BaseModel):
         description="The triggers the caller may fire here (the engine checks again): `approve` and `reject` at "
         "/approve and /reject, `redrive` at /redrive, the others at /signal."
     )
+    digest: str | None = Field(
+        description="The digest of the prepared call awaiting approval, to send with /approve (null: none)."
+    )
+    asked: str = Field(description="What the caller is asked, in words (the call and its amount, for an approval).")
+    fields: dict[str, str] = Field(description="The task's searchable input fields (its customer id, ...).")
+    claimed_by: str | None = Field(description="Who is on the item (a live claim; null: nobody).")
+    claimed_until: DateTime | None = Field(description="When that claim ends unless renewed (null: no claim).")
 
 
 class WorkCountBody(BaseModel):
@@ -359,6 +493,12 @@ class Step(BaseModel):
     to_state: str
 
 
+class DiagramChild(BaseModel):
+    state: str = Field(description="A child state of the workflow.")
+    workflow: str = Field(description="The workflow it starts a task of (its page: /workflows/NAME).")
+    version: int | None = Field(default=None, description="The version it pins; null: the newest at the start.")
+
+
 class DiagramBody(BaseModel):
     workflow: str
     version: int
@@ -366,6 +506,9 @@ class DiagramBody(BaseModel):
     diagram: str = Field(description="Mermaid state diagram source.")
     current: str | None = Field(default=None, description="The task's state (task diagrams only).")
     path: list[Step] = Field(default_factory=list, description="The transitions the task took, in order.")
+    children: list[DiagramChild] = Field(
+        default_factory=list, description="The child states drawn, each with the workflow it starts."
+    )
 
 
 class ReplayBody(BaseModel):
@@ -395,6 +538,12 @@ _STATUS: dict[Code, int] = {
     Code.USER_NOT_FOUND: 404,
     Code.TOKEN_NOT_FOUND: 404,
     Code.USER_EXISTS: 409,
+    # Webhooks are managed with the CLI (`railyard webhooks`); were one of these raised to an HTTP caller.
+    Code.WEBHOOK_NOT_FOUND: 404,
+    Code.WEBHOOK_KIND_UNKNOWN: 422,
+    Code.WEBHOOK_URL_INVALID: 422,
+    Code.WEBHOOK_FORMAT_UNKNOWN: 422,
+    Code.WEBHOOK_SECRET_INVALID: 422,
     # The request is fine but the task is not where it would have to be (or someone else moved it first).
     Code.CONCURRENCY_CONFLICT: 409,
     Code.LEASE_LOST: 409,
@@ -403,10 +552,15 @@ _STATUS: dict[Code, int] = {
     Code.TASK_ID_AMBIGUOUS: 409,
     Code.TASK_NOT_AWAITING_APPROVAL: 409,
     Code.TASK_TERMINAL: 409,
+    Code.WORK_CLAIMED: 409,
     Code.TRIGGER_NOT_ALLOWED: 409,
     Code.STATE_NOT_AGENT: 409,
     # A write's outcome is open: the task waits for it to settle (a retry reconciles, or an operator settles it).
     Code.OUTCOME_UNSETTLED: 409,
+    # A child state's code reads what it cannot: the workflow's, not the caller's, mistake.
+    Code.CHILD_INPUT_INVALID: 500,
+    Code.CHILD_BUDGET_EXCEEDED: 500,
+    Code.CHILD_RESULT_INVALID: 500,
     # A task pinned to a version this server's code does not define (or defines differently): a deployment
     # conflict, not a client error; another server that runs that version can answer it.
     Code.DEFINITION_MISSING: 409,
@@ -429,6 +583,8 @@ _STATUS: dict[Code, int] = {
     Code.DIGEST_TOO_SHORT: 422,
     Code.DIGEST_INVALID: 422,
     Code.EXPORT_INVALID: 422,
+    Code.EVAL_INVALID: 422,
+    Code.EVAL_REGRESSION: 422,
     Code.USAGE_INVALID: 422,
     Code.DOMAIN_INVALID: 422,
     Code.IDENTITY_OVERRIDE: 422,
@@ -485,6 +641,9 @@ _STATUS: dict[Code, int] = {
     Code.OUTCOME_WITHOUT_INTENT: 500,
     Code.FORK_ORIGIN_MISMATCH: 500,
     Code.FORK_ORIGIN_MISSING: 500,
+    Code.CHILD_LINK_MISMATCH: 500,
+    Code.CHILD_MISSING: 500,
+    Code.CHILD_RESULT_MISMATCH: 500,
     Code.STATE_MISMATCH: 500,
     Code.SNAPSHOT_MISMATCH: 500,
     Code.ARCHIVE_MISSING: 500,

@@ -22,13 +22,13 @@ answer is the one that counts.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +41,16 @@ from pydantic import BaseModel
 
 from engine.api.auth import Flash, Session, current_session
 from engine.api.route import Visit, task_route, visits_of
-from engine.api.schemas import TASK_ID_PATTERN
+from engine.api.schemas import TASK_ID_PATTERN, WorkKind
 from engine.api.tokens import Principal
 from engine.audit.reads import path_visits
 from engine.core import access
 from engine.core.access import Caller, holds
 from engine.core.approvals import DECISIONS, decision_role, pending_view, self_approval
+from engine.core.canonical import format_instant
 from engine.core.definition import (
     CANCEL,
+    COMMENT,
     HANDOFF_SUFFIX,
     LIMIT_STATE,
     MIGRATE,
@@ -57,6 +59,7 @@ from engine.core.definition import (
     Agent,
     Approval,
     CardField,
+    Labels,
     StateKind,
     Tool,
     Wait,
@@ -67,11 +70,14 @@ from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fold import TaskState
 from engine.core.forks import last_entry, redrive_problem, repeat_hazard, writes
+from engine.core.lineage import Chain, chain_of, declared
 from engine.core.payloads import event_code
+from engine.core.quality import turn_tag
+from engine.core.remarks import is_remark
 from engine.core.summary import compact, details, summarise
 from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
-from engine.runtime.queries import TaskQuery, readable
+from engine.runtime.queries import QueuedTask, QueueQuery, TaskQuery, WorkClaim, readable
 from engine.runtime.shown import withheld_from
 
 # -- values in display form ------------------------------------------------------------------------
@@ -157,7 +163,13 @@ def display_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any] | 
 
 
 def schema_of(model: type[BaseModel] | None) -> dict[str, Any] | None:
-    return model.model_json_schema() if model is not None else None
+    """The model's JSON schema, built once per model (pydantic builds it anew on each call, about 1 ms)."""
+    return _schema(model) if model is not None else None
+
+
+@functools.lru_cache(maxsize=512)
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
 
 
 def when(at: datetime) -> str:
@@ -181,6 +193,20 @@ class Row:
     details: list[str] = field(default_factory=list)
     raw: str = ""
     mark: str | None = None
+    #: A model turn's rung and whether it answered the first ask (`engine.core.quality.turn_tag`), if it is one.
+    turn: str | None = None
+    #: What people read (`Workflow.labels`, identifiers as the fallback): the trigger, the states, the code's
+    #: one-line meaning (`Code.reference`, the table of docs/errors.md) and the instant for `<time datetime>`.
+    trigger_label: str = ""
+    from_label: str = ""
+    to_label: str = ""
+    code_label: str = ""
+    code_meaning: str = ""
+    at_iso: str = ""
+    #: Arguments and results as `label: value` rows (the JSON stays behind the raw event's disclosure).
+    fields: list[tuple[str, str]] = field(default_factory=list)
+    #: A person's note (`comment`), shown as what they wrote.
+    note: str = ""
 
 
 #: How much of an event's summary the timeline and the inbox show.
@@ -201,24 +227,91 @@ def _mark(e: Event) -> str | None:
     return None
 
 
-def timeline(events: Iterable[Event]) -> list[Row]:
+def code_meaning(code: str | None) -> str:
+    """A code's one-line meaning: the reference text `docs/errors.md` is generated from (`Code.reference`), to its
+    first sentence; empty for a code Railyard does not define."""
+    if not code or code not in Code.__members__:
+        return ""
+    text = Code[code].reference
+    first = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0]
+    return first.rstrip(";")
+
+
+def why_line(definition: Workflow, event: Event, *, values: bool = True) -> str:
+    """Why a task waits, led by the reason a person reads: for a step with a code (a failed payment, a hand-off),
+    the workflow's label for the code, else the tool's own message, else the code's meaning, then the step and the
+    code itself last; otherwise the step in words."""
+    code = event_code(event.data)
+    step = definition.labels.for_action(event.trigger)
+    said = summarise(event, TIMELINE_WIDTH) if values else ""
+    if not code:
+        return f"{step} — {said}" if said else step
+    outcome = event.data.get("outcome")
+    message = outcome.get("message") if isinstance(outcome, Mapping) and values else None
+    reason = definition.labels.codes.get(code) or message or code_meaning(code) or code
+    return f"{reason} — {step}" + (f": {said}" if said else "") + f" ({code})"
+
+
+def value_text(value: Any) -> str:
+    """A value as a person reads it in a `label: value` row: text as itself, lists joined, the rest compact."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "none"}[value]
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        return ", ".join(str(v) for v in value) or "none"
+    return compact(value, 200)
+
+
+def event_fields(e: Event, labels: Labels) -> list[tuple[str, str]]:
+    """An event's arguments and a tool's result as `label: value` rows: what a person reads instead of JSON."""
+    data = e.data
+    values: Any = data.get("args")
+    if values is None and (intent := data.get("intent")) is not None:
+        values = intent.get("arguments")
+    if values is None and (outcome := data.get("outcome")) is not None:
+        values = outcome.get("result")
+    if not isinstance(values, Mapping):
+        return []
+    return [(labels.for_field(str(k)), value_text(v)) for k, v in values.items()]
+
+
+def timeline(events: Iterable[Event], labels: Labels | None = None) -> list[Row]:
     events = list(events)
-    return [
-        Row(
-            e.seq,
-            when(e.at),
-            e.actor,
-            e.from_state or "",
-            e.trigger,
-            e.to_state,
-            event_code(e.data),
-            summarise(e, TIMELINE_WIDTH),
-            details(e, earlier=events[:n] if e.data.get("reconciled") is True else ()),  # only these read it
-            json.dumps(e.to_dict(), indent=2, ensure_ascii=False, default=str),
-            _mark(e),
+    words = labels or Labels()
+    out = []
+    for n, e in enumerate(events):
+        code = event_code(e.data)
+        shown = event_fields(e, words)
+        note = e.data.get("note") if e.trigger == COMMENT else None
+        out.append(
+            Row(
+                e.seq,
+                when(e.at),
+                e.actor,
+                e.from_state or "",
+                e.trigger,
+                e.to_state,
+                code,
+                # With fields shown as rows, the line says what the step was, not its JSON again.
+                summarise(e, TIMELINE_WIDTH, values=not shown),
+                details(e, earlier=events[:n] if e.data.get("reconciled") is True else ()),  # only these read it
+                json.dumps(e.to_dict(), indent=2, ensure_ascii=False, default=str),
+                _mark(e),
+                tag.label if (tag := turn_tag(e)) is not None else None,
+                trigger_label=words.for_action(e.trigger),
+                from_label=words.for_state(e.from_state.split(SUBSTATE)[0]) if e.from_state else "",
+                to_label=words.for_state(e.to_state),
+                code_label=words.for_code(code) if code else "",
+                code_meaning=code_meaning(code),
+                at_iso=format_instant(e.at),
+                fields=shown,
+                note=str(note.get("text", "")) if isinstance(note, Mapping) else "",
+            )
         )
-        for n, e in enumerate(events)
-    ]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +321,8 @@ class Stay:
 
     state: str
     rows: list[Row]
+    #: The state as people read it (its label, `Workflow.labels`).
+    label: str = ""
 
     @property
     def span(self) -> str:
@@ -242,7 +337,7 @@ def stays(rows: Iterable[Row]) -> list[Stay]:
         if out and out[-1].state == where:
             out[-1].rows.append(row)
         else:
-            out.append(Stay(where, [row]))
+            out.append(Stay(where, [row], row.from_label or where))
     return out
 
 
@@ -430,15 +525,11 @@ def states_of(registry: Iterable[Workflow], state: str) -> tuple[str, ...]:
     return (state, *sorted(inner))
 
 
-def list_tasks(engine: Engine, where: TaskFilter, caller: Caller | None = None) -> TaskList:
-    """One page of tasks, newest first; one keyset query (and one for the page's fields) however many exist.
-    Only the tasks `caller` may read are listed (`runtime.queries.readable`; None: the trusted process)."""
-    limit = max(1, min(where.limit, MAX_LIMIT))
-    after = decode_cursor(where.cursor) if where.cursor else None
-    if after is not None and not queries.exists(engine, after, caller):
-        raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
+def task_query(engine: Engine, where: TaskFilter) -> TaskQuery:
+    """The store's query for the task list's filters and search (no cursor, no page size): the page's, the
+    API's and the CSV export's alike."""
     q = (where.q or "").strip()
-    query = TaskQuery(
+    return TaskQuery(
         workflow=where.workflow or None,
         states=states_of(engine.registry, where.state) if where.state else (),
         status=where.status or None,
@@ -447,9 +538,17 @@ def list_tasks(engine: Engine, where: TaskFilter, caller: Caller | None = None) 
         created_before=parse_when(where.created_to, end=True),
         id_prefix=q.lower() if _ID_PREFIX.match(q) else None,
         field_value=q or None,
-        after=after,
-        limit=limit + 1,
     )
+
+
+def list_tasks(engine: Engine, where: TaskFilter, caller: Caller | None = None) -> TaskList:
+    """One page of tasks, newest first; one keyset query (and one for the page's fields) however many exist.
+    Only the tasks `caller` may read are listed (`runtime.queries.readable`; None: the trusted process)."""
+    limit = max(1, min(where.limit, MAX_LIMIT))
+    after = decode_cursor(where.cursor) if where.cursor else None
+    if after is not None and not queries.exists(engine, after, caller):
+        raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
+    query = replace(task_query(engine, where), after=after, limit=limit + 1)
     rows = queries.list_tasks(engine, query, caller)
     shown = [
         ListedTask(
@@ -471,6 +570,14 @@ def list_tasks(engine: Engine, where: TaskFilter, caller: Caller | None = None) 
 
 
 # -- diagrams --------------------------------------------------------------------------------------
+def diagram_children(definition: Workflow) -> list[dict[str, Any]]:
+    """The child states a diagram draws with the workflow each starts: what the pages link to (`/workflows/NAME`)."""
+    return [
+        {"state": state, "workflow": name, "version": version}
+        for state, (name, version) in definition.machine.child_workflows().items()
+    ]
+
+
 def workflow_diagram(definition: Workflow) -> dict[str, Any]:
     return {
         "workflow": definition.name,
@@ -479,6 +586,7 @@ def workflow_diagram(definition: Workflow) -> dict[str, Any]:
         "diagram": definition.machine.graph("mermaid"),
         "current": None,
         "path": [],
+        "children": diagram_children(definition),
     }
 
 
@@ -492,6 +600,7 @@ def task_diagram(definition: Workflow, events: Iterable[Event]) -> dict[str, Any
         "diagram": diagram,
         "current": current,
         "path": steps,
+        "children": diagram_children(definition),
     }
 
 
@@ -544,6 +653,11 @@ class TaskPage:
     buttons: list[Button] = field(default_factory=list)
     #: Who started it, how long it has waited and its deadline, if it waits on a person.
     work: WorkItem | None = None
+    #: Whether this person may add a note (they act, and the task has not ended), and whether notes reach the model.
+    may_note: bool = False
+    notes_to_model: bool = False
+    #: The state as people read it (`Workflow.labels`).
+    state_label: str = ""
 
 
 def why_not(principal: Principal, definition: Workflow, task: TaskState) -> str | None:
@@ -590,7 +704,7 @@ def approval_view(
         evidence=evidence(task.facts, events, definition),
         card=decision_card(definition, task, events),
         reason=model_reason(events, digest),
-        timeline=timeline(events),
+        timeline=timeline(events, definition.labels),
         decisions=pending["decisions"],
         can_decide=refusal is None,
         why_not=refusal,
@@ -625,14 +739,15 @@ def task_page(engine: Engine, task_id: str, principal: Principal, *, internal: b
     definition = engine.definition_of(task)
     task, events = as_shown(engine, task, engine.events_of(task), principal)
     approval = approval_view(engine, definition, task, events, principal)
+    steps = [e for e in events if not is_remark(e)]  # the route and the path are of transitions: notes are not steps
     return TaskPage(
-        view=engine.view(task),
-        timeline=timeline(events),
-        diagram=task_diagram(definition, events),
+        view=queries.waiting_for_quota(engine, engine.view(task)),
+        timeline=timeline(events, definition.labels),
+        diagram=task_diagram(definition, steps),
         approval=approval,
         input=display_arguments(task.input, schema_of(definition.input)),
-        route=task_route(definition, events, internal=internal),
-        visits=visits_of(events, internal=internal),
+        route=task_route(definition, steps, internal=internal),
+        visits=visits_of(steps, internal=internal),
         internal=internal,
         buttons=[]
         if approval is not None
@@ -641,7 +756,73 @@ def task_page(engine: Engine, task_id: str, principal: Principal, *, internal: b
             *_redrive(definition, task, events, principal),
         ],
         work=work_of(engine, definition, task, events, principal, datetime.now(UTC), approval),
+        may_note=not principal.read_only and not task.terminal,
+        notes_to_model=definition.notes_to_model,
+        state_label=definition.labels.for_state(task.state),
     )
+
+
+#: The period the workflow page's quality figures cover, ending now.
+QUALITY_DAYS = 7
+
+
+@dataclass(frozen=True, slots=True)
+class StateQuality:
+    """One state of a workflow as its page shows it: the model's turns there (a row per version, model and rung)
+    and the time tasks spent in it (a row per version), over the last `QUALITY_DAYS` days."""
+
+    name: str
+    kind: str
+    description: str
+    turns: list[dict[str, Any]]
+    visits: list[dict[str, Any]]
+    #: A child state's child workflow (name, version; None: the newest at the start), linked to its page.
+    starts: tuple[str, int | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPage:
+    name: str
+    version: int
+    description: str
+    since: str
+    states: list[StateQuality]
+
+
+def workflow_page(engine: Engine, name: str, caller: Caller, at: datetime) -> WorkflowPage:
+    """The newest version of `name` with each state's quality figures (`engine.core.quality`) of the last
+    `QUALITY_DAYS` days, counted over the tasks `caller` may read (the caller's read scope, as an export made for
+    them): the same figures `railyard quality --workflow NAME --since ... --as PERSON` prints."""
+    from engine.audit.quality import read_quality
+    from engine.core.profiles import load_profiles, profile_prices
+    from engine.runtime.shown import readable_logs
+
+    definition = engine.registry.get(name)
+    since = at - timedelta(days=QUALITY_DAYS)
+    bounds = queries.scope(engine, caller)
+    figures = read_quality(
+        engine.audit,
+        workflow=name,
+        since=since,
+        until=at,
+        readable=lambda logs: readable_logs(logs, bounds),
+        prices=profile_prices(load_profiles()),
+    )
+    shown = figures.to_dict()
+    states = [
+        StateQuality(
+            state.name,
+            str(state.kind),
+            getattr(state, "description", ""),
+            [row for row in shown["turns"] if row["state"] == state.name],
+            # Its generated wait states (`S~handoff`, `S~provider_error`) with it: their waits are its cost too.
+            [row for row in shown["states"] if row["state"].partition("~")[0] == state.name],
+            definition.machine.child_workflows().get(state.name),
+        )
+        for state in definition.states
+        if not state.name.startswith("~")
+    ]
+    return WorkflowPage(definition.name, definition.version, definition.description, when(since), states)
 
 
 # -- templates -------------------------------------------------------------------------------------
@@ -677,6 +858,9 @@ def render(request: Request, name: str, status_code: int = 200, **values: Any) -
     session = values.get("session")
     if "flash" not in values:
         values["flash"] = session.take_flash() if isinstance(session, Session) and request.method == "GET" else None
+    if "paused_models" not in values:
+        signed_in = isinstance(session, Session)
+        values["paused_models"] = queries.paused_models(request.app.state.railyard.engine) if signed_in else []
     return templates.TemplateResponse(request, name, values, status_code=status_code)
 
 
@@ -701,17 +885,6 @@ def _session_or_none(request: Request) -> Session | None:
 
 
 # -- the work queue: every task waiting on a person, and the buttons a person may press ------------
-class WorkKind(StrEnum):
-    """Why a task waits on a person, as the inbox groups it."""
-
-    APPROVAL = "approval"
-    HANDOFF = "handoff"
-    FAILURE = "failure"
-    LIMIT = "limit"
-    CANCEL_REVIEW = "cancel_review"
-    WAIT = "wait"
-
-
 #: What each kind is called on the page, in the order the groups are listed.
 KIND_LABELS = {
     WorkKind.APPROVAL: "Approvals",
@@ -733,8 +906,8 @@ def work_kind(definition: Workflow, state: str) -> WorkKind | None:
     """What waiting in `state` is, read from the definition alone (None: not a person's work).
 
     A wait state reached by a tool's `failed`/`unknown` outcome is a failure; one an agent hands off to (its
-    `~handoff`, `~provider_error`, or `on_exhausted`) or a deadline expires into is a hand-off; the others count
-    only if a caller may fire one of their triggers besides `cancel`."""
+    `~handoff`, `~provider_error`, `on_exhausted` or `on_provider_error`) or a deadline expires into is a hand-off;
+    the others count only if a caller may fire one of their triggers besides `cancel`."""
     if not definition.has_state(state):
         return None
     found = definition.state(state)
@@ -754,7 +927,7 @@ def work_kind(definition: Workflow, state: str) -> WorkKind | None:
         if isinstance(source, Tool) and state in (source.on_failed, source.on_unknown):
             return WorkKind.FAILURE
     for source in definition.all_states:
-        if isinstance(source, Agent) and source.on_exhausted == state:
+        if isinstance(source, Agent) and state in (source.on_exhausted, source.on_provider_error):
             return WorkKind.HANDOFF
         if isinstance(source, Approval | Wait) and source.on_expired == state:
             return WorkKind.HANDOFF
@@ -887,6 +1060,8 @@ class Button:
     hidden: dict[str, str] = field(default_factory=dict)
     #: How the form names its fields: `arg.NAME` for a trigger's payload, bare for a decision's comment.
     prefix: str = "arg."
+    #: A button that stops the task for good (cancel): set apart from the decisions, with its own confirmation.
+    danger: bool = False
 
 
 #: Decision triggers whose comment the approval records (their models may not declare it).
@@ -935,17 +1110,26 @@ def buttons(definition: Workflow, task: TaskState, principal: Principal) -> list
         confirm = None
         if write is not None:
             confirm = f"runs {write}" + (f" for {money}" if money else "")
+        if trigger == CANCEL:  # never one click away from a decision: its own group, style and confirmation
+            confirm = "stops the task for good: nothing after it runs"
         out.append(
             Button(
                 trigger,
-                trigger.replace("_", " ").capitalize(),
+                definition.labels.actions.get(trigger) or trigger.replace("_", " ").capitalize(),
                 f"/tasks/{task.task_id}/{trigger}" if decision else f"/tasks/{task.task_id}/fire",
                 then,
                 fields,
                 confirm,
-                "ok" if trigger == "approve" else "no" if trigger in ("reject", CANCEL) else "",
+                "ok"
+                if trigger == "approve"
+                else "no"
+                if trigger == "reject"
+                else "danger"
+                if trigger == CANCEL
+                else "",
                 hidden,
                 "" if decision else "arg.",
+                danger=trigger == CANCEL,
             )
         )
     return out
@@ -1063,9 +1247,45 @@ class WorkCount:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One row of the work queue's table, drawn from the task's row, its fields and the event at its head (one
+    read for the whole page), never its log: what is asked, of whom, since when, until when, and who is on it."""
+
+    task_id: str
+    workflow: str
+    version: int
+    state: str
+    kind: WorkKind
+    #: The seq and (for an approval of a prepared call) the digest a decision on this row is made on.
+    seq: int
+    digest: str | None
+    started_by: str
+    created_at: datetime
+    waiting_since: datetime
+    deadline: datetime | None
+    at_deadline: str | None
+    #: What the person is asked, in words: "Approve or reject: payments_refund, 40.00 EUR".
+    asked: str
+    #: Why it waits, in words: the summary of the event that brought it here (withheld where it is restricted).
+    why: str
+    fields: dict[str, str]
+    #: The triggers this person may fire here (the engine checks again when one is fired).
+    triggers: list[str]
+    claim: WorkClaim | None
+    waited: str = ""
+    #: The task that started this one, as its row names it ("ticket triage T-5001"); None: no child, or a parent
+    #: of a workflow the reader may not read (its handle is withheld with it).
+    chain: Chain | None = None
+
+    @property
+    def subject(self) -> str:
+        return f"{self.workflow.partition('@')[0].replace('_', ' ')} task {self.task_id[:8]}…"
+
+
+@dataclass(frozen=True, slots=True)
 class WorkPage:
-    items: list[WorkItem]
-    #: The tasks the filters select (kind, workflow, age), by kind and workflow: the list's pages hold the `yours`.
+    rows: list[QueueRow]
+    #: The tasks the filters select (kind, workflow, age, search), by kind and workflow: the pages hold the `yours`.
     counts: list[WorkCount]
     limit: int
     next_cursor: str | None
@@ -1073,14 +1293,56 @@ class WorkPage:
     by_kind: dict[WorkKind, int] = field(default_factory=dict)
     #: The filters the counts are of, in words (empty: none, every task waiting on a person).
     filters: list[str] = field(default_factory=list)
+    #: Which page this is (1: the first), counted along the cursors by the pages that link to the next one.
+    page: int = 1
+    sort: str = "deadline"
+    descending: bool = False
+    #: The item opened in place (its full card), if one was asked for and is still there to decide.
+    opened: WorkItem | None = None
 
     def total(self) -> tuple[int, int]:
         """Of the tasks the filters select: those the person may act on (every page's), and those waiting on roles
         they do not hold (never listed)."""
         return sum(c.yours for c in self.counts), sum(c.others for c in self.counts)
 
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total()[0] // self.limit))
 
-def _queue_states(engine: Engine, principal: Principal) -> list[tuple[Workflow, str, WorkKind, bool]]:
+    @property
+    def first_shown(self) -> int:
+        """The position of the page's first row among all of them ("51-100 of 7,216")."""
+        return (self.page - 1) * self.limit + 1 if self.rows else 0
+
+    @property
+    def last_shown(self) -> int:
+        return (self.page - 1) * self.limit + len(self.rows)
+
+    def claim_of(self, task_id: str) -> WorkClaim | None:
+        """The live claim on a row of this page (None: nobody is on it, or it is not on this page)."""
+        return next((r.claim for r in self.rows if r.task_id == task_id), None)
+
+    def after(self, task_id: str) -> str | None:
+        """The row after `task_id` on this page (then the first of the next page is the queue's to find)."""
+        ids = [r.task_id for r in self.rows]
+        return ids[ids.index(task_id) + 1] if task_id in ids and ids.index(task_id) + 1 < len(ids) else None
+
+
+#: The orders the queue's columns sort by (`Store.queue_page`), and what each is called on the page.
+SORT_LABELS = {
+    "deadline": "deadline",
+    "waiting": "waiting since",
+    "created": "created",
+    "workflow": "workflow",
+    "state": "state",
+}
+
+
+#: A place a task can wait on a person in: its workflow, state and kind, and whether this person may act there.
+QueuePlace = tuple[Workflow, str, WorkKind, bool]
+
+
+def _queue_states(engine: Engine, principal: Principal) -> list[QueuePlace]:
     """Every (version, state) a task can wait on a person in, its kind, and whether this person may act there."""
     out = []
     names = readable(engine, principal.caller)
@@ -1096,6 +1358,43 @@ def _queue_states(engine: Engine, principal: Principal) -> list[tuple[Workflow, 
     return out
 
 
+def queue_query(
+    engine: Engine,
+    principal: Principal,
+    *,
+    workflow: str | None,
+    older_than: str | None,
+    q: str,
+    sort: str,
+    descending: bool,
+    at: datetime,
+) -> tuple[list[QueuePlace], QueueQuery]:
+    """The places the queue's filters select and the store query over all of them (the counts' query; the page
+    lists only `listed_places`): one definition of the filters for the page, the API and the CSV export."""
+    states = [
+        (d, s, k, mine) for d, s, k, mine in _queue_states(engine, principal) if not workflow or d.name == workflow
+    ]
+    where = QueueQuery(
+        places=[(d.name, d.version, s) for d, s, _k, _m in states],
+        waiting_before=at - AGES[older_than] if older_than else None,
+        id_prefix=q.lower() if q and _ID_PREFIX.match(q) else None,
+        field_value=q or None,
+        sort=sort,
+        descending=descending,
+        at=at,
+    )
+    return states, where
+
+
+def listed_places(states: Iterable[QueuePlace], kind: str | None) -> list[tuple[str, int, str]]:
+    """The places whose tasks are listed: those this person may act on (the others are only counted)."""
+    return [(d.name, d.version, s) for d, s, k, mine in states if mine and (not kind or k == kind)]
+
+
+def places_of(states: Iterable[QueuePlace]) -> dict[tuple[str, int, str], tuple[Workflow, WorkKind]]:
+    return {(d.name, d.version, s): (d, k) for d, s, k, _m in states}
+
+
 def work_queue(
     engine: Engine,
     principal: Principal,
@@ -1103,51 +1402,44 @@ def work_queue(
     kind: str | None = None,
     workflow: str | None = None,
     older_than: str | None = None,
+    q: str | None = None,
+    sort: str = "deadline",
+    descending: bool = False,
     cursor: str | None = None,
+    page: int = 1,
     limit: int = WORK_PAGE_SIZE,
+    opened: str | None = None,
 ) -> WorkPage:
-    """One page of the tasks waiting on this person, nearest deadline first, then oldest (by creation, then id),
-    with the counts per kind and workflow of the tasks the same filters select. Tasks waiting on roles the person
-    lacks are counted, never loaded or drawn."""
+    """One page of the tasks waiting on this person, in the order asked (nearest deadline first by default), then
+    oldest (by creation, then id), with the counts per kind and workflow of the tasks the same filters select.
+
+    Two statements whatever the queue holds: the page (`Store.queue_page`: rows, fields, head events, claims) and
+    the counts (`Store.queue_counts`, a GROUP BY). Tasks waiting on roles the person lacks are counted, never
+    listed. `opened` is the one task whose full card is drawn in place (it alone is loaded with its log)."""
     limit = max(1, min(limit, WORK_MAX_LIMIT))
+    sort = sort if sort in SORT_LABELS else "deadline"
     after = decode_cursor(cursor) if cursor else None
     if after is not None and not queries.exists(engine, after, principal.caller):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
     at = datetime.now(UTC)
-    waiting_before = at - AGES[older_than] if older_than else None
-    states = [
-        (d, s, k, mine) for d, s, k, mine in _queue_states(engine, principal) if not workflow or d.name == workflow
-    ]
+    text = (q or "").strip()
+    states, where = queue_query(
+        engine, principal, workflow=workflow, older_than=older_than, q=text, sort=sort, descending=descending, at=at
+    )
+    found = queries.queue_counts(engine, where, principal.caller)
     counts: dict[tuple[WorkKind, str], list[int]] = {}
     for definition, state, k, mine in states:
-        n = len(
-            queries.blocked_in(
-                engine,
-                [(definition.name, definition.version, state)],
-                caller=principal.caller,
-                waiting_before=waiting_before,
-            )
-        )
+        n = found.get((definition.name, definition.version, state), 0)
         if n:
             entry = counts.setdefault((k, definition.name), [0, 0])
             entry[0 if mine else 1] += n
     by_kind = {k: sum(n[0] for (of, _w), n in counts.items() if of is k) for k in WorkKind}
-    wanted = [(d.name, d.version, s) for d, s, k, mine in states if mine and (not kind or k == kind)]
-    ids = queries.blocked_in(
-        engine,
-        wanted,
-        caller=principal.caller,
-        after=after,
-        limit=limit + 1,
-        by_deadline=True,
-        waiting_before=waiting_before,
+    listed = queries.queue_page(
+        engine, replace(where, places=listed_places(states, kind), after=after, limit=limit + 1), principal.caller
     )
-    items = []
-    for task_id in ids[:limit]:
-        item = work_item(engine, task_id, principal, at)
-        if item is not None:  # it moved since the store's read, or its version's code changed
-            items.append(item)
-    more = len(ids) > limit
+    by_place = places_of(states)
+    rows = [queue_row(engine, by_place, t, principal, at) for t in listed[:limit]]
+    more = len(listed) > limit
     order = list(WorkKind)
     shown = [
         WorkCount(k, w, yours, others)
@@ -1158,9 +1450,100 @@ def work_queue(
         *([f"kind {KIND_LABELS[WorkKind(kind)].lower()}"] if kind else []),
         *([f"workflow {workflow}"] if workflow else []),
         *([f"waiting longer than {AGE_LABELS[older_than]}"] if older_than else []),
+        *([f"matching {text!r}"] if text else []),
     ]
-    cut = encode_cursor(ids[limit - 1]) if more else None
-    return WorkPage(items, shown, limit, cut, by_kind, filters)
+    cut = encode_cursor(listed[limit - 1].row.task_id) if more else None
+    item = None
+    if opened and queries.exists(engine, opened, principal.caller):
+        item = work_item(engine, opened, principal, at)
+    return WorkPage(rows, shown, limit, cut, by_kind, filters, max(1, page), sort, descending, item)
+
+
+def queue_row(
+    engine: Engine,
+    places: Mapping[tuple[str, int, str], tuple[Workflow, WorkKind]],
+    found: QueuedTask,
+    principal: Principal,
+    at: datetime,
+) -> QueueRow:
+    """A queue row from the store's read of the task. What the event at its head says (why it waits, the call it
+    prepared) is shown only to someone who may see its workflow's restricted fields, since the rest of the log
+    that would tell which values to withhold is not read here; the digest is taken from the head too, and read
+    from the task itself only in the rare case the head did not bring the task to its approval (an approval
+    entered without preparing a call, an expense's, has none to name: loading each of those cost 4 ms a row)."""
+    row = found.row
+    definition, kind = places[(row.workflow, row.version, row.state)]
+    head = found.head
+    if head is not None and is_remark(head):  # a note or a claim says nothing of why the task waits: the last step does
+        head = next((e for e in reversed(engine.history(row.task_id)) if not is_remark(e)), head)
+    prepared = head.data.get("prepared") if head is not None else None
+    prepared_by = head.actor if head is not None and isinstance(prepared, Mapping) else None
+    if kind is WorkKind.APPROVAL and not isinstance(prepared, Mapping) and (head is None or head.to_state != row.state):
+        try:
+            task = engine.load(row.task_id)
+        except RailyardError:
+            task = None
+        prepared = task.prepared if task is not None and task.seq == row.seq else None
+        prepared_by = task.prepared_by if task is not None else None
+    digest = str(prepared["digest"]) if isinstance(prepared, Mapping) and prepared.get("digest") else None
+    open_to = access.sees_restricted(definition, principal.caller)
+    state = definition.state(row.state)
+    expires = state.on_expired if isinstance(state, Approval | Wait) else None
+    # The buttons the card would offer (`buttons`, `redrive_button`), as far as the row tells: a settlement and
+    # whether a redrive has a state to go back to are the log's to say, and the card's.
+    triggers = [
+        t
+        for t in definition.triggers(row.state)
+        if not principal.read_only
+        and may_fire(definition, row.state, t, principal)
+        and not (
+            t == "approve"
+            and isinstance(state, Approval)
+            and not state.allow_self_approval
+            and principal.actor in {found.started_by, prepared_by}
+        )
+    ]
+    if (
+        not principal.read_only
+        and row.state in definition.redrive_sources()
+        and access.operator_refusal(definition, row.state, REDRIVE, principal.caller, row.task_id) is None
+    ):
+        triggers.append(REDRIVE)
+    asked = " or ".join(t.replace("_", " ") for t in triggers).capitalize() or "Nothing you may do: read it"
+    if isinstance(prepared, Mapping) and open_to:
+        money = next((a.text for a in _prepared_shown(definition, prepared) if a.money), None)
+        asked += f": {prepared.get('tool')}" + (f", {money}" if money else "")
+    why = why_line(definition, head, values=open_to) if head is not None else ""
+    return QueueRow(
+        task_id=row.task_id,
+        workflow=definition.ref,
+        version=row.version,
+        state=row.state,
+        kind=kind,
+        seq=row.seq,
+        digest=digest,
+        started_by=found.started_by,
+        created_at=row.created_at,
+        waiting_since=row.updated_at,
+        deadline=row.next_run_at if expires else None,
+        at_deadline=f"goes to {expires}" if expires else None,
+        asked=asked,
+        why=why,
+        fields=declared(found.fields),
+        triggers=triggers,
+        claim=found.claim,
+        waited=ago(at - row.updated_at),
+        chain=readable_chain(engine, found.fields, principal),
+    )
+
+
+def readable_chain(engine: Engine, fields: Mapping[str, str], principal: Principal) -> Chain | None:
+    """The parent a queue row names, if the reader may read its workflow (its handle is a field of its input)."""
+    chain = chain_of(fields)
+    if chain is None:
+        return None
+    versions = [engine.registry.get(chain.workflow, v) for v in engine.registry.versions(chain.workflow)]
+    return chain if versions and access.may_read(versions, principal.caller) else None
 
 
 def work_item(engine: Engine, task_id: str, principal: Principal, at: datetime) -> WorkItem | None:
@@ -1190,8 +1573,7 @@ def work_of(
         return None
     state = definition.state(task.state)
     expires = state.on_expired if isinstance(state, Approval | Wait) else None
-    last = events[-1]
-    code = event_code(last.data)
+    last = next((e for e in reversed(events) if not is_remark(e)), events[-1])  # why it waits: not a note
     return WorkItem(
         task_id=task.task_id,
         workflow=definition.ref,
@@ -1204,7 +1586,7 @@ def work_of(
         waiting_since=row.updated_at,
         deadline=row.next_run_at if expires else None,
         at_deadline=f"goes to {expires}" if expires else None,
-        why=(f"{code}: " if code else "") + f"{last.trigger} — {summarise(last, TIMELINE_WIDTH)}",
+        why=why_line(definition, last),
         fields=display_arguments(task.input, schema_of(definition.input)),
         buttons=[*buttons(definition, task, principal), *_redrive(definition, task, events, principal)],
         approval=approval,
@@ -1284,4 +1666,4 @@ def decision_card(definition: Workflow, task: TaskState, events: list[Event]) ->
 
 
 #: What every template may call: the one time format, and the names of the kinds of work.
-_env.globals.update(when=when, kinds=KIND_LABELS, stays=stays, ages=AGE_LABELS)
+_env.globals.update(when=when, kinds=KIND_LABELS, stays=stays, ages=AGE_LABELS, sort_labels=SORT_LABELS)

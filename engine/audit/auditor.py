@@ -31,9 +31,10 @@ from engine.audit.reads import AsOf, origin_check, replay_task, replay_tasks, st
 from engine.core.canonical import parse_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Head, Header, descends, extends
-from engine.core.definition import Workflow
+from engine.core.definition import SPAWN, Workflow
 from engine.core.errors import Code, IntegrityError, RailyardError, Refused
 from engine.core.events import Event
+from engine.core.fanout import child_records
 from engine.core.fold import TaskState
 from engine.core.replay import OriginCheck, ReplayReport
 from engine.core.rows import TaskRow
@@ -88,6 +89,34 @@ class Auditor:
                 if report is not None:
                     return report
         return self._from_archive(replay_task(self.store, self.find, task_id, self.archived_events))
+
+    def replay_tree(self, task_id: str, *, jobs: int = 1) -> Iterator[ReplayReport]:
+        """`replay` of a task and of every task it started from its child states, and theirs, parent first (each
+        child after its parent, in the order they were started). A child the parent's log names and the database
+        lacks is reported on the parent (CHILD_MISSING), not here."""
+        for current in self.tree(task_id):
+            yield self.replay(current, jobs=jobs)
+
+    def tree(self, task_id: str) -> list[str]:
+        """A task and every task it started from its child states, and theirs: parent first, each child after its
+        parent in the order they were started, as their `spawn` events name them (in the database or an archive).
+        A child named and not stored is left out: replay and an export's verification report it."""
+        seen: set[str] = set()
+        order: list[str] = []
+        todo = [task_id]
+        while todo:
+            current = todo.pop(0)
+            if current in seen:
+                continue
+            seen.add(current)
+            order.append(current)
+            for event in self.store.events(current) or self.archived_events(current):
+                if event.trigger != SPAWN:
+                    continue
+                for record in child_records(event.data):  # a single child, or each of a fan-out's
+                    if self.store.row(record["task_id"]) is not None:
+                        todo.append(record["task_id"])
+        return order
 
     def replay_all(
         self, workflow: str | None = None, since: datetime | None = None, *, jobs: int = 1

@@ -41,9 +41,11 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from engine.audit.reads import links_in
 from engine.core.canonical import canonical_json, format_instant, parse_instant
 from engine.core.chain import Finding
 from engine.core.checkpoints import Head, Header, inclusion_holds
+from engine.core.definition import CHILD_TRIGGER_PREFIX, SPAWN, SPAWNED
 from engine.core.errors import Code
 from engine.core.events import Event
 from engine.core.payloads import as_event_data
@@ -60,8 +62,12 @@ def export_lines(
     items: Iterable[TaskRow | Event | Snapshot],
     proofs: Callable[[str], dict[str, Any] | None] | None = None,
     showing: Callable[[TaskRow], Withholding | None] | None = None,
+    tree: str | None = None,
 ) -> Iterator[str]:
     """The export of a `Store.audit_stream` (snapshots are a cache and are not exported), line by line.
+
+    `tree`: the id of the task whose tree (it and its descendants, `Auditor.tree`) the items are; the end line
+    names it, and `verify_export` then holds the file to hold the whole tree, every link checked both ways.
 
     `proofs(task_id)`: the proof line's fields for a task a checkpoint lists (`engine.audit.checkpoint.proofs`).
     `showing(row)`: what the reader the export is made for may not see of that task (None: all of it may be).
@@ -104,7 +110,10 @@ def export_lines(
                 if withheld:
                     line.update(data=dict(data), withheld=list(withheld))
             yield canonical_json(line) + "\n"
-    yield canonical_json({"kind": "end", "format": FORMAT, "tasks": tasks, "events": events}) + "\n"
+    end: dict[str, Any] = {"kind": "end", "format": FORMAT, "tasks": tasks, "events": events}
+    if tree is not None:
+        end["tree"] = tree
+    yield canonical_json(end) + "\n"
 
 
 class _Unreadable(ValueError):
@@ -128,8 +137,8 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _fields(value: dict[str, Any], names: tuple[str, ...], kind: str) -> None:
-    if set(value) != {"kind", *names}:
+def _fields(value: dict[str, Any], names: tuple[str, ...], kind: str, optional: tuple[str, ...] = ()) -> None:
+    if not {"kind", *names} <= set(value) <= {"kind", *names, *optional}:
         raise _Unreadable(f"a {kind} line with fields {sorted(value)}")
 
 
@@ -231,7 +240,12 @@ def is_export(lines: Iterable[bytes]) -> bool:
 
 
 def verify_export(
-    lines: Iterable[bytes], lookup: Lookup, against: ExportCheck | None = None, origin: OriginCheck | None = None
+    lines: Iterable[bytes],
+    lookup: Lookup,
+    against: ExportCheck | None = None,
+    origin: OriginCheck | None = None,
+    *,
+    tree: bool = False,
 ) -> Iterator[ReplayReport]:
     """One report per task of an export file (its raw lines), then one for the file itself (task_id "").
 
@@ -244,6 +258,12 @@ def verify_export(
     the checkpoint committed to, with a proof line that verifies against its root; tasks it lists and the
     export lacks are reported after the others. Without one, proof lines are still checked, against the roots
     they name (`ExportCheck.unanchored`): never skipped.
+
+    Links between a parent and a child both in the file are checked both ways, as replay checks them
+    (`engine.audit.reads.links_in`), once the file is read; their findings are in the file's report, naming the
+    task. An export of a tree (its end line names the root, `export --tree`; `tree=True`: the verifier demands
+    one) must hold the whole tree: a child its parent names that the file lacks is CHILD_MISSING, a task of the
+    file that no parent in it started is CHILD_LINK_MISMATCH.
     """
     if against is None:
         against = ExportCheck.unanchored()
@@ -254,6 +274,8 @@ def verify_export(
     tasks = events = 0
     ended = False
     exported: set[str] = set()  # a task id twice is two logs of one task: which one is true cannot be told
+    links = _Links()
+    root: str | None = None
     for number, raw in enumerate(lines, start=1):
         raw = raw.removesuffix(b"\n")
         if ended:
@@ -272,6 +294,7 @@ def verify_export(
                 if row.task_id in exported:
                     check.add(Code.HASH_MISMATCH, 0, f"line {number}: task {row.task_id} appears a second time")
                 exported.add(row.task_id)
+                links.task(row)
             elif kind == "event":
                 events += 1
                 event, withheld = _event(value), _withheld(value)
@@ -288,6 +311,7 @@ def verify_export(
                     )
                 check.event(event, withheld)
                 against.event(check.task_id, event)
+                links.event(event)
             elif kind == "proof":
                 if check is None or value.get("task_id") != check.task_id:
                     raise _Unreadable("a proof line that follows no task line of its task")
@@ -297,7 +321,8 @@ def verify_export(
                 if check is not None:
                     yield _finish(check, created, against)
                     check = None
-                _fields(value, ("format", "tasks", "events"), "end")
+                _fields(value, ("format", "tasks", "events"), "end", ("tree",))
+                root = str(value["tree"]) if "tree" in value else None
                 if (value["format"], value["tasks"], value["events"]) != (FORMAT, tasks, events):
                     file_findings.append(
                         Finding(
@@ -320,8 +345,86 @@ def verify_export(
         yield _finish(check, created, against)
     if not ended:
         file_findings.append(Finding(Code.SEQ_GAP, 0, "the file ends without its end line: it was cut short"))
+    if tree and root is None:
+        file_findings.append(Finding(Code.CHILD_MISSING, 0, "the export is not of a tree: its end line names no root"))
+    file_findings.extend(links.findings(lookup, root))
     yield from against.missing()
     yield ReplayReport("", "", 0, tuple(file_findings))
+
+
+class _Links:
+    """What of an export's logs its parent-child links are checked on, held while the file streams: a child's whole
+    log (its end is folded), and of every other task its first event and the events that name a child. A file
+    without children holds one event per task."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, TaskRow] = {}
+        self.held: dict[str, list[Event]] = {}
+        self._first: Event | None = None
+
+    def task(self, row: TaskRow) -> None:
+        self.rows[row.task_id] = row
+        self._first = None
+
+    def event(self, event: Event) -> None:
+        if event.seq == 1:
+            self._first = event
+            if "parent" in event.data:
+                self.held[event.task_id] = [event]
+            return
+        log = self.held.get(event.task_id)
+        if log is not None and "parent" in log[0].data:
+            log.append(event)
+        elif isinstance(event.data.get("child"), dict) and (event.trigger in (SPAWN, SPAWNED) or _ends_child(event)):
+            if log is None:
+                log = self.held[event.task_id] = [self._first] if self._first is not None else []
+            log.append(event)
+
+    def findings(self, lookup: Lookup, root: str | None) -> Iterator[Finding]:
+        """The links checked, each finding naming its task; with `root`, the tree's completeness too."""
+
+        def log_of(task_id: object) -> list[Event] | None:
+            return self.held.get(task_id, []) if isinstance(task_id, str) and task_id in self.rows else None
+
+        check = links_in(log_of, lookup)
+        if root is not None and root not in self.rows:
+            yield Finding(Code.CHILD_MISSING, 0, f"the export is of the tree of {root}, and lacks that task")
+        for task_id, log in self.held.items():
+            row = self.rows.get(task_id)
+            rules = lookup(row.workflow, row.version) if row is not None else None
+            for event in log:
+                other = _other_end(event)
+                if other is None or (root is None and other not in self.rows):
+                    continue  # not a link, or one to a task outside a file that claims no tree
+                for finding in check(event, rules):
+                    yield Finding(finding.code, finding.seq, f"task {task_id}: {finding.message}")
+        if root is not None:
+            for task_id in self.rows:
+                held = self.held.get(task_id)
+                first = held[0] if held else None
+                link = first.data.get("parent") if first is not None and first.seq == 1 else None
+                if task_id != root and not (isinstance(link, dict) and link.get("task_id") in self.rows):
+                    yield Finding(
+                        Code.CHILD_LINK_MISMATCH,
+                        1,
+                        f"task {task_id}: in the export of the tree of {root}, and started by no task of it",
+                    )
+
+
+def _ends_child(event: Event) -> bool:
+    return event.trigger.startswith(CHILD_TRIGGER_PREFIX)
+
+
+def _other_end(event: Event) -> str | None:
+    """The task a linking event names (a child's parent, a parent's child); None: it links to none the check reads
+    (a `spawn`: its child is judged on `spawned` and the child's own first event)."""
+    if event.seq == 1:
+        link = event.data.get("parent")
+        return str(link.get("task_id")) if isinstance(link, dict) else None
+    record = event.data.get("child")
+    if event.trigger == SPAWN or not isinstance(record, dict):
+        return None
+    return str(record.get("task_id"))
 
 
 class ExportCheck:

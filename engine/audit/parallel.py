@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain, pairwise
 
-from engine.audit.reads import Archived, origin_check, replay_tasks
+from engine.audit.reads import Archived, link_check, origin_check, replay_tasks
 from engine.core.chain import Finding
 from engine.core.definition import FORK
 from engine.core.errors import Code
@@ -269,4 +269,6 @@ def replay_long(
     first = store.events(row.task_id, 0, 1)
     if first and first[0].trigger == FORK and origin_check(store, lookup, archived)(first[0]):
         return None  # the stretches do not check where a fork came from: a finding there is reported serially
+    if first and "parent" in first[0].data and link_check(store, lookup, archived)(first[0], None):
+        return None  # nor a child's link to its parent
     return ReplayReport(row.task_id, f"{row.workflow}@{row.version}", sum(r.events for r in results), ())

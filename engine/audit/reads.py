@@ -10,17 +10,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from engine.core.canonical import format_instant
 from engine.core.chain import Finding
-from engine.core.definition import MIGRATE, Workflow
+from engine.core.children import child_findings, parent_findings
+from engine.core.definition import CHILD_TRIGGER_PREFIX, MIGRATE, SPAWN, SPAWNED, Child, Workflow
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
-from engine.core.fold import Resolve, TaskState, apply, initial, migration_target, pinned_at_start
+from engine.core.fanout import join_findings
+from engine.core.fold import Resolve, TaskState, apply, fold, initial, migration_target, pinned_at_start
 from engine.core.forks import origin_findings, repeat_hazard, writes
-from engine.core.replay import Lookup, OriginCheck, ReplayReport, replay_stream
+from engine.core.replay import LinkCheck, Lookup, OriginCheck, ReplayReport, replay_stream
 from engine.store import Snapshot, Store, TaskRow
 
 #: An archived task's events, read back from its file (`Engine._archived_events`); [] when it is not archived.
@@ -34,7 +37,8 @@ def _not_found(task_id: str) -> Refused:
 def replay_task(store: Store, lookup: Lookup, task_id: str, archived: Archived | None = None) -> ReplayReport:
     """Replay one task from its first event; refuses only when there is no such task."""
     origin = origin_check(store, lookup, archived)
-    report = next(replay_stream(store.audit_stream(task_ids=[task_id]), lookup, origin), None)
+    links = link_check(store, lookup, archived)
+    report = next(replay_stream(store.audit_stream(task_ids=[task_id]), lookup, origin, links), None)
     if report is None:
         raise _not_found(task_id)
     return report
@@ -55,6 +59,7 @@ def replay_tasks(
         store.audit_stream(task_ids=task_ids, workflow=workflow, since=since),
         lookup,
         origin_check(store, lookup, archived),
+        link_check(store, lookup, archived),
     )
 
 
@@ -101,6 +106,82 @@ def origin_check(store: Store, lookup: Lookup, archived: Archived | None = None)
         return findings
 
     return check
+
+
+def link_check(store: Store, lookup: Lookup, archived: Archived | None = None) -> LinkCheck:
+    """How replay checks the links between a parent and its children both ways: read the other task's log (in the
+    database, or its archive file) and judge with `engine.core.children` (`parent_findings`, `child_findings`)."""
+    files: Archived = archived if archived is not None else (lambda _task_id: [])
+
+    def log_of(task_id: object) -> list[Event] | None:
+        if not isinstance(task_id, str) or store.row(task_id) is None:
+            return None
+        return store.events(task_id) or files(task_id)
+
+    return links_in(log_of, lookup)
+
+
+def links_in(log_of: Callable[[object], list[Event] | None], lookup: Lookup) -> LinkCheck:
+    """The link check over logs `log_of` reads (None: no such task): the database's (`link_check`), or an
+    export's (`engine.audit.export`, over the logs the file holds)."""
+    resolve = resolver(lookup)
+
+    def check(event: Event, rules: Workflow | None) -> list[Finding]:
+        if event.seq == 1 and "parent" in event.data:
+            link = event.data["parent"]
+            return parent_findings(event, log_of(link.get("task_id") if isinstance(link, dict) else None))
+        if event.trigger != SPAWNED and not event.trigger.startswith(CHILD_TRIGGER_PREFIX):
+            return []
+        if "fan_out" in event.data:
+            return fan_out_check(event, rules)
+        return one_child(event, rules)
+
+    def one_child(event: Event, rules: Workflow | None) -> list[Finding]:
+        record = event.data.get("child")
+        child_id = record.get("task_id") if isinstance(record, dict) else None
+        child = log_of(child_id)
+        final = None
+        seq = record.get("seq") if isinstance(record, dict) else None
+        if child and event.trigger != SPAWNED and type(seq) is int:
+            upto = [e for e in child if e.seq <= seq]
+            try:
+                final = fold(
+                    resolve(*pinned_at_start(str(child[0].data.get("workflow", "")).rpartition("@")[0], upto)),
+                    upto,
+                    resolve=resolve,
+                )
+            except (RailyardError, ValueError, KeyError, TypeError, AttributeError):
+                final = None  # the child's own replay says why its log does not fold
+        return child_findings(event, rules, child, final)
+
+    def fan_out_check(event: Event, rules: Workflow | None) -> list[Finding]:
+        """A fan-out's `spawned` or end: every child it names is judged as a single child's would be, then the
+        end's join against its intent and the recorded ends."""
+        fan: dict[str, Any] = dict(event.data["fan_out"])
+        findings: list[Finding] = []
+        source = event.from_state or ""
+        state = rules.state(source) if rules is not None and rules.has_state(source) else None
+        for record in fan.get("children", []):
+            # Each child as the one a single child state names: its end's trigger is the one its own end would have
+            # (the fan-out routes on the join, judged below), so the check holds the child's link, seq, hash, result.
+            trigger = event.trigger
+            if event.trigger != SPAWNED and isinstance(record, dict) and isinstance(state, Child):
+                trigger = state.route_of("" if "code" in record else str(record.get("state")))
+            findings.extend(one_child(replace(event, trigger=trigger, data={"child": record}), rules))
+        if event.trigger != SPAWNED:
+            own = log_of(event.task_id) or []
+            action_id = fan.get("action_id")
+            spawn = next((e for e in own if e.trigger == SPAWN and _fan_out_action(e) == action_id), None)
+            findings.extend(join_findings(event, rules, spawn))
+        return findings
+
+    return check
+
+
+def _fan_out_action(event: Event) -> object:
+    """The action id of the fan-out an event records, or None."""
+    fan = event.data.get("fan_out")
+    return fan.get("action_id") if isinstance(fan, dict) else None
 
 
 def _fork_refused(

@@ -18,8 +18,9 @@ from typing import Annotated
 import typer
 
 from engine import _interrupts
-from engine.cli import admin, approvals, audit, forks, tasks, workers
+from engine.cli import admin, approvals, audit, forks, quality, tasks, workers
 from engine.cli.checkpoints import checkpoint_app
+from engine.cli.evals import eval_app
 from engine.cli.exits import (
     AUDIT_CODES,
     CONFIG_CODES,
@@ -32,7 +33,7 @@ from engine.cli.exits import (
 from engine.cli.shell import CONTEXT_SETTINGS, Command, Group, Program, version_option
 from engine.cli.tokens import tokens_app
 from engine.cli.users import users_app
-from engine.observability import hooks
+from engine.cli.webhooks import webhooks_app
 
 __all__ = ["AUDIT_CODES", "CONFIG_CODES", "EXIT_AUDIT", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "app", "main"]
 
@@ -49,7 +50,9 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 app.add_typer(db_app, name="db")
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(webhooks_app, name="webhooks")
 app.add_typer(users_app, name="users")
+app.add_typer(eval_app, name="eval")
 
 #: The commands that run for long (until stopped, or model turn after model turn).
 LONG_RUNNING = frozenset({"worker", "serve", "demo", "run"})
@@ -65,6 +68,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("history", tasks.history),
     ("fire", tasks.fire),
     ("cancel", tasks.cancel),
+    ("note", tasks.note),
     ("settle", tasks.settle),
     ("migrate", tasks.migrate),
     ("fork", forks.fork),
@@ -79,6 +83,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("export", audit.export),
     ("verify-export", audit.verify_export_command),
     ("archive", audit.archive),
+    ("quality", quality.quality),
     ("run", tasks.run),
     ("serve", workers.serve),
     ("providers", admin.providers),
@@ -122,6 +127,9 @@ def main() -> None:
     finally:
         _interrupts.quiet()
         # Spans still queued get the configured export timeout from a long-running command, a moment from the
-        # others: a telemetry endpoint that does not answer never holds a short command at its exit.
-        long_running = any(word in LONG_RUNNING for word in sys.argv[1:2])
-        hooks.close_tracing(None if long_running else SHORT_EXIT_SECONDS)
+        # others: a telemetry endpoint that does not answer never holds a short command at its exit. Tracing is
+        # only ever on once an `Engine` imported the hooks: a command that never did (`--help`) has none to close.
+        hooks = sys.modules.get("engine.observability.hooks")
+        if hooks is not None:
+            long_running = any(word in LONG_RUNNING for word in sys.argv[1:2])
+            hooks.close_tracing(None if long_running else SHORT_EXIT_SECONDS)

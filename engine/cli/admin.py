@@ -136,7 +136,7 @@ def demo(
     stream: StreamOpt = None,
     extra_body: ExtraBodyOpt = None,
 ) -> None:
-    """Run the reference workflows' three scenarios on RAILYARD_DATABASE_URL, step by step, then replay them."""
+    """Run the reference workflows' four scenarios on RAILYARD_DATABASE_URL, step by step, then replay them."""
     from engine.store.database import connection_errors
 
     settings = model_options(timeout, retries, stream, extra_body)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -10,7 +10,9 @@ from engine.cli import render
 from engine.cli.exits import open_engine
 from engine.cli.options import ActorOpt, ExpectedSeq, JsonFlag, ReaderOpt, ReasonOpt, TaskId
 from engine.cli.tasks import act
-from engine.runtime.engine import Engine
+
+if TYPE_CHECKING:  # the runtime is imported when a command runs, not for `railyard --help`
+    from engine.runtime.engine import Engine
 
 
 def approvals(

@@ -13,9 +13,7 @@ import typer
 from engine.cli import render
 from engine.cli.exits import EXIT_AUDIT, fail, open_engine, registry
 from engine.cli.options import JsonFlag, PublicKeys, ReaderOpt, instant
-from engine.core.chain import Finding
 from engine.core.errors import Code, IntegrityError, RailyardError, Refused
-from engine.core.replay import ReplayReport
 
 #: What `replay` and `export` read: one TASK, or --all of them narrowed by --workflow and --since.
 OneTask = Annotated[str | None, typer.Argument(help="Task id, or its first 8 characters or more (or --all).")]
@@ -48,9 +46,16 @@ def replay(
         typer.Option("--checkpoint", help="With --all: also judge the database against this signed checkpoint."),
     ] = None,
     public_key: PublicKeys | None = None,
+    tree: Annotated[
+        bool,
+        typer.Option("--tree", help="With TASK: also every task it started (child states), and theirs, links checked."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Check task logs without calling any model or tool: hash chain, seq, legal transitions, row and snapshots.
+
+    The links between a parent and its children are checked both ways (CHILD_LINK_MISMATCH, CHILD_MISSING,
+    CHILD_RESULT_MISMATCH); --tree replays a task and all its descendants.
 
     With --checkpoint, also that every task the signed checkpoint lists is still there and still holds, at the
     checkpointed seq, the checkpointed head (TASK_MISSING, TASK_TRUNCATED, HEAD_REWRITTEN, CHECKPOINT_INVALID).
@@ -63,10 +68,16 @@ def replay(
         raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
     if checkpoint is not None and (workflow is not None or since is not None):
         raise typer.BadParameter("a checkpoint covers every task: not with --workflow or --since")
+    if tree and task_id is None:
+        raise typer.BadParameter("--tree replays one task and its descendants: name the TASK", param_hint="--tree")
     since_at = instant(since, "--since")
     jobs = jobs or available_jobs()
     with open_engine() as engine:
-        if task_id is not None:
+        if task_id is not None and tree:
+            found = render.audit_totals(
+                engine.audit.replay_tree(engine.resolve_task_id(task_id), jobs=jobs), as_json, "replayed"
+            )
+        elif task_id is not None:
             report = engine.replay(engine.resolve_task_id(task_id), jobs=jobs)
             render.replayed(report, as_json)
             found = not report.ok
@@ -97,8 +108,17 @@ def export(
         ),
     ] = None,
     reader: ReaderOpt = None,
+    tree: Annotated[
+        bool,
+        typer.Option(
+            "--tree", help="With TASK: also every task it started (child states), and theirs; the end line names it."
+        ),
+    ] = False,
 ) -> None:
     """Write task logs to stdout as JSON Lines (railyard-export/1) for `verify-export` and auditors' tools.
+
+    With --tree, the task and its descendants, parent first: verify-export then checks every parent-child link
+    both ways and that no child is missing (CHILD_MISSING, CHILD_LINK_MISMATCH, CHILD_RESULT_MISMATCH).
 
     With --checkpoint, the checkpoint's heads must hash to its root (CHECKPOINT_INVALID otherwise) before any
     proof is drawn from it; its signature is the verifier's to check. With --as, only the tasks that person may
@@ -111,6 +131,8 @@ def export(
     from engine.runtime import queries, shown
 
     _one_or_all(task_id, all_tasks, ("--workflow", workflow), ("--since", since), ("--tenant", tenant))
+    if tree and task_id is None:
+        raise typer.BadParameter("--tree exports one task and its descendants: name the TASK", param_hint="--tree")
     since_at = instant(since, "--since")
     with open_engine() as engine:
         caller = None
@@ -126,16 +148,19 @@ def export(
             proof_of = proofs(read(checkpoint)) if checkpoint is not None else None
         except RailyardError as error:
             fail(error)
-        items = engine.audit.logs(
-            None if task_id is None else [task_id], workflow=workflow, since=since_at, tenant=tenant
-        )
+        ids = None if task_id is None else engine.audit.tree(task_id) if tree else [task_id]
+        root = task_id if tree else None
+        items = engine.audit.logs(ids, workflow=workflow, since=since_at, tenant=tenant)
         if reader is None:
-            render.jsonl(export_lines(items, proof_of))
+            render.jsonl(export_lines(items, proof_of, tree=root))
         else:
             bounds = queries.scope(engine, caller)
             render.jsonl(
                 export_lines(
-                    shown.readable_logs(items, bounds), proof_of, lambda row: shown.withholding_for(engine, caller, row)
+                    shown.readable_logs(items, bounds),
+                    proof_of,
+                    lambda row: shown.withholding_for(engine, caller, row),
+                    tree=root,
                 )
             )
 
@@ -164,6 +189,12 @@ def verify_export_command(
             "as the tenant's must be in it, and no other.",
         ),
     ] = None,
+    tree: Annotated[
+        bool,
+        typer.Option(
+            "--tree", help="The export must be of a whole tree (export --tree): no child missing, every link checked."
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Check an export offline, with only the file and the workflow definitions (RAILYARD_WORKFLOWS).
@@ -172,10 +203,13 @@ def verify_export_command(
     against the root it names. With --checkpoint, each task's log must also reach the head the signed
     checkpoint committed to, with a proof line that verifies against its signed root, and (unless --partial)
     no task it lists may be missing. The checkpoint may be its header line alone (`head -1 FILE`) with
-    --partial. Exit 3 on any finding.
+    --partial. Links between a parent and a child both in the file are checked both ways; an export of a tree
+    (export --tree, or demanded with --tree) must also hold every child. Exit 3 on any finding.
     """
     from engine.audit.checkpoint import Keys, Reading
     from engine.audit.export import ExportCheck, is_export, verify_export
+    from engine.core.chain import Finding
+    from engine.core.replay import ReplayReport
 
     if (checkpoint is None) != (not public_key):
         raise typer.BadParameter("--checkpoint and --public-key go together", param_hint="--public-key")
@@ -211,7 +245,7 @@ def verify_export_command(
     except RailyardError as error:
         fail(error)
     with path.open("rb") as lines:
-        found = render.audit_totals(verify_export(lines, definitions.find, against), as_json, "verified")
+        found = render.audit_totals(verify_export(lines, definitions.find, against, tree=tree), as_json, "verified")
     render.proofs_reached(against)
     if found:
         raise typer.Exit(EXIT_AUDIT)

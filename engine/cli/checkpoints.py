@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 
-from engine.audit.checkpoint import keygen as make_key
 from engine.cli import render
 from engine.cli.exits import EXIT_AUDIT, fail, open_engine
 from engine.cli.options import JsonFlag, PublicKeys
@@ -43,6 +42,8 @@ def checkpoint(
 @checkpoint_app.command("keygen", cls=Command)
 def keygen(path: Annotated[Path, typer.Argument(help="The private key file to create (never overwritten).")]) -> None:
     """Make an Ed25519 signing key (readable by its owner only) and print its public key for verifiers."""
+    from engine.audit.checkpoint import keygen as make_key
+
     try:
         public = make_key(path)
     except RailyardError as error:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from engine.cli import render
 from engine.core.errors import Category, Code, RailyardError
-from engine.runtime import config
-from engine.runtime.engine import Engine
-from engine.runtime.registry import Registry
+
+if TYPE_CHECKING:  # imported where they are used: `railyard --help` loads this module and needs neither
+    from engine.runtime.engine import Engine
+    from engine.runtime.registry import Registry
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -56,6 +57,7 @@ def database_url(*, create: bool = False) -> str:
 
 def checked_database_url(*, create: bool = False) -> str:
     """`database_url`'s checks, raising their `RailyardError` for a command that can do without the database."""
+    from engine.runtime import config
     from engine.store.database import check_url, require_database
 
     url = config.database_url()
@@ -81,6 +83,8 @@ def require_schema(url: str) -> None:
 @contextmanager
 def open_engine() -> Iterator[Engine]:
     """The engine over RAILYARD_DATABASE_URL; a `RailyardError` inside the block ends the command through `fail`."""
+    from engine.runtime.engine import Engine
+
     url = database_url()
     try:
         with Engine(url) as engine:
@@ -91,6 +95,8 @@ def open_engine() -> Iterator[Engine]:
 
 def registry() -> Registry:
     """The workflow definitions RAILYARD_WORKFLOWS names, for the commands that need no database."""
+    from engine.runtime.registry import Registry
+
     try:
         return Registry.from_env()
     except RailyardError as error:

@@ -10,7 +10,6 @@ from engine.cli import render
 from engine.cli.exits import open_engine
 from engine.cli.options import ActorOpt, ExpectedSeq, JsonFlag, ReasonOpt, TaskId
 from engine.cli.tasks import act
-from engine.runtime import shown
 
 
 def fork(
@@ -27,6 +26,8 @@ def fork(
 
     Refused (WRITE_WOULD_REPEAT) where the fork could make a write a second time: fork after its outcome.
     """
+    from engine.runtime import shown
+
     with open_engine() as engine:
         new_id = engine.fork(engine.resolve_task_id(task_id), at_seq, actor=actor, reason=reason, version=version)
         view = shown.view(engine, engine.load(new_id), engine.caller(actor))

@@ -14,27 +14,31 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from engine.audit.archive import ArchiveRun
-from engine.audit.checkpoint import Taken
-from engine.audit.export import ExportCheck
-from engine.core.approvals import DIGEST_PREFIX
 from engine.core.canonical import format_instant
-from engine.core.chain import Finding
-from engine.core.checkpoints import Header
 from engine.core.errors import RailyardError
-from engine.core.events import Event
-from engine.core.payloads import event_code
-from engine.core.replay import ReplayReport
-from engine.core.summary import compact, summarise
-from engine.runtime.engine import TaskView
-from engine.runtime.task_ids import TASK_ID_PREFIX
+
+# Every command imports this module, `railyard --help` too: what else it uses from the engine (pydantic,
+# SQLAlchemy and the runtime behind it) is imported in the functions that print it.
+if TYPE_CHECKING:
+    from engine.audit.archive import ArchiveRun
+    from engine.audit.checkpoint import Taken
+    from engine.audit.export import ExportCheck
+    from engine.core.chain import Finding
+    from engine.core.checkpoints import Header
+    from engine.core.events import Event
+    from engine.core.replay import ReplayReport
+    from engine.runtime.engine import TaskView
+
+if TYPE_CHECKING:
+    from engine.core.quality import Quality
+    from engine.runtime.evals import CaseResult
 
 #: How wide `history` prints its table when the output is not a terminal.
 HISTORY_WIDTH = 160
@@ -129,7 +133,17 @@ def _table(title: str, columns: Iterable[str], rows: Iterable[Sequence[str]]) ->
 # -- tasks -----------------------------------------------------------------------------------------
 def task_line(view: TaskView) -> None:
     """`TASK: STATE (seq N, STATUS)`: where a task stands after a command."""
-    out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status})")
+    due = f", next model call at {view.next_try_at}" if view.next_try_at else ""
+    out.print(f"{view.task_id}: {view.state} (seq {view.seq}, {view.status}{due})")
+
+
+def quota_place(place: Mapping[str, Any]) -> str:
+    """A task's place in the queue for quota, for people: `openai:gpt-4.1: next of 3 (priority 0), since ...`."""
+    where = "next" if place["position"] == 0 else f"{place['position']} ahead of it"
+    return (
+        f"{place['quota']}: {where}, {place['waiting']} waiting (priority {place['priority']}); "
+        f"since {place['since']}, looks again at {place['looks_again_at']}"
+    )
 
 
 def started(view: TaskView, as_json: bool) -> None:
@@ -158,6 +172,8 @@ def fired(view: TaskView, as_json: bool) -> None:
 def task(view: TaskView, point: Event | None, as_json: bool, tokens: Mapping[str, int] | None = None) -> None:
     """`show`: where the task stands, or with `point` where it stood right after that event; `tokens`: what its
     model turns spent (`engine.core.budgets.token_totals`)."""
+    from engine.core.summary import compact
+
     if as_json:
         shown = view.to_dict()
         if tokens is not None:
@@ -184,6 +200,10 @@ def task(view: TaskView, point: Event | None, as_json: bool, tokens: Mapping[str
     table.add_row("status", view.status)
     table.add_row("seq", str(view.seq))
     table.add_row("allowed", ", ".join(view.allowed) or "(none: terminal)")
+    if view.next_try_at is not None:
+        table.add_row("next model call", f"{view.next_try_at} (after a provider error; any worker makes it)")
+    if view.waiting_for_quota is not None:
+        table.add_row("waiting for quota", quota_place(view.waiting_for_quota))
     if view.unsettled is not None:
         u = view.unsettled
         table.add_row(
@@ -196,6 +216,16 @@ def task(view: TaskView, point: Event | None, as_json: bool, tokens: Mapping[str
         table.add_row(
             "cancel requested",
             f"by {c['actor']} at seq {c['seq']} ({c['reason']}): takes effect when the write's outcome is recorded",
+        )
+    if view.parent is not None:
+        p = view.parent
+        table.add_row("parent", Text(f"{p['task_id']} ({p['workflow']}, state {p['state']}, intent at seq {p['seq']})"))
+    for child in view.children:
+        ended = child["ended"]
+        end = f", ended {ended['state']} (result {compact(ended['result'])})" if ended is not None else ""
+        table.add_row(
+            "child",
+            Text(f"{child['task_id']} ({child['workflow']}, from {child['state_of_parent']}): {child['state']}{end}"),
         )
     # Values as text, never Rich markup: a `[restricted]` or a customer's `[urgent]` is shown as written.
     table.add_row("input", Text(compact(view.input)))
@@ -222,6 +252,9 @@ def _tokens(t: Mapping[str, int]) -> str:
 
 def history_table(events: Iterable[Event], title: str | None = None) -> Table:
     """The timeline as a Rich table (seq, time, actor, from, trigger, to, code, a summary of the data)."""
+    from engine.core.payloads import event_code
+    from engine.core.summary import summarise
+
     table = Table(title=title, show_lines=False)
     for column in ("seq", "at (UTC)", "actor", "from", "trigger", "to", "code", "data"):
         table.add_column(column, overflow="fold", no_wrap=column in ("seq", "at (UTC)", "trigger", "code"))
@@ -239,17 +272,40 @@ def history_table(events: Iterable[Event], title: str | None = None) -> Table:
     return table
 
 
-def history(task_id: str, events: list[Event], as_json: bool) -> None:
+def history(task_id: str, events: list[Event], as_json: bool, view: TaskView | None = None) -> None:
+    """The timeline; then, for a task in a tree (`view`), the task that started it and those it started, with
+    their states now (the JSON stays the list of events: `railyard show --json` has the tree)."""
     if as_json:
         print_json([e.to_dict() for e in events])
         return
     # Piped or redirected, the timeline is not cut to 80 columns: it is read in files and pagers.
     wide = out if out.is_terminal else Console(width=max(out.width, HISTORY_WIDTH))
     wide.print(history_table(events, title=f"history of {task_id}"))
+    if view is not None:
+        for line in tree_lines(view):
+            wide.print(line, highlight=False, markup=False)
+
+
+def tree_lines(view: TaskView) -> list[str]:
+    """A task's place in its tree, one line each: its parent, then each child with its state and end."""
+    lines = []
+    if view.parent is not None:
+        p = view.parent
+        lines.append(f"started by {p['task_id']} ({p['workflow']}, in {p['state']}, intent at seq {p['seq']})")
+    for child in view.children:
+        ended = child["ended"]
+        end = f", ended {ended['state']}" if ended is not None else ""
+        lines.append(
+            f"started {child['task_id']} ({child['workflow']}, from {child['state_of_parent']}): {child['state']}{end}"
+        )
+    return lines
 
 
 def ran(view: TaskView, events: list[Event], as_json: bool) -> None:
     """`run`: each event the model turns appended, one line each, then where the task stands."""
+    from engine.core.payloads import event_code
+    from engine.core.summary import summarise
+
     if as_json:
         print_json({"task": view.to_dict(), "events": [e.to_dict() for e in events]})
         return
@@ -264,11 +320,54 @@ def ran(view: TaskView, events: list[Event], as_json: bool) -> None:
     task_line(view)
 
 
-def status(workflows: list[dict[str, Any]], workers: list[dict[str, Any]], as_json: bool) -> None:
-    """Tasks per workflow, then the live workers (if any)."""
+def status(
+    workflows: list[dict[str, Any]],
+    workers: list[dict[str, Any]],
+    as_json: bool,
+    flow: dict[str, list[dict[str, Any]]] | None = None,
+) -> None:
+    """Tasks per workflow, then the live workers (if any), then flow control's breakers, quotas and the tasks
+    waiting for quota (if any)."""
+    flow = flow or {"breakers": [], "quotas": [], "waiting": []}
     if as_json:
-        print_json({"workflows": workflows, "workers": workers})
+        print_json({"workflows": workflows, "workers": workers, **flow})
         return
+    _status_tables(workflows, workers)
+    _flow_tables(flow)
+
+
+def _flow_tables(flow: dict[str, list[dict[str, Any]]]) -> None:
+    """The breakers not closed (or that failed lately), every quota bucket, and the first tasks waiting for quota."""
+    breakers = flow["breakers"]
+    if breakers:
+        rows: list[tuple[str, ...]] = [
+            (
+                b["model"],
+                b["state"].replace("_", " "),
+                str(b["failures_in_a_row"]),
+                "" if b["open_for_seconds"] is None else f"{b['open_for_seconds']:.0f} s",
+            )
+            for b in breakers
+        ]
+        out.print(_table("Circuit breakers", ("model", "state", "failures in a row", "open for"), rows))
+    if flow["quotas"]:
+        rows = []
+        for q in flow["quotas"]:
+            left = q["left"]
+            shown = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in left.items() if v is not None)
+            paused = f"{q['paused_for_seconds']:.0f} s" if q["paused_for_seconds"] else ""
+            rows.append((q["quota"], shown, str(q["in_flight"]), str(q["waiting"]), paused))
+        out.print(_table("Quotas", ("quota", "left now", "in flight", "waiting", "paused for"), rows))
+    waiting = [w for w in flow["waiting"] if w["position"] < 10]
+    if waiting:
+        rows = [
+            (w["task_id"], "waiting for quota", w["quota"], str(w["position"]), str(w["priority"]), w["group"])
+            for w in waiting
+        ]
+        out.print(_table("Waiting for quota", ("task", "status", "quota", "position", "priority", "group"), rows))
+
+
+def _status_tables(workflows: list[dict[str, Any]], workers: list[dict[str, Any]]) -> None:
     out.print(
         _table(
             "Tasks",
@@ -289,21 +388,30 @@ def status(workflows: list[dict[str, Any]], workers: list[dict[str, Any]], as_js
     if not workers:
         return
     columns = ("worker", "seen", "claimed", "transitions", "conflicts", "lease losses", "failures", "claim p99")
+
+    def line(name: str, w: dict[str, Any]) -> tuple[str, ...]:
+        p99 = w.get("claim_latency_p99_ms")
+        return (
+            name,
+            f"{w['seen_seconds_ago']:.0f} s ago",
+            str(w["claimed"]),
+            str(w["transitions"]),
+            str(w["conflicts"]),
+            str(w["lease_losses"]),
+            str(w["failures"]),
+            "" if p99 is None else f"{p99:.0f} ms",
+        )
+
     rows = []
     for w in workers:
-        p99 = w.get("claim_latency_p99_ms")
-        rows.append(
-            (
-                w["name"],
-                f"{w['seen_seconds_ago']:.0f} s ago",
-                str(w["claimed"]),
-                str(w["transitions"]),
-                str(w["conflicts"]),
-                str(w["lease_losses"]),
-                str(w["failures"]),
-                "" if p99 is None else f"{p99:.0f} ms",
-            )
-        )
+        processes = w.get("processes")
+        if processes is None:
+            rows.append(line(w["name"], w))
+            continue
+        # A supervisor's processes: the sums (the slowest process's claim p99), then a line for each.
+        restarts = f", {w['restarts']} restarts" if w["restarts"] else ""
+        rows.append(line(f"{w['name']} ({len(processes)} processes{restarts})", w))
+        rows.extend(line(f"  process {p['process']}, pid {p['pid']}", p) for p in processes)
     out.print(_table("Workers", columns, rows))
 
 
@@ -311,6 +419,10 @@ def status(workflows: list[dict[str, Any]], workers: list[dict[str, Any]], as_js
 def approvals(pending: list[dict[str, Any]], as_json: bool, wide: bool = False) -> None:
     """The table shows each task id and digest by the prefix the commands take (`approve 1a2b3c4d --digest
     0c99c2817f45`), never folded over lines; `wide` shows them whole as well; JSON always whole."""
+    from engine.core.approvals import DIGEST_PREFIX
+    from engine.core.summary import compact
+    from engine.runtime.task_ids import TASK_ID_PREFIX
+
     if as_json:
         print_json(pending)
         return
@@ -341,6 +453,8 @@ def approvals(pending: list[dict[str, Any]], as_json: bool, wide: bool = False) 
 
 def approved(prepared: Mapping[str, Any]) -> None:
     """`approve` without --digest names the prepared call it approved, on stderr."""
+    from engine.core.approvals import DIGEST_PREFIX
+
     note(f"approved prepared call {prepared['tool']} (digest {str(prepared['digest'])[:DIGEST_PREFIX]})")
 
 
@@ -656,6 +770,7 @@ def providers(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 def _provider_settings(rows: list[dict[str, Any]]) -> None:
     """How a model of each profile is called here, and which layer set each value that is not the default."""
+    from engine.core.summary import compact
 
     def layers(r: dict[str, Any]) -> str:
         given = [f"{k} ({v.replace('_', ' ')})" for k, v in r["settings_from"].items() if v != "default"]
@@ -686,3 +801,157 @@ def revision(revision: str | None, as_json: bool) -> None:
         print_json({"revision": revision})
     else:
         out.print(revision or "base (empty)")
+
+
+# -- quality -----------------------------------------------------------------------------------------
+def _share(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({part / whole:.0%})" if whole else "-"
+
+
+def _counted(counts: Mapping[str, int], whole: int) -> str:
+    """`amount_cents 14 (14%), reason 2 (2%)`: the most frequent first, each as a share of `whole`."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{name} {n} ({n / whole:.0%})" if whole else f"{name} {n}" for name, n in ranked) or "-"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 120:
+        return f"{value:.1f}s"
+    if value < 7200:
+        return f"{value / 60:.1f}m"
+    return f"{value / 3600:.1f}h"
+
+
+def quality(figures: Quality, as_json: bool) -> None:
+    """`railyard quality`: the turn figures, then the time in each state. Shares are of the answered turns."""
+    from engine.core.quality import percentile
+
+    if as_json:
+        print_json(figures.to_dict())
+        return
+    if not figures.turns and not figures.states:
+        err.print("nothing in this period: no model turn, and no visit to a state that ended", highlight=False)
+        return
+    # The cost columns only where a profile priced a turn: most deployments set no prices.
+    costed = any(f.cost for f in figures.turns.values())
+    out.print(
+        _table(
+            "Model turns",
+            (
+                "workflow",
+                "state",
+                "model",
+                "rung",
+                "turns",
+                "first try",
+                "repairs/turn",
+                "escalations",
+                "parse",
+                "schema failures by field",
+                "domain rejections by guard",
+                "hand-offs",
+                "tokens in/out",
+                *(("cost",) if costed else ()),
+            ),
+            (
+                (
+                    f"{key.workflow}@{key.version}",
+                    key.state,
+                    f"{key.provider}:{key.model}",
+                    key.rung,
+                    str(f.turns),
+                    _share(f.first_try_accepted, f.first_tries),
+                    f"{f.repairs_per_turn:.2f}" if f.repairs_per_turn is not None else "-",
+                    str(f.escalations),
+                    str(f.parse_failures),
+                    _counted(f.schema_failures, f.answered),
+                    _counted(f.domain_rejections, f.answered),
+                    str(f.hand_offs),
+                    f"{f.tokens['input_tokens']:,}/{f.tokens['output_tokens']:,}" if f.tokens else "-",
+                    *((_cost(f.cost, f.unpriced),) if costed else ()),
+                )
+                for key, f in sorted(figures.turns.items())
+            ),
+        )
+    )
+    out.print(
+        _table(
+            "Time in state",
+            ("workflow", "state", "visits", "p50", "p95", "tokens/visit", *(("cost/visit",) if costed else ())),
+            (
+                (
+                    f"{key.workflow}@{key.version}",
+                    key.state,
+                    str(s.visits),
+                    _seconds(percentile(s.seconds, 0.5)),
+                    _seconds(percentile(s.seconds, 0.95)),
+                    f"{s.tokens / s.visits:,.0f}" if s.tokens else "-",
+                    *((_cost(s.cost_per_visit or 0.0, s.unpriced) if s.tokens else "-",) if costed else ()),
+                )
+                for key, s in sorted(figures.states.items())
+            ),
+        )
+    )
+
+
+def _cost(value: float, unpriced: int) -> str:
+    """A cost to four places (a hundredth of a cent); `?` where a turn's model had no price."""
+    return "?" if unpriced else f"{value:,.4f}"
+
+
+def eval_results(
+    results: Sequence[CaseResult], as_json: bool, baseline: Mapping[str, Mapping[str, Any]] | None = None
+) -> None:
+    """`railyard eval run`: a row per case and model (and version, when several ran), the models and versions of a
+    case side by side; then each one's totals, beside the baseline's when there is one."""
+    from engine.core.evals import baseline_for
+    from engine.runtime.evals import totals, variant
+
+    summed = totals(results)
+    if as_json:
+        print_json({"cases": [r.to_dict() for r in results], "models": summed})
+        return
+    out.print(
+        _table(
+            "Evaluation",
+            (
+                "case",
+                "model",
+                "action",
+                "expected",
+                "met",
+                "turns (rung: code)",
+                "repairs",
+                "schema failures",
+                "tokens",
+            ),
+            (
+                (
+                    r.name,
+                    variant(r, results),
+                    escape(f"error: {r.error}") if r.error else r.action or f"none ({r.ended_in})",
+                    r.expected or ("first try" if r.expectation.first_try else "-"),
+                    "-" if r.met is None else "yes" if r.met else escape("NO: " + "; ".join(r.unmet)),
+                    ", ".join(f"{t['rung']}: {t['code'] or 'ok'}" for t in r.turns),
+                    str(r.figures.repairs),
+                    _counted(r.figures.schema_failures, r.figures.answered),
+                    f"{sum(r.figures.tokens.values()):,}" if r.figures.tokens else "-",
+                )
+                for r in sorted(results, key=lambda r: (r.name, r.model, r.version))
+            ),
+        )
+    )
+    for name, total in summed.items():
+        was = ""
+        base = None if baseline is None else baseline_for(baseline, name)
+        if base is not None:
+            was = (
+                f" (baseline: {base.get('met')} of {base.get('expected')} met, "
+                f"{base.get('first_try_accepted')} of {base.get('cases')} at the first try)"
+            )
+        say(
+            f"{name}: {total['met']} of {total['expected']} expectations met, {total['first_try_accepted']} of "
+            f"{total['cases']} cases accepted at the first try, {total['repairs']} repairs{was}"
+        )

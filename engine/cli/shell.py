@@ -42,6 +42,15 @@ def _usage_pieces(command: TyperCommand | TyperGroup, ctx: Any) -> list[str]:
     return pieces
 
 
+def _help_flag(option: Any) -> Any:
+    """`--help` off unless given, as every other flag is: Typer leaves its default unset, and it converts an unset
+    value through a pydantic adapter (pydantic's import: about 130 ms, half of what `railyard CMD --help` would
+    take); a flag that is already a bool is taken as it is."""
+    if option is not None and option.default is None:
+        option.default = False
+    return option
+
+
 def _conventional(params: Sequence[Any]) -> None:
     """Arguments named in upper case in the help panels, and flags shown without a `<bool>` value."""
     for param in params:
@@ -62,6 +71,13 @@ class Command(TyperCommand):
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return _usage_pieces(self, ctx)
 
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag(super().get_help_option(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _help_width()
+        super().format_help(ctx, formatter)
+
 
 class Group(TyperGroup):
     """A command group with the conventional help (`railyard db`, `railyard checkpoint`, `railyard tokens`)."""
@@ -73,6 +89,13 @@ class Group(TyperGroup):
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return [*_usage_pieces(self, ctx), self.subcommand_metavar or "COMMAND [ARGS]..."]
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag(super().get_help_option(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _help_width()
+        super().format_help(ctx, formatter)
 
 
 class Program(Group):
@@ -87,7 +110,6 @@ class Program(Group):
         **extra: Any,
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
-        _help_width()
         status = _undecodable(argv)
         if status is None:
             try:
@@ -113,7 +135,10 @@ class Program(Group):
 
 def _help_width() -> None:
     """Help printed to a pipe or a file is drawn `render.PIPE_WIDTH` wide, as tables are: Rich would otherwise
-    fit it to 80 columns and cut the option names (`--checkpoint-minu…`). TERMINAL_WIDTH, if set, still wins."""
+    fit it to 80 columns and cut the option names (`--checkpoint-minu…`). TERMINAL_WIDTH, if set, still wins.
+
+    Called as help is drawn, not before every command: Typer's help renderer (with Rich's Markdown) takes
+    about 40 ms to import, which a command that prints no help should not pay."""
     from typer import rich_utils
 
     if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():

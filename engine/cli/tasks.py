@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,10 +30,13 @@ from engine.cli.options import (
     parse_json,
     thinking_option,
 )
-from engine.core.access import Caller
-from engine.core.events import Event
-from engine.runtime import queries, shown
-from engine.runtime.engine import Engine
+
+# The runtime (and pydantic and SQLAlchemy under it) is imported by the commands that run: `railyard --help`
+# loads this module only for the commands' signatures.
+if TYPE_CHECKING:
+    from engine.core.access import Caller
+    from engine.core.events import Event
+    from engine.runtime.engine import Engine
 
 #: A worker not heard from for this long is not listed by `railyard status` (it reports every 10 s).
 WORKER_SEEN_SECONDS = 60
@@ -48,12 +51,21 @@ def start(
         str | None,
         typer.Option("--tenant", help="The tenant the task belongs to (default: the actor's, if it has one)."),
     ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority",
+            help="Its place when model quota is short: higher goes first (default: its workflow's, else 0).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Start a task; prints its id."""
+    from engine.runtime import shown
+
     payload = parse_json(input_json, "--input")
     with open_engine() as engine:
-        task_id = engine.start(workflow, payload, actor=actor, version=version, tenant=tenant)
+        task_id = engine.start(workflow, payload, actor=actor, version=version, tenant=tenant, priority=priority)
         view = shown.view(engine, engine.load(task_id), engine.caller(actor))
     render.started(view, as_json)
 
@@ -61,6 +73,8 @@ def start(
 def reading(engine: Engine, reader: str | None, task_id: str) -> tuple[Caller | None, str]:
     """Whom a read is for (`--as`: that person; without it the trusted process, None) and the task id it names,
     resolved among the tasks they may read: one they may not is absent (TASK_NOT_FOUND), as on the API."""
+    from engine.runtime import queries
+
     caller = engine.caller(reader) if reader is not None else None
     return caller, queries.resolve(engine, task_id, caller)
 
@@ -80,12 +94,13 @@ def show(
 ) -> None:
     """Where a task stands (or stood, with --as-of): state, seq, status, the triggers it allows."""
     from engine.core.budgets import token_totals
+    from engine.runtime import queries, shown
 
     point: Event | None = None
     with open_engine() as engine:
         caller, task_id = reading(engine, reader, task_id)
         if as_of is None:
-            view = shown.view(engine, engine.load(task_id), caller)
+            view = queries.waiting_for_quota(engine, shown.view(engine, engine.load(task_id), caller))
         else:
             seq, at = _point(as_of)
             try:
@@ -106,16 +121,25 @@ def _point(text: str) -> tuple[int | None, datetime | None]:
 
 
 def history(task_id: TaskId, reader: ReaderOpt = None, as_json: JsonFlag = False) -> None:
-    """The task's timeline, one row per event."""
+    """The task's timeline, one row per event; then the task that started it and those it started, with their
+    states."""
+    from engine.core.definition import SPAWN
+    from engine.runtime import shown
+
     with open_engine() as engine:
         caller, task_id = reading(engine, reader, task_id)
         events = shown.events(engine, task_id, caller)
-    render.history(task_id, events, as_json)
+        tree = None
+        if not as_json and (any(e.trigger == SPAWN for e in events) or (events and "parent" in events[0].data)):
+            tree = shown.view(engine, engine.load(task_id), caller)
+    render.history(task_id, events, as_json, tree)
 
 
 def act(task_id: str, command: Callable[[Engine, str], Any], as_json: bool, actor: str) -> None:
     """Run a human command on the task `task_id` names (a whole id or a prefix of one) and print the task it
     leaves, as `actor` may see it (shared with `approvals` and `forks`)."""
+    from engine.runtime import shown
+
     with open_engine() as engine:
         task = command(engine, engine.resolve_task_id(task_id))
         view = shown.view(engine, engine.load(task.task_id), engine.caller(actor))
@@ -149,6 +173,20 @@ def cancel(
     if it did.
     """
     act(task_id, lambda e, t: e.cancel(t, actor=actor, reason=reason, expected_seq=expected_seq), as_json, actor)
+
+
+def note(
+    task_id: TaskId,
+    text: Annotated[str, typer.Argument(help="The note, for colleagues (at most 2,000 characters).")],
+    actor: ActorOpt,
+    as_json: JsonFlag = False,
+) -> None:
+    """Add a note to a task: a `comment` event in its log, shown in its history and on its page.
+
+    A note moves nothing and makes no pending decision stale. It reaches the model only when the workflow says
+    so (`notes_to_model`). A task that ended takes no note (TASK_TERMINAL).
+    """
+    act(task_id, lambda e, t: e.note(t, actor, text), as_json, actor)
 
 
 class SettledOutcome(StrEnum):
@@ -215,7 +253,7 @@ def run(
     as_json: JsonFlag = False,
 ) -> None:
     """Run model turns while the task is in an agent state; print each event they appended."""
-    from engine.runtime import config
+    from engine.runtime import config, queries
     from engine.runtime.models import open_model
 
     settings = model_options(timeout, retries, stream, extra_body)
@@ -234,11 +272,14 @@ def run(
 def status(as_json: JsonFlag = False) -> None:
     """Tasks per workflow (runnable, leased, blocked, terminal; the oldest runnable's wait) and the live workers."""
     from engine.core.canonical import now
+    from engine.core.worker_groups import shown_workers
+    from engine.runtime import queries
 
     at = now()
     with open_engine() as engine:
         counts = queries.status_counts(engine, at)
         live = queries.workers(engine, at - timedelta(seconds=WORKER_SEEN_SECONDS))
+        flow = queries.flow_status(engine)
     rows: dict[str, dict[str, Any]] = {}
     for c in counts:
         row = rows.setdefault(
@@ -256,15 +297,5 @@ def status(as_json: JsonFlag = False) -> None:
         row["leased"] += c["leased"]
         if c["status"] == "runnable" and c["oldest_due"] is not None:
             row["oldest_runnable_seconds"] = max(0.0, round((at - c["oldest_due"]).total_seconds(), 3))
-    workers = [
-        {
-            "name": w.name,
-            "host": w.host,
-            "pid": w.pid,
-            "concurrency": w.concurrency,
-            "seen_seconds_ago": round((at - w.seen_at).total_seconds(), 1),
-            **w.counts,
-        }
-        for w in live
-    ]
-    render.status(list(rows.values()), workers, as_json)
+    workers = shown_workers(live, at)
+    render.status(list(rows.values()), workers, as_json, flow)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,8 +21,9 @@ from engine.cli.options import JsonFlag
 from engine.cli.shell import Command, Group
 from engine.cli.users import ByOpt, people, who
 from engine.core.errors import Code, RailyardError
-from engine.core.people import StoredToken
-from engine.runtime.engine import MAX_ACTOR_LENGTH
+
+if TYPE_CHECKING:  # pydantic's records: imported by the commands that read them, not for `railyard --help`
+    from engine.core.people import StoredToken
 
 tokens_app = typer.Typer(
     cls=Group,
@@ -53,6 +54,7 @@ def new(
     with --save, keep its hash in the database (recorded in the access trail)."""
     from engine.api.tokens import hash_token, new_token, toml_entry  # not at import: engine.api loads the server
     from engine.core.access import TENANT_NAME
+    from engine.runtime.engine import MAX_ACTOR_LENGTH
 
     if not actor.strip() or len(actor) > MAX_ACTOR_LENGTH:
         fail(RailyardError(f"--actor must be 1 to {MAX_ACTOR_LENGTH} characters", code=Code.USAGE_INVALID))

@@ -14,7 +14,7 @@ import getpass
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,8 +23,9 @@ from engine.cli.exits import fail, open_engine
 from engine.cli.options import JsonFlag
 from engine.cli.shell import Command, Group
 from engine.core.errors import Code, RailyardError
-from engine.core.people import MIN_PASSWORD
-from engine.runtime.people import Outcome, People, person_summary
+
+if TYPE_CHECKING:  # the people and their records (pydantic, the runtime): imported when a command runs
+    from engine.runtime.people import Outcome, People
 
 users_app = typer.Typer(
     cls=Group,
@@ -58,6 +59,8 @@ def who(by: str | None) -> str:
 @contextmanager
 def people() -> Iterator[People]:
     """The people of RAILYARD_DATABASE_URL; a `RailyardError` inside the block ends the command through `fail`."""
+    from engine.runtime.people import People
+
     with open_engine() as engine:
         try:
             yield People(engine.store)
@@ -76,6 +79,8 @@ def read_password(from_stdin: bool, *, ask: bool) -> str | None:
     if not ask:
         return None
     if sys.stdin.isatty():
+        from engine.core.people import MIN_PASSWORD
+
         first = getpass.getpass(f"Password (at least {MIN_PASSWORD} characters): ")
         if getpass.getpass("Again: ") != first:
             fail(RailyardError("the two passwords differ: nothing was changed", code=Code.USAGE_INVALID))
@@ -114,6 +119,8 @@ def add(
 @users_app.command("list", cls=Command)
 def list_command(as_json: JsonFlag = False) -> None:
     """The people: roles, tenants, where they come from, whether they may sign in. Never a password or its hash."""
+    from engine.runtime.people import person_summary
+
     with people() as directory:
         rows = [dict(person_summary(p)) for p in directory.everyone()]
     render.people(rows, as_json)

@@ -29,7 +29,7 @@ from engine.core.errors import Code, Refused
 from engine.core.events import Event, seal
 from engine.core.fold import TaskState, initial
 from engine.core.forks import fork_data, last_entry, redrive_problem, repeat_hazard, writes
-from engine.core.payloads import EventData, Settled
+from engine.core.payloads import ChildRecord, EventData, ParentLink, Settled
 from engine.core.rows import TaskRow
 from engine.core.timers import next_run_at
 
@@ -113,10 +113,66 @@ def start(
     )
 
 
+def start_child(
+    definition: Workflow, parent: TaskState, record: ChildRecord, link: ParentLink, *, at: datetime
+) -> NewTask:
+    """The child task that the intent `record` of `parent` starts (`engine.core.children`): under the id, version,
+    digest and input the intent recorded, its first event naming the parent. It belongs to the parent's tenant
+    and is started by whoever started the parent, so separation of duties holds down the chain (the person who
+    started a ticket does not approve the refund it started)."""
+    if definition.ref != record.get("workflow") or definition.digest != record.get("digest"):
+        raise Refused(
+            f"the intent pins {record.get('workflow')} ({str(record.get('digest'))[:12]}), not {definition.ref} "
+            f"({definition.digest[:12]})",
+            code=Code.DEFINITION_CHANGED,
+            workflow=definition.name,
+            version=definition.version,
+        )
+    _, input_json = validate_payload(definition.input, f"{definition.ref} input", record.get("input"))
+    data: EventData = {
+        "workflow": definition.ref,
+        "digest": definition.digest,
+        "input": input_json or {},
+        "parent": link,
+    }
+    if parent.tenant is not None:
+        data["tenant"] = parent.tenant
+    return new_task(
+        definition,
+        task_id=record["task_id"],
+        at=at,
+        actor=parent.started_by,
+        trigger=START,
+        to_state=definition.initial_state,
+        data=data,
+        fields=definition.search_values(input_json),
+    )
+
+
 def cancel(definition: Workflow, task: TaskState, *, caller: Caller, reason: str) -> Decision:
     """Stop the task, from any state that is not terminal: to `cancelled`, or, while a write's outcome is open, a
     `cancel_requested` recorded until it settles (`decide` turns the one into the other)."""
     return decide(definition, task, CANCEL, {"reason": reason}, actor=caller.actor, roles=caller.roles)
+
+
+def requested_cancel(definition: Workflow, task: TaskState, fallback_actor: str) -> tuple[Decision, str]:
+    """The cancel a request waited for (a write's, a child's start, to settle first), and its requester, who acts.
+
+    The requester's role was checked when the request was recorded (`cancel_requested` needs the cancel role):
+    the engine completes it on that authority, whatever this process's authoriser says of them now (a worker need
+    not share the server's tokens, and a role revoked since does not strand the request)."""
+    request = task.cancel_requested or {}
+    requester = str(request.get("actor") or fallback_actor)
+    held = definition.operator_of(CANCEL)
+    decision = decide(
+        definition,
+        task,
+        CANCEL,
+        {"reason": request.get("reason") or "cancel requested"},
+        actor=requester,
+        roles=frozenset({held} if held else ()),
+    )
+    return replace(decision, data={**decision.data, "requested_at_seq": request.get("seq")}), requester
 
 
 def approval(
@@ -166,6 +222,16 @@ def settle(
     if unsettled is None:
         raise Refused(
             f"task {task.task_id} has no write whose outcome is open: nothing to settle",
+            code=Code.TRIGGER_NOT_ALLOWED,
+            task_id=task.task_id,
+            state=task.state,
+        )
+    if "child" in unsettled:
+        # A child's start is never a guess to settle: the child exists under its derived id or it does not, and the
+        # worker that holds the task finds out (`engine.runtime.children`).
+        raise Refused(
+            f"task {task.task_id} is starting child task {unsettled['child']}: a worker finds or makes it by its "
+            "action id; there is nothing for an operator to verify",
             code=Code.TRIGGER_NOT_ALLOWED,
             task_id=task.task_id,
             state=task.state,

@@ -23,7 +23,11 @@ from engine.core.access import Caller, fire_refusal, is_models, override_role
 from engine.core.approvals import self_approval
 from engine.core.definition import (
     CANCEL,
+    CHILD_TRIGGER_PREFIX,
+    EXPIRED,
     IDENTITY_FIELDS,
+    SPAWN,
+    SPAWNED,
     TOOL_OUTCOMES,
     Action,
     Approval,
@@ -179,6 +183,8 @@ def validate_payload(
 _PROTOCOL = frozenset({*TOOL_OUTCOMES, "reconcile", "call"})
 #: Records made about the open write wherever the task stands: a cancel waiting for it, an operator's settlement.
 _NOTES = frozenset({SETTLE, CANCEL_REQUESTED})
+#: A child's start and end, in the child state that made it (`engine.core.children`).
+_CHILD_PROTOCOL = frozenset({SPAWN, SPAWNED})
 
 
 def _refuse_unsettling(
@@ -188,6 +194,12 @@ def _refuse_unsettling(
     (which would take the open one's place), nor sends the open one again blindly."""
     if trigger in _NOTES or (trigger in _PROTOCOL and task.state == unsettled["state"]):
         return
+    if (
+        "child" in unsettled
+        and task.state == unsettled["state"]
+        and (trigger == EXPIRED or trigger in _CHILD_PROTOCOL or trigger.startswith(CHILD_TRIGGER_PREFIX))
+    ):
+        return  # a child: spawned, the record of its end, or the deadline that ends the wait (its policy applied)
     where = f"write {unsettled['tool']} (action {unsettled['action_id']}) is {unsettled['status']}"
     if prepares:
         raise Refused(

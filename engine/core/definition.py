@@ -30,6 +30,7 @@ from engine.core.effects import (
     write_unsettled,
 )
 from engine.core.errors import DefinitionError
+from engine.core.flow import is_priority
 
 if TYPE_CHECKING:
     from engine.core.fold import TaskState
@@ -42,6 +43,7 @@ class StateKind(StrEnum):
     TOOL = "tool"
     APPROVAL = "approval"
     WAIT = "wait"
+    CHILD = "child"
     TERMINAL = "terminal"
 
 
@@ -49,7 +51,7 @@ class Status(StrEnum):
     """What a worker may do with a task, derived from the kind of its current state."""
 
     RUNNABLE = "runnable"  # agent and tool states: a worker advances them
-    BLOCKED = "blocked"  # approval and wait states: they wait for a human, a signal or a deadline
+    BLOCKED = "blocked"  # approval, wait and child states: they wait for a human, a signal, a child or a deadline
     TERMINAL = "terminal"
 
 
@@ -58,6 +60,8 @@ STATUS_OF_KIND: dict[StateKind, Status] = {
     StateKind.TOOL: Status.RUNNABLE,
     StateKind.APPROVAL: Status.BLOCKED,
     StateKind.WAIT: Status.BLOCKED,
+    # A child state holds no lease while its child runs; a worker looks at it when it is due (`engine.core.children`).
+    StateKind.CHILD: Status.BLOCKED,
     StateKind.TERMINAL: Status.TERMINAL,
 }
 
@@ -76,6 +80,8 @@ REPAIR = "repair"
 DEMOTE = "demote"
 HAND_OFF = "hand_off"
 PROVIDER_ERROR = "provider_error"
+#: A provider call failed for a while: the task waits, in its state, until the event's `retry.due_at`.
+BACKOFF = "backoff"
 RETRY = "retry"
 CALL = "call"
 RECONCILE = "reconcile"
@@ -88,9 +94,25 @@ MIGRATE = "migrate"
 FORK = "fork"
 #: An operator sent a handed-off or limit-state task back to a state it visited (`Engine.redrive`).
 REDRIVE = "redrive"
+#: A child state's protocol (`Child`, `engine.core.children`): the intent to start the child (`spawn`), the child
+#: found or made (`spawned`), and the child's end, one trigger per route (`child_<its terminal state>`, and
+#: `child_unrouted` for an end the state does not name).
+SPAWN = "spawn"
+SPAWNED = "spawned"
+CHILD_TRIGGER_PREFIX = "child_"
+UNROUTED = "unrouted"
+#: Records people make about a task where it stands (`engine.core.remarks`): a note, and who is on its work item.
+#: They never move the task and never make a decision stale.
+COMMENT = "comment"
+WORK_CLAIMED = "work_claimed"
+WORK_RELEASED = "work_released"
 #: The role that says, explicitly, that any signed-in person may fire a trigger (deny by default otherwise:
 #: `engine.core.access`). Shown as such on the diagram and by `railyard workflows`.
 ANYONE = "anyone"
+
+
+#: How many child tasks a task may start when its budgets do not say (`Budgets.children`).
+DEFAULT_CHILDREN = 100
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,14 @@ class Budgets:
     deadline: timedelta | None = None
     tokens: int | None = None
     state_tokens: int | None = None
+    #: How many child tasks the task may start in all (a fan-out's N counts whole, before any starts); None: the
+    #: engine's default, `DEFAULT_CHILDREN`.
+    children: int | None = None
+
+    @property
+    def child_limit(self) -> int:
+        """How many child tasks a task may start in all."""
+        return self.children if self.children is not None else DEFAULT_CHILDREN
 
     @property
     def counts_tokens(self) -> bool:
@@ -127,8 +157,30 @@ class Budgets:
             # Added later: present only when set, so the digests of definitions that do not use them stay put.
             **({"tokens": self.tokens} if self.tokens is not None else {}),
             **({"state_tokens": self.state_tokens} if self.state_tokens is not None else {}),
+            **({"children": self.children} if self.children is not None else {}),
         }
 
+
+@dataclass(frozen=True)
+class RetryBudget:
+    """How long an agent state keeps calling a provider that fails for a while (a rate limit, a 5xx, a dropped
+    connection, a timeout) before the task goes where the state's `on_provider_error` says.
+
+    Each `backoff` event (one durable wait, after the runner's quick in-process retries) spends one of `count`;
+    `within` bounds the time from the visit's first backoff to the next try's due time. An answer from the model
+    (a `repair`) gives the visit its whole budget back. Errors that calling again cannot fix (credentials, a
+    refused request, a content filter) never spend it: they go to `on_provider_error` at once.
+    """
+
+    count: int = 10
+    within: timedelta = timedelta(hours=1)
+
+    def spec(self) -> dict[str, Any]:
+        return {"count": self.count, "within_seconds": self.within.total_seconds()}
+
+
+#: The budget an agent state has unless it declares its own.
+RETRY_BUDGET = RetryBudget()
 
 FORCE_SUFFIX = "~force"
 HANDOFF_SUFFIX = "~handoff"
@@ -256,7 +308,7 @@ class Restricted:
         return named or None
 
 
-def guard_name(guard: Guard) -> str:
+def guard_name(guard: Callable[..., Any]) -> str:
     return f"{getattr(guard, '__module__', '?')}.{getattr(guard, '__qualname__', repr(guard))}"
 
 
@@ -290,9 +342,11 @@ class Agent(State):
     event: `S -> S~force` (`repair`) on an invalid proposal, at most
     `max_repairs` times per visit, then `hand_off` to `on_exhausted` (default: the
     generated hand-off state `S~handoff`); `demote` (a self-loop) when the provider
-    refused the request's shape; `provider_error` to `S~provider_error` when a
-    call failed for good. `S~handoff` and `S~provider_error` wait for an operator
-    to `retry` (back to `S`) or `cancel`.
+    refused the request's shape; `backoff` (a self-loop with a due time) when a
+    call failed in a way that calling again may fix, within `retry_budget`;
+    `provider_error` to `on_provider_error` (default: the generated `S~provider_error`)
+    when a call failed for good or the budget ran out. `S~handoff` and
+    `S~provider_error` wait for an operator to `retry` (back to `S`) or `cancel`.
     """
 
     max_repairs: int = 3
@@ -300,6 +354,10 @@ class Agent(State):
     #: Who may fire this state's actions in the model's place (else the workflow's `model_override_role`; an
     #: action's own `role` narrows it further). Unset everywhere: only the model proposes here.
     override_role: str | None = None
+    #: How long a failing provider is called again, durably, before `provider_error` (`RetryBudget`).
+    retry_budget: RetryBudget = RETRY_BUDGET
+    #: Where `provider_error` goes; unset: the generated `S~provider_error`, where an operator retries or cancels.
+    on_provider_error: str | None = None
     kind: ClassVar[StateKind] = StateKind.AGENT
 
     @property
@@ -311,20 +369,30 @@ class Agent(State):
     def exhausted_target(self) -> str:
         return self.on_exhausted or f"{self.base}{HANDOFF_SUFFIX}"
 
+    @property
+    def provider_error_target(self) -> str:
+        return self.on_provider_error or f"{self.base}{PROVIDER_ERROR_SUFFIX}"
+
     def outgoing(self) -> list[Action]:
         return [
             *self.actions,
             Action(REPAIR, f"{self.base}{FORCE_SUFFIX}", system=True),
             Action(DEMOTE, self.name, system=True),
+            Action(BACKOFF, self.name, system=True),
             Action(HAND_OFF, self.exhausted_target, system=True),
-            Action(PROVIDER_ERROR, f"{self.base}{PROVIDER_ERROR_SUFFIX}", system=True),
+            Action(PROVIDER_ERROR, self.provider_error_target, system=True),
         ]
 
     def spec(self) -> dict[str, Any]:
         out = super().spec()
         out.update(max_repairs=self.max_repairs, on_exhausted=self.on_exhausted)
-        if self.override_role:  # added later: present only when set, so older digests stay put
+        # Added later: each present only when set, so the digests of definitions that do not use them stay put.
+        if self.override_role:
             out["override_role"] = self.override_role
+        if self.retry_budget != RETRY_BUDGET:
+            out["retry_budget"] = self.retry_budget.spec()
+        if self.on_provider_error:
+            out["on_provider_error"] = self.on_provider_error
         return out
 
 
@@ -350,14 +418,19 @@ def agent_substates(state: Agent, retry_role: str | None = None) -> list[State]:
             state.max_repairs,
             state.on_exhausted,
             state.override_role,
+            state.retry_budget,
+            state.on_provider_error,
             repairs=state.name,
         ),
-        Wait(
-            f"{state.name}{PROVIDER_ERROR_SUFFIX}",
-            [Action(RETRY, state.name, role=retry_role)],
-            f"A model call in {state.name} failed for good; an operator retries or cancels.",
-        ),
     ]
+    if state.on_provider_error is None:
+        out.append(
+            Wait(
+                f"{state.name}{PROVIDER_ERROR_SUFFIX}",
+                [Action(RETRY, state.name, role=retry_role)],
+                f"A model call in {state.name} failed for good; an operator retries or cancels.",
+            )
+        )
     if state.on_exhausted is None:
         out.append(
             Wait(
@@ -444,6 +517,156 @@ class Wait(_Deadlined):
     kind: ClassVar[StateKind] = StateKind.WAIT
 
 
+#: Builds a child's input from the parent's folded state (code, never the model), or reads a child's result.
+StateReader = Callable[["TaskState"], Mapping[str, Any]]
+
+
+def child_trigger(route: str) -> str:
+    """The trigger that records a child's end in `route` (a terminal state of the child, or `UNROUTED`)."""
+    return f"{CHILD_TRIGGER_PREFIX}{route}"
+
+
+#: Builds a fan-out's child inputs, one per item, in order, from the parent's folded state (code, never the model).
+StateItems = Callable[["TaskState"], Sequence[Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A fan-out's join (`Child.join`) that is met once `k` of its children ended in a state `succeeds` names."""
+
+    k: int
+
+    def __str__(self) -> str:
+        return f"quorum:{self.k}"
+
+
+#: A fan-out's joins besides `Quorum(k)`: every child succeeded, or one did.
+JOINS = ("all", "any")
+#: What a fan-out does when a child fails (`Child.on_child_failure`): `fail_fast` decides `failed` as soon as the
+#: join can no longer be met and cancels the children still running; `collect` lets every child end, then decides.
+CHILD_FAILURE_POLICIES = ("fail_fast", "collect")
+#: A fan-out's routes (`Child.on` keys): the join was met, or it cannot be.
+FAN_OUT_ROUTES = ("joined", "failed")
+
+
+@dataclass(frozen=True)
+class Child(State):
+    """Starts a task of another workflow (`workflow`, `version`; newest when None, pinned at the start) and waits,
+    holding no lease, until that child reaches a terminal state; where the child ended routes the parent.
+
+    `input` builds the child's input from the parent's folded state: code, never the model (the model may only
+    choose to come here). `on` maps a terminal state of the child to the parent's next state; an end it does not
+    name goes to `otherwise`. `result`, a pydantic model, is the typed result recorded with the child's end, read
+    from the child's final state by `read` (default: its state name and its facts' top-level keys the model has);
+    the parent's guards and model then find it in `facts["child:STATE"]`.
+
+    The start is an effect (`engine.core.children`): `spawn` records the intent with an action id, the child's id
+    is derived from (parent, action id) so a worker that resumes after a crash finds the child instead of making
+    a second, and `spawned` records that it exists. `deadline` (from the start) with `on_expired` ends the wait.
+
+    A fan-out is a child state with `each` instead of `input`: `each` builds one child input per item (code, from
+    the parent's folded state, never the model), and the state starts one child per item, all under one intent
+    whose per-item action ids are derived from its own (`engine.core.fanout`). `join` is `"all"`, `"any"` or
+    `Quorum(k)`: met once that many children ended in a state `succeeds` names. `on_child_failure` is
+    `"fail_fast"` (decide `failed` as soon as the join cannot be met, and cancel the children still running) or
+    `"collect"` (let every child end, so each failure is recorded). Either way the state records its end once
+    every child has ended, with each child's end in the order of the items; `on` maps `joined` and `failed` to
+    the parent's next states. The task's `Budgets.children` bounds N, refused whole before any child starts.
+
+    Why a fan-out is this kind and not one of its own: it is the same protocol (an intent with an action id before
+    any child exists, ids derived from it, the parent blocked holding nothing, cancel passed on to the children,
+    links checked both ways), run by the same runner that the worker, the graph and replay already dispatch on;
+    `each` only makes the one child N.
+    """
+
+    workflow: str = ""
+    version: int | None = None
+    input: StateReader | None = None
+    on: Mapping[str, str] = field(default_factory=dict)
+    otherwise: str = ""
+    result: type[BaseModel] | None = None
+    read: StateReader | None = None
+    deadline: timedelta | None = None
+    on_expired: str | None = None
+    #: What becomes of a child still running when the parent is cancelled: `cancel` (its cancel is requested, under
+    #: the rules of any cancel, and the parent's cancel completes when the child's end is recorded), `wait` (the
+    #: parent's cancel waits for the child to end by itself) or `abandon` (the parent ends at once; the child runs
+    #: on, still naming its parent). On the deadline, `cancel` requests the child's cancel; the others leave it.
+    on_parent_end: str = "cancel"
+    #: A fan-out: the child inputs, one per item (then `input` is None).
+    each: StateItems | None = None
+    join: str | Quorum = "all"
+    on_child_failure: str = "fail_fast"
+    #: A fan-out: the child's terminal states that count as success for the join.
+    succeeds: tuple[str, ...] = ()
+    kind: ClassVar[StateKind] = StateKind.CHILD
+
+    @property
+    def fans_out(self) -> bool:
+        """Whether this state starts one child per item (`each`) rather than one child."""
+        return self.each is not None
+
+    def needed(self, n: int) -> int:
+        """How many of a fan-out's `n` children must succeed for the join to be met."""
+        if isinstance(self.join, Quorum):
+            return self.join.k
+        return n if self.join == "all" else min(1, n)
+
+    @property
+    def holds_child(self) -> bool:
+        """Whether the child's start stays an open effect until its end is recorded (not for `abandon`)."""
+        return self.on_parent_end != "abandon"
+
+    def routes(self) -> dict[str, str]:
+        """Each route's trigger and target: the named ends, then `otherwise`."""
+        out = {child_trigger(end): target for end, target in self.on.items()}
+        if self.otherwise:
+            out[child_trigger(UNROUTED)] = self.otherwise
+        return out
+
+    def route_of(self, child_state: str) -> str:
+        """The trigger that records a child that ended in `child_state`."""
+        return child_trigger(child_state) if child_state in self.on else child_trigger(UNROUTED)
+
+    def outgoing(self) -> list[Action]:
+        out = [
+            *self.actions,
+            Action(SPAWN, self.name, system=True),
+            Action(SPAWNED, self.name, system=True),
+            *(Action(trigger, target, system=True) for trigger, target in self.routes().items()),
+        ]
+        if self.on_expired:
+            out.append(Action(EXPIRED, self.on_expired, system=True))
+        return out
+
+    def spec(self) -> dict[str, Any]:
+        out = super().spec()
+        out.update(
+            workflow=self.workflow,
+            version=self.version,
+            input=guard_name(self.input) if self.input is not None else None,
+            on=dict(self.on),
+            otherwise=self.otherwise,
+            result=self.result.model_json_schema() if self.result is not None else None,
+            read=guard_name(self.read) if self.read is not None else None,
+            deadline_seconds=self.deadline.total_seconds() if self.deadline is not None else None,
+            on_expired=self.on_expired,
+            on_parent_end=self.on_parent_end,
+        )
+        if self.each is not None:  # only for a fan-out: the digests of single child states stay put
+            out.update(
+                each=guard_name(self.each),
+                join=str(self.join),
+                on_child_failure=self.on_child_failure,
+                succeeds=list(self.succeeds),
+            )
+        return out
+
+
+#: What a child state may do with a running child when the parent ends (`Child.on_parent_end`).
+PARENT_END_POLICIES = ("cancel", "wait", "abandon")
+
+
 @dataclass(frozen=True)
 class Terminal(State):
     """Nothing leaves a terminal state."""
@@ -509,6 +732,50 @@ def _validate_cards(wf: Workflow, names: Mapping[str, State]) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class Labels:
+    """The words people read in place of identifiers: a state's, an action's (a button, a timeline line), a code's
+    (`TOOL_TIMEOUT`: "the payment service did not answer in time") and a field's (an input or argument key).
+    Any name without a label is shown as its identifier. Presentation only: never in the workflow's digest, never
+    in the log, never sent to the model."""
+
+    states: Mapping[str, str] = field(default_factory=dict)
+    actions: Mapping[str, str] = field(default_factory=dict)
+    codes: Mapping[str, str] = field(default_factory=dict)
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+    def for_state(self, name: str | None) -> str:
+        return self.states.get(name, name) if name is not None else ""
+
+    def for_action(self, name: str) -> str:
+        return self.actions.get(name, name)
+
+    def for_code(self, name: str) -> str:
+        return self.codes.get(name, name)
+
+    def for_field(self, name: str) -> str:
+        return self.fields.get(name, name)
+
+
+def _validate_labels(wf: Workflow, names: Mapping[str, State]) -> list[str]:
+    """A label for a state the workflow does not have is a typo that would silently show the identifier."""
+    known = {*names, *(s.name for s in wf.all_states), wf.limit_state or LIMIT_STATE}
+    problems = [f"label for state {n!r}: no such state" for n in wf.labels.states if n not in known]
+    tables = (
+        ("state", wf.labels.states),
+        ("action", wf.labels.actions),
+        ("code", wf.labels.codes),
+        ("field", wf.labels.fields),
+    )
+    for kind, table in tables:
+        problems.extend(
+            f"label for {kind} {n!r} must be non-empty text"
+            for n, v in table.items()
+            if not isinstance(v, str) or not v.strip()
+        )
+    return problems
+
+
 @dataclass(frozen=True, eq=False)
 class Workflow:
     """A workflow definition `name@version`, validated and compiled as it is built.
@@ -554,6 +821,18 @@ class Workflow:
     #: The fields of its tasks (input fields, tool results) shown only to the roles it names (`Restricted`).
     #: Presentation, not behaviour: not in the digest, like `searchable`.
     restricted: Restricted | None = None
+    #: Its tasks' place when a model quota is short (higher first, -1000 to 1000; a task's own, given at start,
+    #: wins, and an operator's `[priorities]` setting overrides this). Scheduling, not behaviour: not in the
+    #: digest, so changing it needs no new version.
+    priority: int = 0
+    #: The words people read for its states, actions, codes and fields (`Labels`), with the identifiers as the
+    #: fallback. Presentation, not behaviour: not in the digest (like `priority` and `searchable`), so a label
+    #: reworded or translated needs no new version and applies to the tasks already running.
+    labels: Labels = field(default_factory=Labels)
+    #: Whether people's notes on a task (`comment` events) reach its agent states' model, as untrusted human text
+    #: inside tags. Off by default: a note is written for colleagues, and the model sees it only when the workflow
+    #: says so. Behaviour: in the digest when set.
+    notes_to_model: bool = False
     _all: tuple[State, ...] = field(init=False, repr=False)
     _by_name: dict[str, State] = field(init=False, repr=False)
     _table: dict[tuple[str, str], tuple[Action, ...]] = field(init=False, repr=False)
@@ -650,6 +929,11 @@ class Workflow:
     def state(self, name: str) -> State:
         return self._by_name[name]
 
+    @property
+    def starts_children(self) -> bool:
+        """Whether a state of this version starts child tasks (`Child`)."""
+        return any(isinstance(s, Child) for s in self.states)
+
     def has_state(self, name: str) -> bool:
         return name in self._by_name
 
@@ -702,6 +986,7 @@ class Workflow:
             **({"redrive_role": self.redrive_role} if self.redrive_role else {}),
             **({"operator_role": self.operator_role} if self.operator_role else {}),
             **({"model_override_role": self.model_override_role} if self.model_override_role else {}),
+            **({"notes_to_model": True} if self.notes_to_model else {}),
         }
 
     def redrive_sources(self) -> frozenset[str]:
@@ -711,7 +996,7 @@ class Workflow:
         out = {self.limit_state or LIMIT_STATE}
         for state in self.states:
             if isinstance(state, Agent):
-                out.update({state.exhausted_target, f"{state.name}{PROVIDER_ERROR_SUFFIX}"})
+                out.update({state.exhausted_target, state.provider_error_target})
         return frozenset(n for n in out if n in self._by_name and self._by_name[n].kind is not StateKind.TERMINAL)
 
     def redrive_targets(self) -> frozenset[str]:
@@ -757,7 +1042,15 @@ def _outgoing_with_builtins(wf: Workflow, state: State) -> list[Action]:
 
 
 def _cancel_routes(wf: Workflow, state: State) -> list[Action]:
-    """A write tool state's outcomes when a cancel waits for them: before the plain ones, so they win when it does."""
+    """A write tool state's outcomes when a cancel waits for them: before the plain ones, so they win when it does.
+    A child state's ends likewise, when the parent's cancel waits for its child: the end is recorded and the cancel
+    takes effect in the same event."""
+    if isinstance(state, Child):
+        if not state.holds_child:
+            return []
+        return [
+            Action(trigger, CANCELLED_STATE, guards=(cancel_was_requested,), system=True) for trigger in state.routes()
+        ]
     if not isinstance(state, Tool) or wf.tools is None or state.tool not in wf.tools:
         return []
     if str(wf.tools.get(state.tool).kind) != "write":
@@ -783,6 +1076,8 @@ def _validate(wf: Workflow) -> list[str]:
         problems.append(f"workflow name {wf.name!r} must match {_NAME.pattern}")
     if not isinstance(wf.version, int) or isinstance(wf.version, bool) or wf.version < 1:
         problems.append(f"version {wf.version!r} must be an integer >= 1")
+    if not is_priority(wf.priority):
+        problems.append(f"priority {wf.priority!r} must be a whole number from -1000 to 1000")
     if wf.input is not None and not _forbids_extra(wf.input):
         problems.append(f"input model {wf.input.__name__} must set extra='forbid'")
     fields = set(wf.input.model_fields) if wf.input is not None else set()
@@ -817,6 +1112,7 @@ def _validate(wf: Workflow) -> list[str]:
         problems.extend(_validate_state(wf, state, names))
 
     problems.extend(_validate_cards(wf, names))
+    problems.extend(_validate_labels(wf, names))
     problems.extend(_validate_restricted(wf))
     if wf.operator_of(CANCEL) is None:
         problems.append(
@@ -870,6 +1166,8 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
                 f"{where}: on_unknown {state.on_unknown!r} is terminal, which would end the task with "
                 f"the outcome of write {state.tool!r} unknown: send it to a state a person settles from"
             )
+    if isinstance(state, Child):
+        problems.extend(_validate_child(state, where))
     if isinstance(state, Approval) and not state.role:
         problems.append(f"{where} is an approval state with no role")
     if isinstance(state, Wait):
@@ -889,6 +1187,12 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
 
     if isinstance(state, Agent) and (not isinstance(state.max_repairs, int) or state.max_repairs < 0):
         problems.append(f"{where}: max_repairs must be an integer >= 0")
+    if isinstance(state, Agent):
+        budget = state.retry_budget
+        if not isinstance(budget.count, int) or isinstance(budget.count, bool) or budget.count < 0:
+            problems.append(f"{where}: retry_budget.count must be an integer >= 0")
+        if not isinstance(budget.within, timedelta) or budget.within < timedelta(0):
+            problems.append(f"{where}: retry_budget.within must be a duration >= 0")
     reserved = {
         START,
         CANCEL,
@@ -898,6 +1202,7 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
         DEMOTE,
         HAND_OFF,
         PROVIDER_ERROR,
+        BACKOFF,
         RETRY,
         CALL,
         RECONCILE,
@@ -907,6 +1212,11 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
         REDRIVE,
         CANCEL_REQUESTED,
         SETTLE,
+        SPAWN,
+        SPAWNED,
+        COMMENT,
+        WORK_CLAIMED,
+        WORK_RELEASED,
     }
     by_trigger: dict[str, list[Action]] = {}
     for action in state.actions:
@@ -942,6 +1252,44 @@ def _validate_state(wf: Workflow, state: State, names: dict[str, State]) -> list
             )
         if len({a.args for a in actions}) > 1:
             problems.append(f"{where}: trigger {trigger!r} has transitions with different argument models")
+    return problems
+
+
+def _validate_child(state: Child, where: str) -> list[str]:
+    """A child state names a workflow, builds its input by code, and routes every end of the child somewhere."""
+    problems: list[str] = []
+    if not _NAME.match(state.workflow or ""):
+        problems.append(f"{where} is a child state: workflow {state.workflow!r} must match {_NAME.pattern}")
+    if state.version is not None and (
+        not isinstance(state.version, int) or isinstance(state.version, bool) or state.version < 1
+    ):
+        problems.append(f"{where}: version {state.version!r} must be an integer >= 1 (or None: the newest)")
+    if state.each is not None:
+        problems.extend(_validate_fan_out(state, where))
+    elif not callable(state.input):
+        problems.append(f"{where} is a child state with no input builder (input=a function of the parent's state)")
+    if state.read is not None and not callable(state.read):
+        problems.append(f"{where}: read must be a function of the child's final state")
+    if state.result is not None and not _forbids_extra(state.result):
+        problems.append(f"{where}: result model must be a pydantic model that sets extra='forbid'")
+    if not state.otherwise:
+        problems.append(f"{where} is a child state with no otherwise target (where an end `on` does not name goes)")
+    for end in state.on:
+        if state.each is not None:
+            if end not in FAN_OUT_ROUTES:
+                problems.append(f"{where}: a fan-out's routes are {', '.join(FAN_OUT_ROUTES)}, not {end!r}")
+        elif not _NAME.match(end or "") or end == UNROUTED:
+            problems.append(f"{where}: route {end!r} must name a terminal state of the child ({_NAME.pattern})")
+    if state.actions:
+        problems.append(f"{where} is a child state: its exits are `on`, `otherwise` and `on_expired`")
+    if (state.deadline is None) != (state.on_expired is None):
+        problems.append(f"{where}: deadline and on_expired go together")
+    if state.deadline is not None and state.deadline <= timedelta(0):
+        problems.append(f"{where}: deadline must be positive")
+    if state.on_parent_end not in PARENT_END_POLICIES:
+        problems.append(
+            f"{where}: on_parent_end {state.on_parent_end!r} must be one of {', '.join(PARENT_END_POLICIES)}"
+        )
     return problems
 
 
@@ -991,3 +1339,26 @@ def _reachable(wf: Workflow, initial: str, names: dict[str, State]) -> set[str]:
                     seen.add(target)
                     frontier.append(target)
     return seen
+
+
+def _validate_fan_out(state: Child, where: str) -> list[str]:
+    """A fan-out builds its inputs by code, declares its join, its failure policy and what a child's success is."""
+    problems: list[str] = []
+    if not callable(state.each):
+        problems.append(f"{where}: each must be a function of the parent's state giving one child input per item")
+    if state.input is not None:
+        problems.append(f"{where} is a fan-out: each builds the children's inputs, input must be None")
+    if isinstance(state.join, Quorum):
+        if isinstance(state.join.k, bool) or not isinstance(state.join.k, int) or state.join.k < 1:
+            problems.append(f"{where}: Quorum(k) needs an integer k >= 1, not {state.join.k!r}")
+    elif state.join not in JOINS:
+        problems.append(f"{where}: join {state.join!r} must be one of {', '.join(JOINS)} or Quorum(k)")
+    if state.on_child_failure not in CHILD_FAILURE_POLICIES:
+        problems.append(
+            f"{where}: on_child_failure {state.on_child_failure!r} must be one of {', '.join(CHILD_FAILURE_POLICIES)}"
+        )
+    if not state.succeeds or not all(_NAME.match(s or "") for s in state.succeeds):
+        problems.append(f"{where} is a fan-out: succeeds must name the child's terminal states that count as success")
+    if state.on_parent_end == "abandon":
+        problems.append(f"{where} is a fan-out: on_parent_end must be cancel or wait (its end waits for every child)")
+    return problems

@@ -30,9 +30,11 @@ from engine.core.payloads import EventData
 CANCEL_REQUESTED = "cancel_requested"
 SETTLE = "settle"
 #: The statuses of a write that leave its outcome open.
-OPEN = frozenset({"pending", "unknown"})
-#: A write's status, after the last event about its action id.
-Status = Literal["pending", "unknown", "succeeded", "failed", "executed", "not_executed"]
+OPEN = frozenset({"pending", "unknown", "running"})
+#: A write's status, after the last event about its action id. A child's start is `pending` until `spawned`, then
+#: `running` until its end is recorded when the parent holds it (`Child.holds_child`), and `abandoned` when the
+#: parent's deadline ended the wait first.
+Status = Literal["pending", "unknown", "succeeded", "failed", "executed", "not_executed", "running", "abandoned"]
 
 
 class SettleArgs(BaseModel):
@@ -80,8 +82,33 @@ def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] |
             "status": "pending",
             "requested_at": data.get("requested_at"),
         }
+    if trigger == "spawn" and "fan_out" in data:  # a fan-out's starts: one effect, open until every child's end
+        fan = data["fan_out"]
+        return {
+            "action_id": fan["action_id"],
+            "tool": f"child:{fan.get('workflow', '')}",
+            "state": event.from_state,
+            "status": "pending",
+            "requested_at": data.get("requested_at"),
+            "child": [c["task_id"] for c in fan["children"]],
+            "holds": True,
+        }
+    if trigger == "spawn":  # a child's start is an effect too (`engine.core.children`): open until `spawned`
+        child = data["child"]
+        return {
+            "action_id": child["action_id"],
+            "tool": f"child:{child.get('workflow', '')}",
+            "state": event.from_state,
+            "status": "pending",
+            "requested_at": data.get("requested_at"),
+            "child": child["task_id"],
+            **({"holds": True} if child.get("holds") else {}),
+        }
     if effect is None:
         return effect
+    if "child" in effect:
+        return _next_child_effect(effect, event)
+
     action = data.get("action_id")
     if (action if action is not None else _action_of(data)) != effect["action_id"]:  # most events: one lookup
         return effect
@@ -98,6 +125,20 @@ def next_effect(effect: dict[str, Any] | None, event: Event) -> dict[str, Any] |
         if verified not in ("executed", "not_executed"):
             raise ValueError(f"a settlement says {verified!r}, not executed or not_executed")
         return {**effect, "status": verified, "evidence": settled.get("evidence"), "by": event.actor}
+    return effect
+
+
+def _next_child_effect(effect: dict[str, Any], event: Event) -> dict[str, Any]:
+    """A child's start after `event`: `spawned` settles it (or makes it `running` while the parent holds the child),
+    the record of the child's end settles it, and `expired` ends the parent's wait (the policy was applied)."""
+    child = event.data.get("child") or event.data.get("fan_out")
+    ours = child is not None and child.get("action_id") == effect["action_id"]
+    if event.trigger == "spawned" and ours:
+        return {**effect, "status": "running" if effect.get("holds") else "succeeded"}
+    if event.trigger.startswith("child_") and ours:
+        return {**effect, "status": "succeeded"}
+    if event.trigger == "expired" and event.from_state == effect.get("state") and is_open(effect):
+        return {**effect, "status": "abandoned"}
     return effect
 
 

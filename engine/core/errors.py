@@ -75,6 +75,12 @@ class Code(StrEnum):
         " message names two of them).",
     )
     TASK_TERMINAL = "TASK_TERMINAL", Category.TASK, "The task is in a terminal state; nothing can leave it."
+    WORK_CLAIMED = (
+        "WORK_CLAIMED",
+        Category.TASK,
+        "Someone else is on this work item: their claim has not expired and the task has not moved since they "
+        "took it (the message names them and until when). Leave it to them, or take it over with a reason.",
+    )
     TRIGGER_NOT_ALLOWED = (
         "TRIGGER_NOT_ALLOWED",
         Category.TASK,
@@ -180,7 +186,8 @@ class Code(StrEnum):
     RATE_LIMITED = (
         "RATE_LIMITED",
         Category.PROVIDER,
-        "The provider rate-limited the call; retried with backoff within a budget, never spending repairs.",
+        "The provider rate-limited the call; retried, never sooner than its Retry-After: briefly in the process, then"
+        " as durable `backoff` events within the state's retry budget, never spending repairs.",
     )
     CONTEXT_OVERFLOW = (
         "CONTEXT_OVERFLOW",
@@ -190,7 +197,8 @@ class Code(StrEnum):
     PROVIDER_TIMEOUT = (
         "PROVIDER_TIMEOUT",
         Category.PROVIDER,
-        "The provider did not answer in time; retried with backoff within a budget.",
+        "The provider did not answer in time; retried briefly in the process, then as durable `backoff` events"
+        " within the state's retry budget.",
     )
     PROVIDER_AUTH = "PROVIDER_AUTH", Category.PROVIDER, "The provider refused the credentials; not retried."
     CONTENT_FILTERED = (
@@ -208,7 +216,8 @@ class Code(StrEnum):
         "PROVIDER_ERROR",
         Category.PROVIDER,
         "Any other provider failure (a server error, an error event inside a 200 stream whose fields name nothing"
-        " more specific; see the classification table below); not retried.",
+        " more specific; see the classification table below). A server error (5xx, or an error type that says the"
+        " server failed) or a failed or cut connection is retried like RATE_LIMITED; any other is not.",
     )
     # Tools
     TOOL_NOT_ALLOWED = "TOOL_NOT_ALLOWED", Category.TOOL, "The tool is not one this state's actions may call."
@@ -242,6 +251,26 @@ class Code(StrEnum):
         "may not end, and a write the remote can neither deduplicate nor reconcile is not sent again, "
         "until it settles. A retry reconciles by action id; `railyard settle` records what an operator "
         "verified; a cancel waits.",
+    )
+    CHILD_INPUT_INVALID = (
+        "CHILD_INPUT_INVALID",
+        Category.TASK,
+        "A child state's input builder gave an input the child workflow's input model refuses (or raised): no"
+        " child was started, and the step fails like any other (a worker tries again, then hands the task to its"
+        " limit state). Fix the builder in a new version of the parent workflow.",
+    )
+    CHILD_RESULT_INVALID = (
+        "CHILD_RESULT_INVALID",
+        Category.TASK,
+        "A child ended, and its result could not be read into the child state's result model: the end is recorded"
+        " with this code and the parent goes to the state's `otherwise` target.",
+    )
+    CHILD_BUDGET_EXCEEDED = (
+        "CHILD_BUDGET_EXCEEDED",
+        Category.TASK,
+        "A child state would start more child tasks than the workflow's `Budgets.children` allows (a fan-out's N"
+        " counts whole): no child was started and nothing was recorded; the step fails like any other (a worker"
+        " tries again, then hands the task to its limit state).",
     )
     AGENT_STEP_LIMIT_EXCEEDED = (
         "AGENT_STEP_LIMIT_EXCEEDED",
@@ -370,6 +399,20 @@ class Code(StrEnum):
         "The file given to `verify-export` is not an export at all (empty, or no line of it is an export line):"
         " nothing was checked. An export whose lines were edited is reported by its findings instead (exit 3).",
     )
+    EVAL_INVALID = (
+        "EVAL_INVALID",
+        Category.USAGE,
+        "An evaluation command cannot do what it was asked, and did nothing: `eval capture` was given a state in"
+        " which the task never took a model turn, or `eval run` a file that is not a railyard-eval/1 case (or a"
+        " case whose workflow or agent state this process does not define). The message says which.",
+    )
+    EVAL_REGRESSION = (
+        "EVAL_REGRESSION",
+        Category.PROPOSAL,
+        "`eval run --max-regression` found a model or workflow version doing worse than the stored baseline: its"
+        " share of expectations met, or of cases accepted at the first try, fell by more than the margin. The"
+        " message names each variant, the share and the baseline's; the table above it shows the cases.",
+    )
     UNEXPECTED_ERROR = (
         "UNEXPECTED_ERROR",
         Category.INTERNAL,
@@ -418,6 +461,35 @@ class Code(StrEnum):
         Category.CALLER,
         "No database token's sha256 starts with the prefix given, or the token it names was revoked already"
         " (`railyard tokens list` shows them; a token of the tokens file is revoked by deleting its entry).",
+    )
+    # Webhooks
+    WEBHOOK_KIND_UNKNOWN = (
+        "WEBHOOK_KIND_UNKNOWN",
+        Category.CALLER,
+        "A webhook subscription asked for a kind Railyard does not send (work.created[:ROLE], deadline.near:HOURS,"
+        " task.ended, payment.failed, breaker.opened), or gave a kind a parameter it does not take. Nothing was kept.",
+    )
+    WEBHOOK_URL_INVALID = (
+        "WEBHOOK_URL_INVALID",
+        Category.CALLER,
+        "A webhook's URL is not an http or https URL with a host. Nothing was kept.",
+    )
+    WEBHOOK_FORMAT_UNKNOWN = (
+        "WEBHOOK_FORMAT_UNKNOWN",
+        Category.CALLER,
+        "A webhook's format is neither `standard` (Standard Webhooks JSON) nor `slack` (an incoming webhook's"
+        " text). Nothing was kept.",
+    )
+    WEBHOOK_SECRET_INVALID = (
+        "WEBHOOK_SECRET_INVALID",
+        Category.CALLER,
+        "A webhook secret given is not `whsec_` and base64 of 16 bytes or more. Nothing was kept.",
+    )
+    WEBHOOK_NOT_FOUND = (
+        "WEBHOOK_NOT_FOUND",
+        Category.CALLER,
+        "No webhook subscription (or delivery, for `replay`) has that id (`railyard webhooks list` and"
+        " `railyard webhooks deliveries` show them). Nothing was changed.",
     )
     # The store
     SCHEMA_MISSING = (
@@ -472,6 +544,26 @@ class Code(StrEnum):
         Category.INTEGRITY,
         "Replay found a fork whose source task is gone from the database and its archives (or ends before the"
         " seq the fork names): where the fork came from cannot be proven.",
+    )
+    CHILD_LINK_MISMATCH = (
+        "CHILD_LINK_MISMATCH",
+        Category.INTEGRITY,
+        "Replay found a link between a parent and a child task that does not hold both ways: a child whose first"
+        " event names a parent whose log does not start it there (task id, seq, action id, workflow, input), or a"
+        " parent whose log starts a child that names another parent or none.",
+    )
+    CHILD_MISSING = (
+        "CHILD_MISSING",
+        Category.INTEGRITY,
+        "Replay found a parent whose log says a child exists (or ended), and no such task is in the database or its"
+        " archives; or a child whose parent is gone from both.",
+    )
+    CHILD_RESULT_MISMATCH = (
+        "CHILD_RESULT_MISMATCH",
+        Category.INTEGRITY,
+        "Replay found a parent that recorded a child's end which the child's log does not hold: another terminal"
+        " state, seq or hash than the child's, or a result that is not what the child state's result model reads"
+        " from the child's final state.",
     )
     STATE_MISMATCH = (
         "STATE_MISMATCH",
@@ -591,6 +683,9 @@ class ConcurrencyConflict(RailyardError):
         state: str | None = None,
         *,
         code: Code = Code.CONCURRENCY_CONFLICT,
+        by: str | None = None,
+        trigger: str | None = None,
+        to_state: str | None = None,
     ) -> None:
         self.task_id = task_id
         self.expected = expected
@@ -600,6 +695,9 @@ class ConcurrencyConflict(RailyardError):
         details: dict[str, Any] = {"task_id": task_id, "expected": expected, "actual": actual}
         if state is not None:
             details["state"] = state
+        if by is not None:  # who changed it first, and how: what a person refused needs to hear, not only a seq
+            details.update(changed_by=by, changed_with=trigger, changed_to=to_state)
+            where = f"; {by} changed it ({trigger!r} to {to_state!r}){where}"
         super().__init__(
             f"task {task_id} moved on since seq {expected}{where}"
             if state is not None
@@ -610,7 +708,13 @@ class ConcurrencyConflict(RailyardError):
 
 
 class StoreError(RailyardError):
-    """A database failure, mapped to a code at the store boundary (the raw text goes to logs only)."""
+    """A database failure, mapped to a code at the store boundary (the raw text goes to logs only).
+
+    `transient`: the database did not answer, or dropped the connection (the driver's operational errors), so the
+    same write may go through once it does; a refused write (a constraint, a missing schema) is not.
+    """
+
+    transient: bool = False
 
 
 class IntegrityError(RailyardError):

@@ -12,13 +12,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.canonical import GENESIS_HASH, canonical_json, format_instant, sha256_hex
-from engine.core.definition import CALL, FORK, MIGRATE, REDRIVE, START, Agent, Status, Workflow
+from engine.core.children import result_fact
+from engine.core.definition import (
+    CALL,
+    CHILD_TRIGGER_PREFIX,
+    COMMENT,
+    FORK,
+    MIGRATE,
+    REDRIVE,
+    SPAWN,
+    START,
+    Agent,
+    Status,
+    Workflow,
+)
 from engine.core.effects import is_open, next_cancel_request, next_effect
 from engine.core.errors import Code, IntegrityError
 from engine.core.events import Event
-from engine.core.payloads import EventData, PreparedCallData
+from engine.core.fanout import result_fact as fan_out_fact
+from engine.core.payloads import EventData, ParentLink, PreparedCallData
 from engine.core.records import quick_init
 from engine.core.visit import next_visit
+
+#: The prefix of a note's key in `facts`, with the seq it was written at (`Workflow.notes_to_model` only): untrusted
+#: human text, kept apart from arguments like a tool's result, shown to a model only inside tags of its own.
+NOTE_FACT = "note:"
 
 
 @quick_init
@@ -53,6 +71,8 @@ class TaskState:
     cancel_requested: dict[str, Any] | None = None
     #: The tenant the task belongs to, from its first event (a `start`'s `tenant`, a `fork`'s carried one).
     tenant: str | None = None
+    #: The parent task that started this one from a child state (`engine.core.children`), from its `start` event.
+    parent: ParentLink | None = None
 
     @property
     def ref(self) -> str:
@@ -97,6 +117,8 @@ class TaskState:
             doc["cancel_requested"] = self.cancel_requested
         if self.tenant is not None:
             doc["tenant"] = self.tenant
+        if self.parent is not None:
+            doc["parent"] = self.parent
         return doc
 
     @classmethod
@@ -120,6 +142,7 @@ class TaskState:
             effect=doc.get("effect"),
             cancel_requested=doc.get("cancel_requested"),
             tenant=doc.get("tenant"),
+            parent=doc.get("parent"),
         )
 
 
@@ -156,6 +179,7 @@ def initial(definition: Workflow, event: Event) -> TaskState:
         visit=next_visit(definition, {}, event.trigger, event.to_state, event.data),
         started_by=event.actor,
         tenant=event.data.get("tenant"),
+        parent=event.data.get("parent"),
         usage={"turns": 0, "calls": 0, "repeats": {}, "started_at": format_instant(event.at)},
     )
 
@@ -273,7 +297,23 @@ class Fold:
             else:
                 facts[failed] = result["error"]
             self.facts, self._own_facts = facts, True
-        self.visit = next_visit(self.definition, self.visit, trigger, event.to_state, data, event.from_state)
+        child = data.get("child")
+        if child is not None and trigger.startswith(CHILD_TRIGGER_PREFIX):  # a child's end: what the parent reads
+            if not self._own_facts:
+                self.facts, self._own_facts = self.facts.copy(), True
+            self.facts[f"child:{event.from_state}"] = result_fact(child)
+        if trigger == COMMENT and self.definition.notes_to_model:  # a note the workflow lets its model read
+            note = data.get("note")
+            if isinstance(note, dict):
+                if not self._own_facts:
+                    self.facts, self._own_facts = self.facts.copy(), True
+                self.facts[f"{NOTE_FACT}{event.seq}"] = {"by": event.actor, "text": note.get("text", "")}
+        fan = data.get("fan_out")
+        if fan is not None and trigger.startswith(CHILD_TRIGGER_PREFIX):  # a fan-out's end: the join, in order
+            if not self._own_facts:
+                self.facts, self._own_facts = self.facts.copy(), True
+            self.facts[f"children:{event.from_state}"] = fan_out_fact(fan)
+        self.visit = next_visit(self.definition, self.visit, trigger, event.to_state, data, event.from_state, event.seq)
         self.effect = next_effect(self.effect, event)
         self.cancel_requested = next_cancel_request(self.cancel_requested, event, self.effect)
         if "prepared" in data:
@@ -312,6 +352,7 @@ class Fold:
             self.effect,
             self.cancel_requested,
             task.tenant,
+            task.parent,
         )
 
 
@@ -321,6 +362,10 @@ def count_usage(usage: dict[str, Any], event: Event) -> dict[str, Any]:
         return {**usage, "turns": int(usage.get("turns", 0)) + 1}
     if event.trigger == REDRIVE:  # an operator sent the task back: every budget starts again (the event says from what)
         return {"turns": 0, "calls": 0, "repeats": {}, "started_at": format_instant(event.at)}
+    if event.trigger == SPAWN:  # a child start counts against `Budgets.children`, a fan-out's N whole
+        fan = event.data.get("fan_out")
+        started = len(fan["children"]) if isinstance(fan, dict) else 1
+        return {**usage, "children": int(usage.get("children", 0)) + started}
     if event.trigger == CALL:
         key = call_key(event.data["intent"])
         repeats = dict(usage.get("repeats", {}))

@@ -37,11 +37,17 @@ from pydantic import BaseModel
 
 from engine.core.definition import Action, Agent, Workflow
 from engine.core.errors import Code
-from engine.core.fold import TaskState
+from engine.core.fold import NOTE_FACT, TaskState
 from engine.core.model_interface import Message, ModelRequest, ResponseSchema, ToolSpec
 from engine.core.payloads import Escalated
 from engine.core.profiles import CapabilityProfile
-from engine.core.tools.results import RESULT_NOTICE, wrap_error_for_model, wrap_for_model
+from engine.core.tools.results import (
+    NOTE_NOTICE,
+    RESULT_NOTICE,
+    wrap_error_for_model,
+    wrap_for_model,
+    wrap_note_for_model,
+)
 
 
 class Rung(StrEnum):
@@ -277,14 +283,26 @@ def system_prompt(definition: Workflow, state: Agent, actions: list[Action]) -> 
     lines += [f"- {a.name}: {a.description or '(no description)'}" for a in actions]
     lines.append("Identity (who acts, for which customer) comes from the system, never from your arguments.")
     lines.append(RESULT_NOTICE)
+    if definition.notes_to_model:
+        lines.append(NOTE_NOTICE)
     return "\n".join(line for line in lines if line)
+
+
+#: The newest notes a model is sent (`Workflow.notes_to_model`): context for the step, not the whole discussion.
+NOTES_SENT = 10
 
 
 def task_context(task: TaskState) -> str:
     """The task's input and what happened so far, as data in fixed tags; tool results in tags of their own."""
-    facts = {k: v for k, v in task.facts.items() if not k.startswith(("tool:", "tool_error:"))}
+    facts = {k: v for k, v in task.facts.items() if not k.startswith(("tool:", "tool_error:", NOTE_FACT))}
     body = json.dumps({"input": task.input, "facts": facts}, ensure_ascii=False, sort_keys=True)
     parts = [f"<task_context>\n{body}\n</task_context>"]
+    notes = sorted(
+        (int(k.removeprefix(NOTE_FACT)), v)
+        for k, v in task.facts.items()
+        if k.startswith(NOTE_FACT) and k.removeprefix(NOTE_FACT).isdigit() and isinstance(v, dict)
+    )
+    parts += [wrap_note_for_model(str(v.get("by", "")), str(v.get("text", ""))) for _, v in notes[-NOTES_SENT:]]
     for key, value in sorted(task.facts.items()):
         if key.startswith("tool:") and isinstance(value, dict):
             parts.append(wrap_for_model(key.removeprefix("tool:"), value))

@@ -9,7 +9,7 @@ that version. The runtime asks it which triggers a state allows.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from transitions import Machine
 
@@ -58,6 +58,21 @@ class CompiledMachine:
     def destinations(self, state: str, trigger: str) -> list[str]:
         return [str(t.dest) for t in self.machine.get_transitions(trigger=trigger, source=state)]
 
+    def child_workflows(self) -> dict[str, tuple[str, int | None]]:
+        """Each child state's child workflow: state name -> (workflow name, version; None: the newest at the start).
+        What the diagrams draw on a child state, and what the pages link to (`/workflows/NAME`)."""
+        from engine.core.definition import Child
+
+        return {s.name: (s.workflow, s.version) for s in self._workflow.all_states if isinstance(s, Child)}
+
+    def _label(self, state: str) -> str | None:
+        """A child state's label on the diagrams: its name and the workflow it starts (`claim_refund: refund@2`)."""
+        child = self.child_workflows().get(state)
+        if child is None:
+            return None
+        name, version = child
+        return f"{state}: child {name}@{version if version is not None else 'newest'}"
+
     def graph(
         self,
         fmt: GraphFormat = "mermaid",
@@ -71,6 +86,7 @@ class CompiledMachine:
         those edges are labelled with their count and, with the states they touch,
         drawn in the diagrams' "previous" style, so a task's route stands out.
         """
+        from transitions.core import State
         from transitions.extensions.diagrams import GraphMachine
 
         class _Marker:
@@ -94,9 +110,21 @@ class CompiledMachine:
             for t in transitions
         ]
         engine: Literal["mermaid", "graphviz"] = "mermaid" if fmt == "mermaid" else "graphviz"
-        gm = GraphMachine(
+
+        class _Labelled(State):
+            """A state drawn under a label of its own (transitions' diagrams read a state's `label`)."""
+
+            def __init__(self, *args: Any, label: str | None = None, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                if label:
+                    self.label = label
+
+        class _Drawing(GraphMachine):
+            state_cls = _Labelled
+
+        gm = _Drawing(
             model=_Marker(),
-            states=self._states,
+            states=[{"name": s, "label": label} if (label := self._label(s)) else s for s in self._states],
             transitions=transitions,
             initial=self._workflow.initial_state,
             auto_transitions=False,

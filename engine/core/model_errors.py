@@ -32,8 +32,13 @@ log = logging.getLogger("railyard.model")
 
 #: Codes a provider call can fail with.
 PROVIDER_CODES = frozenset(code for code in Code if code.category is Category.PROVIDER)
-#: Retried with backoff inside a bounded budget; they never spend repairs.
+#: Retried with backoff inside a bounded budget; they never spend repairs. A `PROVIDER_ERROR` is retried too when it
+#: is `transient`: a server error (5xx) or a connection that failed or was cut.
 RETRYABLE = frozenset({Code.RATE_LIMITED, Code.PROVIDER_TIMEOUT})
+#: An error object's `type` (or Google's `status`) that says the server failed, whatever the HTTP status.
+SERVER_FAILURE_TYPES = frozenset(
+    {"server_error", "api_error", "internal_error", "service_unavailable", "INTERNAL", "UNAVAILABLE"}
+)
 #: The request's shape was refused: move one rung down the forcing ladder, never re-send it unchanged.
 REQUEST_SHAPE = frozenset({Code.TOOL_CHOICE_UNSUPPORTED, Code.SCHEMA_UNSUPPORTED})
 #: What the server log keeps of a provider's message.
@@ -72,6 +77,7 @@ class ModelError(Exception):
         status: int | None = None,
         named: bool = True,
         usage: Usage | None = None,
+        transient: bool = False,
     ) -> None:
         if code not in PROVIDER_CODES:
             raise ValueError(f"{code} is not a provider code")
@@ -85,6 +91,9 @@ class ModelError(Exception):
         #: What the provider reported spending on an answer that arrived and still failed (truncated, filtered,
         #: empty): token budgets count it.
         self.usage = usage
+        #: For `PROVIDER_ERROR`: whether the failure was the server's or the connection's (a 5xx, a refused or
+        #: dropped connection, a stream cut short), which calling again may fix, rather than the request's.
+        self.transient = transient
         #: How long the provider asked to be left alone before the next call (`retry_after`), in seconds.
         self.retry_after: float | None = None
         #: Set by the runner: the errors of the calls before this one, each retried (`provider_said`, `waited`).
@@ -96,7 +105,9 @@ class ModelError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.code in RETRYABLE
+        """Whether calling again may succeed: a rate limit, a timeout, or a transient `PROVIDER_ERROR`. Never a
+        refused request, refused credentials, a filtered or truncated answer: calling again gets the same."""
+        return self.code in RETRYABLE or (self.code is Code.PROVIDER_ERROR and self.transient)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +232,8 @@ def failure(
 ) -> ModelError:
     """The `ModelError` of an error the provider sent: its code (`classify`), whether it named the shape, and how
     long it asked the caller to wait (its `retry-after-ms` or `retry-after` header)."""
-    error = ModelError(classify(fields, sent), message, status=status, named=names_shape(fields))
+    server = (fields.effective_status() or 0) >= 500 or fields.type in SERVER_FAILURE_TYPES
+    error = ModelError(classify(fields, sent), message, status=status, named=names_shape(fields), transient=server)
     error.retry_after = retry_after(headers or {})
     return error
 

@@ -134,6 +134,15 @@ class PreparedCallData(TypedDict):
     digest: Annotated[str, Doc("sha256 of the fields above: what an approver approves")]
 
 
+class RetryRecord(TypedDict):
+    """A durable retry of a provider call: when the next call is due, and the budget it spends."""
+
+    n: Annotated[int, Doc("which backoff of the visit this is, from 1")]
+    due_at: Annotated[str, Doc("when the next call may be made (UTC): the task is put off until then")]
+    since: Annotated[str, Doc("when the visit's first backoff was recorded (UTC): the budget's time counts from it")]
+    budget: Annotated[dict[str, Any], Doc("the agent state's retry budget: `count` backoffs within `within_seconds`")]
+
+
 class Outcome(TypedDict):
     """What one run of a tool came to."""
 
@@ -228,6 +237,70 @@ class Carried(TypedDict):
     tenant: NotRequired[Annotated[str, Doc("the tenant the source belongs to, and so the fork (absent: none)")]]
 
 
+class ChildRecord(TypedDict):
+    """A child task a child state starts, and, once it ended, what it came to (`engine.core.children`)."""
+
+    task_id: Annotated[str, Doc("the child's task id, derived from the parent's id and the action id")]
+    action_id: Annotated[str, Doc("the start's action id: the same for every attempt to start this child")]
+    workflow: NotRequired[Annotated[str, Doc("on `spawn`: the `name@version` the child is pinned to")]]
+    digest: NotRequired[Annotated[str, Doc("on `spawn`: that version's digest")]]
+    input: NotRequired[Annotated[dict[str, Any], Doc("on `spawn`: the child's input, built by code")]]
+    holds: NotRequired[
+        Annotated[
+            bool,
+            Doc("on `spawn`: true when the parent holds the child (its cancel waits for the child's end recorded)"),
+        ]
+    ]
+    state: NotRequired[Annotated[str, Doc("on the child's end: the terminal state it ended in")]]
+    seq: NotRequired[Annotated[int, Doc("on the child's end: the seq of its last event")]]
+    hash: NotRequired[Annotated[str, Doc("on the child's end: that event's hash (replay checks the child holds it)")]]
+    result: NotRequired[
+        Annotated[dict[str, Any] | None, Doc("on the child's end: the typed result read from its final state")]
+    ]
+    code: NotRequired[
+        Annotated[str, Doc("on the child's end: why its result could not be read (CHILD_RESULT_INVALID)")]
+    ]
+
+
+class FanOutRecord(TypedDict):
+    """The children a fan-out starts (one per item, in order), and, once all ended, how its join came out
+    (`engine.core.fanout`)."""
+
+    action_id: Annotated[str, Doc("the intent's action id; each child's is derived from it and its item's index")]
+    children: Annotated[list[ChildRecord], Doc("one record per item, in the order of the items")]
+    workflow: NotRequired[Annotated[str, Doc("on `spawn`: the `name@version` the children are pinned to")]]
+    digest: NotRequired[Annotated[str, Doc("on `spawn`: that version's digest")]]
+    join: NotRequired[Annotated[str, Doc("on `spawn`: `all`, `any` or `quorum:K`")]]
+    on_child_failure: NotRequired[Annotated[str, Doc("on `spawn`: `fail_fast` or `collect`")]]
+    outcome: NotRequired[
+        Annotated[str, Doc("on the end: `joined` or `failed`, what the children's ends decide (replay checks it)")]
+    ]
+
+
+class ParentLink(TypedDict):
+    """The parent a child task was started by: replay checks the parent's log names this child at this seq."""
+
+    task_id: Annotated[str, Doc("the parent task")]
+    seq: Annotated[int, Doc("the seq of the parent's `spawn` event, the intent this child fulfils")]
+    action_id: Annotated[str, Doc("the start's action id")]
+    workflow: Annotated[str, Doc("the `name@version` the parent was on")]
+    state: Annotated[str, Doc("the parent's child state, which waits for this task's end")]
+
+
+class NoteRecord(TypedDict):
+    """A person's note on a task: text for colleagues, untrusted, sent to a model only when the workflow says so."""
+
+    text: Annotated[str, Doc("the note, as written (at most 2,000 characters)")]
+
+
+class ClaimRecord(TypedDict):
+    """Who is on a task's work item: recorded in the log as well as in the queue's side table."""
+
+    until: NotRequired[Annotated[str, Doc("on `work_claimed`: when the claim runs out unless renewed (UTC)")]]
+    taken_from: NotRequired[Annotated[str, Doc("on `work_claimed`: whose live claim this one took over")]]
+    reason: NotRequired[Annotated[str, Doc("on `work_claimed`: why it was taken over, in the person's words")]]
+
+
 class _StepKeys(TypedDict, total=False):
     # start
     workflow: Annotated[str, Doc("the `name@version` the task is pinned to", "`start`, `fork`")]
@@ -238,6 +311,9 @@ class _StepKeys(TypedDict, total=False):
     tenant: Annotated[
         str,
         Doc("the tenant the task belongs to, from the trusted caller who started it (absent: none)", "`start`"),
+    ]
+    parent: Annotated[
+        ParentLink, Doc("the parent task, seq and action id that started this child task", "`start` of a child")
     ]
     # fork and redrive (operators)
     forked_from: Annotated[ForkOrigin, Doc("the source task, seq and hash the fork starts from", "`fork`")]
@@ -270,15 +346,29 @@ class _StepKeys(TypedDict, total=False):
     requested_at_seq: Annotated[
         int | None, Doc("the seq of the `cancel_requested` this cancel answers", "`cancel` after a write settled")
     ]
+    # records about a task where it stands (`engine.core.remarks`): they never move it
+    note: Annotated[NoteRecord, Doc("a person's note", "`comment`")]
+    claim: Annotated[ClaimRecord, Doc("the claim on the work item", "`work_claimed`, `work_released`")]
     # agent states
     turn: Annotated[
-        Turn, Doc("the model turn", "every model turn: `repair`, `demote`, `hand_off`, `provider_error`, an action")
+        Turn,
+        Doc(
+            "the model turn", "every model turn: `repair`, `demote`, `backoff`, `hand_off`, `provider_error`, an action"
+        ),
     ]
     last_code: Annotated[str, Doc("the code of the last refused proposal", "`hand_off` after the repairs ran out")]
+    retry: Annotated[RetryRecord, Doc("the durable retry: when the next call is due", "`backoff`")]
+    retries_spent: Annotated[
+        RetryRecord,
+        Doc(
+            "the last backoff of the visit, when the state's retry budget ran out before this failure",
+            "`provider_error` after backoffs",
+        ),
+    ]
     # tool states
     intent: Annotated[PreparedCallData, Doc("the call about to run, recorded before it runs", "`call`")]
     attempt: Annotated[int, Doc("which attempt of this call", "`call`")]
-    requested_at: Annotated[str, Doc("when the attempt was made (UTC)", "`call`")]
+    requested_at: Annotated[str, Doc("when the attempt (or the child's start) was made (UTC)", "`call`, `spawn`")]
     outcome: Annotated[Outcome, Doc("what the run came to", "`succeeded`, `failed`, `unknown`")]
     action_id: Annotated[str, Doc("the call's action id", "`succeeded`, `failed`, `unknown`")]
     tool_result: Annotated[ToolResult, Doc("what the model may see of it", "`succeeded`, `failed`, `unknown`")]
@@ -290,6 +380,21 @@ class _StepKeys(TypedDict, total=False):
         ),
     ]
     asserted: Annotated[Asserted, Doc("who verified the outcome and where the proof is", "an outcome from `settle`")]
+    # child states
+    child: Annotated[
+        ChildRecord,
+        Doc(
+            "the child task: its intent (`spawn`), its existence (`spawned`), what it ended in (`child_...`)",
+            "`spawn`, `spawned`, `child_...`",
+        ),
+    ]
+    fan_out: Annotated[
+        FanOutRecord,
+        Doc(
+            "a fan-out's children: their intents (`spawn`), their existence (`spawned`), the join (`child_...`)",
+            "`spawn`, `spawned`, `child_joined`, `child_failed`, `child_unrouted` of a fan-out",
+        ),
+    ]
     # limits and failures
     code: Annotated[str, Doc("why the task was handed off", "`limit`")]
     budget: Annotated[
@@ -331,6 +436,7 @@ RECORDS: tuple[type, ...] = (
     Escalated,
     TokenUsage,
     PreparedCallData,
+    RetryRecord,
     Outcome,
     ToolResult,
     ToolError,
@@ -343,6 +449,11 @@ RECORDS: tuple[type, ...] = (
     ApprovalRecord,
     ForkOrigin,
     Carried,
+    ChildRecord,
+    FanOutRecord,
+    ParentLink,
+    NoteRecord,
+    ClaimRecord,
 )
 
 

@@ -27,7 +27,7 @@ import copy
 import fnmatch
 import os
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +70,17 @@ class CapabilityProfile:
     thinking_on: dict[str, Any] = field(default_factory=dict, hash=False)
     thinking_off: dict[str, Any] = field(default_factory=dict, hash=False)
     thinking_on_by_model: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
+    #: What the provider charges, by model name pattern: a table of `input` and `output` (and optionally `cached`,
+    #: for input tokens read from the provider's cache), each in money per million tokens. Optional: with none, the
+    #: quality figures count tokens and no cost (`railyard quality`).
+    prices: dict[str, dict[str, float]] = field(default_factory=dict, hash=False)
+
+    def price(self, model: str) -> Mapping[str, float] | None:
+        """The prices of `model`: the first pattern of `prices` it matches (None: none does)."""
+        for pattern, table in self.prices.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return table
+        return None
 
     def tool_choices(self, thinking: bool) -> frozenset[str]:
         return self.tool_choice_thinking_on if thinking else self.tool_choice_thinking_off
@@ -250,13 +261,25 @@ def _profiles_file(path: str | None) -> dict[str, Any] | None:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise RailyardError(f"cannot read profiles file {path}: {exc}", code=Code.CONFIG_INVALID) from None
     # A misspelt table (`[profile.deepseek]`) would otherwise be a file that silently sets nothing.
-    problems = [_unknown(key, ("profiles",), "table") for key in doc if key != "profiles"]
+    problems = [_unknown(key, FILE_TABLES, "table") for key in doc if key not in FILE_TABLES]
     tables = doc.get("profiles", {})
     if not isinstance(tables, dict) or not all(isinstance(v, dict) for v in tables.values()):
         problems.append("[profiles.NAME] must be tables of settings")
     if problems:
         raise RailyardError(f"profiles file {path}: " + "; ".join(problems), code=Code.CONFIG_INVALID)
     return doc
+
+
+#: The tables a profiles file may hold: capability profiles and model settings, and flow control's
+#: (`engine.core.flow`: the breaker, quotas and workflows' priorities, read by `flow_tables`).
+FILE_TABLES = ("profiles", "breaker", "quotas", "priorities")
+
+
+def flow_tables(path: str | None = None) -> dict[str, Any]:
+    """The profiles file's flow-control tables (`[breaker]`, `[quotas."provider:model"]`, `[priorities]`) as
+    written; `engine.core.flow.merged` checks them."""
+    doc = _profiles_file(path) or {}
+    return {name: doc[name] for name in ("breaker", "quotas", "priorities") if name in doc}
 
 
 def _unknown(name: str, known: Iterable[str], kind: str) -> str:
@@ -300,6 +323,8 @@ def load_profiles(path: str | None = None) -> dict[str, CapabilityProfile]:
 
 
 _TUPLES = frozenset({"models", "escalation", "always_thinking"})
+#: What a model's prices may name (`CapabilityProfile.prices`).
+PRICE_KINDS = frozenset({"input", "output", "cached"})
 
 
 def _checked(profile: CapabilityProfile) -> CapabilityProfile:
@@ -313,6 +338,16 @@ def _checked(profile: CapabilityProfile) -> CapabilityProfile:
         isinstance(sent, dict) for sent in (profile.thinking_on, profile.thinking_off, *by_model.values())
     ):
         raise ValueError("thinking_on, thinking_off and each thinking_on_by_model value are tables of body fields")
+    if not isinstance(profile.prices, dict) or not all(
+        isinstance(table, dict)
+        and {"input", "output"} <= set(table) <= PRICE_KINDS
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in table.values())
+        for table in profile.prices.values()
+    ):
+        raise ValueError(
+            "prices is a table of model patterns, each a table of input and output (and optionally cached): "
+            "money per million tokens, at least 0"
+        )
     if profile.reminder_role not in ("system", "user"):
         raise ValueError(f"reminder_role {profile.reminder_role!r}; known: system, user")
     if profile.reminder_role == "system" and profile.wire == "anthropic":
@@ -334,3 +369,14 @@ def profile_for(provider: str, model: str, profiles: dict[str, CapabilityProfile
     if provider in profiles:
         return profiles[provider]
     raise RailyardError(f"no capability profile for {provider}:{model}", code=Code.CONFIG_INVALID)
+
+
+def profile_prices(profiles: Mapping[str, CapabilityProfile]) -> Callable[[str, str], Mapping[str, float] | None]:
+    """A model's prices by its profile's name and its own (`engine.core.quality.Prices`): what `railyard quality`
+    and the workflow page cost turns at."""
+
+    def price(profile: str, model: str) -> Mapping[str, float] | None:
+        found = profiles.get(profile)
+        return found.price(model) if found is not None else None
+
+    return price

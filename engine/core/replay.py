@@ -35,13 +35,25 @@ from typing import Any, Protocol
 
 from engine.core.canonical import GENESIS_HASH, canonical_json
 from engine.core.chain import Finding, link_findings
-from engine.core.definition import FORK, MIGRATE, REDRIVE, START, Action, Tool, Workflow, guard_name
+from engine.core.definition import (
+    CHILD_TRIGGER_PREFIX,
+    FORK,
+    MIGRATE,
+    REDRIVE,
+    SPAWNED,
+    START,
+    Action,
+    Tool,
+    Workflow,
+    guard_name,
+)
 from engine.core.effects import is_open
 from engine.core.errors import Code
 from engine.core.events import Event
 from engine.core.fold import Fold, TaskState, initial, predates_effects
 from engine.core.forks import concerns_writes, repeat_hazard, writes
 from engine.core.records import quick_init
+from engine.core.remarks import REMARKS
 from engine.core.rows import Snapshot, TaskRow
 
 #: How replay finds the definition a task is pinned to (`Registry.find`).
@@ -49,6 +61,12 @@ Lookup = Callable[[str, int], Workflow | None]
 #: How replay checks a fork's origin against its source: given the fork's first event, the findings (the driver
 #: reads the source's log, `engine.audit.reads.origin_check`; the judgement is `engine.core.forks.origin_findings`).
 OriginCheck = Callable[[Event], list[Finding]]
+#: Checks an event that links a task to another (a child's first event naming its parent; a parent's `spawned` and
+#: its record of a child's end) against the other task's log, with the definition the event was judged by (None when
+#: it could not be loaded): `engine.audit.reads.link_check`, judging with `engine.core.children`.
+LinkCheck = Callable[[Event, Workflow | None], list[Finding]]
+#: The triggers of a parent's events that name a child that exists (besides its end, `child_...`).
+LINKING = frozenset({SPAWNED})
 
 
 @quick_init
@@ -174,6 +192,7 @@ class LogCheck:
         task_id: str = "",
         legal: set[tuple[Any, ...]] | None = None,
         origin: OriginCheck | None = None,
+        links: LinkCheck | None = None,
     ) -> None:
         self.row = row
         self.lookup = lookup
@@ -195,6 +214,10 @@ class LogCheck:
         #: Checks a fork's first event against its source; None: a fork's origin is not checked (an export's
         #: reader that does not hold the source says so itself).
         self.origin = origin
+        #: Checks the links between a parent and its children both ways; None: they are not checked. The events
+        #: that carry a link, with the definition each was judged by, are checked when the log is finished.
+        self.links = links
+        self.linked: list[tuple[Event, Workflow | None]] = []
         #: The states the log has entered so far: a `redrive` goes back to one of them.
         self.visited: set[str] = set()
         self.seen_before = False
@@ -285,6 +308,10 @@ class LogCheck:
         if self.first is None:
             self.first = event
         self.last = event
+        if self.links is not None and (
+            event.trigger in LINKING or event.trigger.startswith(CHILD_TRIGGER_PREFIX) or "parent" in event.data
+        ):
+            self.linked.append((event, self.rules))
         if self.unchecked:
             return
         self.seen_before = event.to_state in self.visited
@@ -301,6 +328,10 @@ class LogCheck:
             return
         if event.trigger == REDRIVE:
             self._redrive(rules, folding, event)
+            return
+        if event.trigger in REMARKS:
+            self._remark(folding, event)
+            self._fold(rules, folding, event)
             return
         seen = _verdict_key(rules, folding, event)
         if seen is None or seen not in self.legal:
@@ -402,6 +433,20 @@ class LogCheck:
             return
         self.rules = task.definition = target
         self._fold(target, task, event)
+
+    def _remark(self, task: Fold, event: Event) -> None:
+        """A note or a claim (`engine.core.remarks`): recorded where the task stood, never after it ended."""
+        if task.terminal:
+            self.add(
+                Code.ILLEGAL_TRANSITION, event.seq, f"{event.trigger!r} recorded after terminal state {task.state!r}"
+            )
+        elif event.from_state != task.state or event.to_state != task.state:
+            self.add(
+                Code.ILLEGAL_TRANSITION,
+                event.seq,
+                f"{event.trigger!r} recorded as {event.from_state!r} to {event.to_state!r}, but a remark leaves the "
+                f"task where it was, in {task.state!r}",
+            )
 
     def _redrive(self, rules: Workflow, task: Fold, event: Event) -> None:
         """A `redrive` event: from a hand-off or limit state, back to an agent or tool state the log entered."""
@@ -534,6 +579,9 @@ class LogCheck:
         first = self.first
         if first is not None and first.seq == 1 and first.trigger == FORK and self.origin is not None:
             self.findings.extend(self.origin(first))
+        if self.links is not None:
+            for event, rules in self.linked:
+                self.findings.extend(self.links(event, rules))
         if self.withheld_seqs:
             seqs = self.withheld_seqs
             listed = ", ".join(map(str, seqs[:10])) + (", ..." if len(seqs) > 10 else "")
@@ -577,7 +625,10 @@ def _head(values: tuple[Any, ...]) -> str:
 
 
 def replay_stream(
-    items: Iterable[TaskRow | Event | Snapshot], lookup: Lookup, origin: OriginCheck | None = None
+    items: Iterable[TaskRow | Event | Snapshot],
+    lookup: Lookup,
+    origin: OriginCheck | None = None,
+    links: LinkCheck | None = None,
 ) -> Iterator[ReplayReport]:
     """One report per task of a stream of task rows, each followed by its log (what `Store.audit_stream` reads)."""
     check: LogCheck | None = None
@@ -585,15 +636,15 @@ def replay_stream(
     for item in items:
         if isinstance(item, Event):
             if check is None:
-                check = LogCheck(None, lookup, item.task_id, legal, origin)
+                check = LogCheck(None, lookup, item.task_id, legal, origin, links)
             check.event(item)
         elif isinstance(item, Snapshot):
             if check is None:
-                check = LogCheck(None, lookup, item.task_id, legal, origin)
+                check = LogCheck(None, lookup, item.task_id, legal, origin, links)
             check.snapshot(item)
         else:
             if check is not None:
                 yield check.finish()
-            check = LogCheck(item, lookup, legal=legal, origin=origin)
+            check = LogCheck(item, lookup, legal=legal, origin=origin, links=links)
     if check is not None:
         yield check.finish()

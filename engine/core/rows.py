@@ -37,6 +37,9 @@ class TaskRow:
     failures: int = 0
     #: The tenant the task belongs to (its first event says; None: none).
     tenant: str | None = None
+    #: Its own priority for quota, given at start (None: its workflow's, `engine.core.flow`); a scheduling
+    #: hint kept on the row, not a fact of the log.
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

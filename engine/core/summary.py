@@ -12,10 +12,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from engine.core.definition import FORK, MIGRATE, REDRIVE, START
+from engine.core.definition import COMMENT, FORK, MIGRATE, REDRIVE, SPAWN, SPAWNED, START, WORK_CLAIMED, WORK_RELEASED
 from engine.core.effects import CANCEL_REQUESTED
 from engine.core.events import Event
-from engine.core.payloads import EventData
+from engine.core.payloads import ChildRecord, EventData, FanOutRecord
 
 
 def compact(value: Any, width: int | None = None) -> str:
@@ -27,6 +27,31 @@ def clip(text: str, width: int | None) -> str:
     return text if width is None or len(text) <= width else text[: width - 1] + "…"
 
 
+def _child_line(trigger: str, child: ChildRecord, values: bool) -> str:
+    """A child state's step, naming the child (`engine.core.children`)."""
+    if trigger == SPAWN:
+        action = str(child.get("action_id"))[:12]
+        return f"starting child {child.get('task_id')} on {child.get('workflow')} (action {action})"
+    if trigger == SPAWNED:
+        return f"child {child.get('task_id')} started"
+    result = f", result {compact(child.get('result'))}" if values and child.get("result") is not None else ""
+    return f"child {child.get('task_id')} ended {child.get('state')}{result}"
+
+
+def _fan_out_line(trigger: str, fan: FanOutRecord) -> str:
+    """A fan-out's step: how many children, and the join's outcome (`engine.core.fanout`)."""
+    n = len(fan.get("children", []))
+    if trigger == SPAWN:
+        return (
+            f"starting {n} children on {fan.get('workflow')}, join {fan.get('join')} (action {fan['action_id'][:12]})"
+        )
+    if trigger == SPAWNED:
+        return f"{n} children started"
+    ends = [str(c.get("state")) for c in fan.get("children", [])]
+    counted = ", ".join(f"{ends.count(e)} {e}" for e in dict.fromkeys(ends))
+    return f"{n} children ended ({counted}): {fan.get('outcome')}"
+
+
 def summarise(event: Event, width: int | None = None, *, values: bool = True) -> str:
     """What `event` was about, in a few words (the code, when it has one, is shown beside it by the caller)."""
     return clip(_describe(event.trigger, event.actor, event.data, values), width)
@@ -34,7 +59,24 @@ def summarise(event: Event, width: int | None = None, *, values: bool = True) ->
 
 def _describe(trigger: str, actor: str, data: EventData, values: bool) -> str:
     if trigger == START:
-        return compact(data.get("input", {})) if values else f"started on {data.get('workflow')}"
+        parent = data.get("parent")
+        by = f" (child of {parent.get('task_id')}, its seq {parent.get('seq')})" if parent is not None else ""
+        return (compact(data.get("input", {})) if values else f"started on {data.get('workflow')}") + by
+    if (child := data.get("child")) is not None:
+        return _child_line(trigger, child, values)
+    if trigger == COMMENT:
+        note = data.get("note")
+        text = note.get("text") if note is not None else None
+        return f"note by {actor}" + (f": {text}" if values and text else "")
+    if trigger == WORK_CLAIMED:
+        claim = data.get("claim") or {}
+        taken = f", taken over from {claim.get('taken_from')}" if claim.get("taken_from") else ""
+        said = f": {claim.get('reason')}" if values and claim.get("reason") else ""
+        return f"{actor} is on it until {claim.get('until')}{taken}{said}"
+    if trigger == WORK_RELEASED:
+        return f"{actor} is off it"
+    if (fan := data.get("fan_out")) is not None:
+        return _fan_out_line(trigger, fan)
     if trigger == FORK:
         origin = data.get("forked_from")
         source, seq = (origin.get("task_id"), origin.get("seq")) if isinstance(origin, dict) else (None, None)
@@ -59,6 +101,8 @@ def _describe(trigger: str, actor: str, data: EventData, values: bool) -> str:
             if values and "args" in data:
                 return compact(data["args"])
             return f"{head}: proposed {proposal.get('action')}"
+        if (retry := data.get("retry")) is not None:  # a backoff: when the next call is due
+            return f"{head}: {turn.get('code')}; next try at {retry.get('due_at')} (retry {retry.get('n')})"
         if (escalated := turn.get("escalated")) is not None:  # what the next attempt changes
             nxt = "reminder restated" if escalated.get("step") == "reminder" else f"escalates to {escalated.get('to')}"
             return f"{head}: {turn.get('code')}; {nxt}"
@@ -140,6 +184,19 @@ def details(event: Event, width: int | None = 300, *, earlier: Sequence[Event] =
                 out.append(clip(f"retried after {_said(again)}, waiting {again.get('waited')} s", width))
         if turn.get("provider_message"):
             out.append(clip(f"the provider said: {turn.get('provider_message')}", width))
+        if (retry := data.get("retry")) is not None:
+            budget = retry.get("budget") or {}
+            out.append(
+                f"calling again may work: retry {retry.get('n')} of {budget.get('count')} (within "
+                f"{budget.get('within_seconds')} s of the first, at {retry.get('since')}); the task is put off until "
+                f"{retry.get('due_at')}, and any worker makes the next call then"
+            )
+        if (spent := data.get("retries_spent")) is not None:
+            budget = spent.get("budget") or {}
+            out.append(
+                f"the retry budget ran out after {spent.get('n')} retries since {spent.get('since')} (at most "
+                f"{budget.get('count')} within {budget.get('within_seconds')} s)"
+            )
     if (outcome := data.get("outcome")) is not None and outcome.get("code"):
         out.append(clip(f"{outcome.get('code')}: {outcome.get('message') or 'no message'}", width))
     if data.get("reconciled") is True:

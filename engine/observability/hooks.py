@@ -26,9 +26,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from engine.core.events import Event
+from engine.core.flow import Amounts
 from engine.core.fold import TaskState
 from engine.core.model_errors import ModelError
-from engine.core.model_interface import ModelResponse
+from engine.core.model_interface import ModelResponse, Usage
 from engine.core.payloads import event_code
 from engine.core.replay import ReplayReport
 from engine.core.rows import Claim
@@ -144,11 +145,19 @@ async def step(task: TaskState, kind: str, run: Callable[[TaskState], Awaitable[
     return await tracing.step(task, kind, run)
 
 
-def transition(event: Event, workflow: str, version: int, started: float) -> None:
-    """An event was appended (`started`: the perf_counter reading before it was decided and sealed)."""
+def transition(
+    event: Event,
+    workflow: str,
+    version: int,
+    started: float,
+    entered: Callable[[], datetime | None] | None = None,
+) -> None:
+    """An event was appended (`started`: the perf_counter reading before it was decided and sealed; `entered`: when
+    the task entered the state it was in, read from its log, asked only if the metrics need it)."""
     code = event_code(event.data)
     if recording is not None:
         recording.transition(workflow, event.trigger, code)
+        recording.quality(event, workflow, entered, version)
     if tracing is not None:
         tracing.transition(event, workflow, version, code, started)
 
@@ -167,14 +176,16 @@ def model_call(
     *,
     response: ModelResponse | None = None,
     error: ModelError | None = None,
+    waited: float | None = None,
 ) -> None:
-    """One request to a model returned `response` or failed with `error`."""
+    """One request to a model returned `response` or failed with `error`, after `waited` seconds of flow control
+    (the breaker, the queue for quota; None: it went through none)."""
     elapsed = time.perf_counter() - started
     named = provider_name(provider, profile)
     if recording is not None:
         recording.model_call(named, model, elapsed, response, error)
     if tracing is not None:
-        tracing.model_call(named, model, profile, started, response, error)
+        tracing.model_call(named, model, profile, started, response, error, waited)
 
 
 #: The provider's name in the GenAI conventions' spelling, for the capability profiles whose provider they name
@@ -237,3 +248,28 @@ def replays(reports: Iterator[ReplayReport]) -> Iterator[ReplayReport]:
         replayed(report, started)
         yield report
         started = time.perf_counter()
+
+
+def flow_admitted(model: str, seconds: float, reserved: Amounts | None) -> None:
+    """A model call of `model` (`provider:model`) was let through by flow control after `seconds` of checks, with
+    `reserved` taken from its quota (None: it has none)."""
+    if recording is not None:
+        recording.flow_admitted(model, seconds, reserved)
+
+
+def flow_settled(model: str, reserved: Amounts, usage: Usage) -> None:
+    """A call's reservation was settled with the usage the provider reported."""
+    if recording is not None:
+        recording.flow_settled(model, reserved, usage)
+
+
+def flow_waited(key: str, reason: str, seconds: float) -> None:
+    """A model call was put off `seconds` for `reason` (`breaker`, `quota`)."""
+    if recording is not None:
+        recording.flow_waited(key.split("#", 1)[0], reason, seconds)
+
+
+def breaker_changed(model: str, state: str) -> None:
+    """This process saw the breaker of `model` open, or closed it with its probe."""
+    if recording is not None:
+        recording.breaker_changed(model, state)

@@ -100,6 +100,7 @@ class Tracing:
         started: float,
         response: ModelResponse | None,
         error: ModelError | None,
+        waited: float | None = None,
     ) -> None:
         attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": "chat",
@@ -109,6 +110,8 @@ class Tracing:
             "gen_ai.request.model": model,
             "railyard.profile": profile,
         }
+        if waited is not None:  # what flow control held it back (`engine.runtime.flow.WAITED`)
+            attributes["railyard.flow.wait_seconds"] = waited
         if response is not None:
             attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
             if response.response_model:  # only what the provider said

@@ -60,7 +60,15 @@ from engine.core.model_interface import (
 )
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, Endpoint, answered, connection_failed, json_object, no_credentials
+from engine.providers.transport import (
+    EVENT_HOOKS,
+    LIMITS,
+    Endpoint,
+    answered,
+    connection_failed,
+    json_object,
+    no_credentials,
+)
 
 _STOP: dict[str, FinishReason] = {
     "end_turn": "stop",
@@ -142,9 +150,9 @@ class AnthropicAdapter:
             raise
         except anthropic.APITimeoutError as exc:
             code = Code.PROVIDER_ERROR if connection_failed(exc) else Code.PROVIDER_TIMEOUT
-            raise ModelError(code, exc.message) from None
+            raise ModelError(code, exc.message, transient=True) from None
         except anthropic.APIConnectionError as exc:
-            raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
+            raise ModelError(Code.PROVIDER_ERROR, exc.message, transient=True) from None
         except anthropic.APIStatusError as exc:
             # An `event: error` inside a 200 stream arrives here too, with status_code 200: its type decides.
             message = error_message(exc.body, exc.api_message or exc.message)
@@ -159,8 +167,8 @@ class AnthropicAdapter:
         except httpx2.TimeoutException:
             # The SDK's stream reads the body without wrapping transport errors.
             raise ModelError(Code.PROVIDER_TIMEOUT, "timed out reading the response") from None
-        except httpx2.HTTPError as exc:
-            raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}") from None
+        except httpx2.HTTPError as exc:  # the connection failed while the body was read (a reset, a hang-up)
+            raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}", transient=True) from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             if "authentication method" in str(exc):  # the SDK's TypeError when no credentials resolve
                 raise no_credentials("anthropic", str(exc)) from None
@@ -174,7 +182,9 @@ class AnthropicAdapter:
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
-                http_client=anthropic.DefaultAioHttpClient(timeout=self.timeout, limits=LIMITS),
+                http_client=anthropic.DefaultAioHttpClient(
+                    timeout=self.timeout, limits=LIMITS, event_hooks=EVENT_HOOKS
+                ),
             )
         except (anthropic.AnthropicError, ValueError) as exc:
             raise no_credentials("anthropic", str(exc)) from None
@@ -341,7 +351,7 @@ def _read_stream(events: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
         raise ModelError(Code.EMPTY_RESPONSE, "the stream ended without any content")
     if not stopped and stop_reason is None:
         # Something arrived, but never the end: a dropped stream must not pass for a short answer.
-        raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a stop_reason")
+        raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a stop_reason", transient=True)
     return answered(_finish(content, stop_reason, usage), started)
 
 

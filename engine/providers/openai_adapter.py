@@ -53,7 +53,15 @@ from engine.core.model_interface import (
 from engine.core.profiles import with_switch
 from engine.providers.deadline import bounded
 from engine.providers.loops import Clients
-from engine.providers.transport import LIMITS, Endpoint, answered, connection_failed, json_object, no_credentials
+from engine.providers.transport import (
+    EVENT_HOOKS,
+    LIMITS,
+    Endpoint,
+    answered,
+    connection_failed,
+    json_object,
+    no_credentials,
+)
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop",
@@ -126,9 +134,9 @@ class OpenAIAdapter:
             raise
         except openai.APITimeoutError as exc:
             code = Code.PROVIDER_ERROR if connection_failed(exc) else Code.PROVIDER_TIMEOUT
-            raise ModelError(code, exc.message) from None
+            raise ModelError(code, exc.message, transient=True) from None
         except openai.APIConnectionError as exc:
-            raise ModelError(Code.PROVIDER_ERROR, exc.message) from None
+            raise ModelError(Code.PROVIDER_ERROR, exc.message, transient=True) from None
         except openai.APIStatusError as exc:
             message = error_message(exc.body, exc.message)
             fields = ErrorFields.of(exc.body, exc.status_code)
@@ -141,8 +149,8 @@ class OpenAIAdapter:
             raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}: {exc}") from None
         except httpx2.TimeoutException:
             raise ModelError(Code.PROVIDER_TIMEOUT, "timed out reading the response") from None
-        except httpx2.HTTPError as exc:
-            raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}") from None
+        except httpx2.HTTPError as exc:  # the connection failed while the body was read (a reset, a hang-up)
+            raise ModelError(Code.PROVIDER_ERROR, f"{type(exc).__name__}", transient=True) from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # A body that is not the shape Chat Completions promises (malformed JSON, wrong types).
             raise ModelError(Code.PROVIDER_ERROR, f"malformed response: {type(exc).__name__}") from None
@@ -155,7 +163,7 @@ class OpenAIAdapter:
                 base_url=self.base_url,
                 timeout=self.timeout,
                 max_retries=self.max_retries,
-                http_client=openai.DefaultAioHttpClient(timeout=self.timeout, limits=LIMITS),
+                http_client=openai.DefaultAioHttpClient(timeout=self.timeout, limits=LIMITS, event_hooks=EVENT_HOOKS),
             )
         except openai.OpenAIError as exc:
             raise no_credentials("openai", str(exc)) from None
@@ -307,7 +315,7 @@ def _read_stream(chunks: Iterable[dict[str, Any]], sent: frozenset[Shape] = froz
         raise ModelError(Code.EMPTY_RESPONSE, "the stream ended without any content")
     if finish is None:
         # Something arrived, but never the end: a dropped stream must not pass for a short answer.
-        raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a finish_reason")
+        raise ModelError(Code.PROVIDER_ERROR, "the stream ended without a finish_reason", transient=True)
     return answered(
         _finish(
             calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())),

@@ -102,7 +102,9 @@ def _content(turn: dict[str, Any], n: int, request: ModelRequest) -> ModelRespon
     if "error" in turn:
         error = turn["error"]
         status, message = error.get("status"), str(error.get("message", ""))
-        raise failure(ErrorFields.of(error, status), refusable(request), message, status)
+        # `retry_after` stands for the header a real provider would send with the error.
+        headers = {"retry-after": str(error["retry_after"])} if "retry_after" in error else None
+        raise failure(ErrorFields.of(error, status), refusable(request), message, status, headers)
     if "tool_calls" in turn:
         calls = tuple(
             ToolCall(

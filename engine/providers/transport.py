@@ -13,6 +13,7 @@ calls as its `--concurrency`, each on a connection of its own (HTTP/1.1), so the
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +26,27 @@ from engine.core.model_interface import ModelResponse
 #: Connections one SDK client may hold: above any worker's calls in flight (aiohttp's own default is 100).
 MAX_CONNECTIONS = 100_000
 LIMITS = httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS)
+
+#: Where `keep_quota_headers` leaves what a provider's answer said of its rate limits, for the call awaiting it:
+#: flow control (`engine.runtime.flow`) sets a dict here around a call under a quota; unset, the hook does nothing.
+QUOTA_HEADERS: ContextVar[dict[str, str] | None] = ContextVar("railyard_quota_headers", default=None)
+
+
+async def keep_quota_headers(response: httpx2.Response) -> None:
+    """A response hook of both SDKs' HTTP clients: the `x-ratelimit-*` and `anthropic-ratelimit-*` headers of the
+    answer, for a caller that asked (`QUOTA_HEADERS`). The SDKs' `post(..., cast_to=object)` hands the adapters
+    the body only; this is the one place the headers of an answer are seen."""
+    kept = QUOTA_HEADERS.get()
+    if kept is None:
+        return
+    for name, value in response.headers.items():
+        lowered = name.lower()
+        if lowered.startswith(("x-ratelimit-", "anthropic-ratelimit-")):
+            kept[lowered] = value
+
+
+#: The HTTP clients' event hooks (`DefaultAioHttpClient(event_hooks=...)` in each adapter).
+EVENT_HOOKS = {"response": [keep_quota_headers]}
 
 
 class Endpoint:

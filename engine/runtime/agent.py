@@ -26,7 +26,7 @@ from typing import Any, cast
 from engine.core.budgets import exceeded
 from engine.core.canonical import now
 from engine.core.decide import Decision
-from engine.core.definition import DEMOTE, LIMIT, PROVIDER_ERROR, Agent
+from engine.core.definition import BACKOFF, DEMOTE, LIMIT, PROVIDER_ERROR, Agent
 from engine.core.errors import Code, Refused
 from engine.core.fold import TaskState
 from engine.core.forcing import (
@@ -47,7 +47,9 @@ from engine.core.model_interface import ModelAdapter, ModelRequest, ModelRespons
 from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
+from engine.core.retries import BASE_SECONDS, CAP_SECONDS, durable_delay, next_retry, waiting
 from engine.observability import hooks
+from engine.runtime.flow import WAITED, Flow
 from engine.runtime.offload import INLINE, Offload, run_sync
 from engine.runtime.port import TaskPort
 
@@ -57,14 +59,23 @@ _RUNG_NAMES = frozenset(str(rung) for rung in Rung)
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Backoff for RATE_LIMITED and PROVIDER_TIMEOUT: a separate budget that never spends repairs."""
+    """Backoff for a call that failed in a way calling again may fix (`ModelError.retryable`): a separate budget
+    that never spends repairs.
+
+    First `attempts` calls in the process, with short waits. When they all fail, or the provider asks for a
+    longer wait than `max_retry_after`, the turn ends in a durable `backoff` (`engine.core.retries`), due after
+    `durable_delay(n)` seconds (from `durable_base`, doubling up to `durable_cap`), never sooner than the
+    provider asked; the agent state's `retry_budget` bounds how many.
+    """
 
     attempts: int = 3
     base_delay: float = 0.5
     max_delay: float = 8.0
     #: The longest a provider's `retry-after` is waited for in the process; one that asks for longer ends the
-    #: retries (the turn fails with the provider's code) rather than calling again sooner than it said.
-    max_retry_after: float = 60.0
+    #: in-process retries, and the wait becomes a durable backoff (never a call sooner than it said).
+    max_retry_after: float = 5.0
+    durable_base: float = BASE_SECONDS
+    durable_cap: float = CAP_SECONDS
     sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float | None:
@@ -105,8 +116,11 @@ class AgentRunner:
         profiles: dict[str, CapabilityProfile] | None = None,
         io: Offload = INLINE,
         memory: LadderMemory | None = None,
+        flow: Flow | None = None,
     ) -> None:
         self.engine = engine
+        #: The breaker and quotas every worker shares (None: calls go straight to the adapter).
+        self.flow = flow
         self.memory = memory if memory is not None else LadderMemory()
         self.adapter = adapter
         #: Where the appends (and a synchronous adapter's call) run: in place, or on a worker's threads.
@@ -123,8 +137,8 @@ class AgentRunner:
     def run(self, task: TaskState, *, max_turns: int = 50) -> TaskState:
         for _ in range(max_turns):
             definition = self.engine.definition_of(task)
-            if task.terminal or not isinstance(definition.state(task.state), Agent):
-                break
+            if task.terminal or not isinstance(definition.state(task.state), Agent) or waiting(task.visit, now()) > 0:
+                break  # ended, left the agent states, or a backoff put the next call off
             task = self.step(task)
         return task
 
@@ -190,7 +204,24 @@ class AgentRunner:
                     turn["shared"] = False
                     self.memory.unconfirmed_shapes[task.task_id] = shape
                 return await self._commit(task, DEMOTE, {"turn": turn})
-            return await self._commit(task, PROVIDER_ERROR, {"turn": turn})
+            if not error.retryable:
+                return await self._commit(task, PROVIDER_ERROR, {"turn": turn})
+            # Calling again may work, later: a durable backoff while the state's budget lasts, then provider_error.
+            n = int(task.visit.get("retries", 0)) + 1
+            delay = durable_delay(n, error.retry_after, base=self.retry.durable_base, cap=self.retry.durable_cap)
+            retry = next_retry(state.retry_budget, task.visit, now(), delay)
+            if retry is not None:
+                log.info("task %s: model call %s; next try at %s", task.task_id, error.code, retry["due_at"])
+                return await self._commit(task, BACKOFF, {"turn": turn, "retry": retry})
+            failed: EventData = {"turn": turn}
+            if n > 1:  # the budget ran out: say how it was spent
+                failed["retries_spent"] = {
+                    "n": n - 1,
+                    "due_at": str(task.visit.get("due_at") or ""),
+                    "since": str(task.visit.get("retrying_since") or ""),
+                    "budget": state.retry_budget.spec(),
+                }
+            return await self._commit(task, PROVIDER_ERROR, failed)
         if (confirmed := self.memory.unconfirmed_shapes.pop(task.task_id, None)) is not None:
             self.memory.refused_shapes.add(confirmed)  # answered without the shape: the refusal was the shape's
         outcome = interpret(definition, task, response, rung, actor=self.actor)
@@ -264,6 +295,13 @@ class AgentRunner:
         return await self.io.store(lambda: self.engine.commit_system(task, trigger, data, actor=self.actor))
 
     async def _ask(self, request: ModelRequest) -> ModelResponse:
+        """The adapter's answer, once flow control lets the call through (`engine.runtime.flow`: it raises
+        `FlowWait` in a worker while the breaker is open or the quota short)."""
+        if self.flow is not None:
+            return await self.flow.call(self.adapter, request, lambda: self._answer(request), self.io)
+        return await self._answer(request)
+
+    async def _answer(self, request: ModelRequest) -> ModelResponse:
         """The adapter's answer: awaited, or for an adapter written without `async`, waited for on a thread."""
         complete = self.adapter.complete
         if inspect.iscoroutinefunction(complete):
@@ -278,12 +316,18 @@ class AgentRunner:
         while True:
             attempt += 1
             call_started = time.perf_counter() if hooks.active else 0.0  # this attempt's, for its span
+            WAITED.set(None)
             try:
                 response = await self._ask(request)
             except ModelError as error:
                 if hooks.active:
                     hooks.model_call(
-                        self.adapter.provider, self.adapter.model, self.profile.name, call_started, error=error
+                        self.adapter.provider,
+                        self.adapter.model,
+                        self.profile.name,
+                        call_started,
+                        error=error,
+                        waited=WAITED.get(),
                     )
                 delay = self.retry.delay(attempt, error.retry_after) if error.retryable else None
                 if delay is None or attempt >= self.retry.attempts:
@@ -302,6 +346,11 @@ class AgentRunner:
                 continue
             if hooks.active:
                 hooks.model_call(
-                    self.adapter.provider, self.adapter.model, self.profile.name, call_started, response=response
+                    self.adapter.provider,
+                    self.adapter.model,
+                    self.profile.name,
+                    call_started,
+                    response=response,
+                    waited=WAITED.get(),
                 )
             return response, attempt, retried

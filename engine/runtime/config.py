@@ -48,6 +48,25 @@ def archive_dir() -> str:
 
 
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
+#: How long a parent waits for its child before a worker looks again though no child's end woke it.
+DEFAULT_CHILD_RECHECK_SECONDS = 300.0
+
+
+def child_recheck_seconds() -> float:
+    """RAILYARD_CHILD_RECHECK_SECONDS: how often a worker looks at a parent waiting on a child when no wake-up came
+    (a wake-up is lost only to a crash at the wrong moment: this bounds what that costs). Default 300."""
+    raw = os.environ.get("RAILYARD_CHILD_RECHECK_SECONDS")
+    if not raw:
+        return DEFAULT_CHILD_RECHECK_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise RailyardError(
+            f"RAILYARD_CHILD_RECHECK_SECONDS must be a number of seconds > 0, not {raw!r}", code=Code.CONFIG_INVALID
+        )
+    return value
 
 
 def signing_key() -> str | None:
@@ -110,3 +129,89 @@ def model_settings() -> dict[str, Any]:
                 f"{variable}={raw!r} is not a valid {name}", code=Code.CONFIG_INVALID, setting=variable
             ) from None
     return found
+
+
+#: Flow control's environment (`engine.core.flow`): the breaker's settings one variable each; the quotas and the
+#: workflows' priorities as JSON objects of the profiles file's shape.
+FLOW_VARIABLES = {
+    "failures": "RAILYARD_BREAKER_FAILURES",
+    "cool_down_seconds": "RAILYARD_BREAKER_COOL_DOWN",
+    "probe_seconds": "RAILYARD_BREAKER_PROBE_SECONDS",
+}
+
+
+def flow_settings() -> dict[str, Any]:
+    """What the environment says of flow control, in the profiles file's shape (`breaker`, `quotas`,
+    `priorities`); CONFIG_INVALID names the variable whose text is not a number or a JSON object."""
+    found: dict[str, Any] = {}
+    breaker: dict[str, Any] = {}
+    for name, variable in FLOW_VARIABLES.items():
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            breaker[name] = int(raw) if name == "failures" else float(raw)
+        except ValueError:
+            raise RailyardError(
+                f"{variable}={raw!r} is not a number", code=Code.CONFIG_INVALID, setting=variable
+            ) from None
+    if breaker:
+        found["breaker"] = breaker
+    for name, variable in (("quotas", "RAILYARD_QUOTAS"), ("priorities", "RAILYARD_PRIORITIES")):
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise RailyardError(
+                f"{variable} must be a JSON object ({name} as the profiles file's [{name}] tables)",
+                code=Code.CONFIG_INVALID,
+                setting=variable,
+            )
+        found[name] = value
+    return found
+
+
+#: The webhook settings by environment variable, with their defaults (`webhook_settings`).
+WEBHOOK_VARIABLES: dict[str, tuple[str, float]] = {
+    # How often a process reads the subscriptions again: a new subscription is matched within this long.
+    "RAILYARD_WEBHOOK_REFRESH_SECONDS": ("refresh_seconds", 2.0),
+    # The first pause after a failed attempt; it doubles after each one (with jitter), up to the next one.
+    "RAILYARD_WEBHOOK_BACKOFF_SECONDS": ("base_seconds", 5.0),
+    "RAILYARD_WEBHOOK_BACKOFF_MAX_SECONDS": ("max_seconds", 300.0),
+    # How long after its first attempt a message is still tried (then marked failed, for `webhooks replay`).
+    "RAILYARD_WEBHOOK_GIVE_UP_SECONDS": ("give_up_seconds", 86400.0),
+    # How long one attempt may take (connect and answer), and how long a sender's lease on a message lasts.
+    "RAILYARD_WEBHOOK_TIMEOUT_SECONDS": ("timeout_seconds", 10.0),
+    "RAILYARD_WEBHOOK_LEASE_SECONDS": ("lease_seconds", 30.0),
+    # How often a worker looks for messages when none were due, and for deadlines coming near.
+    "RAILYARD_WEBHOOK_POLL_SECONDS": ("poll_seconds", 1.0),
+    "RAILYARD_WEBHOOK_SWEEP_SECONDS": ("sweep_seconds", 60.0),
+}
+
+
+def webhook_settings() -> dict[str, float]:
+    """The RAILYARD_WEBHOOK_* variables set (each a number of seconds > 0), with the defaults of the others."""
+    values: dict[str, float] = {}
+    for variable, (name, default) in WEBHOOK_VARIABLES.items():
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            values[name] = default
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0 or value == float("inf"):
+            raise RailyardError(f"{variable} must be a number of seconds > 0, not {raw!r}", code=Code.CONFIG_INVALID)
+        values[name] = value
+    if values["lease_seconds"] <= values["timeout_seconds"]:
+        raise RailyardError(
+            "RAILYARD_WEBHOOK_LEASE_SECONDS must be longer than RAILYARD_WEBHOOK_TIMEOUT_SECONDS (a lease must outlast"
+            " the attempt it covers)",
+            code=Code.CONFIG_INVALID,
+        )
+    return values

@@ -13,20 +13,43 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 from engine.audit.auditor import Auditor
-from engine.core import commands
+from engine.core import commands, remarks
 from engine.core.access import Caller, in_tenants, operator_refusal
 from engine.core.approvals import DECISIONS, pending_view
 from engine.core.canonical import canonical_json, format_instant, now
+from engine.core.children import is_spawned
 from engine.core.commands import NewTask
 from engine.core.decide import Decision, decide
-from engine.core.definition import FORK, MIGRATE, Agent, Approval, StateKind, Tool, Workflow
+from engine.core.definition import (
+    CHILD_TRIGGER_PREFIX,
+    FORK,
+    MIGRATE,
+    SPAWN,
+    Agent,
+    Approval,
+    Child,
+    StateKind,
+    Tool,
+    Workflow,
+)
 from engine.core.effects import SETTLE, lands_until
-from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, LeaseLost, Refused
+from engine.core.errors import (
+    Code,
+    ConcurrencyConflict,
+    IntegrityError,
+    LeaseLost,
+    RailyardError,
+    Refused,
+    StoreError,
+)
 from engine.core.events import Event, seal
+from engine.core.fanout import child_records
+from engine.core.flow import check_priority, with_declared
 from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
 from engine.core.forks import (
     EXECUTED_OR_MAY,
@@ -34,22 +57,30 @@ from engine.core.forks import (
     repeat_hazard,
     writes,
 )
+from engine.core.lineage import chain_fields, handle
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData, event_code
+from engine.core.quality import entered_at
 from engine.core.replay import ReplayReport
+from engine.core.retries import due_at, waiting
 from engine.core.summary import summarise
 from engine.core.timers import next_run_at
+from engine.core.webhooks import Outgoing
 from engine.observability import hooks
 from engine.runtime import config
 from engine.runtime.agent import AgentRunner
-from engine.runtime.leases import current_epoch
+from engine.runtime.children import ChildRunner
+from engine.runtime.flow import Flow, flow_settings
+from engine.runtime.leases import current_epoch, current_patience
 from engine.runtime.models import open_model
 from engine.runtime.offload import INLINE, Offload, run_sync
+from engine.runtime.outbox import Outbox
 from engine.runtime.registry import Registry
 from engine.runtime.roles import Authoriser, PeopleFirst, default_authoriser
 from engine.runtime.tool_runner import SETTLE_MARGIN_SECONDS, ToolRunner
+from engine.runtime.webhooks import SenderSettings
 from engine.store import Loaded, Store, TaskRow, open_store
-from engine.store.protocol import TaskQuery
+from engine.store.protocol import FlowStore, TaskQuery, WorkClaim
 
 log = logging.getLogger("railyard.engine")
 
@@ -79,6 +110,16 @@ class TaskView:
     unsettled: dict[str, Any] | None = None
     #: The tenant the task belongs to (None: none).
     tenant: str | None = None
+    #: After a `backoff`: when the next model call is due (UTC); None when no call is put off.
+    next_try_at: str | None = None
+    #: A worker put its model call off for quota: which quota, its place in line (`queries.waiting_for_quota`);
+    #: None when it waits for none (read from the shared flow rows, not the log).
+    waiting_for_quota: dict[str, Any] | None = None
+    #: The task that started this one from a child state (its first event's `parent`); None: none did.
+    parent: dict[str, Any] | None = None
+    #: The tasks this one started from its child states, in order: each one's id, workflow, state and status now,
+    #: the seq of its intent and where it ended as the parent recorded it (`engine.core.children`).
+    children: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +137,12 @@ class TaskView:
             "cancel_requested": self.cancel_requested,
             "unsettled": self.unsettled,
             "tenant": self.tenant,
+            # Only when a call is put off, so the view of every other task reads as it did.
+            **({"next_try_at": self.next_try_at} if self.next_try_at is not None else {}),
+            **({"waiting_for_quota": self.waiting_for_quota} if self.waiting_for_quota is not None else {}),
+            # Only for tasks in a tree, likewise.
+            **({"parent": self.parent} if self.parent is not None else {}),
+            **({"children": self.children} if self.children else {}),
         }
 
 
@@ -133,7 +180,14 @@ class Engine:
             signing_key=config.signing_key,
             checkpoint_dir=config.checkpoint_dir,
         )
+        #: The webhook subscriptions events are matched against (`engine.runtime.outbox`).
+        webhook_settings = config.webhook_settings()
+        self.outbox = Outbox(self.store, webhook_settings["refresh_seconds"])
+        #: How this process's worker sends them (`engine.runtime.webhooks`).
+        self.outbox_settings = SenderSettings.of(webhook_settings)
         self._kept_agent: AgentRunner | None = None
+        self._flow: Flow | None = None
+        self._flow_given: dict[str, Any] = {}  # `give_flow_settings`: the command line's
 
     def close(self) -> None:
         self.store.close()
@@ -153,19 +207,44 @@ class Engine:
         version: int | None = None,
         *,
         tenant: str | None = None,
+        priority: int | None = None,
     ) -> str:
         """Start a task on `workflow` (newest version unless `version`); returns its id. It belongs to the actor's
-        tenant (`tenant` chooses among the actor's, or names any for an actor confined to none)."""
+        tenant (`tenant` chooses among the actor's, or names any for an actor confined to none). `priority`: its
+        place when quota is short (higher first; None: its workflow's, `engine.core.flow`)."""
         _check_actor(actor)
+        ranked = check_priority(priority) if priority is not None else None
         definition = self.registry.get(workflow, version)
         created = commands.start(
             definition, input, caller=self._caller(actor), task_id=str(uuid.uuid4()), at=now(), tenant=tenant
         )
+        if ranked is not None:
+            created = replace(created, row=replace(created.row, priority=ranked))
         return self._create(definition, created)
+
+    def create(self, definition: Workflow, created: NewTask) -> str:
+        """The one create path, for a task a command made (`start`, `fork`, a child state's child). A child is
+        created with its parent's name on its row (`engine.core.lineage`), for the lists and the work queue."""
+        link = created.task.parent
+        if link is not None:
+            created = replace(created, fields={**created.fields, **self._chain_fields(str(link["task_id"]))})
+        return self._create(definition, created)
+
+    def _chain_fields(self, parent_id: str) -> dict[str, str]:
+        """What a child's row says of its parent: its id, workflow and handle, read from the parent's row and
+        searchable fields (two bounded queries, never its log)."""
+        found = self.store.list_tasks(TaskQuery(id_prefix=parent_id, limit=1))
+        if not found or found[0].row.task_id != parent_id:
+            return chain_fields(parent_id, "", parent_id[:8])
+        row = found[0].row
+        definition = self.registry.find(row.workflow, row.version)
+        searchable = definition.searchable if definition is not None else ()
+        return chain_fields(parent_id, row.workflow, handle(parent_id, searchable, found[0].fields))
 
     def _create(self, definition: Workflow, created: NewTask) -> str:
         """The one create path: a new task's row and first event in one write, then the hooks and the log line."""
-        self.store.create(created.row, created.first, created.fields)
+        outbox = self.outbox.for_event(definition, created.first, created.row.status)
+        self.store.create(created.row, created.first, created.fields, outbox)
         if hooks.active:
             hooks.transition(created.first, definition.name, definition.version, time.perf_counter())
         if transitions_log.isEnabledFor(logging.INFO):
@@ -254,24 +333,98 @@ class Engine:
         if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
             snapshot = (after.seq, after.last_hash, canonical_json(after.to_doc()))
         try:
-            self.store.append(
-                task.task_id,
+            self._append_kept(
+                event,
                 task.seq,
-                [event],
                 status=str(after.status),
                 snapshot=snapshot,
-                next_run_at=next_run_at(definition, after.state, event.at),
+                next_run_at=next_run_at(definition, after.state, event.at, due_at(after.visit)),
                 lease_epoch=current_epoch(task.task_id),
+                outbox=self.outbox.for_event(definition, event, str(after.status), after),
             )
         except ConcurrencyConflict:
             if hooks.active:
                 hooks.conflict(task)
             raise
         if hooks.active:
-            hooks.transition(event, task.workflow, task.version, started)
+            hooks.transition(event, task.workflow, task.version, started, self._entered(event))
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(event, (time.perf_counter() - started) * 1000)
+        if after.terminal and task.parent is not None:
+            self._wake_parent(task.parent)
         return after
+
+    def _wake_parent(self, parent: Mapping[str, Any]) -> None:
+        """A child ended: its parent, waiting in the child state that started it, is due now (`Store.wake`). A wake
+        that a crash loses costs the parent time, not its end: the parent's timer looks again
+        (`engine.runtime.children`)."""
+        try:
+            self.store.wake(str(parent["task_id"]), str(parent["state"]), now())
+        except StoreError as error:
+            log.warning("task %s: its parent was not woken (%s); its timer looks again", parent["task_id"], error.code)
+
+    def _append_kept(
+        self,
+        event: Event,
+        expected_seq: int,
+        *,
+        status: str,
+        snapshot: tuple[int, str, str] | None,
+        next_run_at: datetime | None,
+        lease_epoch: int | None,
+        outbox: Sequence[Outgoing] = (),
+    ) -> None:
+        """Append `event` (with the webhook messages it brings, in the same write); under a worker's lease, keep the
+        sealed event and try again while the database does not answer, for as long as the lease's `patience`
+        (issue #33): a model's answer or a tool's outcome is written once the database is back instead of being
+        thrown away and paid for again.
+
+        The same event goes each time (same seq, hash and lease epoch), so a try whose write went through but
+        whose acknowledgement was lost meets a conflict on the next one, finds its own event at its seq (same
+        hash) and counts as written. Any other conflict, a lost lease, or a write the database refused is raised
+        as it is; so is the last failure once the patience is spent.
+        """
+        patience = current_patience(event.task_id)
+        deadline, pause, tried = time.monotonic() + patience, 0.05, False
+        while True:
+            try:
+                self.store.append(
+                    event.task_id,
+                    expected_seq,
+                    [event],
+                    status=status,
+                    snapshot=snapshot,
+                    next_run_at=next_run_at,
+                    lease_epoch=lease_epoch,
+                    outbox=outbox,
+                )
+                return
+            except ConcurrencyConflict as conflict:
+                if tried and not isinstance(conflict, LeaseLost) and self._written(event):
+                    log.info("task %s: seq %s was written by the try whose answer was lost", event.task_id, event.seq)
+                    return
+                raise
+            except StoreError as error:
+                if not error.transient or time.monotonic() + pause > deadline:
+                    raise
+                log.warning(
+                    "task %s: the database did not take seq %s (%s); trying again in %.2f s",
+                    event.task_id,
+                    event.seq,
+                    error.code,
+                    pause,
+                )
+                tried = True
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    def _written(self, event: Event) -> bool:
+        """Whether the log holds `event` itself at its seq (a lost acknowledgement), not another writer's."""
+        try:
+            found = self.store.events(event.task_id, after_seq=event.seq - 1, upto_seq=event.seq)
+        except StoreError:
+            return False
+        return len(found) == 1 and found[0].hash == event.hash
 
     def commit_system(self, task: TaskState, trigger: str, data: EventData, *, actor: str) -> TaskState:
         """Fire one of the engine's own triggers (repair, call, an outcome, limit, ...) with the data it records.
@@ -301,6 +454,10 @@ class Engine:
         A model is needed only if the task reaches an agent state. `max_turns` bounds the steps.
         `until` is asked before each step: a stopping worker hands the task back between steps,
         never in the middle of one.
+
+        A `backoff` (a provider failing for a while) ends the run too: the next call is due at the event's
+        `retry.due_at`, the task's row is put off until then, and a worker (or a later `run`) makes it. No
+        process sleeps through a durable wait.
         """
         return self.advance(self.load(task_id), model=model, thinking=thinking, max_turns=max_turns, until=until)
 
@@ -333,16 +490,26 @@ class Engine:
         store work, so a worker's loop never waits for a tool and a tool never holds a database connection.
         """
         agent: AgentRunner | None = None
+        children: ChildRunner | None = None
         tools = ToolRunner(self, io=io)
         for _ in range(max_turns):
             state = self.definition_of(task).state(task.state)
             if task.terminal or (until is not None and until()):
                 break
             if isinstance(state, Agent):
+                if waiting(task.visit, now()) > 0:
+                    break  # a backoff's due time is not here yet: the row is put off until then
                 agent = agent or self._agent(self._model(model), thinking, io)
                 task = await hooks.step(task, "agent", agent.turn)
             elif isinstance(state, Tool):
                 task = await hooks.step(task, "tool", tools.advance)
+            elif isinstance(state, Child):
+                children = children or ChildRunner(self, io=io)
+                after = await hooks.step(task, "child", children.advance)
+                if after.seq == task.seq or (after.state == task.state and is_spawned(after)):
+                    task = after
+                    break  # waiting for the child: the task holds nothing meanwhile
+                task = after
             else:
                 break
         return task
@@ -358,8 +525,25 @@ class Engine:
             return kept
         # The ladder's memory is per process: a runner for another adapter (or offload) takes the last one's over.
         memory = kept.memory if kept is not None else None
-        runner = self._kept_agent = AgentRunner(self, adapter, thinking=thinking, io=io, memory=memory)
+        runner = self._kept_agent = AgentRunner(
+            self, adapter, thinking=thinking, io=io, memory=memory, flow=self.flow_control()
+        )
         return runner
+
+    def flow_control(self) -> Flow | None:
+        """The breaker and quotas this engine's model calls honour, shared through its store with every worker on
+        the database (None: a store without the rows, `FlowStore`). Its settings are read once, on first use."""
+        if self._flow is None and isinstance(self.store, FlowStore):
+            declared = {w.name: w.priority for w in sorted(self.registry, key=lambda w: w.version)}  # newest wins
+            self._flow = Flow(self.store, with_declared(flow_settings(self._flow_given), declared))
+            self._flow.breaker_messages = self.outbox.for_breaker
+        return self._flow
+
+    def give_flow_settings(self, given: Mapping[str, Any]) -> None:
+        """Flow settings given on the command line (`railyard worker --quotas`), in the profiles file's shape,
+        over the environment's and the file's; CONFIG_INVALID now if they do not read."""
+        flow_settings(given)
+        self._flow_given, self._flow = dict(given), None
 
     def _model(self, model: ModelAdapter | None) -> ModelAdapter:
         if model is not None:
@@ -505,8 +689,21 @@ class Engine:
         _check_actor(actor)
         caller = self._caller(actor)
         task = self._as_seen(task_id, expected_seq, caller)
-        decision = commands.cancel(self.definition_of(task), task, caller=caller, reason=reason)
-        return self._human(task, lambda: self.commit(task, decision, actor=actor))
+        definition = self.definition_of(task)
+        decision = commands.cancel(definition, task, caller=caller, reason=reason)
+        after = self._human(task, lambda: self.commit(task, decision, actor=actor))
+        if isinstance(definition.state(after.state), Child) and after.cancel_requested is not None:
+            after = self._propagate_cancel(after)
+        return after
+
+    def _propagate_cancel(self, task: TaskState) -> TaskState:
+        """A cancel that waits for a child: pass it on to the child now (its state's `on_parent_end`), rather than at
+        the next worker's look. The task is due, so a failure here leaves the rest to a worker."""
+        try:
+            return ChildRunner(self).step(task)
+        except RailyardError as error:
+            log.warning("task %s: its cancel is passed on to its child by a worker (%s)", task.task_id, error.code)
+            return task
 
     def settle(
         self, task_id: str, actor: str, outcome: str, evidence: str, *, expected_seq: int | None = None
@@ -547,6 +744,120 @@ class Engine:
                 return f"its call may land until {format_instant(until)}"
         return None
 
+    # -- remarks: notes and who is on a work item (engine.core.remarks) ------------------------------
+    def note(self, task_id: str, actor: str, text: str) -> TaskState:
+        """Record a person's note on the task: a `comment` event where it stands, shown in its timeline and sent to
+        its model only when the workflow says so (`Workflow.notes_to_model`). It makes no decision stale. Refused on
+        an ended task (TASK_TERMINAL), for an auditor (FORBIDDEN), for empty or overlong text (PAYLOAD_INVALID)."""
+        _check_actor(actor)
+        caller = self._caller(actor)
+        return self._remark(
+            task_id, caller, lambda definition, task: remarks.comment(definition, task, caller=caller, text=text)
+        )
+
+    def _remark(
+        self, task_id: str, caller: Caller, make: Callable[[Workflow, TaskState], Decision], *, tries: int = 5
+    ) -> TaskState:
+        """Append a remark where the task stands now. The task's status and timers stay as they are (a note does not
+        put off an approval's deadline), a live claim carries over to the new seq, and no hook counts it as a
+        transition. Another writer's event in between is met by deciding the remark again on the task as it is
+        then: a remark means the same whatever moved (and an ended task refuses it)."""
+        for attempt in range(tries):
+            task = self.load(task_id)
+            self._within_tenants(task_id, task.tenant, caller)
+            definition = self.definition_of(task)
+            decision = make(definition, task)
+            row = self.store.row(task_id)
+            if row is None or row.seq != task.seq:
+                continue
+            event = seal(
+                task_id=task_id,
+                seq=task.seq + 1,
+                at=now(),
+                actor=caller.actor,
+                from_state=decision.from_state,
+                trigger=decision.trigger,
+                to_state=decision.to_state,
+                data=decision.data,
+                prev_hash=task.last_hash,
+            )
+            after = apply(definition, task, event)
+            snapshot = None
+            if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
+                snapshot = (after.seq, after.last_hash, canonical_json(after.to_doc()))
+            try:
+                self.store.append(
+                    task_id, task.seq, [event], status=str(after.status), snapshot=snapshot, next_run_at=row.next_run_at
+                )
+            except ConcurrencyConflict:
+                if attempt + 1 == tries:
+                    raise
+                continue
+            self.store.carry_claim(task_id, task.seq, after.seq)
+            return after
+        raise ConcurrencyConflict(task_id, -1, None)
+
+    # -- who is on a work item: claims (a side table for the queue, and an event in the log) ------------
+    #: How long a claim on a work item lasts unless renewed: a morning's stretch of work, not a day.
+    CLAIM_MINUTES = 30
+
+    def claim_work(self, task_id: str, actor: str, *, take_over: str | None = None) -> WorkClaim:
+        """Put `actor` on the task's work item for `CLAIM_MINUTES` (renewing their own claim), so others see who
+        has it. Someone else's live claim is refused (WORK_CLAIMED, naming them) unless `take_over` gives the
+        reason to take it; an auditor, who acts on nothing, may not claim (FORBIDDEN); an ended task has no work
+        (TASK_TERMINAL). Which items are a person's work is the read side's to say; this records who is on one.
+
+        The side table decides the race (of two claimers one wins, `Store.claim_work`) and is what the queue
+        reads; the winner's claim (and a take-over's reason) is then recorded as a `work_claimed` event, which
+        makes no decision stale (`engine.core.remarks`)."""
+        _check_actor(actor)
+        caller = self._caller(actor)
+        if caller.read_only:
+            raise Refused(f"{actor!r} reads and never acts: it claims no work", code=Code.FORBIDDEN, actor=actor)
+        row = self.store.row(task_id)
+        if row is None:
+            raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        self._within_tenants(task_id, row.tenant, caller)
+        if row.status == "terminal":
+            raise Refused(f"task {task_id} has ended: there is no work to claim", code=Code.TASK_TERMINAL)
+        reason = take_over.strip() if take_over is not None else None
+        if take_over is not None and not reason:
+            raise Refused("taking over someone's claim needs a reason", code=Code.PAYLOAD_INVALID, task_id=task_id)
+        at = now()
+        held = self.store.claim_work(
+            task_id, actor, at=at, until=at + timedelta(minutes=self.CLAIM_MINUTES), take_over=reason
+        )
+        if held is None:
+            raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+        if held.actor != actor:
+            raise Refused(
+                f"{held.actor} is on task {task_id} (claimed until {format_instant(held.expires_at)}): "
+                "leave it to them, or take it over with a reason",
+                code=Code.WORK_CLAIMED,
+                task_id=task_id,
+                claimed_by=held.actor,
+                until=format_instant(held.expires_at),
+            )
+        after = self._remark(
+            task_id,
+            caller,
+            lambda definition, task: remarks.claimed(
+                definition, task, caller=caller, until=held.expires_at, taken_from=held.taken_from, reason=held.reason
+            ),
+        )
+        return replace(held, seq=after.seq)
+
+    def release_work(self, task_id: str, actor: str) -> bool:
+        """Take `actor` off the task's work item (a `work_released` event); False when they were not on it."""
+        _check_actor(actor)
+        caller = self._caller(actor)
+        if not self.store.release_work(task_id, actor):
+            return False
+        row = self.store.row(task_id)
+        if row is not None and row.status != "terminal":
+            self._remark(task_id, caller, lambda _definition, task: remarks.released(task))
+        return True
+
     def _caller(self, actor: str) -> Caller:
         """The trusted caller an actor is: the roles and tenants the authoriser gives it."""
         return Caller(actor, frozenset(self.authoriser.roles_of(actor)), self.authoriser.tenants_of(actor))
@@ -563,7 +874,20 @@ class Engine:
         task = self.load(task_id)
         self._within_tenants(task_id, task.tenant, caller)
         if expected_seq is not None and expected_seq != task.seq:
-            raise ConcurrencyConflict(task_id, expected_seq, task.seq, task.state)
+            # Only what changes a decision makes it stale: notes and claims since the seq the person saw do not
+            # (`engine.core.remarks`). The command is then decided on the task as it is, which they saw.
+            since = self.store.events(task_id, after_seq=expected_seq) if 0 < expected_seq < task.seq else []
+            moved = remarks.decisive_after(since, expected_seq) if since else None
+            if moved is not None or not since:
+                raise ConcurrencyConflict(
+                    task_id,
+                    expected_seq,
+                    task.seq,
+                    task.state,
+                    by=moved.actor if moved is not None else None,
+                    trigger=moved.trigger if moved is not None else None,
+                    to_state=moved.to_state if moved is not None else None,
+                )
         return task
 
     def _within_tenants(self, task_id: str, tenant: str | None, caller: Caller) -> None:
@@ -578,8 +902,15 @@ class Engine:
             raise
         except ConcurrencyConflict:
             row = self.store.row(task.task_id)
+            moved = remarks.decisive_after(self.store.events(task.task_id, after_seq=task.seq), task.seq)
             raise ConcurrencyConflict(
-                task.task_id, task.seq, row.seq if row else None, row.state if row else None
+                task.task_id,
+                task.seq,
+                row.seq if row else None,
+                row.state if row else None,
+                by=moved.actor if moved is not None else None,
+                trigger=moved.trigger if moved is not None else None,
+                to_state=moved.to_state if moved is not None else None,
             ) from None
 
     def migrate(
@@ -634,7 +965,7 @@ class Engine:
             next_run_at=next_run_at(target, after.state, event.at),
         )
         if hooks.active:
-            hooks.transition(event, target.name, target.version, time.perf_counter())
+            hooks.transition(event, target.name, target.version, time.perf_counter(), self._entered(event))
         if transitions_log.isEnabledFor(logging.INFO):
             _log_transition(event, 0.0)
         return after
@@ -789,7 +1120,34 @@ class Engine:
                 {k: unsettled[k] for k in ("action_id", "tool", "state", "status")} if unsettled is not None else None
             ),
             tenant=task.tenant,
+            next_try_at=None if task.terminal else task.visit.get("due_at"),
+            parent=dict(task.parent) if task.parent is not None else None,
+            children=self.children_of(task) if definition.starts_children else [],
         )
+
+    def children_of(self, task: TaskState) -> list[dict[str, Any]]:
+        """The children `task` started up to its seq, read from its log, each with its state now (the tree that
+        `show`, the API and the task page draw)."""
+        found: dict[str, dict[str, Any]] = {}
+        for event in self._events(task.task_id):
+            if event.seq > task.seq:
+                break
+            for record in child_records(event.data):  # a single child, or a fan-out's, in the order of its items
+                child_id = record["task_id"]
+                if event.trigger == SPAWN:
+                    found[child_id] = {
+                        "task_id": child_id,
+                        "workflow": record.get("workflow"),
+                        "state_of_parent": event.from_state,
+                        "spawn_seq": event.seq,
+                        "ended": None,
+                    }
+                elif child_id in found and event.trigger.startswith(CHILD_TRIGGER_PREFIX):
+                    found[child_id]["ended"] = {"state": record.get("state"), "result": record.get("result")}
+        for child in found.values():
+            row = self.store.row(child["task_id"])
+            child["state"], child["status"] = (row.state, row.status) if row is not None else (None, None)
+        return list(found.values())
 
     def history(self, task_id: str) -> list[Event]:
         """Every event of the task, in order."""
@@ -804,6 +1162,11 @@ class Engine:
     def _events(self, task_id: str) -> list[Event]:
         return self.store.events(task_id) or self._archived_events(task_id)
 
+    def _entered(self, event: Event) -> Callable[[], datetime | None]:
+        """When the task `event` moves had entered the state it was in, read from its log: what the state-time
+        metric asks when this process did not see the task enter it."""
+        return lambda: entered_at(self.store.events(event.task_id, upto_seq=event.seq - 1))
+
     # -- audit (engine.audit.auditor) ------------------------------------------------------------------
     def replay(self, task_id: str, *, jobs: int = 1) -> ReplayReport:
         """Check the task's whole log from zero, without calling any model or tool (`Auditor.replay`): the one
@@ -815,6 +1178,11 @@ class Engine:
 
     def definition_of(self, task: TaskState) -> Workflow:
         return self._definition(task.workflow, task.version, task.digest)
+
+    def pinned_definition(self, name: str, version: int, digest: str) -> Workflow:
+        """`name@version` as this process defines it, refused unless its digest is `digest` (DEFINITION_MISSING,
+        DEFINITION_CHANGED): what a child's intent pinned."""
+        return self._definition(name, version, digest)
 
     # -- internals ------------------------------------------------------
     def _definition(self, name: str, version: int, digest: str) -> Workflow:

@@ -19,6 +19,9 @@ class Lease:
     task_id: str
     owner: str
     epoch: int
+    #: How long an append under this lease keeps trying while the database does not answer (the lease's length):
+    #: a model's answer is kept and written once the database is back, rather than paid for again.
+    patience: float = 0.0
 
 
 _current: ContextVar[Lease | None] = ContextVar("railyard_lease", default=None)
@@ -30,6 +33,12 @@ def current_epoch(task_id: str) -> int | None:
     return lease.epoch if lease is not None and lease.task_id == task_id else None
 
 
+def current_patience(task_id: str) -> float:
+    """How long an append on `task_id` may keep trying through a database that does not answer (0: not at all)."""
+    lease = _current.get()
+    return lease.patience if lease is not None and lease.task_id == task_id else 0.0
+
+
 @contextmanager
 def holding(lease: Lease) -> Iterator[Lease]:
     token = _current.set(lease)
@@ -37,3 +46,8 @@ def holding(lease: Lease) -> Iterator[Lease]:
         yield lease
     finally:
         _current.reset(token)
+
+
+def held() -> Lease | None:
+    """The lease this context holds, if any: a worker's step has one, `Engine.run`'s has none."""
+    return _current.get()

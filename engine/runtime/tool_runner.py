@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from datetime import datetime
 
+from engine.core import commands
 from engine.core.budgets import exceeded
 from engine.core.canonical import format_instant, now
-from engine.core.decide import decide
-from engine.core.definition import CALL, CANCEL, LIMIT, RECONCILE, Tool
+from engine.core.definition import CALL, LIMIT, RECONCILE, Tool
 from engine.core.effects import lands_until
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, Refused
 from engine.core.fold import TaskState
@@ -172,22 +171,7 @@ class ToolRunner:
         """The write a cancel waited for is settled and did not happen: the cancel takes effect, as its requester's."""
         if task.unsettled is not None:  # only a settled write lets the cancel through (decide would request again)
             return task
-        request = task.cancel_requested or {}
-        requester = str(request.get("actor") or ACTOR)
-        definition = self.engine.definition_of(task)
-        # The requester's role was checked when the request was recorded (`cancel_requested` needs the cancel
-        # role): the engine completes it on that authority, whatever this process's authoriser says of them now
-        # (a worker need not share the server's tokens, and a role revoked since does not strand the request).
-        held = definition.operator_of(CANCEL)
-        decision = decide(
-            definition,
-            task,
-            CANCEL,
-            {"reason": request.get("reason") or "cancel requested"},
-            actor=requester,
-            roles=frozenset({held} if held else ()),
-        )
-        decision = replace(decision, data={**decision.data, "requested_at_seq": request.get("seq")})
+        decision, requester = commands.requested_cancel(self.engine.definition_of(task), task, ACTOR)
         return await self.io.store(lambda: self.engine.commit(task, decision, actor=requester))
 
     async def _attempt(self, task: TaskState, tool: ToolDef, prepared: PreparedToolCall) -> TaskState:

@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any
 
 from engine.core.canonical import now
-from engine.core.definition import EXPIRED, LIMIT, StateKind, Status
+from engine.core.definition import EXPIRED, LIMIT, Child, StateKind, Status
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
 from engine.core.fold import TaskState
 from engine.core.model_interface import ModelAdapter
@@ -51,9 +51,11 @@ from engine.observability import hooks
 from engine.providers.loops import close_loop_clients
 from engine.runtime import config
 from engine.runtime.engine import Engine
+from engine.runtime.flow import FlowWait, flow_settings
 from engine.runtime.leases import Lease, holding
 from engine.runtime.offload import Offload, Threads, run_sync
 from engine.runtime.tool_runner import AttemptInFlight
+from engine.runtime.webhooks import Sender, deadlines_of
 
 log = logging.getLogger("railyard.worker")
 
@@ -67,6 +69,9 @@ CONFIGURATION = frozenset(
         Code.MODEL_NOT_CONFIGURED,
         Code.CONFIG_INVALID,
         Code.TOOL_NOT_FOUND,
+        # A child state names a workflow (or version) this process does not define.
+        Code.WORKFLOW_UNKNOWN,
+        Code.VERSION_UNKNOWN,
     }
 )
 
@@ -132,6 +137,8 @@ class Worker:
         listen: bool = True,
         checkpoint_seconds: float | None = None,
         store_threads: int = 6,
+        supervisor: dict[str, Any] | None = None,
+        webhooks: bool = True,
     ) -> None:
         self.engine = engine
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -152,6 +159,11 @@ class Worker:
         #: Threads for the store's work (loads, appends, claims, releases): the worker's database connections,
         #: plus its heartbeat's and listener's. Six keep up with about 500 one-turn tasks a second.
         self.store_threads = max(1, min(store_threads, concurrency))
+        #: A process of `railyard worker --processes N`: its supervisor's name and pid, its slot and how many times
+        #: that slot was started again; reported with its counts, so `railyard status` shows the N as one worker.
+        self.supervisor = supervisor
+        #: Send the webhook outbox while serving (`engine.runtime.webhooks`); not in `--once` drains.
+        self.webhooks = webhooks
         self.counts = WorkerCounts()
         self.started_at = now()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -177,6 +189,7 @@ class Worker:
         )
         if needing:
             load_profiles()  # an unreadable profiles file (RAILYARD_PROFILES_FILE) is CONFIG_INVALID now, not later
+            flow_settings()  # so is a bad quota or breaker setting, there or in the environment
         if self.model is not None or self.engine.model is not None or config.model_spec() is not None:
             return
         if needing:
@@ -216,7 +229,7 @@ class Worker:
         return run_sync(self._serve(self._stop.is_set, once=True))
 
     def drain(self, max_tasks: int | None = None) -> int:
-        """Advance every task that is due now, `concurrency` at a time, until a claim finds none due (or after
+        """Advance every task that is due now, `concurrency` at a time, until none is due or in hand (or after
         `max_tasks` claims), then return how many were claimed: `railyard worker --once`, for cron."""
         return run_sync(self._serve(self._stop.is_set, drain=True, max_tasks=max_tasks))
 
@@ -231,7 +244,9 @@ class Worker:
         """The loop: claim into free slots, each claim a coroutine, until `stopping`; then wait for those in hand
         (each is handed back after its current step, since `stopping` is true). Returns how many were claimed.
 
-        `once`: one claim. `drain`: claim until a claim with free slots finds nothing due, or `max_tasks` claims."""
+        `once`: one claim. `drain`: claim until nothing is in hand and a claim finds nothing due, or `max_tasks`
+        claims; a task in hand may make another due (a child ending wakes its parent), so one empty claim is not the
+        end while work is in hand."""
         self._loop, self._awake = asyncio.get_running_loop(), asyncio.Event()
         io = Threads(self.store_threads, self.concurrency, self.name)
         in_hand: set[asyncio.Task[None]] = set()
@@ -262,8 +277,10 @@ class Worker:
                                 task.add_done_callback(done)
                         if once:
                             break
-                        if drain and ((free > 0 and got == 0) or (max_tasks is not None and claimed >= max_tasks)):
-                            break  # nothing more is due (or the most asked for is in hand): finish those in hand
+                        if drain and (
+                            (free > 0 and got == 0 and not in_hand) or (max_tasks is not None and claimed >= max_tasks)
+                        ):
+                            break  # nothing is due and nothing in hand can make more due (a child waking its parent)
                         with suppress(TimeoutError):
                             await asyncio.wait_for(self._awake.wait(), self.poll_seconds)
                 except asyncio.CancelledError:
@@ -333,16 +350,35 @@ class Worker:
             signer.daemon = True
             signer.start()
         listener = self.engine.store.wakeups(self.wake, self.workflows).start() if listen and self.listen else None
+        sender = self._webhook_sender(done) if listen and self.webhooks else None
         try:
             yield
         finally:
             done.set()
             beat.join(timeout=5)
+            if sender is not None:  # an attempt in flight ends within its timeout; its lease covers the rest
+                sender.join(timeout=self.engine.outbox_settings.timeout_seconds + 5)
             if signer is not None:
                 signer.join(timeout=30)
             if listener is not None:
                 listener.stop()
             self._report(stopped_at=now())
+
+    def _webhook_sender(self, done: threading.Event) -> threading.Thread:
+        """The webhook sender's thread (`engine.runtime.webhooks`), with the deadline sweep over the states of the
+        workflows this worker serves that declare a deadline."""
+        states = [
+            (d.name, d.version, s.name)
+            for d in self.engine.registry
+            if d.name in self.workflows
+            for s in d.all_states
+            if getattr(s, "deadline", None) is not None
+        ]
+        store = self.engine.store
+        sender = Sender(store, self.name, self.engine.outbox_settings, deadlines_of(store, states) if states else None)
+        thread = threading.Thread(target=sender.run, args=(done,), name=f"{self.name}-webhooks", daemon=True)
+        thread.start()
+        return thread
 
     # -- one task -------------------------------------------------------
     async def _work(self, claim: Claim, loaded: TaskState | None, stopping: Callable[[], bool], io: Offload) -> None:
@@ -354,7 +390,7 @@ class Worker:
             log.exception("task %s: its claim could not be finished; its lease expires by itself", claim.task_id)
 
     async def _hold(self, claim: Claim, loaded: TaskState | None, stopping: Callable[[], bool], io: Offload) -> None:
-        lease = Lease(claim.task_id, self.name, claim.epoch)
+        lease = Lease(claim.task_id, self.name, claim.epoch, patience=self.lease_seconds)
         task_id = claim.task_id
         started = time.perf_counter()
         failed = False
@@ -365,6 +401,14 @@ class Worker:
         try:
             with holding(lease):
                 ended = await self._advance(task_id, loaded, stopping, io)
+        except FlowWait as waiting:
+            # The breaker is open or the quota short: nothing happened to the task, so nothing is written; it is
+            # put off, its lease given back, and any worker looks again when the wait is over.
+            log.info("task %s: %s of %s; looking again at %s", task_id, waiting.reason, waiting.key, waiting.until)
+            await self._postpone(io, claim, waiting.until)
+            # Quota waits are often a fraction of a second: this worker looks again then, not at its next poll.
+            delay = (waiting.until - now()).total_seconds() + 0.01
+            asyncio.get_running_loop().call_later(max(delay, 0.0), self.wake)
         except AttemptInFlight as waiting:
             log.info(
                 "task %s: a stranded attempt may still be running; looking again at %s", task_id, waiting.settle_after
@@ -429,9 +473,10 @@ class Worker:
         """Step the task (as its claim loaded it, or loaded now) until it waits, ends or the worker stops; whether
         it ended."""
         task = loaded if loaded is not None else await io.store(lambda: self.engine.load(task_id))
-        if task.status is Status.BLOCKED:
-            # A blocked task is due only when its deadline passed: fire it, once (a second worker conflicts).
-            definition = self.engine.definition_of(task)
+        definition = self.engine.definition_of(task)
+        if task.status is Status.BLOCKED and not isinstance(definition.state(task.state), Child):
+            # A blocked task is due only when its deadline passed: fire it, once (a second worker conflicts). A
+            # child state is due to start its child, or to look at it (`engine.runtime.children`): driven below.
             if definition.candidates(task.state, EXPIRED):
                 fired = await io.store(lambda: self.engine.transition(task, EXPIRED, actor="system:timer", system=True))
                 self.counts.add("transitions")
@@ -525,6 +570,8 @@ class Worker:
     def _report(self, stopped_at: datetime | None = None) -> None:
         counts = self.counts.snapshot()
         log.info("worker %s counts %s", self.name, " ".join(f"{k}={v}" for k, v in counts.items()))
+        if self.supervisor is not None:
+            counts["supervisor"] = self.supervisor
         try:
             self.engine.store.report_worker(
                 WorkerReport(

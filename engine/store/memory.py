@@ -25,9 +25,24 @@ from engine.core.checkpoints import Head, Header
 from engine.core.errors import Code, StoreError
 from engine.core.events import Event, with_stored_data
 from engine.core.people import AccessChange, Person, StoredToken
+from engine.core.remarks import REMARKS
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
+from engine.core.webhooks import Outgoing
 from engine.store.decode import audit_data, stored_data
-from engine.store.protocol import AUDIT_PAGE, NO_DEADLINE, ListedTask, PageSession, TaskQuery, Wakeups, conflict
+from engine.store.memory_flow import MemoryFlow
+from engine.store.memory_webhooks import MemoryWebhooks
+from engine.store.protocol import (
+    AUDIT_PAGE,
+    NO_DEADLINE,
+    ListedTask,
+    PageSession,
+    QueuedTask,
+    QueueQuery,
+    TaskQuery,
+    Wakeups,
+    WorkClaim,
+    conflict,
+)
 
 log = logging.getLogger("railyard.store")
 
@@ -70,6 +85,7 @@ class _Task:
     archive_sha256: str | None = None
     started_by: str = ""
     tenant: str | None = None
+    priority: int | None = None
     fields: dict[str, str] = field(default_factory=dict)
     events: list[_Stored] = field(default_factory=list)
     snapshots: dict[int, tuple[str, str]] = field(default_factory=dict)
@@ -92,6 +108,7 @@ class _Task:
             self.lease_epoch,
             self.failures,
             self.tenant,
+            self.priority,
         )
 
     def head(self) -> TaskRow:
@@ -132,7 +149,7 @@ class _Task:
         return [Snapshot(self.task_id, seq, *self.snapshots[seq]) for seq in sorted(self.snapshots)]
 
 
-class MemoryStore:
+class MemoryStore(MemoryFlow, MemoryWebhooks):
     """Task logs in memory, with the semantics of `SqlStore`. Thread-safe: every verb holds one lock."""
 
     supports_notify = False
@@ -148,12 +165,17 @@ class MemoryStore:
         self._people: dict[str, Person] = {}
         self._tokens: dict[str, StoredToken] = {}
         self._trail: list[AccessChange] = []
+        MemoryFlow.__init__(self)
+        MemoryWebhooks.__init__(self)
+        self._claims: dict[str, WorkClaim] = {}
 
     def close(self) -> None:
         """Nothing to release: the data stays as long as the store object does."""
 
     # -- writes ---------------------------------------------------------
-    def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
+    def create(
+        self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None, outbox: Sequence[Outgoing] = ()
+    ) -> None:
         with self._lock:
             if row.task_id in self._tasks or first.task_id != row.task_id:
                 raise _refused(f"task {row.task_id} exists")
@@ -171,10 +193,12 @@ class MemoryStore:
                 _utc_or_none(row.next_run_at),
                 started_by=first.actor,
                 tenant=row.tenant,
+                priority=row.priority,
                 fields=dict(fields or {}),
             )
             task.events.append(_stored(first))
             self._tasks[row.task_id] = task
+            self._enqueue_locked(outbox)
 
     def repin(
         self,
@@ -208,6 +232,7 @@ class MemoryStore:
         snapshot: tuple[int, str, str] | None = None,
         next_run_at: datetime | None = None,
         lease_epoch: int | None = None,
+        outbox: Sequence[Outgoing] = (),
     ) -> None:
         if not new_events:
             raise ValueError("append needs at least one event")
@@ -236,6 +261,7 @@ class MemoryStore:
             if snapshot is not None:
                 seq, digest, doc = snapshot
                 task.snapshots[seq] = (digest, doc)
+            self._enqueue_locked(outbox)
 
     # -- leases ---------------------------------------------------------
     def claim(
@@ -299,6 +325,16 @@ class MemoryStore:
                 if failed:
                     task.failures += 1
             return task.failures
+
+    def wake(self, task_id: str, state: str, at: datetime) -> bool:
+        at = utc(at)
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None or task.state != state or task.status != "blocked":
+                return False
+            if task.next_run_at is None or task.next_run_at > at:
+                task.next_run_at = at
+            return True
 
     # -- archive --------------------------------------------------------
     def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
@@ -556,6 +592,99 @@ class MemoryStore:
                 )
         return counts
 
+    # -- the work queue: pages, counts, claims ----------------------------
+    def _queued(self, query: QueueQuery) -> list[_Task]:
+        wanted = set(query.places)
+        before = utc(query.waiting_before) if query.waiting_before is not None else None
+        searched = bool(query.id_prefix) or bool(query.field_value)
+        return [
+            t
+            for t in self._tasks.values()
+            if t.status == "blocked"
+            and (t.workflow, t.version, t.state) in wanted
+            and (before is None or t.updated_at < before)
+            and (query.tenants is None or t.tenant in query.tenants)
+            and (
+                not searched
+                or bool(query.id_prefix and t.task_id.startswith(query.id_prefix))
+                or bool(query.field_value and query.field_value in t.fields.values())
+            )
+        ]
+
+    def queue_page(self, query: QueueQuery) -> list[QueuedTask]:
+        at = utc(query.at or now())
+
+        def key(t: _Task) -> tuple[Any, datetime, str]:
+            by: Any = {
+                "deadline": utc(t.next_run_at or NO_DEADLINE),
+                "waiting": t.updated_at,
+                "created": t.created_at,
+                "workflow": t.workflow,
+                "state": t.state,
+            }[query.sort]
+            return (by, t.created_at, t.task_id)
+
+        with self._lock:
+            found = self._queued(query)
+            if query.after is not None:
+                last = self._tasks.get(query.after)
+                cut = key(last) if last is not None else None
+                found = [
+                    t for t in found if cut is not None and ((key(t) < cut) if query.descending else (key(t) > cut))
+                ]
+            found.sort(key=key, reverse=query.descending)
+            page = found[: max(query.limit, 0)]
+            out = []
+            for t in page:
+                claim = self._claims.get(t.task_id)
+                live = claim if claim is not None and claim.expires_at > at and claim.seq == t.seq else None
+                head = t.event(t.events[-1]) if t.events and t.events[-1].seq == t.seq else None
+                out.append(QueuedTask(t.row(), t.started_by, dict(sorted(t.fields.items())), head, live))
+        return out
+
+    def queue_counts(self, query: QueueQuery) -> dict[tuple[str, int, str], int]:
+        counts: dict[tuple[str, int, str], int] = {}
+        with self._lock:
+            for t in self._queued(query):
+                place = (t.workflow, t.version, t.state)
+                counts[place] = counts.get(place, 0) + 1
+        return counts
+
+    def claim_work(
+        self, task_id: str, actor: str, *, at: datetime, until: datetime, take_over: str | None = None
+    ) -> WorkClaim | None:
+        at = utc(at)
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None:
+                return None
+            held = self._claims.get(task_id)
+            live = (
+                held is not None
+                and held.expires_at > at
+                and not any(e.seq > held.seq and e.trigger not in REMARKS for e in task.events)
+            )
+            other = held.actor if live and held is not None and held.actor != actor else None
+            if other is not None and take_over is None:
+                return held
+            claim = WorkClaim(task_id, actor, task.seq, at, utc(until), other, take_over if other is not None else None)
+            self._claims[task_id] = claim
+            return claim
+
+    def release_work(self, task_id: str, actor: str) -> bool:
+        with self._lock:
+            held = self._claims.get(task_id)
+            if held is None or held.actor != actor:
+                return False
+            del self._claims[task_id]
+            return True
+
+    def carry_claim(self, task_id: str, from_seq: int, to_seq: int) -> None:
+        with self._lock:
+            held = self._claims.get(task_id)
+            if held is not None and held.seq == from_seq:
+                self._claims[task_id] = replace(held, seq=to_seq)
+
     # -- checkpoints ----------------------------------------------------
     def heads(self) -> Iterator[Head]:
         with self._lock:
@@ -742,13 +871,19 @@ class MemoryStore:
                 counts,
             )
 
-    def workers(self, *, seen_since: datetime) -> list[WorkerReport]:
+    def workers(self, *, seen_since: datetime, stopped: bool = False) -> list[WorkerReport]:
         seen_since = utc(seen_since)
         with self._lock:
-            found = [(w, c) for w, c in self._workers.values() if w.seen_at >= seen_since and w.stopped_at is None]
+            found = [
+                (w, c)
+                for w, c in self._workers.values()
+                if w.seen_at >= seen_since and (stopped or w.stopped_at is None)
+            ]
         found.sort(key=lambda found: found[0].name)
         return [
-            WorkerReport(w.name, w.host, w.pid, w.concurrency, w.started_at, w.seen_at, None, json.loads(counts))
+            WorkerReport(
+                w.name, w.host, w.pid, w.concurrency, w.started_at, w.seen_at, w.stopped_at, json.loads(counts)
+            )
             for w, counts in found
         ]
 

@@ -16,13 +16,15 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Table
+from sqlalchemy import Table, func, literal_column
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.sql import ColumnElement, Executable
 
 from engine.core.canonical import canonical_json, now, utc
 from engine.core.events import Event
 from engine.core.rows import Claim
+from engine.core.webhooks import Outgoing
+from engine.store import flow_sql
 from engine.store.protocol import conflict
 
 #: The database sends `railyard_runnable` when a task becomes claimable (migration 0004, `engine.store.wakeups`).
@@ -119,7 +121,7 @@ def load_many(cur: Any, task_ids: Sequence[str]) -> list[list[Any]]:
 
 
 @lru_cache(maxsize=32)
-def append_statement(n_events: int, with_snapshot: bool) -> str:
+def append_statement(n_events: int, with_snapshot: bool, n_outbox: int = 0) -> str:
     """One statement that moves the task row and inserts the events (and a snapshot), or does nothing.
 
     The UPDATE ... WHERE seq = expected gates the INSERTs, which select from it:
@@ -128,13 +130,22 @@ def append_statement(n_events: int, with_snapshot: bool) -> str:
     (autocommit), in one round trip. It returns the number of events written.
     Parameters: seq, state, status, last_hash, updated_at, next_run_at, status twice (a terminal task drops
     its lease), task_id, expected_seq, lease_epoch twice (None: no fence), then 9 per event, then 4 for the
-    snapshot.
+    snapshot, then 6 per webhook message (`engine.store.sql_webhooks`), written only if the row moved.
     """
     row = "(%s::int, %s::timestamptz, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text)"
     snapshot = (
         ", snap AS (INSERT INTO snapshots (task_id, seq, hash, doc, created_at)"
         " SELECT upd.task_id, %s::int, %s::text, %s::text, %s::timestamptz FROM upd)"
         if with_snapshot
+        else ""
+    )
+    message = "(%s::text, %s::text, %s::text, %s::text, %s::text, %s::timestamptz)"
+    outbox = (
+        ", ob AS (INSERT INTO webhook_outbox (id, subscription_id, kind, task_id, body, created_at, since,"
+        " next_attempt_at, status, attempts) SELECT m.id, m.sub, m.kind, m.task, m.body, m.at, m.at, m.at, 'pending', 0"
+        f" FROM upd CROSS JOIN (VALUES {', '.join([message] * n_outbox)}) AS m(id, sub, kind, task, body, at)"
+        " ON CONFLICT (id) DO NOTHING)"
+        if n_outbox
         else ""
     )
     return (
@@ -148,7 +159,7 @@ def append_statement(n_events: int, with_snapshot: bool) -> str:
         " SELECT upd.task_id, v.seq, v.at, v.actor, v.from_state, v.trigger, v.to_state, v.data, v.prev_hash, v.hash"
         f" FROM upd CROSS JOIN (VALUES {', '.join([row] * n_events)})"
         " AS v(seq, at, actor, from_state, trigger, to_state, data, prev_hash, hash) RETURNING 1)"
-        f"{snapshot} SELECT count(*) FROM ev"
+        f"{snapshot}{outbox} SELECT count(*) FROM ev"
     )
 
 
@@ -161,8 +172,10 @@ def append(
     snapshot: tuple[int, str, str] | None,
     next_run_at: datetime | None,
     lease_epoch: int | None,
+    outbox: Sequence[Outgoing] = (),
 ) -> None:
-    """`Store.append` in one prepared statement; on a conflict, one more read says which."""
+    """`Store.append` in one prepared statement (the webhook messages the events bring too); on a conflict, one
+    more read says which."""
     last = new_events[-1]
     at = now()
     params: list[Any] = [
@@ -186,8 +199,10 @@ def append(
         )
     if snapshot is not None:
         params.extend((*snapshot, at))
+    for m in outbox:
+        params.extend((m.id, m.subscription_id, m.kind, m.task_id, m.body, m.created_at))
     cur: Any = raw.cursor()  # the driver's own cursor (psycopg accepts prepare=)
-    cur.execute(append_statement(len(new_events), snapshot is not None), params, prepare=True)
+    cur.execute(append_statement(len(new_events), snapshot is not None, len(outbox)), params, prepare=True)
     if not cur.fetchone()[0]:
         cur.execute(TASK_SEQ, (task_id,))
         raise conflict(task_id, expected_seq, lease_epoch, cur.fetchone())
@@ -326,3 +341,17 @@ def id_prefix(column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
     """LIKE 'prefix%', served by ix_tasks_task_id_pattern (varchar_pattern_ops) whatever the collation."""
     escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return column.like(escaped + "%", escape="\\")
+
+
+#: The flow-control statements (`engine.store.flow_sql`): the statement's start in epoch seconds, LEAST, GREATEST.
+FLOW = flow_sql.statements("extract(epoch from statement_timestamp())::float8", "LEAST", "GREATEST")
+
+
+def queue_due(column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A blocked task's deadline for the work queue's order, none sorting after every real one: written as
+    migration 0014's `ix_tasks_blocked_due` indexes it (a constant, not a parameter), so the index serves it."""
+    return func.coalesce(column, literal_column(f"'{NO_DEADLINE_TEXT}'::timestamptz"))
+
+
+#: The instant that stands in for "no deadline" (`engine.store.protocol.NO_DEADLINE`) in the index's expression.
+NO_DEADLINE_TEXT = "9999-12-31 00:00:00+00"

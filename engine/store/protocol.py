@@ -13,13 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, runtime_checkable
 
 from engine.core.checkpoints import Head, Header
 from engine.core.errors import ConcurrencyConflict, LeaseLost
 from engine.core.events import Event
+from engine.core.flow import Amounts, BreakerRow, BreakerSettings, Limits, QuotaRow, Waiter
 from engine.core.people import AccessChange, Person, StoredToken
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
+from engine.core.webhooks import Delivery, Outgoing, Subscription
+from engine.core.webhooks import Secret as WebhookSecret
 
 #: Audit reads: task rows per keyset page (what parallel replay hands to a job).
 #: Where `blocked_in(by_deadline=True)` puts a task without a deadline: after every real one.
@@ -65,6 +68,60 @@ class ListedTask:
     fields: dict[str, str] = field(default_factory=dict)
 
 
+# -- the work queue: its pages, its counts and who is on an item ---------------------------------------------------
+#: What the work queue can be sorted by: nearest deadline (none last), longest waiting (since the last event),
+#: oldest created, workflow name, state name. Each is followed by (created_at, task_id), so every order is total.
+QUEUE_SORTS = ("deadline", "waiting", "created", "workflow", "state")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueQuery:
+    """Which blocked tasks a work queue page wants: those standing in `places` (workflow, version, state), in the
+    order `sort` names (reversed with `descending`), a keyset page after the task `after`.
+
+    The search (`id_prefix`, `field_value`) is the task list's (`TaskQuery`); `waiting_before` keeps the tasks
+    whose last event is older; `tenants` bounds them to the caller's. `at` is the instant claims are judged at.
+    """
+
+    places: Sequence[tuple[str, int, str]]
+    tenants: Sequence[str] | None = None
+    waiting_before: datetime | None = None
+    id_prefix: str | None = None
+    field_value: str | None = None
+    sort: str = "deadline"
+    descending: bool = False
+    after: str | None = None
+    limit: int = 50
+    at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkClaim:
+    """Who is on a work item: `actor` holds it until `expires_at`, and only while the task stands at `seq` (a
+    decision, or anything else that moves it, ends the claim). A take-over names whom it was `taken_from`, and why."""
+
+    task_id: str
+    actor: str
+    seq: int
+    claimed_at: datetime
+    expires_at: datetime
+    taken_from: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedTask:
+    """A row of the work queue: the task's row, who started it, its searchable fields, the event at its head (why
+    it waits there, and the call it prepared if that event did) and the live claim on it, read in four bounded
+    queries for the whole page, never a task's log."""
+
+    row: TaskRow
+    started_by: str
+    fields: dict[str, str]
+    head: Event | None
+    claim: WorkClaim | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class PageSession:
     """A logged-in page session as the store keeps it: the cookie's id is never stored, only its SHA-256."""
@@ -99,9 +156,12 @@ class Store(Protocol):
     def close(self) -> None: ...
 
     # -- writes ---------------------------------------------------------
-    def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
+    def create(
+        self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None, outbox: Sequence[Outgoing] = ()
+    ) -> None:
         """Insert a new task and its `start` event together, or neither; the first event's actor is its starter,
-        and `fields` are its searchable input fields (`Workflow.search_values`)."""
+        `fields` are its searchable input fields (`Workflow.search_values`), and `outbox` the webhook messages its
+        start brings (written with it)."""
         ...
 
     def repin(
@@ -128,8 +188,10 @@ class Store(Protocol):
         snapshot: tuple[int, str, str] | None = None,
         next_run_at: datetime | None = None,
         lease_epoch: int | None = None,
+        outbox: Sequence[Outgoing] = (),
     ) -> None:
-        """Write `new_events` (seq `expected_seq + 1 ...`) and move the task row, together (or neither).
+        """Write `new_events` (seq `expected_seq + 1 ...`), the webhook messages they bring (`outbox`, one already
+        written by id is kept) and move the task row, together (or neither).
 
         `ConcurrencyConflict` when the row is no longer at `expected_seq`; with `lease_epoch`, `LeaseLost` when
         only the lease moved. A task that ends drops its lease in the same write.
@@ -159,6 +221,11 @@ class Store(Protocol):
 
     def postpone(self, task_id: str, epoch: int, until: datetime, *, failed: bool = False) -> int:
         """Move a held task's next look to `until`; with `failed`, count one more failed step. Returns the count."""
+        ...
+
+    def wake(self, task_id: str, state: str, at: datetime) -> bool:
+        """Make a task blocked in `state` due at `at` (unless it is due sooner): a child's end wakes the parent that
+        waits for it (`engine.runtime.children`). Whether it was so woken; any other task is left as it is."""
         ...
 
     # -- archive --------------------------------------------------------
@@ -270,6 +337,35 @@ class Store(Protocol):
         """Per workflow and status: how many tasks, how many of them leased, and the oldest due time."""
         ...
 
+    # -- the work queue: pages, counts, claims ----------------------------
+    def queue_page(self, query: QueueQuery) -> list[QueuedTask]:
+        """One keyset page of the blocked tasks `query` selects, in its order, at most `limit`, each with its
+        fields, its head event and its live claim (one at `query.at` whose seq is still the task's)."""
+        ...
+
+    def queue_counts(self, query: QueueQuery) -> dict[tuple[str, int, str], int]:
+        """How many blocked tasks `query` selects (its order and page aside) in each of its places: a GROUP BY
+        in the database, never the ids."""
+        ...
+
+    def claim_work(
+        self, task_id: str, actor: str, *, at: datetime, until: datetime, take_over: str | None = None
+    ) -> WorkClaim | None:
+        """Claim the task for `actor` until `until`, at the seq it stands at now, and return the claim that holds
+        after the call: `actor`'s, or the one another actor holds (live at `at`) when `take_over` (the reason) is
+        None. Of two actors claiming at once, one wins and the other is answered with the winner's claim.
+        None: no such task."""
+        ...
+
+    def release_work(self, task_id: str, actor: str) -> bool:
+        """Drop `actor`'s claim on the task; False when it held none."""
+        ...
+
+    def carry_claim(self, task_id: str, from_seq: int, to_seq: int) -> None:
+        """Move a claim held at `from_seq` to `to_seq`: the task's new seq is a remark (a note, the claim's own
+        event, `engine.core.remarks`), which ends no claim. A claim at any other seq is left as it is."""
+        ...
+
     # -- page sessions --------------------------------------------------
     def open_session(self, session: PageSession) -> None:
         """Keep a new page session (and forget the ones that expired before it was opened)."""
@@ -367,11 +463,59 @@ class Store(Protocol):
 
     def report_worker(self, report: WorkerReport) -> None: ...
 
-    def workers(self, *, seen_since: datetime) -> list[WorkerReport]: ...
+    def workers(self, *, seen_since: datetime, stopped: bool = False) -> list[WorkerReport]:
+        """The workers that reported since `seen_since` and are still running; with `stopped`, those that
+        stopped since as well (a supervisor sums its processes' last reports)."""
+        ...
 
     # -- capabilities ---------------------------------------------------
     def wakeups(self, wake: Callable[[], None], workflows: Sequence[str] | None = None) -> Wakeups:
         """What wakes a worker when a task of `workflows` becomes claimable (only where `supports_notify`)."""
+        ...
+
+    # -- webhooks (`engine.core.webhooks`) ------------------------------------
+    def add_webhook(self, sub: Subscription) -> None: ...
+
+    def webhooks(self) -> list[Subscription]:
+        """Every subscription, oldest first."""
+        ...
+
+    def remove_webhook(self, subscription_id: str) -> bool:
+        """Forget a subscription (False: none of that id); its undelivered messages are marked failed."""
+        ...
+
+    def set_webhook_secrets(self, subscription_id: str, secrets: Sequence[WebhookSecret]) -> bool: ...
+
+    def enqueue_webhooks(self, messages: Sequence[Outgoing]) -> int:
+        """Write the messages whose id is not written yet (a sweep run twice writes nothing twice); how many."""
+        ...
+
+    def lease_deliveries(self, owner: str, *, limit: int, lease_seconds: float, at: datetime) -> list[Delivery]:
+        """Lease up to `limit` pending messages due at `at` whose lease is free or expired (a sender that died
+        is taken over), counting one attempt each."""
+        ...
+
+    def delivery_done(self, message_id: str, owner: str, at: datetime) -> bool:
+        """Mark a message delivered, if `owner` still holds its lease."""
+        ...
+
+    def delivery_retry(self, message_id: str, owner: str, until: datetime | None, error: str) -> bool:
+        """Put a message off until `until` (None: mark it failed), if `owner` still holds its lease."""
+        ...
+
+    def deliveries(
+        self,
+        *,
+        subscription_id: str | None = None,
+        status: str | None = None,
+        ids: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
+        """The newest messages first, of one subscription or status if given."""
+        ...
+
+    def replay_delivery(self, message_id: str, at: datetime) -> bool:
+        """Make a message pending again from `at` (same id, same body); False: no such message."""
         ...
 
     def after_fork(self) -> None:
@@ -388,3 +532,86 @@ def conflict(task_id: str, expected: int, epoch: int | None, found: Sequence[Any
     if epoch is not None and seq == expected and current_epoch != epoch:
         return LeaseLost(task_id, expected, seq, epoch, current_epoch)
     return ConcurrencyConflict(task_id, expected, seq)
+
+
+@runtime_checkable
+class FlowStore(Protocol):
+    """Rows every worker on a database shares to pace model calls: circuit breakers, quota buckets and the queue
+    of tasks waiting for quota (`engine.core.flow` decides; `engine.runtime.flow` calls these). A role of its
+    own beside `Store`: a backend that keeps only logs need not have it, and flow control is then off.
+
+    Times are epoch seconds of the store's own clock (the database's), returned with each row read (`at`), so
+    that workers on machines whose clocks differ still agree on when a cool-down ends.
+    """
+
+    def flow_clock(self) -> float:
+        """The store's clock now, in epoch seconds."""
+        ...
+
+    def breaker(self, key: str) -> BreakerRow | None:
+        """The breaker of `key` as it stands (None: never failed), its `at` the clock when read."""
+        ...
+
+    def breakers(self) -> list[BreakerRow]:
+        """Every breaker, by key, each `at` the clock when read: what the pages show, without the quota queues."""
+        ...
+
+    def breaker_failed(
+        self, key: str, settings: BreakerSettings, on_open: Callable[[BreakerRow], Sequence[Outgoing]] | None = None
+    ) -> BreakerRow:
+        """Count one transient failure, in one statement; opens the breaker from `settings.failures` in a row (or
+        a failed probe) for `settings.cool_down_seconds`. Returns the breaker after it. With `on_open`, a failure
+        that opens the breaker also writes the webhook messages `on_open` returns, in the same transaction."""
+        ...
+
+    def breaker_probe(self, key: str, probe_seconds: float) -> bool:
+        """Whether this caller took the one probe of an open breaker whose cool-down ended (or whose last probe
+        is overdue): at most one caller gets True for each."""
+        ...
+
+    def breaker_closed(self, key: str) -> None:
+        """An answer came: the breaker closes, its failures in a row back to 0."""
+        ...
+
+    def quota_take(self, key: str, limits: Limits, amounts: Amounts, hold_seconds: float) -> tuple[bool, QuotaRow]:
+        """Take `amounts` from the bucket of `key` and count a call in flight (until `hold_seconds` from now at the
+        latest), in one statement, if all of it is there; the bucket after (taken) or as it stands (refused)."""
+        ...
+
+    def quota_settle(self, key: str, input_tokens: float, output_tokens: float, *, release: bool = True) -> None:
+        """Take the difference between what a call used and what it reserved (negative: give it back), and end its
+        count in flight (`release`)."""
+        ...
+
+    def quota_pause(self, key: str, seconds: float) -> None:
+        """No call of `key` is let through for `seconds` (a provider's `retry-after`), for every worker."""
+        ...
+
+    def quota_adapt(self, key: str, limits: Limits, left: Mapping[str, float]) -> None:
+        """Hold the bucket to no more than the provider's headers say is left (`engine.core.flow.remaining`)."""
+        ...
+
+    def wait_join(
+        self, key: str, task_id: str, wait: float, priorities: Mapping[str, int]
+    ) -> tuple[list[Waiter], QuotaRow | None]:
+        """Put `task_id` in the queue of `key` (or move its next look to `wait` seconds from now, keeping its
+        place), its priority its own (`tasks.priority`) or its workflow's from `priorities`; the queue as it
+        stands, and the bucket. Waiters long past their look (a task that ended meanwhile) are dropped."""
+        ...
+
+    def wait_until(self, key: str, task_id: str, wait: float) -> None:
+        """Move a waiter's next look to `wait` seconds from now."""
+        ...
+
+    def wait_leave(self, key: str, task_id: str) -> None:
+        """`task_id` got its quota: out of the queue."""
+        ...
+
+    def flow_rows(self) -> tuple[list[BreakerRow], list[QuotaRow], list[Waiter]]:
+        """Every breaker, bucket and waiter, for `railyard status` and the metrics."""
+        ...
+
+    def waits_of(self, task_id: str) -> tuple[list[Waiter], float]:
+        """Every waiter in the queues `task_id` waits in (none: it waits for no quota), for its place in line
+        (`railyard show`, the task page), and the store's clock."""
+        ...

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -61,6 +62,8 @@ tasks = Table(
     Column("started_by", String(200), nullable=False, server_default=""),
     # The tenant the task belongs to (its `start` event's `data.tenant`; NULL: none), migration 0011.
     Column("tenant", String(64), nullable=True),
+    # The task's own priority for quota, given at start (NULL: its workflow's, from the settings), migration 0013.
+    Column("priority", Integer, nullable=True),
     Index("ix_tasks_workflow_version", "workflow", "version"),
     # The task lists page newest first by (created_at, task_id), filtered or not (migration 0008).
     Index("ix_tasks_created", "created_at", "task_id"),
@@ -82,6 +85,25 @@ tasks = Table(
         postgresql_where=text("status = 'blocked'"),
         sqlite_where=text("status = 'blocked'"),
     ),
+    # The work queue's orders (migration 0014): blocked tasks by when they last moved, by creation, by workflow,
+    # by state, each then by (created_at, task_id); the order by deadline is an index on an expression, on
+    # PostgreSQL only (`ix_tasks_blocked_due`, which Alembic's comparison leaves aside).
+    *(
+        Index(
+            f"ix_tasks_blocked_{name}",
+            *columns,
+            "created_at",
+            "task_id",
+            postgresql_where=text("status = 'blocked'"),
+            sqlite_where=text("status = 'blocked'"),
+        )
+        for name, columns in (
+            ("waiting", ["updated_at"]),
+            ("created", []),
+            ("by_workflow", ["workflow"]),
+            ("by_state", ["state"]),
+        )
+    ),
     # What a claim scans: the unfinished tasks by due time, however many finished ones the table holds.
     Index(
         "ix_tasks_due",
@@ -91,6 +113,11 @@ tasks = Table(
     ),
 )
 
+#: Indexes a migration writes on PostgreSQL only, on an expression the metadata does not describe: the work queue's
+#: order by deadline, `coalesce(next_run_at, '9999-12-31 00:00:00+00'::timestamptz), created_at, task_id` of blocked
+#: tasks (migration 0014; `engine.store.postgres.queue_due` writes the same expression). `alembic check` skips them.
+POSTGRESQL_ONLY_INDEXES = frozenset({"ix_tasks_blocked_due"})
+
 #: A task's searchable input fields (`Workflow.searchable`), written with the task: what the lists show and search.
 task_fields = Table(
     "task_fields",
@@ -99,6 +126,22 @@ task_fields = Table(
     Column("name", String(64), primary_key=True),
     Column("value", String(200), nullable=False),
     Index("ix_task_fields_value", "value", "task_id"),
+)
+
+#: Who is on a work item (migration 0014): one claim per task, `actor`'s until `expires_at` and only while the task
+#: stands at `seq` (a decision moves it, and the claim is over). A take-over keeps whom it was `taken_from` and why.
+#: A side table, not an event: a claim is no transition, and an event would move the seq that every open decision
+#: form and bulk selection of the task was made on.
+task_claims = Table(
+    "task_claims",
+    metadata,
+    Column("task_id", String(64), ForeignKey("tasks.task_id"), primary_key=True),
+    Column("actor", String(200), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("claimed_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("taken_from", String(200), nullable=True),
+    Column("reason", Text, nullable=True),
 )
 
 #: How many tasks of each workflow have ended (migration 0009), in slots whose sum is the count: kept by triggers on
@@ -254,4 +297,84 @@ archive_permits = Table(
     "archive_permits",
     metadata,
     Column("holder", String(64), primary_key=True),
+)
+
+
+#: One circuit breaker per (provider, model), shared by every worker on the database (migration 0013). Times are
+#: epoch seconds of the database's clock.
+flow_breakers = Table(
+    "flow_breakers",
+    metadata,
+    Column("key", String(300), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("failures", Integer, nullable=False),
+    Column("open_until", Float, nullable=False),
+    Column("probe_until", Float, nullable=False),
+    Column("changed_at", Float, nullable=False),
+)
+
+#: One quota bucket per (provider, model[, API key fingerprint]): the levels as of `refilled_at`, the calls in
+#: flight, a provider's pause, and the limits last applied (JSON, for `railyard status`).
+flow_quotas = Table(
+    "flow_quotas",
+    metadata,
+    Column("key", String(300), primary_key=True),
+    Column("requests", Float, nullable=False),
+    Column("input_tokens", Float, nullable=False),
+    Column("output_tokens", Float, nullable=False),
+    Column("in_flight", Integer, nullable=False),
+    Column("in_flight_until", Float, nullable=False),
+    Column("refilled_at", Float, nullable=False),
+    Column("paused_until", Float, nullable=False),
+    Column("limits", Text, nullable=False),
+)
+
+#: Tasks waiting for quota on a key, with what the queue orders them by (`engine.core.flow.queue`).
+flow_waits = Table(
+    "flow_waits",
+    metadata,
+    Column("key", String(300), primary_key=True),
+    Column("task_id", String(64), primary_key=True),
+    Column("priority", Integer, nullable=False),
+    Column("grp", String(200), nullable=False),
+    Column("since", Float, nullable=False),
+    Column("until", Float, nullable=False),
+    Index("ix_flow_waits_task_id", "task_id"),
+)
+
+#: Webhook subscriptions (migration 0015): a URL, the kinds it wants (JSON list of `engine.core.webhooks`
+#: interests as typed), its body format, and its signing secrets (JSON, newest first, each with when it stops).
+webhook_subscriptions = Table(
+    "webhook_subscriptions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("kinds", Text, nullable=False),
+    Column("format", String(16), nullable=False),
+    Column("secrets", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_by", String(200), nullable=False),
+)
+
+#: The webhook outbox: one row per message, written in the transaction of the event it reports, sent by the
+#: workers under a lease (`lease_owner` until `lease_expires_at`) until a 2xx answer or `give up`.
+webhook_outbox = Table(
+    "webhook_outbox",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("subscription_id", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("task_id", String(64), nullable=True),
+    Column("body", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("since", DateTime(timezone=True), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=True),
+    Column("lease_owner", String(200), nullable=True),
+    Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("delivered_at", DateTime(timezone=True), nullable=True),
+    Index("ix_webhook_outbox_status_next_attempt_at", "status", "next_attempt_at"),
+    Index("ix_webhook_outbox_subscription_id_created_at", "subscription_id", "created_at"),
 )

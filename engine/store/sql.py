@@ -24,6 +24,7 @@ from sqlalchemy import (
     Row,
     Select,
     Table,
+    and_,
     case,
     delete,
     func,
@@ -44,11 +45,24 @@ from engine.core.checkpoints import Head, Header
 from engine.core.errors import Code, RailyardError, StoreError
 from engine.core.events import Event, with_stored_data
 from engine.core.people import AccessAction, AccessChange, Person, Source, StoredToken
+from engine.core.remarks import REMARKS
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
+from engine.core.webhooks import Outgoing
 from engine.store import postgres, sqlite
 from engine.store.database import connection_problem, make_engine, reading, writing
 from engine.store.decode import audit_data, audit_instant, read_instant, stored_data
-from engine.store.protocol import AUDIT_PAGE, NO_DEADLINE, ListedTask, PageSession, TaskQuery, conflict
+from engine.store.flow_sql import Statements
+from engine.store.protocol import (
+    AUDIT_PAGE,
+    NO_DEADLINE,
+    ListedTask,
+    PageSession,
+    QueuedTask,
+    QueueQuery,
+    TaskQuery,
+    WorkClaim,
+    conflict,
+)
 from engine.store.schema import (
     access_trail,
     api_tokens,
@@ -59,11 +73,15 @@ from engine.store.schema import (
     page_sessions,
     people,
     snapshots,
+    task_claims,
     task_fields,
     tasks,
     terminal_counts,
+    webhook_outbox,
     workers,
 )
+from engine.store.sql_flow import SqlFlow
+from engine.store.sql_webhooks import SqlWebhooks, outbox_rows
 from engine.store.wakeups import Listener
 
 log = logging.getLogger("railyard.store")
@@ -86,6 +104,8 @@ class Dialect(Protocol):
     #: Every task's (task_id, seq, last_hash), ordered by the bytes of the task id: a checkpoint's leaves.
     HEADS: str
     LOG_HEADS: str
+    #: The flow-control statements (`engine.store.flow_sql`, `engine.store.sql_flow`).
+    FLOW: Statements
 
     def shared(self, url: str) -> bool:
         """Whether another process can open the database at `url` (forked replay jobs open it anew)."""
@@ -105,6 +125,7 @@ class Dialect(Protocol):
         snapshot: tuple[int, str, str] | None,
         next_run_at: datetime | None,
         lease_epoch: int | None,
+        outbox: Sequence[Outgoing] = (),
     ) -> None: ...
 
     def claim(
@@ -123,6 +144,10 @@ class Dialect(Protocol):
 
     def audit_session(self, raw: Any) -> AbstractContextManager[tuple[FetchAll, Stream]]: ...
 
+    def queue_due(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        """A blocked task's deadline for the work queue's order, with no deadline sorting last."""
+        ...
+
     def id_prefix(self, column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
         """`column` starts with `prefix`, in the form this database's index on the column serves."""
         ...
@@ -132,8 +157,10 @@ class Dialect(Protocol):
 DIALECTS: dict[str, Dialect] = {"sqlite": sqlite, "postgresql": postgres}
 
 
-class SqlStore:
-    """Durable, append-only task logs with optimistic concurrency, on SQLite or PostgreSQL."""
+class SqlStore(SqlFlow, SqlWebhooks):
+    """Durable, append-only task logs with optimistic concurrency, on SQLite or PostgreSQL; with `SqlFlow`, the
+    rows that pace model calls too (`engine.store.protocol.FlowStore`); with `SqlWebhooks`, webhook subscriptions
+    and deliveries."""
 
     def __init__(self, url: str, **engine_kwargs: Any) -> None:
         self.url = url
@@ -151,16 +178,23 @@ class SqlStore:
         self.engine.dispose()
 
     # -- writes ---------------------------------------------------------
-    def create(self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None) -> None:
-        """Insert a new task and its `start` event together, or neither; its starter and searchable fields too."""
+    def create(
+        self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None, outbox: Sequence[Outgoing] = ()
+    ) -> None:
+        """Insert a new task and its `start` event together, or neither; its starter and searchable fields, and
+        the webhook messages its start brings, too."""
         with self._errors(), self._writer() as conn:
             # The tenant only when there is one: a task of none is the row it always was (migration 0011).
-            within = {"tenant": row.tenant} if row.tenant is not None else {}
+            within: dict[str, Any] = {"tenant": row.tenant} if row.tenant is not None else {}
+            if row.priority is not None:
+                within["priority"] = row.priority
             conn.execute(insert(tasks).values(**_row_values(row), started_by=first.actor, **within))
             conn.execute(insert(events).values(**_event_values(first)))
             if fields:
                 rows = [{"task_id": row.task_id, "name": k, "value": v} for k, v in fields.items()]
                 conn.execute(insert(task_fields), rows)
+            if outbox:
+                conn.execute(insert(webhook_outbox), outbox_rows(outbox))
 
     def repin(
         self,
@@ -207,8 +241,10 @@ class SqlStore:
         snapshot: tuple[int, str, str] | None = None,
         next_run_at: datetime | None = None,
         lease_epoch: int | None = None,
+        outbox: Sequence[Outgoing] = (),
     ) -> None:
-        """Write `new_events` (seq `expected_seq + 1 ...`) and move the task row, in one transaction.
+        """Write `new_events` (seq `expected_seq + 1 ...`) and move the task row, in one transaction; the webhook
+        messages they bring (`outbox`) in the same one.
 
         The task row is updated `WHERE seq = expected_seq`; if another writer got
         there first nothing at all is written and `ConcurrencyConflict` is raised.
@@ -225,7 +261,9 @@ class SqlStore:
         with self._errors():
             raw = self.engine.raw_connection()
             try:
-                self.sql.append(raw, task_id, expected_seq, new_events, status, snapshot, next_run_at, lease_epoch)
+                self.sql.append(
+                    raw, task_id, expected_seq, new_events, status, snapshot, next_run_at, lease_epoch, outbox
+                )
             finally:
                 raw.close()
 
@@ -289,6 +327,21 @@ class SqlStore:
             conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.lease_epoch == epoch).values(**values))
             count = conn.execute(select(tasks.c.failures).where(tasks.c.task_id == task_id)).scalar()
         return int(count or 0)
+
+    def wake(self, task_id: str, state: str, at: datetime) -> bool:
+        """Make a task blocked in `state` due at `at` unless it is due sooner; by primary key, one statement."""
+        with self._errors(), self._writer() as conn:
+            moved = conn.execute(
+                update(tasks)
+                .where(tasks.c.task_id == task_id, tasks.c.state == state, tasks.c.status == "blocked")
+                .values(
+                    next_run_at=case(
+                        (and_(tasks.c.next_run_at.is_not(None), tasks.c.next_run_at < at), tasks.c.next_run_at),
+                        else_=at,
+                    )
+                )
+            )
+            return bool(moved.rowcount)
 
     # -- archive --------------------------------------------------------
     def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
@@ -795,6 +848,162 @@ class SqlStore:
             for r in rows
         ]
 
+    # -- the work queue: pages, counts, claims ----------------------------
+    def _queue_where(self, query: QueueQuery) -> list[ColumnElement[bool]]:
+        """The blocked tasks `query` selects, its order and page aside: the status as a literal, so that the
+        partial index of blocked tasks (migration 0010) serves a generic plan too."""
+        where: list[ColumnElement[bool]] = [
+            tasks.c.status == literal_column("'blocked'"),
+            tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(query.places)),
+        ]
+        if query.waiting_before is not None:
+            where.append(tasks.c.updated_at < query.waiting_before)
+        if query.tenants is not None:
+            where.append(tasks.c.tenant.in_(list(query.tenants)))
+        found: list[Select[Any]] = []
+        if query.field_value:
+            found.append(select(task_fields.c.task_id).where(task_fields.c.value == query.field_value))
+        if query.id_prefix:
+            by_id = tasks.alias("by_id")
+            found.append(select(by_id.c.task_id).where(self.sql.id_prefix(by_id.c.task_id, query.id_prefix)))
+        if found:
+            where.append(tasks.c.task_id.in_(union_all(*found) if len(found) > 1 else found[0]))
+        return where
+
+    def queue_page(self, query: QueueQuery) -> list[QueuedTask]:
+        """A keyset page in the order asked: (key, created_at, task_id) compared as one tuple with the cursor
+        task's own values, read by the same statement, so a cursor is a task id and a page costs its rows."""
+        if not query.places:
+            return []
+        where = self._queue_where(query)
+        key = _queue_key(tasks, query.sort, self.sql.queue_due)
+        order = (key, tasks.c.created_at, tasks.c.task_id)
+        if query.after is not None:
+            other = tasks.alias("cursor")
+            last = other.c.task_id == query.after
+            theirs = tuple_(
+                select(_queue_key(other, query.sort, self.sql.queue_due)).where(last).scalar_subquery(),
+                select(other.c.created_at).where(last).scalar_subquery(),
+                query.after,
+            )
+            mine = tuple_(*order)
+            where.append(mine < theirs if query.descending else mine > theirs)
+        statement = (
+            select(tasks)
+            .where(*where)
+            .order_by(*(c.desc() if query.descending else c for c in order))
+            .limit(max(query.limit, 0))
+        )
+        at = query.at or now()
+        with self._errors(), self._reader() as conn:
+            rows = conn.execute(statement).all()
+            ids = [r.task_id for r in rows]
+            named: dict[str, dict[str, str]] = {}
+            heads: dict[str, Event] = {}
+            claims: dict[str, WorkClaim] = {}
+            if ids:
+                fields_of = select(task_fields).where(task_fields.c.task_id.in_(ids)).order_by(task_fields.c.name)
+                for f in conn.execute(fields_of):
+                    named.setdefault(f.task_id, {})[f.name] = f.value
+                at_head = select(events).where(
+                    tuple_(events.c.task_id, events.c.seq).in_([(r.task_id, r.seq) for r in rows])
+                )
+                for e in conn.execute(at_head):
+                    heads[e.task_id] = _event(e)
+                live = select(task_claims).where(task_claims.c.task_id.in_(ids), task_claims.c.expires_at > at)
+                for c in conn.execute(live):
+                    claims[c.task_id] = _claim(c)
+        return [
+            QueuedTask(
+                _task_row(r),
+                r.started_by,
+                named.get(r.task_id, {}),
+                heads.get(r.task_id),
+                claims[r.task_id] if r.task_id in claims and claims[r.task_id].seq == r.seq else None,
+            )
+            for r in rows
+        ]
+
+    def queue_counts(self, query: QueueQuery) -> dict[tuple[str, int, str], int]:
+        """One GROUP BY over the partial index of blocked tasks: the counts cost the tasks counted, read from the
+        index, never their ids sent back (the queue read every id per state before, 0.4-0.8 s a page)."""
+        if not query.places:
+            return {}
+        statement = (
+            select(tasks.c.workflow, tasks.c.version, tasks.c.state, func.count().label("n"))
+            .where(*self._queue_where(query))
+            .group_by(tasks.c.workflow, tasks.c.version, tasks.c.state)
+        )
+        with self._errors(), self._reader() as conn:
+            return {(r.workflow, int(r.version), r.state): int(r.n) for r in conn.execute(statement)}
+
+    def claim_work(
+        self, task_id: str, actor: str, *, at: datetime, until: datetime, take_over: str | None = None
+    ) -> WorkClaim | None:
+        """An UPDATE that wins only over a claim that is over (expired, or of a seq the task left), `actor`'s own,
+        or, with a reason, anyone's; else an INSERT, whose key makes the second of two claimers lose; the claim
+        that holds is then read back. Both databases decide the race on the row, so one claimer wins."""
+        for _ in range(2):
+            try:
+                with self._errors(), self._writer() as conn:
+                    seq = conn.execute(select(tasks.c.seq).where(tasks.c.task_id == task_id)).scalar()
+                    if seq is None:
+                        return None
+                    held = conn.execute(select(task_claims).where(task_claims.c.task_id == task_id)).first()
+                    # Live: not expired, and nothing but notes and claims (`engine.core.remarks`) since its seq. A
+                    # claim's own event lands after the claim and is carried to it after that: a second claimer
+                    # between the two must still lose.
+                    live = (
+                        held is not None
+                        and utc(held.expires_at) > at
+                        and (held.seq == seq or not _decided_since(conn, task_id, held.seq))
+                    )
+                    other = held.actor if live and held is not None and held.actor != actor else None
+                    if other is not None and take_over is None and held is not None:
+                        return _claim(held)
+                    values = {
+                        "actor": actor,
+                        "seq": seq,
+                        "claimed_at": at,
+                        "expires_at": until,
+                        "taken_from": other,
+                        "reason": take_over if other is not None else None,
+                    }
+                    if held is None:
+                        conn.execute(insert(task_claims).values(task_id=task_id, **values))
+                    else:
+                        # The row as read: a claim that moved meanwhile (another claimer's) is not overwritten.
+                        same = (
+                            task_claims.c.task_id == task_id,
+                            task_claims.c.actor == held.actor,
+                            task_claims.c.claimed_at == held.claimed_at,
+                        )
+                        if conn.execute(update(task_claims).where(*same).values(**values)).rowcount != 1:
+                            continue
+                    return WorkClaim(task_id, actor, seq, at, until, values["taken_from"], values["reason"])
+            except StoreError as refused:
+                if refused.code is not Code.DATABASE_ERROR:
+                    raise
+                continue  # another claimer inserted first (the key refused this one): read what holds now
+        with self._errors(), self._reader() as conn:
+            found = conn.execute(select(task_claims).where(task_claims.c.task_id == task_id)).first()
+        return _claim(found) if found is not None else None
+
+    def release_work(self, task_id: str, actor: str) -> bool:
+        with self._errors(), self._writer() as conn:
+            gone = conn.execute(
+                delete(task_claims).where(task_claims.c.task_id == task_id, task_claims.c.actor == actor)
+            )
+            return gone.rowcount == 1
+
+    def carry_claim(self, task_id: str, from_seq: int, to_seq: int) -> None:
+        with self._errors(), self._writer() as conn:
+            conn.execute(
+                update(task_claims)
+                .where(task_claims.c.task_id == task_id, task_claims.c.seq == from_seq)
+                .values(seq=to_seq)
+            )
+
     # -- page sessions --------------------------------------------------
     def open_session(self, session: PageSession) -> None:
         with self._errors(), self._writer() as conn:
@@ -985,18 +1194,23 @@ class SqlStore:
         with self._errors(), self._writer() as conn:
             conn.execute(statement)
 
-    def workers(self, *, seen_since: datetime) -> list[WorkerReport]:
-        """Workers that reported since `seen_since` and have not stopped."""
-        query = (
-            select(workers)
-            .where(workers.c.seen_at >= seen_since, workers.c.stopped_at.is_(None))
-            .order_by(workers.c.name)
-        )
+    def workers(self, *, seen_since: datetime, stopped: bool = False) -> list[WorkerReport]:
+        """Workers that reported since `seen_since` and have not stopped (with `stopped`, those that have too)."""
+        query = select(workers).where(workers.c.seen_at >= seen_since).order_by(workers.c.name)
+        if not stopped:
+            query = query.where(workers.c.stopped_at.is_(None))
         with self._errors(), self._reader() as conn:
             rows = conn.execute(query).all()
         return [
             WorkerReport(
-                r.name, r.host, r.pid, r.concurrency, utc(r.started_at), utc(r.seen_at), None, json.loads(r.counts)
+                r.name,
+                r.host,
+                r.pid,
+                r.concurrency,
+                utc(r.started_at),
+                utc(r.seen_at),
+                None if r.stopped_at is None else utc(r.stopped_at),
+                json.loads(r.counts),
             )
             for r in rows
         ]
@@ -1100,6 +1314,7 @@ def _store_error(orig: BaseException | None, dbapi: Any, url: str) -> StoreError
     reaching = connection_problem(url, orig)
     if reaching is not None:  # not reaching the database says where and why, on the line the user sees
         log.error("database error: %s", reaching.message)
+        reaching.transient = reaching.code is Code.DATABASE_UNREACHABLE
         return reaching
     if isinstance(orig, dbapi.IntegrityError):
         log.warning("integrity error: %.200s", orig)
@@ -1108,7 +1323,11 @@ def _store_error(orig: BaseException | None, dbapi: Any, url: str) -> StoreError
     log.error("database error: %.200s", orig)
     if "no such table" in text or ("relation" in text and "does not exist" in text):
         return StoreError("the database has no Railyard schema; run `railyard db upgrade`", code=Code.SCHEMA_MISSING)
-    return StoreError(f"database error ({type(orig).__name__})", code=Code.DATABASE_ERROR)
+    error = StoreError(f"database error ({type(orig).__name__})", code=Code.DATABASE_ERROR)
+    # A connection the server closed or that broke (psycopg's OperationalError, InterfaceError): the same write
+    # may go through on the next connection.
+    error.transient = isinstance(orig, dbapi.OperationalError | dbapi.InterfaceError)
+    return error
 
 
 def _keyset(after: str, *, before: bool) -> ColumnElement[bool]:
@@ -1209,6 +1428,7 @@ def _task_row(r: Row[Any]) -> TaskRow:
         lease_epoch=r.lease_epoch,
         failures=r.failures,
         tenant=r.tenant,
+        priority=r._mapping.get("priority"),
     )
 
 
@@ -1286,6 +1506,35 @@ class _AfterNumbers:
         if isinstance(other, _AfterNumbers):
             return (self.rank, self.value) < (other.rank, other.value)
         return False
+
+
+def _queue_key(table: Any, sort: str, due: Callable[[ColumnElement[Any]], ColumnElement[Any]]) -> ColumnElement[Any]:
+    """The column a work queue sorts by: no deadline sorts after every real one (a far-off instant stands in for
+    it), so the keyset stays one tuple comparison. Each order has a partial index of blocked tasks that ends in
+    (created_at, task_id) (migration 0014), so a page reads its rows from the index, not every waiting task."""
+    if sort == "deadline":
+        return due(table.c.next_run_at)
+    column: ColumnElement[Any] = {
+        "waiting": table.c.updated_at,
+        "created": table.c.created_at,
+        "workflow": table.c.workflow,
+        "state": table.c.state,
+    }[sort]
+    return column
+
+
+def _decided_since(conn: Connection, task_id: str, seq: int) -> bool:
+    """Whether an event other than a note or a claim came after `seq`: what ends a claim made at `seq`."""
+    found = conn.execute(
+        select(events.c.seq)
+        .where(events.c.task_id == task_id, events.c.seq > seq, events.c.trigger.not_in(sorted(REMARKS)))
+        .limit(1)
+    ).first()
+    return found is not None
+
+
+def _claim(r: Row[Any]) -> WorkClaim:
+    return WorkClaim(r.task_id, r.actor, int(r.seq), utc(r.claimed_at), utc(r.expires_at), r.taken_from, r.reason)
 
 
 def _event(r: Row[Any]) -> Event:

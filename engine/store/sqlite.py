@@ -17,15 +17,17 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Boolean, Table
+from sqlalchemy import Boolean, Table, func, literal_column
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.sql import ColumnElement, Executable
 
 from engine.core.canonical import canonical_json, now, utc
 from engine.core.events import Event
 from engine.core.rows import Claim
+from engine.core.webhooks import Outgoing
+from engine.store import flow_sql
 from engine.store.decode import read_instant
-from engine.store.protocol import conflict
+from engine.store.protocol import NO_DEADLINE, conflict
 
 #: SQLite has no notifications: workers poll.
 SUPPORTS_NOTIFY = False
@@ -104,6 +106,11 @@ INSERT_EVENT = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_SNAPSHOT = "INSERT INTO snapshots (task_id, seq, hash, doc, created_at) VALUES (?, ?, ?, ?, ?)"
+#: A webhook message an event brings, due at once (`engine.store.sql_webhooks`); one already written is kept.
+INSERT_OUTBOX = (
+    "INSERT INTO webhook_outbox (id, subscription_id, kind, task_id, body, created_at, since, next_attempt_at,"
+    " status, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', 0) ON CONFLICT (id) DO NOTHING"
+)
 
 
 def append(
@@ -115,8 +122,10 @@ def append(
     snapshot: tuple[int, str, str] | None,
     next_run_at: datetime | None,
     lease_epoch: int | None,
+    outbox: Sequence[Outgoing] = (),
 ) -> None:
-    """`Store.append` in one write transaction; on a conflict, the same transaction reads which."""
+    """`Store.append` in one write transaction (the webhook messages the events bring too); on a conflict, the
+    same transaction reads which."""
     last = new_events[-1]
     at = instant(now())
     due = instant(next_run_at) if next_run_at is not None else None
@@ -164,6 +173,11 @@ def append(
         )
         if snapshot is not None:
             cur.execute(INSERT_SNAPSHOT, (task_id, *snapshot, at))
+        if outbox:
+            cur.executemany(
+                INSERT_OUTBOX,
+                [(m.id, m.subscription_id, m.kind, m.task_id, m.body, *[instant(m.created_at)] * 3) for m in outbox],
+            )
         cur.execute("COMMIT")
     except BaseException:
         cur.execute("ROLLBACK")
@@ -306,3 +320,13 @@ def id_prefix(column: ColumnElement[str], prefix: str) -> ColumnElement[bool]:
     """GLOB, not LIKE: it is case-sensitive, so SQLite serves it from the task id's index (LIKE it would scan)."""
     escaped = "".join(f"[{c}]" if c in "*?[]" else c for c in prefix)
     return column.op("GLOB", return_type=Boolean)(escaped + "*")
+
+
+#: The flow-control statements (`engine.store.flow_sql`): SQLite's clock in epoch seconds (to the millisecond),
+#: its two-argument MIN and MAX.
+FLOW = flow_sql.statements("((julianday('now') - 2440587.5) * 86400.0)", "MIN", "MAX")
+
+
+def queue_due(column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A blocked task's deadline for the work queue's order, none sorting after every real one (as stored text)."""
+    return func.coalesce(column, literal_column(f"'{instant(NO_DEADLINE)}'"))

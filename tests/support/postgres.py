@@ -67,5 +67,6 @@ def truncate(url: str) -> None:
         conn.execute("SET session_replication_role = replica")
         conn.execute(
             "TRUNCATE snapshots, events, task_fields, tasks, workers, checkpoints, archive_permits, page_sessions, "
-            "login_failures, terminal_counts, people, api_tokens, access_trail"
+            "login_failures, terminal_counts, people, api_tokens, access_trail, flow_breakers, flow_quotas, "
+            "flow_waits, task_claims, webhook_subscriptions, webhook_outbox"
         )

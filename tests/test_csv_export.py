@@ -1,0 +1,165 @@
+"""CSV export of the back office's lists (#32): the work queue and the task list as the person may see them,
+with the page's filters, sort and search, every page of them, money totals per currency, and no formula cells."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Iterator
+from html import unescape
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine import Engine, Registry, ScriptedModel
+from engine.api import TokenTable, create_app
+from engine.api import csv_export as export
+from engine.providers.scripted import call
+from tests.support.api import documented, login
+from tests.support.reference import DAMAGED, books, refund  # noqa: F401  (books: a fixture)
+from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE, fakes
+
+TOKENS: dict[str, tuple[str, set[str]]] = {
+    "tok-dana": ("dana", {"refund_approver", "expense_approver"}),
+    "tok-xavier": ("xavier", {"expense_approver"}),
+    "tok-ann": ("ann", set()),
+}
+
+
+@pytest.fixture
+def eng(db_url: str, books: fakes.Systems) -> Iterator[Engine]:  # noqa: F811
+    with Engine(db_url, Registry([REFUND_V1, TICKET_TRIAGE, EXPENSE]), authoriser=TokenTable.from_tokens(TOKENS)) as e:
+        yield e
+
+
+@pytest.fixture
+def client(eng: Engine) -> Iterator[TestClient]:
+    app = create_app(eng, TokenTable.from_tokens(TOKENS), session_secret="test-secret")
+    with TestClient(app, follow_redirects=False) as c:
+        yield documented(c)
+
+
+def refund_at_approval(eng: Engine, amount: int) -> str:
+    task_id = eng.start("refund", DAMAGED, actor="ann")
+    model = ScriptedModel(
+        [
+            call("query_order", order_id="O-1001"),
+            call("assess_eligibility", order_id="O-1001", finding="Delivered damaged; photo EV-1 shows it."),
+            refund(amount),
+        ],
+        profile="anthropic",
+    )
+    assert eng.run(task_id, model=model).state == "awaiting_approval"
+    return task_id
+
+
+def expense_in_review(eng: Engine, employee: str, cents: int = 12_345, currency: str = "EUR") -> str:
+    task_id = eng.start("expense", {"employee": employee, "limit_cents": 500_000}, actor="eve")
+    claim = call("submit", amount_cents=cents, currency=currency, description="Train to the customer visit")
+    assert eng.run(task_id, model=ScriptedModel([claim], profile="anthropic")).state == "review"
+    return task_id
+
+
+def table(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def rows_of(html: str) -> list[str]:
+    return re.findall(r'<tr id="work-([^"]+)"', html)
+
+
+def download_link(html: str) -> str:
+    found = re.search(r'<a href="([^"]*)" id="download-csv"', html)
+    assert found is not None, "no Download CSV link"
+    return unescape(found.group(1))
+
+
+def test_the_queue_csv_is_the_rows_the_page_lists_in_its_order_with_money_totals_per_currency(
+    client: TestClient, eng: Engine
+) -> None:
+    refunds = [refund_at_approval(eng, 12_999), refund_at_approval(eng, 1_001)]
+    expenses = [expense_in_review(eng, "eve", 12_345, "EUR"), expense_in_review(eng, "ed", 5_000, "USD")]
+    login(client, "dana")
+    page = client.get("/inbox", params={"sort": "created", "order": "desc"}).text
+    link = download_link(page)
+    assert "format=csv" in link and "sort=created" in link and "order=desc" in link
+    answer = client.get(link)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/csv")
+    assert answer.headers["content-disposition"].startswith('attachment; filename="work-')
+    rows = table(answer.text)
+    listed, totals = rows[:-2], rows[-2:]
+    assert [r["task"] for r in listed] == rows_of(page) == (refunds + expenses)[::-1]
+    by_id = {r["task"]: r for r in listed}
+    assert by_id[refunds[0]]["refund"] == "129.99" and by_id[refunds[0]]["refund currency"] == "EUR"
+    assert by_id[refunds[0]]["customer_id"] == "C-100" and by_id[refunds[0]]["state"] == "awaiting_approval"
+    assert by_id[expenses[1]]["amount"] == "50.00" and by_id[expenses[1]]["amount currency"] == "USD"
+    assert by_id[expenses[0]]["refund"] == ""  # not a refund: no value in the refund's column
+    assert [t["task"] for t in totals] == ["total EUR", "total USD"]
+    assert totals[0]["refund"] == "140.00" and totals[0]["amount"] == "123.45"
+    assert totals[1]["amount"] == "50.00" and totals[1]["refund"] == ""
+    # The search and the filters of the page hold in the file too.
+    found = table(client.get("/inbox", params={"workflow": "expense", "format": "csv"}).text)
+    assert {r["task"] for r in found if not r["task"].startswith("total")} == set(expenses)
+    searched = table(client.get("/inbox", params={"q": refunds[1][:13], "format": "csv"}).text)
+    assert [r["task"] for r in searched] == [refunds[1], "total EUR"]
+    # The API gives the same file for the same filters.
+    api = client.get("/api/work", params={"format": "csv"}, headers={"Authorization": "Bearer tok-dana"})
+    assert api.status_code == 200 and api.headers["content-type"].startswith("text/csv")
+    assert sorted(r["task"] for r in table(api.text)) == sorted([*refunds, *expenses, "total EUR", "total USD"])
+
+
+def test_a_person_without_a_role_gets_no_row_they_could_not_see_on_the_page(client: TestClient, eng: Engine) -> None:
+    refund_at_approval(eng, 12_999)
+    expense = expense_in_review(eng, "eve")
+    login(client, "xavier")  # approves expenses, not refunds
+    page = client.get("/inbox").text
+    rows = table(client.get(download_link(page)).text)
+    assert [r["task"] for r in rows if not r["task"].startswith("total")] == rows_of(page) == [expense]
+    assert "refund" not in rows[0]  # no refund state is listed: no refund column either
+    api = table(client.get("/api/work?format=csv", headers={"Authorization": "Bearer tok-xavier"}).text)
+    assert [r["task"] for r in api if not r["task"].startswith("total")] == [expense]
+    nobody = table(client.get("/api/work?format=csv", headers={"Authorization": "Bearer tok-ann"}).text)
+    assert nobody == []  # the header alone: ann holds no role a queue item waits on
+
+
+def test_cells_that_a_spreadsheet_would_run_are_quoted_and_numbers_are_not(client: TestClient, eng: Engine) -> None:
+    hostile = ['=HYPERLINK("http://x","y")', "+1+1", "-2+3", "@SUM(A1)"]
+    started = [expense_in_review(eng, name) for name in hostile]
+    login(client, "dana")
+    rows = table(client.get("/inbox", params={"format": "csv", "sort": "created"}).text)
+    by_id = {r["task"]: r for r in rows}
+    assert [by_id[t]["employee"] for t in started] == ["'" + name for name in hostile]
+    tasks = table(client.get("/tasks", params={"format": "csv", "workflow": "expense"}).text)
+    assert sorted(r["employee"] for r in tasks) == sorted("'" + name for name in hostile)
+    assert export.safe_cell("-12.50") == "-12.50" and export.safe_cell("-12.50+A1") == "'-12.50+A1"
+    assert export.safe_cell("\t=1") == "'\t=1" and export.safe_cell("plain = text") == "plain = text"
+
+
+def test_the_task_list_csv_has_every_page_and_only_what_the_person_may_read(
+    client: TestClient, eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "EXPORT_PAGE", 3)  # several keyset pages for a few tasks
+    started = [expense_in_review(eng, f"e{n}") for n in range(7)]
+    refund_id = refund_at_approval(eng, 500)
+    login(client, "dana")
+    page = client.get("/tasks", params={"workflow": "expense"}).text
+    link = download_link(page)
+    assert "workflow=expense" in link
+    rows = table(client.get(link).text)
+    assert [r["task"] for r in rows] == started[::-1]  # newest first, as the page, no repeats across pages
+    assert rows[0]["workflow"] == "expense" and rows[0]["status"] == "blocked" and rows[0]["employee"] == "e6"
+    everything = table(client.get("/api/tasks?format=csv", headers={"Authorization": "Bearer tok-dana"}).text)
+    assert {r["task"] for r in everything} == {*started, refund_id}
+    assert client.get("/api/tasks?format=xml", headers={"Authorization": "Bearer tok-dana"}).status_code == 422
+
+
+def test_the_queue_csv_reads_in_keyset_pages_and_repeats_no_row(
+    client: TestClient, eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "EXPORT_PAGE", 2)
+    started = [expense_in_review(eng, f"e{n}") for n in range(5)]
+    login(client, "dana")
+    rows = table(client.get("/inbox", params={"format": "csv", "sort": "created"}).text)
+    assert [r["task"] for r in rows] == [*started, "total EUR"]
+    assert rows[-1]["amount"] == "617.25"  # 5 x 123.45
