@@ -711,6 +711,7 @@ def test_the_openapi_document_lists_every_endpoint(client: TestClient) -> None:
         ("GET", "/api/tasks/{task_id}/history"),
         ("POST", "/api/tasks/{task_id}/signal"),
         ("POST", "/api/tasks/{task_id}/cancel"),
+        ("POST", "/api/tasks/{task_id}/notes"),
         ("POST", "/api/tasks/{task_id}/settle"),
         ("POST", "/api/tasks/{task_id}/fork"),
         ("POST", "/api/tasks/{task_id}/redrive"),

@@ -161,8 +161,9 @@ def test_a_model_reason_containing_script_renders_as_text(page: Any, engine: Eng
     page.goto(f"/inbox?open={task_id}")
     card = page.locator(f"#approval-{task_id}")
     assert script in card.inner_text()  # shown, as text
-    # No script but the queue's own keys (/static/queue.js), and no image.
-    assert page.locator("script").count() == 1 and page.locator("script[src='/static/queue.js']").count() == 1
+    # No script but the project's own two (the queue's keys, local times), and no image.
+    sources = page.locator("script").evaluate_all("scripts => scripts.map(s => s.getAttribute('src'))")
+    assert sorted(sources) == ["/static/queue.js", "/static/times.js"]
     assert page.locator("main img").count() == 0
     assert page.evaluate("typeof window.pwned") == "undefined"
     page.goto(f"/tasks/{task_id}")
@@ -176,7 +177,7 @@ def test_an_operator_pages_through_three_hundred_tasks(page: Any, engine: Engine
     log_in(page, "olga")
     page.click("nav >> text=Tasks")
     page.wait_for_url("**/tasks")
-    assert page.text_content("#page-size") == "Newest first, 50 per page."
+    assert page.text_content("#page-size").startswith("Newest first, 50 per page. Download CSV")
     seen: list[str] = []
     pages = 0
     while True:
@@ -467,7 +468,10 @@ def test_the_back_office_as_docs_api_md_shows_it(browser: Any, tmp_path: Path) -
                     timeline = tab.inner_text("ol.timeline")
                     assert "refused with DOMAIN_INVALID" in timeline and "approve by dana" in timeline
                     assert "recovered by reconciliation" in timeline
-                    assert "→ retryable_failure TOOL_REMOTE_ERROR payments_refund: unknown" in timeline
+                    # The failure by the state's label and the code's meaning, the outcome as the tool reported it.
+                    assert "unknown → Payment failed" in timeline
+                    assert "TOOL_REMOTE_ERROR The tool's remote system failed" in timeline
+                    assert "payments_refund: unknown" in timeline
                     tab.screenshot(path=str(shots / f"task-{width}.png"), full_page=True)
             finally:
                 context.close()

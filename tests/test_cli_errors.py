@@ -60,6 +60,7 @@ EXTRA = {
     "start": ["--input", '{"customer": "c1", "balance": 500}'],
     "graph": ["--task", str(uuid.uuid4())],
     "users tenants": ["--none"],
+    "webhooks add": ["--kind", "task.ended"],
 }
 #: Commands that check the files they are given before they connect: bad files are refused first.
 ARGUMENTS_FIRST = {"checkpoint verify": Code.CHECKPOINT_INVALID}
@@ -133,6 +134,9 @@ def argv_for(path: tuple[str, ...], command: Any, files: dict[str, Path]) -> lis
         "base": str(files["text"]),
         "out": str(files["text"].parent / "cases"),
         "model": f"scripted:{files['text']}",
+        "url": "https://hooks.example.com/railyard",
+        "subscription_id": "wh_0123456789abcdef",
+        "message_ids": "msg_0123456789abcdef",
     }
     argv = list(path)
     for param in command.params:

@@ -56,6 +56,8 @@ def test_upgrade_from_empty_to_head_and_back(empty_db: str) -> None:
         "flow_quotas",
         "flow_waits",
         "task_claims",
+        "webhook_subscriptions",
+        "webhook_outbox",
         "alembic_version",
     }
     assert migrations.current(empty_db) == "0015"

@@ -150,6 +150,10 @@ def test_sigterm_drains_every_process(tmp_path: Path, pg_url: str) -> None:
             task_ids = [eng.start("counter", {}, actor="ann") for _ in range(4)]
             # Two tasks in hand in each process (concurrency 2), each inside its 10-second model call.
             wait_for(lambda: all((r := eng.store.row(t)) is not None and r.lease_owner for t in task_ids))
+            # A task claimed a moment ago may not have begun its step yet, and a stopping worker hands such a task
+            # back untouched (which is right, and not what this test is about): give each claim time to reach its
+            # model call, which then lasts 10 s.
+            time.sleep(2.0)
         finally:
             supervisor.send_signal(signal.SIGTERM)
             _, err = supervisor.communicate(timeout=90)

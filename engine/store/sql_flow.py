@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, text
 
-from engine.core.flow import Amounts, BreakerRow, BreakerSettings, Limits, QuotaRow, Waiter, new_bucket
+from engine.core.flow import Amounts, BreakerRow, BreakerSettings, Limits, QuotaRow, Waiter, new_bucket, quota_take
 from engine.core.webhooks import Outgoing
 from engine.store.flow_sql import Statements
 from engine.store.schema import webhook_outbox
@@ -43,6 +43,11 @@ def bucket_parameters(limits: Limits) -> dict[str, float]:
 def limits_text(limits: Limits) -> str:
     """The limits as `railyard status` shows them (a bucket's row keeps the last ones applied)."""
     return json.dumps({k: v for k, v in asdict(limits).items() if v is not None}, sort_keys=True)
+
+
+def affords(row: QuotaRow, limits: Limits, amounts: Amounts, hold_seconds: float) -> bool:
+    """Whether the bucket as read (at the database's clock, `row.at`) would let the call through."""
+    return quota_take(row, limits, amounts, row.at, hold_seconds) is not None
 
 
 def quota_row(r: Any) -> QuotaRow:
@@ -133,6 +138,13 @@ class SqlFlow:
             if taken is not None:
                 return True, quota_row(taken)
             found = conn.execute(text(self._flow.QUOTA_READ), {"key": key}).first()
+            if found is not None and affords(quota_row(found), limits, amounts, hold_seconds):
+                # The row was made by another worker's first call between our take and this read: the take found
+                # no row, not an empty bucket. Take again rather than refuse a call the bucket can afford.
+                taken = conn.execute(text(self._flow.QUOTA_TAKE), params).first()
+                if taken is not None:
+                    return True, quota_row(taken)
+                found = conn.execute(text(self._flow.QUOTA_READ), {"key": key}).one()
             if found is None:  # the first call on this key anywhere: a full bucket, then the take
                 full = new_bucket(key, limits, 0.0)
                 conn.execute(
