@@ -510,6 +510,7 @@ def test_the_workflow_page_shows_each_states_quality_figures_of_the_last_seven_d
     # Two first asks (the lookup, accepted; the proposal without a reason, refused) and the repair's answer.
     assert "scripted:m1" in section and '<td class="first-try">1/2 (50%)</td>' in section
     assert '<td class="fields">reason 1</td>' in section
+    assert '<td class="escalations">0</td>' in section  # a schema failure is repaired on the same rung
     assert "Time in collecting" in section and "<td>collecting</td><td>2</td>" in section.replace("\n", "")
     waiting = re.search(r'id="state-awaiting_approval".*?</section>', html, flags=re.S)
     assert waiting is not None and "Nothing in the last 7 days." in waiting.group(0)  # the visit is still open

@@ -87,37 +87,41 @@ def turns(eng: Engine, clock: Clock, task_id: str, model: str, script: list[dict
 
 def seed(eng: Engine, clock: Clock) -> None:
     """The log: per cycle one task of each kind, 15 turns; `LATE` tasks of the first kind at `LATE_AT`."""
-    order = {"customer": "c1", "balance": 500}
     for cycle in range(CYCLES):
-        model = "alpha" if cycle % 2 == 0 else "beta"
-        # A: accepted at the first try (to auto_refund, where it stays).
-        turns(eng, clock, eng.start("refund", order, actor="ann"), model, [GOOD])
-        # B: two schema failures (amount, then reason), then accepted.
-        turns(eng, clock, eng.start("refund", order, actor="ann"), model, [NO_AMOUNT, NO_REASON, GOOD])
-        # C: arguments that are not JSON (the ladder restates its reminder), then accepted.
-        turns(eng, clock, eng.start("refund", order, actor="ann"), model, [NOT_JSON, GOOD])
-        # D: over the balance (two guards refuse), then a large refund that waits for an approver, who rejects it
-        # after a wait that grows with the cycle.
-        task = eng.start("refund", order, actor="ann")
-        turns(eng, clock, task, model, [OVER_BALANCE, LARGE])
-        clock.tick(60 * (cycle + 1))
-        eng.reject(task, "dana", "not this time")
-        # E: four schema failures on amount: three repairs, then the hand-off; an operator retries ten minutes
-        # later, and the model gives up at once.
-        task = eng.start("refund", order, actor="ann")
-        turns(eng, clock, task, model, [NO_AMOUNT] * 4)
-        clock.tick(600)
-        eng.fire(task, "retry", actor="olga")
-        turns(eng, clock, task, model, [GIVE_UP])
-        # F: the provider refuses the key; an operator retries five minutes later; accepted at the first try.
-        task = eng.start("refund", order, actor="ann")
-        turns(eng, clock, task, model, [AUTH])
-        clock.tick(300)
-        eng.fire(task, "retry", actor="olga")
-        turns(eng, clock, task, model, [GOOD])
+        one_cycle(eng, clock, "alpha" if cycle % 2 == 0 else "beta", cycle)
     clock.at = LATE_AT
     for _ in range(LATE):
-        turns(eng, clock, eng.start("refund", order, actor="ann"), "alpha", [GOOD])
+        turns(eng, clock, eng.start("refund", {"customer": "c1", "balance": 500}, actor="ann"), "alpha", [GOOD])
+
+
+def one_cycle(eng: Engine, clock: Clock, model: str, cycle: int) -> None:
+    """One task of each kind, 15 turns of `model` (the approver's wait grows with `cycle`)."""
+    order = {"customer": "c1", "balance": 500}
+    # A: accepted at the first try (to auto_refund, where it stays).
+    turns(eng, clock, eng.start("refund", order, actor="ann"), model, [GOOD])
+    # B: two schema failures (amount, then reason), then accepted.
+    turns(eng, clock, eng.start("refund", order, actor="ann"), model, [NO_AMOUNT, NO_REASON, GOOD])
+    # C: arguments that are not JSON (the ladder restates its reminder), then accepted.
+    turns(eng, clock, eng.start("refund", order, actor="ann"), model, [NOT_JSON, GOOD])
+    # D: over the balance (two guards refuse), then a large refund that waits for an approver, who rejects it
+    # after a wait that grows with the cycle.
+    task = eng.start("refund", order, actor="ann")
+    turns(eng, clock, task, model, [OVER_BALANCE, LARGE])
+    clock.tick(60 * (cycle + 1))
+    eng.reject(task, "dana", "not this time")
+    # E: four schema failures on amount: three repairs, then the hand-off; an operator retries ten minutes
+    # later, and the model gives up at once.
+    task = eng.start("refund", order, actor="ann")
+    turns(eng, clock, task, model, [NO_AMOUNT] * 4)
+    clock.tick(600)
+    eng.fire(task, "retry", actor="olga")
+    turns(eng, clock, task, model, [GIVE_UP])
+    # F: the provider refuses the key; an operator retries five minutes later; accepted at the first try.
+    task = eng.start("refund", order, actor="ann")
+    turns(eng, clock, task, model, [AUTH])
+    clock.tick(300)
+    eng.fire(task, "retry", actor="olga")
+    turns(eng, clock, task, model, [GOOD])
 
 
 def per_cycle(n: int, late: int = 0) -> dict[str, Any]:
@@ -431,6 +435,25 @@ def test_schema_failures_are_counted_per_field_with_made_up_fields_as_one_label(
     }
     timed = samples(metrics, "railyard_state_seconds_count", "workflow", "state")
     assert timed[("refund", "assessing")] == 1.0
+
+
+def test_repairs_escalations_hand_offs_and_each_guards_rejections_are_counters_as_quality_counts_them(
+    metrics: Metrics,
+) -> None:
+    """One task of each kind: the counters hold the hand count, which is what `railyard quality` gives too."""
+    with Engine(store=MemoryStore(), registry=Registry(all_workflows()), authoriser=StaticRoles(ROLES)) as eng:
+        one_cycle(eng, Clock(), "alpha", 0)
+        figures = read_quality(eng.audit).to_dict()["turns"]
+    labels = ("workflow", "state", "model")
+    key = ("refund", "assessing", "alpha")
+    assert samples(metrics, "railyard_turn_repairs_total", *labels) == {key: 7.0}  # B 2, C 1, D 1, E 3
+    assert samples(metrics, "railyard_turn_escalations_total", *labels) == {key: 1.0}  # C's reminder
+    assert samples(metrics, "railyard_turn_hand_offs_total", *labels) == {key: 1.0}  # E
+    guards = samples(metrics, "railyard_domain_rejections_total", *labels, "guard")
+    assert guards == {(*key, "small_amount"): 1.0, (*key, "within_balance"): 1.0}  # D: 600 is both
+    (quality,) = [f for f in figures if f["state"] == "assessing"]
+    assert (quality["repairs"], quality["escalations"], quality["hand_offs"]) == (7, 1, 1)
+    assert quality["domain_rejections"] == {"small_amount": 1, "within_balance": 1}
 
 
 def test_turns_tokens_and_cost_per_state_model_and_rung_are_scraped_from_metrics(

@@ -92,6 +92,31 @@ def proposal_code(data: EventData, turn: Turn) -> str | None:
     return code
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an answered turn came to beside its code: the counts `railyard quality` and the metrics both take
+    from it, so the two never count a turn differently."""
+
+    repair: bool
+    hand_off: bool
+    escalated: bool
+    #: The guards that refused the answer (DOMAIN_INVALID), by their short names.
+    guards: frozenset[str]
+
+
+def turn_outcome(event: Event, turn: Turn, code: str | None) -> Outcome | None:
+    """The outcome of a turn the model answered (None: a provider error or a refused request shape, no answer)."""
+    if event.trigger in _UNANSWERED:
+        return None
+    errors = turn.get("errors", []) if code == Code.DOMAIN_INVALID else []
+    return Outcome(
+        repair=event.trigger == REPAIR,
+        hand_off=event.trigger == HAND_OFF,
+        escalated="escalated" in turn,
+        guards=frozenset(guard_of(e) for e in errors if isinstance(e, dict)),
+    )
+
+
 def failed_fields(data: EventData, *, bounded: bool = False) -> frozenset[str]:
     """The fields a model turn's answer failed the schema on (empty: it did not fail the schema): each field path
     once, however many errors name it. An answer that failed the schema as a whole is `(root)`.
@@ -424,7 +449,8 @@ class QualityFold:
         code = proposal_code(data, turn)
         if code:
             figures.codes[code] += 1
-        if event.trigger in _UNANSWERED:
+        outcome = turn_outcome(event, turn, code)
+        if outcome is None:
             if event.trigger == PROVIDER_ERROR:
                 figures.provider_errors += 1
             else:
@@ -436,14 +462,12 @@ class QualityFold:
         if code is None:
             figures.accepted += 1
             figures.first_try_accepted += first
-        figures.repairs += event.trigger == REPAIR
-        figures.hand_offs += event.trigger == HAND_OFF
-        figures.escalations += "escalated" in turn
+        figures.repairs += outcome.repair
+        figures.hand_offs += outcome.hand_off
+        figures.escalations += outcome.escalated
         figures.schema_failures.update(failed_fields(data))
-        if code == Code.OUTPUT_NOT_JSON:
-            figures.parse_failures += 1
-        elif code == Code.DOMAIN_INVALID:
-            figures.domain_rejections.update({guard_of(e) for e in turn.get("errors", []) if isinstance(e, dict)})
+        figures.parse_failures += code == Code.OUTPUT_NOT_JSON
+        figures.domain_rejections.update(outcome.guards)
 
     def _enter(self, event: Event) -> None:
         self._visit = _Visit(base_state(event.to_state), self._version, event.at)

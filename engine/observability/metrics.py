@@ -12,7 +12,7 @@ queue depth, the oldest due task) is read from the database at each scrape by
 numbers: take the max (or one process's), never the sum.
 
 Label values are bounded: workflow, trigger and state names come from the
-definitions, codes from the closed `Code` enum, outcomes from the tool
+definitions (guard names too), codes from the closed `Code` enum, outcomes from the tool
 protocol. Task ids are never labels.
 """
 
@@ -46,7 +46,16 @@ from engine.core.model_errors import ModelError
 from engine.core.model_interface import ModelResponse, Usage
 from engine.core.payloads import Turn
 from engine.core.profiles import load_profiles, profile_prices
-from engine.core.quality import TOKEN_KINDS, Prices, base_state, failed_fields, leaves_state, proposal_code, turn_cost
+from engine.core.quality import (
+    TOKEN_KINDS,
+    Prices,
+    base_state,
+    failed_fields,
+    leaves_state,
+    proposal_code,
+    turn_cost,
+    turn_outcome,
+)
 from engine.core.replay import ReplayReport
 from engine.store import Store
 from engine.store.protocol import FlowStore
@@ -163,6 +172,32 @@ class Metrics:
             turn_key,
             registry=None,
         )
+        self.repairs = Counter(
+            "railyard_turn_repairs",
+            "Answers refused with a repair left (the model was asked again), by the turns' key.",
+            turn_key,
+            registry=None,
+        )
+        self.escalations = Counter(
+            "railyard_turn_escalations",
+            "Answers after which the forcing ladder moved (a reminder, or the next rung down), by the turns' key.",
+            turn_key,
+            registry=None,
+        )
+        self.hand_offs = Counter(
+            "railyard_turn_hand_offs",
+            "Answers after which the repairs ran out and the task left for a person or the state's on_exhausted "
+            "target, by the turns' key.",
+            turn_key,
+            registry=None,
+        )
+        self.domain_rejections = Counter(
+            "railyard_domain_rejections",
+            "Answers a domain guard refused (DOMAIN_INVALID), by the turns' key and the guard's name (one per guard "
+            "that refused the answer).",
+            (*turn_key, "guard"),
+            registry=None,
+        )
         self._prices: Prices | None = None
         self.visits = StateClock()
         self.flow_waits = Histogram(
@@ -211,6 +246,10 @@ class Metrics:
             self.turns,
             self.turn_tokens,
             self.turn_cost,
+            self.repairs,
+            self.escalations,
+            self.hand_offs,
+            self.domain_rejections,
         )
 
     # -- recording ---------------------------------------------------------------------------------------------
@@ -239,7 +278,18 @@ class Metrics:
         counts it (`engine.core.quality`)."""
         provider, _, model = str(turn.get("model", "")).partition(":")
         key = (workflow, str(version), base_state(event.from_state or ""), provider, model, str(turn.get("strategy")))
-        self.turns.labels(*key, proposal_code(event.data, turn) or NONE).inc()
+        code = proposal_code(event.data, turn)
+        self.turns.labels(*key, code or NONE).inc()
+        if (outcome := turn_outcome(event, turn, code)) is not None:
+            for counted, family in (
+                (outcome.repair, self.repairs),
+                (outcome.escalated, self.escalations),
+                (outcome.hand_off, self.hand_offs),
+            ):
+                if counted:
+                    family.labels(*key).inc()
+            for guard in sorted(outcome.guards):
+                self.domain_rejections.labels(*key, guard).inc()
         spent: Mapping[str, Any] = turn.get("usage") or {}
         for kind in TOKEN_KINDS:
             if tokens := int(spent.get(kind, 0)):
