@@ -375,7 +375,7 @@ class _Links:
         log = self.held.get(event.task_id)
         if log is not None and "parent" in log[0].data:
             log.append(event)
-        elif isinstance(event.data.get("child"), dict) and (event.trigger in (SPAWN, SPAWNED) or _ends_child(event)):
+        elif _names_children(event) and (event.trigger in (SPAWN, SPAWNED) or _ends_child(event)):
             if log is None:
                 log = self.held[event.task_id] = [self._first] if self._first is not None else []
             log.append(event)
@@ -393,8 +393,8 @@ class _Links:
             row = self.rows.get(task_id)
             rules = lookup(row.workflow, row.version) if row is not None else None
             for event in log:
-                other = _other_end(event)
-                if other is None or (root is None and other not in self.rows):
+                others = _other_ends(event)
+                if not others or (root is None and any(other not in self.rows for other in others)):
                     continue  # not a link, or one to a task outside a file that claims no tree
                 for finding in check(event, rules):
                     yield Finding(finding.code, finding.seq, f"task {task_id}: {finding.message}")
@@ -415,16 +415,26 @@ def _ends_child(event: Event) -> bool:
     return event.trigger.startswith(CHILD_TRIGGER_PREFIX)
 
 
-def _other_end(event: Event) -> str | None:
-    """The task a linking event names (a child's parent, a parent's child); None: it links to none the check reads
-    (a `spawn`: its child is judged on `spawned` and the child's own first event)."""
+def _names_children(event: Event) -> bool:
+    """Whether an event records a child (`child`) or a fan-out's children (`fan_out`)."""
+    return isinstance(event.data.get("child"), dict) or isinstance(event.data.get("fan_out"), dict)
+
+
+def _other_ends(event: Event) -> list[str]:
+    """The tasks a linking event names (a child's parent, a parent's child, a fan-out's children); none: it links
+    to none the check reads (a `spawn`: its children are judged on `spawned` and their own first events; a
+    fan-out's `spawn` is held for the join's check all the same)."""
     if event.seq == 1:
         link = event.data.get("parent")
-        return str(link.get("task_id")) if isinstance(link, dict) else None
-    record = event.data.get("child")
-    if event.trigger == SPAWN or not isinstance(record, dict):
-        return None
-    return str(record.get("task_id"))
+        return [str(link.get("task_id"))] if isinstance(link, dict) else []
+    if event.trigger == SPAWN:
+        return []
+    record, fan = event.data.get("child"), event.data.get("fan_out")
+    if isinstance(record, dict):
+        return [str(record.get("task_id"))]
+    if isinstance(fan, dict) and isinstance(fan.get("children"), list):
+        return [str(c.get("task_id")) for c in fan["children"] if isinstance(c, dict)]
+    return []
 
 
 class ExportCheck:
