@@ -16,7 +16,7 @@ process, so its time is the server's; each is the median (and p95) of 20 after 3
   api work          GET /api/work, the same page as JSON
   tasks p1          GET /tasks: the task list's first page
   tasks search      GET /tasks?q=C-77777
-  queue counts      the queue's counts alone (`Store.queue_counts`, one GROUP BY), as the page asks for them
+  queue counts      the queue's counts alone (`Store.queue_counts`: the sums kept per place), as the page asks
   csv first row     GET /inbox?format=csv until its first row (the header and the first keyset page's first
                     row, from the export's generator: the test client would wait for the whole file)
   tasks csv first   the same for /tasks?format=csv
@@ -24,7 +24,9 @@ process, so its time is the server's; each is the median (and p95) of 20 after 3
 and, once, the rate of the queue's CSV export over its first 10,000 rows (the whole queue at --quick).
 
 The baselines are what a hand-written page costs in the same database: the page's SELECT (51 rows, ordered by
-the deadline) and a GROUP BY count over the same partial index, sent with psycopg; and the task list's SELECT.
+the deadline) and the sum of the counts the database keeps per place (`blocked_counts`, migration 0016), sent
+with psycopg; and the task list's SELECT. The GROUP BY over every waiting task, which the counts were before,
+is printed beside them.
 Each figure is printed with its ratio to its baseline. The target is 100 ms for each page (issue #32).
 
     python bench/backoffice.py                # 100,000 waiting tasks: about 3 minutes on 2 busy CPUs
@@ -117,6 +119,11 @@ LIMIT 51
 RAW_COUNTS = """
 SELECT workflow, version, state, count(*) FROM tasks
 WHERE status = 'blocked' AND (workflow, version, state) IN (('bench_scale', 1, 'review'))
+GROUP BY workflow, version, state
+"""
+RAW_KEPT_COUNTS = """
+SELECT workflow, version, state, sum(tasks) FROM blocked_counts
+WHERE (workflow, version, state) IN (('bench_scale', 1, 'review'))
 GROUP BY workflow, version, state
 """
 RAW_TASKS = """
@@ -222,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
         baselines = {
             "raw_queue_page": timed(raw(dsn, RAW_QUEUE)),
             "raw_counts": timed(raw(dsn, RAW_COUNTS)),
+            "raw_kept_counts": timed(raw(dsn, RAW_KEPT_COUNTS)),
             "raw_tasks_page": timed(raw(dsn, RAW_TASKS)),
         }
         eng.close()
-    queue_raw = baselines["raw_queue_page"]["p50_ms"] + baselines["raw_counts"]["p50_ms"]
+    # What the page's two statements cost by hand: its rows, and the counts summed from the rows the database keeps
+    # (migration 0016). The GROUP BY over every waiting task, what the counts cost before, is printed beside them.
+    queue_raw = baselines["raw_queue_page"]["p50_ms"] + baselines["raw_kept_counts"]["p50_ms"]
     against = {
-        "queue_counts": baselines["raw_counts"]["p50_ms"],
+        "queue_counts": baselines["raw_kept_counts"]["p50_ms"],
         "queue_csv_first": baselines["raw_queue_page"]["p50_ms"],
         "tasks_csv_first": baselines["raw_tasks_page"]["p50_ms"],
         "queue_p1": queue_raw,

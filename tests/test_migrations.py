@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, inspect, pool
 
 from engine import SqlStore, migrations
 from engine.store.database import normalize_url
+from engine.store.protocol import QueueQuery
 from tests.support.postgres import create_pg_database, drop_pg_database
 from tests.support.stores import T0, ended, started
 
@@ -58,15 +59,16 @@ def test_upgrade_from_empty_to_head_and_back(empty_db: str) -> None:
         "task_claims",
         "webhook_subscriptions",
         "webhook_outbox",
+        "blocked_counts",
         "alembic_version",
     }
-    assert migrations.current(empty_db) == "0015"
+    assert migrations.current(empty_db) == "0016"
     migrations.check(empty_db)  # raises if the metadata and the migrated schema differ
     migrations.downgrade(empty_db, "base")
     assert tables(empty_db) == {"alembic_version"}
     assert migrations.current(empty_db) is None
     migrations.upgrade(empty_db)  # and up again: downgrade left nothing behind
-    assert migrations.current(empty_db) == "0015"
+    assert migrations.current(empty_db) == "0016"
 
 
 def test_upgrading_a_database_that_holds_ended_tasks_counts_them_once(empty_db: str) -> None:
@@ -87,6 +89,35 @@ def test_upgrading_a_database_that_holds_ended_tasks_counts_them_once(empty_db: 
         migrations.upgrade(empty_db)
         ended(store, "t-1", workflow="triage")  # and the triggers count from there on
         assert [c["tasks"] for c in store.status_counts() if c["workflow"] == "triage"] == [2]
+    finally:
+        store.close()
+
+
+def test_upgrading_a_database_with_tasks_waiting_counts_them_in_the_queue_once(empty_db: str) -> None:
+    """Migration 0016 counts the tasks already waiting per place (the queue reads those counts from then on), and a
+    downgrade and upgrade count them again from the rows."""
+    migrations.upgrade(empty_db, "0015")
+    store = SqlStore(empty_db)
+    try:
+        columns = "task_id, workflow, version, digest, state, status, seq, last_hash, created_at, updated_at, tenant"
+        rows = ", ".join(
+            f"('w-{n}', 'refund', 1, 'd', '{'approve' if n % 2 else 'review'}', "
+            f"'{'blocked' if n % 5 else 'runnable'}', 1, 'h', '2026-01-01', '2026-01-01', "
+            f"{'NULL' if n % 3 else repr('acme')})"
+            for n in range(30)
+        )
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"INSERT INTO tasks ({columns}) VALUES {rows}")
+        places = [("refund", 1, "approve"), ("refund", 1, "review")]
+        expected = {("refund", 1, "approve"): 12, ("refund", 1, "review"): 12}  # 30, less the 6 runnable
+        for _ in range(2):
+            migrations.upgrade(empty_db)
+            assert store.queue_counts(QueueQuery(places)) == expected
+            assert store.queue_counts(QueueQuery(places, tenants=["acme"])) == {
+                ("refund", 1, "approve"): 4,
+                ("refund", 1, "review"): 4,
+            }
+            migrations.downgrade(empty_db, "0015")
     finally:
         store.close()
 
@@ -125,7 +156,7 @@ def test_ended_tasks_inserted_in_bulk_are_counted(empty_db: str) -> None:
 def test_upgrade_is_idempotent(empty_db: str) -> None:
     migrations.upgrade(empty_db)
     migrations.upgrade(empty_db)
-    assert migrations.current(empty_db) == "0015"
+    assert migrations.current(empty_db) == "0016"
 
 
 @pytest.mark.parametrize("url", ["sqlite:///offline.db", "postgresql+psycopg://u@h/db"])

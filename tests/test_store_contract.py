@@ -10,6 +10,7 @@ seqs, against the three stores at once and asks for the same logs and refusals.
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
@@ -634,6 +635,39 @@ PLACES = [("refund", 1, "approve"), ("refund", 1, "review"), ("triage", 1, "appr
 
 def queued(store: Store, **asked: Any) -> list[str]:
     return [t.row.task_id for t in store.queue_page(QueueQuery(PLACES, **asked))]
+
+
+def test_the_queue_counts_the_database_keeps_follow_every_move_into_out_of_and_between_places(store: Store) -> None:
+    """The counts kept per place and tenant (migration 0016) equal a count of the tasks themselves (the GROUP BY a
+    search uses: `waiting_before` far ahead selects every task) after each of 80 random moves of 24 tasks: into a
+    blocked state, between blocked states, out to runnable, to an end, with and without a tenant."""
+    rng = random.Random(16)
+    places = [("approve", "blocked"), ("review", "blocked"), ("working", "runnable"), ("done", "terminal")]
+    logs: dict[str, Log] = {}
+    for n in range(24):
+        log = logs[f"k-{n}"] = Log(f"k-{n}", workflow="triage" if n % 3 == 0 else "refund", state="approve")
+        row = log.row(status="blocked")
+        store.create(replace(row, tenant="acme") if n % 4 == 0 else row, log.first)
+    ended_ids: set[str] = set()
+
+    def counted(**asked: Any) -> tuple[dict[tuple[str, int, str], int], dict[tuple[str, int, str], int]]:
+        kept = store.queue_counts(QueueQuery(PLACES, **asked))
+        scanned = store.queue_counts(QueueQuery(PLACES, waiting_before=now() + timedelta(days=3650), **asked))
+        return kept, scanned
+
+    for step in range(80):
+        task_id = rng.choice(sorted(set(logs) - ended_ids))
+        log = logs[task_id]
+        [(state, status)] = rng.choices(places, weights=[4, 4, 4, 1])
+        store.append(task_id, log.seq, [log.next("move", state)], status=status)
+        if status == "terminal":
+            ended_ids.add(task_id)
+        choices: list[dict[str, Any]] = [{}, {"tenants": ["acme"]}, {"tenants": []}]
+        for asked in choices:
+            kept, scanned = counted(**asked)
+            assert kept == scanned, (step, asked)
+    blocked = [t for t, log in logs.items() if log.state in ("approve", "review")]
+    assert sum(counted()[0].values()) == len(blocked) > 0
 
 
 def test_the_work_queue_pages_in_every_order_without_repeats_and_counts_by_place(store: Store) -> None:

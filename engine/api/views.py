@@ -1414,8 +1414,9 @@ def work_queue(
     oldest (by creation, then id), with the counts per kind and workflow of the tasks the same filters select.
 
     Two statements whatever the queue holds: the page (`Store.queue_page`: rows, fields, head events, claims) and
-    the counts (`Store.queue_counts`, a GROUP BY). Tasks waiting on roles the person lacks are counted, never
-    listed. `opened` is the one task whose full card is drawn in place (it alone is loaded with its log)."""
+    the counts (`Store.queue_counts`, the sums the database keeps per place). Tasks waiting on roles the person
+    lacks are counted, never listed. `opened` is the one task whose full card is drawn in place (it alone is
+    loaded with its log)."""
     limit = max(1, min(limit, WORK_MAX_LIMIT))
     sort = sort if sort in SORT_LABELS else "deadline"
     after = decode_cursor(cursor) if cursor else None

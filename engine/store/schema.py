@@ -156,6 +156,20 @@ terminal_counts = Table(
     Column("tasks", BigInteger, nullable=False),
 )
 
+#: How many tasks wait in each place (workflow, version, state) per tenant ('' for none), kept by triggers on
+#: `tasks` (migration 0016), so that the work queue's counts read these few rows, never the waiting tasks
+#: themselves. PostgreSQL spreads a place over 16 slots by a hash of the task id, as `terminal_counts` does.
+blocked_counts = Table(
+    "blocked_counts",
+    metadata,
+    Column("workflow", String(64), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("state", String(64), primary_key=True),
+    Column("tenant", String(64), primary_key=True),
+    Column("slot", Integer, primary_key=True),
+    Column("tasks", BigInteger, nullable=False),
+)
+
 #: A page session per login: the cookie holds a random id, this row its SHA-256. Logout deletes the row, so a
 #: copied cookie stops working at once; `flash` is the one message the next page shows (then it is cleared).
 #: `credential` says what signed in, read again on every request: `token:<sha256>` (a token of the tokens file or

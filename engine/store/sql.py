@@ -67,6 +67,7 @@ from engine.store.schema import (
     access_trail,
     api_tokens,
     archive_permits,
+    blocked_counts,
     checkpoints,
     events,
     login_failures,
@@ -925,17 +926,27 @@ class SqlStore(SqlFlow, SqlWebhooks):
         ]
 
     def queue_counts(self, query: QueueQuery) -> dict[tuple[str, int, str], int]:
-        """One GROUP BY over the partial index of blocked tasks: the counts cost the tasks counted, read from the
-        index, never their ids sent back (the queue read every id per state before, 0.4-0.8 s a page)."""
+        """The sums of `blocked_counts`, which the database keeps per place and tenant (migration 0016): a few
+        rows whatever the queue holds. A search or an age filter narrows the tasks first: those are counted with
+        one GROUP BY over the partial index of blocked tasks."""
         if not query.places:
             return {}
-        statement = (
-            select(tasks.c.workflow, tasks.c.version, tasks.c.state, func.count().label("n"))
-            .where(*self._queue_where(query))
-            .group_by(tasks.c.workflow, tasks.c.version, tasks.c.state)
-        )
+        if query.waiting_before is None and not query.id_prefix and not query.field_value:
+            c = blocked_counts.c
+            kept = select(c.workflow, c.version, c.state, func.sum(c.tasks).label("n")).where(
+                tuple_(c.workflow, c.version, c.state).in_(list(query.places))
+            )
+            if query.tenants is not None:
+                kept = kept.where(c.tenant.in_(list(query.tenants)))
+            statement = kept.group_by(c.workflow, c.version, c.state)
+        else:
+            statement = (
+                select(tasks.c.workflow, tasks.c.version, tasks.c.state, func.count().label("n"))
+                .where(*self._queue_where(query))
+                .group_by(tasks.c.workflow, tasks.c.version, tasks.c.state)
+            )
         with self._errors(), self._reader() as conn:
-            return {(r.workflow, int(r.version), r.state): int(r.n) for r in conn.execute(statement)}
+            return {(r.workflow, int(r.version), r.state): int(r.n) for r in conn.execute(statement) if r.n}
 
     def claim_work(
         self, task_id: str, actor: str, *, at: datetime, until: datetime, take_over: str | None = None

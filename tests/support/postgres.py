@@ -15,6 +15,8 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from engine.store.schema import metadata
+
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -65,8 +67,5 @@ def truncate(url: str) -> None:
     with psycopg.connect(libpq(url), autocommit=True) as conn:
         # As the database's owner: the append-only guard (migration 0007) refuses TRUNCATE too.
         conn.execute("SET session_replication_role = replica")
-        conn.execute(
-            "TRUNCATE snapshots, events, task_fields, tasks, workers, checkpoints, archive_permits, page_sessions, "
-            "login_failures, terminal_counts, people, api_tokens, access_trail, flow_breakers, flow_quotas, "
-            "flow_waits, task_claims, webhook_subscriptions, webhook_outbox"
-        )
+        # Every table of the schema, so none is left holding the last test's rows (the kept counts above all).
+        conn.execute(f"TRUNCATE {', '.join(table.name for table in metadata.sorted_tables)}")
