@@ -294,8 +294,8 @@ def test_decision_cards_show_what_each_reference_workflow_declares_and_a_default
     assert re.search(r"proposed by model:scripted:scripted at 20\d\d-", text)
     assert re.search(r"deadline 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC ?, then it goes to needs_human", text)
     assert (
-        "Approve the refund: to executing: runs payments_refund (a write)" in text
-        and "Reject: ends the task as rejected" in text
+        "Approve the refund: to Paying the refund: runs payments_refund (a write)" in text
+        and "Reject: ends the task: No refund" in text  # the states by the workflow's labels
     )
     text = words(client.get("/inbox", params={"open": expense}).text)  # the card opens in place
     assert "Expense of 123.45 EUR by eve: Train to the customer visit" in text

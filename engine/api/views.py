@@ -629,6 +629,8 @@ class ApprovalView:
     buttons: list[Button] = field(default_factory=list)
     #: What the workflow declares this decision shows first (or the default: the input).
     card: Card | None = None
+    #: The state as people read it (`Workflow.labels`).
+    state_label: str = ""
 
     @property
     def subject(self) -> str:
@@ -689,6 +691,7 @@ def approval_view(
         task_id=pending["task_id"],
         workflow=pending["workflow"],
         state=pending["state"],
+        state_label=definition.labels.for_state(str(pending["state"])),
         seq=task.seq,
         role=pending["role"],
         started_by=pending["started_by"],
@@ -1050,7 +1053,7 @@ class Button:
     label: str
     #: Where the form posts: the decision endpoints for approve/reject of an approval, else the one for triggers.
     action: str
-    #: What happens next, in words: "to executing: runs payments_refund (a write)".
+    #: What happens next, in words: "to Paying the refund: runs payments_refund (a write)", states by their labels.
     then: str
     fields: list[FormField]
     #: The write the confirmation restates (its tool and amount), or None: no confirmation.
@@ -1071,13 +1074,14 @@ _COMMENT_FIELD = {"approve": ("comment", "Comment"), "reject": ("reason", "Reaso
 def _leads_to(definition: Workflow, target: str) -> tuple[str, str | None]:
     """Where an action leads, in words, and the write it runs there (None: no write)."""
     state = definition.state(target)
+    named = definition.labels.for_state(target)
     if isinstance(state, Tool) and definition.tools is not None and state.tool in definition.tools:
         kind = str(definition.tools.get(state.tool).kind)
-        then = f"to {target}: runs {state.tool} ({'a write' if kind == 'write' else 'a read'})"
+        then = f"to {named}: runs {state.tool} ({'a write' if kind == 'write' else 'a read'})"
         return then, state.tool if kind == "write" else None
     if state.kind is StateKind.TERMINAL:
-        return f"ends the task as {target}", None
-    return f"to {target} ({state.kind})", None
+        return f"ends the task: {named}", None
+    return f"to {named} ({state.kind})" if named == target else f"to {named}", None
 
 
 def buttons(definition: Workflow, task: TaskState, principal: Principal) -> list[Button]:
@@ -1231,6 +1235,8 @@ class WorkItem:
 
     #: How long it has waited, as people say it (when the page was drawn).
     waited: str = ""
+    #: The state as people read it (`Workflow.labels`).
+    state_label: str = ""
 
     @property
     def subject(self) -> str:
@@ -1276,6 +1282,8 @@ class QueueRow:
     #: The task that started this one, as its row names it ("ticket triage T-5001"); None: no child, or a parent
     #: of a workflow the reader may not read (its handle is withheld with it).
     chain: Chain | None = None
+    #: The state in the words the workflow's labels give it (the identifier where it gives none).
+    state_label: str = ""
 
     @property
     def subject(self) -> str:
@@ -1510,7 +1518,10 @@ def queue_row(
         and access.operator_refusal(definition, row.state, REDRIVE, principal.caller, row.task_id) is None
     ):
         triggers.append(REDRIVE)
-    asked = " or ".join(t.replace("_", " ") for t in triggers).capitalize() or "Nothing you may do: read it"
+    asked = (
+        " or ".join(definition.labels.actions.get(t) or t.replace("_", " ") for t in triggers).capitalize()
+        or "Nothing you may do: read it"
+    )
     if isinstance(prepared, Mapping) and open_to:
         money = next((a.text for a in _prepared_shown(definition, prepared) if a.money), None)
         asked += f": {prepared.get('tool')}" + (f", {money}" if money else "")
@@ -1520,6 +1531,7 @@ def queue_row(
         workflow=definition.ref,
         version=row.version,
         state=row.state,
+        state_label=definition.labels.for_state(row.state),
         kind=kind,
         seq=row.seq,
         digest=digest,
@@ -1580,6 +1592,7 @@ def work_of(
         workflow=definition.ref,
         version=definition.version,
         state=task.state,
+        state_label=definition.labels.for_state(task.state),
         kind=kind,
         seq=task.seq,
         started_by=task.started_by,
