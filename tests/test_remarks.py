@@ -155,3 +155,31 @@ def test_notes_reach_the_model_only_when_the_workflow_says_so_and_labels_are_not
             assert ("<human_note>" in context) is sent and ("human_note" in prompt) is sent
             assert "Stop at 3" not in context or context.count("</human_note>") == 1  # the text cannot close the tag
             assert e.replay(task_id).ok
+
+
+def test_a_note_while_a_worker_runs_the_step_is_refused_and_the_log_is_unchanged(
+    client: TestClient, eng: Engine
+) -> None:
+    """A note is an event: written while a worker runs the task's step, it would make the worker's own append
+    conflict and the model answer it holds be thrown away and paid for again. It is refused (TASK_BUSY) until the
+    worker lets the task go, from the engine and the API alike."""
+    import time
+
+    from tests.support.reference import DAMAGED
+
+    task_id = eng.start("refund", DAMAGED, actor="ann")  # runnable: due for a worker
+    [claim] = eng.store.claim("worker-7", limit=1, lease_seconds=1.0)
+    assert claim.task_id == task_id
+    before = eng.history(task_id)
+    with pytest.raises(Refused) as refused:
+        eng.note(task_id, "erin", "Customer called again.")
+    assert refused.value.code is Code.TASK_BUSY and "worker-7" in refused.value.message
+    answer = client.post(
+        f"/api/tasks/{task_id}/notes",
+        json={"text": "Customer called again."},
+        headers={"Authorization": "Bearer tok-dana"},
+    )
+    assert answer.status_code == 409 and answer.json()["code"] == "TASK_BUSY"
+    assert eng.history(task_id) == before
+    time.sleep(1.1)  # the worker's lease ran out (it stopped, or it would have renewed it)
+    assert eng.note(task_id, "erin", "Customer called again.").seq == before[-1].seq + 1

@@ -731,6 +731,29 @@ def test_a_claim_is_one_persons_until_it_expires_the_task_moves_or_someone_takes
     assert store.claim_work("nobody", "dana", at=T0, until=until) is None
 
 
+def test_a_claim_is_carried_over_a_note_and_left_where_it_was_otherwise(store: Store) -> None:
+    """`carry_claim`: a note (a remark) moves the task's seq on without ending whoever is on it; the claim moves
+    to the new seq with it, and a carry from a seq the claim is not at changes nothing."""
+    until = T0 + timedelta(minutes=30)
+    log = Log("c-1", state="approve")
+    store.create(log.row(status="blocked"), log.first)
+    store.claim_work("c-1", "dana", at=T0, until=until)
+    store.append("c-1", 1, [log.next("comment", "approve", text="checking the photo")], status="blocked")
+    store.carry_claim("c-1", 1, 2)
+
+    def shown() -> WorkClaim | None:
+        return store.queue_page(QueueQuery(PLACES, id_prefix="c-1", at=T0))[0].claim
+
+    assert shown() == WorkClaim("c-1", "dana", 2, T0, until)
+    held = store.claim_work("c-1", "erin", at=T0 + timedelta(minutes=1), until=until)
+    assert held is not None and held.actor == "dana"  # erin is told who is on it
+    store.carry_claim("c-1", 1, 3)  # not where the claim is: left as it is
+    assert shown() == WorkClaim("c-1", "dana", 2, T0, until)
+    store.append("c-1", 2, [log.next("wait", "approve")], status="blocked")  # a step, not a remark
+    store.carry_claim("c-1", 1, 3)
+    assert shown() is None
+
+
 def test_of_two_people_claiming_one_item_at_once_one_wins_and_both_are_told_who(store: Store) -> None:
     _queue(store)
     until = T0 + timedelta(minutes=30)

@@ -394,6 +394,8 @@ COMMAND = (*STORED, *WRITE, *TASK, Code.CONCURRENCY_CONFLICT, IF_MATCH_FAILED)
 TRIGGER = (Code.TRIGGER_NOT_ALLOWED, Code.DOMAIN_INVALID, Code.OUTCOME_UNSETTLED)
 #: A trigger fired on a task that ended (a decision says TASK_NOT_AWAITING_APPROVAL instead).
 ENDED = (Code.TASK_TERMINAL,)
+#: A remark (a note, a claim) refused while a worker runs the task's step.
+BUSY = (Code.TASK_BUSY,)
 #: An approval's decision (`engine.core.approvals.check_decision`, then the trigger's own checks): the task is not
 #: at an approval, the state has no such decision, the role or separation of duties.
 DECISION = (Code.TASK_NOT_AWAITING_APPROVAL, Code.APPROVAL_FORBIDDEN, *TRIGGER)
@@ -578,12 +580,13 @@ def cancel(
 @task_api.post(
     "/tasks/{task_id}/notes",
     response_model=TaskBody,
-    responses=refusals(STORED, *WRITE, *TASK, ENDED, tagged=200),
+    responses=refusals(STORED, *WRITE, *TASK, ENDED, BUSY, tagged=200),
 )
 def note(task_id: VisibleTask, body: NoteRequest, ctx: Ctx, who: Writer, response: Response) -> dict[str, Any]:
     """Add a note to the task: a `comment` event where it stands, shown in its timeline. It takes no If-Match: a
     note decides nothing, and it makes no pending decision stale (a decision sent with the seq before it still
-    goes through). Nothing is recorded on a task that ended (409 TASK_TERMINAL)."""
+    goes through). Nothing is recorded on a task that ended (409 TASK_TERMINAL), nor while a worker runs its step
+    (409 TASK_BUSY: the worker would throw its step away and pay for it again)."""
     task = ctx.engine.note(task_id, who.actor, body.text)
     return task_body(response, ctx.engine, task, who.caller)
 
@@ -810,7 +813,15 @@ def claim_body(claim: WorkClaim) -> dict[str, Any]:
 
 
 #: What a claim can refuse: the task (404), an ended one, someone else on it (409), a reason that is not one.
-CLAIM = (*STORED, *WRITE, Code.TASK_NOT_FOUND, Code.TASK_ID_AMBIGUOUS, Code.TASK_TERMINAL, Code.WORK_CLAIMED)
+CLAIM = (
+    *STORED,
+    *WRITE,
+    Code.TASK_NOT_FOUND,
+    Code.TASK_ID_AMBIGUOUS,
+    Code.TASK_TERMINAL,
+    Code.WORK_CLAIMED,
+    Code.TASK_BUSY,
+)
 
 
 @approval_api.post("/tasks/{task_id}/claim", response_model=ClaimBody, responses=refusals(CLAIM, tagged=200))

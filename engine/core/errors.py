@@ -81,6 +81,13 @@ class Code(StrEnum):
         "Someone else is on this work item: their claim has not expired and the task has not moved since they "
         "took it (the message names them and until when). Leave it to them, or take it over with a reason.",
     )
+    TASK_BUSY = (
+        "TASK_BUSY",
+        Category.TASK,
+        "A worker is running the task's step right now (it holds the task's lease): a note or a claim written now "
+        "would make the worker throw that step's work away and pay for it again. Nothing was written; try again "
+        "once the step is recorded (the message says until when the lease runs at the latest).",
+    )
     TRIGGER_NOT_ALLOWED = (
         "TRIGGER_NOT_ALLOWED",
         Category.TASK,

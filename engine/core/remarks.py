@@ -29,6 +29,23 @@ REMARKS = frozenset({COMMENT, WORK_CLAIMED, WORK_RELEASED})
 NOTE_MAX = 2000
 
 
+def busy_refusal(
+    task_id: str, lease_owner: str | None, lease_expires_at: datetime | None, at: datetime
+) -> Refused | None:
+    """Why no remark may be written now (None: it may): a worker holds the task's lease and is running its step.
+    A remark is an event like any other, so the worker's own append would then conflict and the model answer or
+    tool outcome it holds would be thrown away and paid for again (TASK_BUSY)."""
+    if lease_owner is None or lease_expires_at is None or lease_expires_at <= at:
+        return None
+    return Refused(
+        f"task {task_id} is in the hands of worker {lease_owner}, which is running its step: try again once the "
+        f"step is recorded (its lease runs until {format_instant(lease_expires_at)} at the latest)",
+        code=Code.TASK_BUSY,
+        task_id=task_id,
+        worker=lease_owner,
+    )
+
+
 def is_remark(event: Event) -> bool:
     """Whether `event` is a remark recorded where the task stood (its trigger, and no state change)."""
     return event.trigger in REMARKS and event.from_state == event.to_state

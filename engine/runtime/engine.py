@@ -770,6 +770,8 @@ class Engine:
             row = self.store.row(task_id)
             if row is None or row.seq != task.seq:
                 continue
+            if (busy := remarks.busy_refusal(task_id, row.lease_owner, row.lease_expires_at, now())) is not None:
+                raise busy
             event = seal(
                 task_id=task_id,
                 seq=task.seq + 1,
