@@ -465,6 +465,13 @@ def test_the_back_office_as_docs_api_md_shows_it(browser: Any, tmp_path: Path) -
                     card.screenshot(path=str(shots / f"card-{width}.png"))
                     tab.goto(f"/tasks/{done}")
                     assert tab.evaluate("document.documentElement.scrollWidth") <= width
+                    # The route is drawn at its own size on a phone (scrolling in its frame), at most the column's
+                    # width on a wide screen: its labels stay readable.
+                    shown, drawn = tab.evaluate(
+                        "(() => { const s = document.querySelector('svg.route');"
+                        " return [s.getBoundingClientRect().width, s.width.baseVal.value]; })()"
+                    )
+                    assert shown == pytest.approx(drawn, abs=1) if width < 600 else shown <= drawn + 1
                     timeline = tab.inner_text("ol.timeline")
                     assert "refused with DOMAIN_INVALID" in timeline and "approve by dana" in timeline
                     assert "recovered by reconciliation" in timeline
@@ -544,7 +551,9 @@ def test_an_approvers_day_sort_search_claim_decide_and_next_by_keyboard_then_a_b
     page.wait_for_url(f"**open={first}*")
     assert "You are on it" in page.inner_text("#claim-box")
     assert "you are on it" in page.inner_text(f"#work-{first} td.claim")
+    page.wait_for_load_state()  # the claim's page, its keys (a deferred script) in place: the URL was the same
     page.keyboard.press("a")  # opens the confirmation of a write and focuses its button
+    page.locator(f"#approval-{first} details.confirm[open]").wait_for()
     assert "This runs refund_payment for 40.00 EUR." in page.inner_text(f"#approval-{first}")
     page.keyboard.press("Enter")
     page.wait_for_url(f"**open={second}*")  # decided, and the next item is open

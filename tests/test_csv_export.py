@@ -163,3 +163,16 @@ def test_the_queue_csv_reads_in_keyset_pages_and_repeats_no_row(
     rows = table(client.get("/inbox", params={"format": "csv", "sort": "created"}).text)
     assert [r["task"] for r in rows] == [*started, "total EUR"]
     assert rows[-1]["amount"] == "617.25"  # 5 x 123.45
+
+
+def test_a_filter_the_list_refuses_is_refused_before_the_file_starts(client: TestClient, eng: Engine) -> None:
+    """A CSV is streamed: a filter refused once the 200 was sent would cut the file short with no code. The
+    filters are read before the answer starts, so a bad one is the list's own refusal, as JSON."""
+    dana = {"Authorization": "Bearer tok-dana"}
+    expense_in_review(eng, "eve")
+    for params in ({"created_from": "0"}, {"created_to": "yesterday"}):
+        as_json = client.get("/api/tasks", params=params, headers=dana)
+        as_csv = client.get("/api/tasks", params={**params, "format": "csv"}, headers=dana)
+        assert as_json.status_code == as_csv.status_code == 422, (params, as_csv.text)
+        assert as_csv.json()["code"] == as_json.json()["code"] == "PAYLOAD_INVALID"
+    assert client.get("/api/tasks", params={"format": "csv"}, headers=dana).status_code == 200

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from itertools import chain
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -84,10 +85,13 @@ def amount(minor: int, currency: str) -> str:
 
 
 def csv_response(lines: Iterator[str], name: str) -> StreamingResponse:
-    """The file as it is written, as a download named `name-<date>.csv`."""
+    """The file as it is written, as a download named `name-<date>.csv`. Its first line (the header, written once
+    the filters are read) is taken before the answer starts: a filter that is refused (a date that is not one)
+    is an error answer with its code, not a 200 whose file stops short."""
     day = datetime.now(UTC).strftime("%Y-%m-%d")
+    first = next(lines, "")
     return StreamingResponse(
-        (line.encode() for line in lines),
+        (line.encode() for line in chain([first], lines)),
         media_type=CSV_TYPE,
         headers={"Content-Disposition": f'attachment; filename="{name}-{day}.csv"', "Cache-Control": "no-store"},
     )
