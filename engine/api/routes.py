@@ -130,6 +130,8 @@ from engine.api.views import (
     workflow_diagram,
     workflow_page,
 )
+from engine.api.webhooks_page import STATUSES as WEBHOOK_STATUSES
+from engine.api.webhooks_page import send_again, webhooks_page
 from engine.core.access import AUDITOR, Caller
 from engine.core.approvals import DECISIONS
 from engine.core.canonical import format_instant
@@ -1302,6 +1304,32 @@ def workflow_page_view(request: Request, name: str, ctx: Ctx, session: PageSessi
         raise Refused(f"no workflow named {name!r} that you may read", code=Code.WORKFLOW_UNKNOWN, workflow=name)
     page = workflow_page(ctx.engine, name, caller, datetime.now(UTC))
     return render(request, "workflow.html", session=session, page=page)
+
+
+@pages.get("/webhooks", response_class=HTMLResponse)
+def webhooks_view(
+    request: Request,
+    ctx: Ctx,
+    session: PageSession,
+    status: Annotated[str, Query(max_length=20)] = "",
+    subscription: Annotated[str, Query(max_length=64, pattern=TEXT_PATTERN)] = "",
+) -> Response:
+    """The install's webhook subscriptions and newest deliveries (`engine.api.webhooks_page`)."""
+    page = webhooks_page(ctx.engine, session.principal, status=status, subscription=subscription)
+    return render(request, "webhooks.html", session=session, page=page, statuses=WEBHOOK_STATUSES)
+
+
+@pages.post("/webhooks/replay")
+def webhooks_replay(
+    ctx: Ctx,
+    session: PagePost,
+    message: Annotated[list[str], Form(max_length=64)] = [],  # noqa: B006  (FastAPI reads the default, never mutates it)
+) -> Response:
+    """Send the chosen deliveries again: back to the page, whose flash says how many."""
+    n = len(message)
+    with flashed(session, f"{n} {'delivery' if n == 1 else 'deliveries'} to send again."):
+        send_again(ctx.engine, session.principal, message)  # every id known, or none is sent again
+    return RedirectResponse("/webhooks", status_code=303)
 
 
 @pages.get("/tasks/{task_id}", response_class=HTMLResponse)

@@ -28,6 +28,23 @@ from engine.core.errors import Code, Refused
 #: A role that may read everything and write nothing, whatever other roles the caller holds.
 AUDITOR = "auditor"
 
+#: A role that looks after the install's webhooks in the back office: sees the subscriptions and deliveries, and
+#: sends deliveries again. Subscriptions are the whole install's, so it is honoured only for a caller confined to no
+#: tenant (a delivery names any tenant's task).
+WEBHOOK_ADMIN = "webhook_admin"
+
+
+def may_see_webhooks(caller: Caller) -> bool:
+    """Whether the webhooks page is this caller's: a webhook admin, or an auditor (who reads, never replays), of
+    no tenant."""
+    return caller.tenants is None and bool({WEBHOOK_ADMIN, AUDITOR} & caller.roles)
+
+
+def may_replay_webhooks(caller: Caller) -> bool:
+    """Whether this caller may send deliveries again: a webhook admin of no tenant, not an auditor."""
+    return caller.tenants is None and WEBHOOK_ADMIN in caller.roles and not caller.read_only
+
+
 #: What a tenant's name may be: it is stored on the task (64 characters at most) and typed in tokens and options.
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
