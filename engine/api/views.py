@@ -1680,4 +1680,11 @@ def decision_card(definition: Workflow, task: TaskState, events: list[Event]) ->
 
 
 #: What every template may call: the one time format, and the names of the kinds of work.
-_env.globals.update(when=when, kinds=KIND_LABELS, stays=stays, ages=AGE_LABELS, sort_labels=SORT_LABELS)
+_env.globals.update(
+    when=when,
+    kinds=KIND_LABELS,
+    stays=stays,
+    ages=AGE_LABELS,
+    sort_labels=SORT_LABELS,
+    may_see_webhooks=access.may_see_webhooks,  # the menu asks the rule the page enforces, not a copy of it
+)
