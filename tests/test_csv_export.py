@@ -1,5 +1,6 @@
-"""CSV export of the back office's lists (#32): the work queue and the task list as the person may see them,
-with the page's filters, sort and search, every page of them, money totals per currency, and no formula cells."""
+"""CSV export of the back office's lists (#32): the work queue, the task list, the approvals waiting and the
+access trail as the person may see them, with the page's filters, sort and search, every page of them, money
+totals per currency, and no formula cells."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engine import Engine, Registry, ScriptedModel
 from engine.api import TokenTable, create_app
 from engine.api import csv_export as export
 from engine.providers.scripted import call
+from engine.runtime.people import People
 from tests.support.api import documented, login
 from tests.support.reference import DAMAGED, books, refund  # noqa: F401  (books: a fixture)
 from workflows import EXPENSE, REFUND_V1, TICKET_TRIAGE, fakes
@@ -24,6 +26,7 @@ TOKENS: dict[str, tuple[str, set[str]]] = {
     "tok-dana": ("dana", {"refund_approver", "expense_approver"}),
     "tok-xavier": ("xavier", {"expense_approver"}),
     "tok-ann": ("ann", set()),
+    "tok-audrey": ("audrey", {"auditor"}),
 }
 
 
@@ -176,3 +179,58 @@ def test_a_filter_the_list_refuses_is_refused_before_the_file_starts(client: Tes
         assert as_json.status_code == as_csv.status_code == 422, (params, as_csv.text)
         assert as_csv.json()["code"] == as_json.json()["code"] == "PAYLOAD_INVALID"
     assert client.get("/api/tasks", params={"format": "csv"}, headers=dana).status_code == 200
+
+
+def test_the_approvals_csv_has_every_page_the_prepared_call_and_money_totals(
+    client: TestClient, eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "FIRST_PAGE", 1)
+    monkeypatch.setattr(export, "EXPORT_PAGE", 1)  # a page per approval: the file must still hold each once
+    refunds = [refund_at_approval(eng, 12_999), refund_at_approval(eng, 1_001)]
+    dana = {"Authorization": "Bearer tok-dana"}
+    as_json = client.get("/api/approvals", headers=dana).json()["approvals"]
+    answer = client.get("/api/approvals", params={"format": "csv"}, headers=dana)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/csv")
+    assert answer.headers["content-disposition"].startswith('attachment; filename="approvals-')
+    rows = table(answer.text)
+    listed, totals = rows[:-1], rows[-1]
+    assert [r["task"] for r in listed] == [a["task_id"] for a in as_json] and set(refunds) <= {
+        r["task"] for r in listed
+    }
+    first = next(r for r in listed if r["task"] == refunds[0])
+    shown = next(a for a in as_json if a["task_id"] == refunds[0])
+    assert (first["workflow"], first["version"], first["role"]) == ("refund", "1", "refund_approver")
+    assert first["digest"] == shown["digest"] and first["tool"] == shown["prepared"]["tool"] == "payments_refund"
+    assert first["refund"] == "129.99" and first["refund currency"] == "EUR"
+    assert totals["task"] == "total EUR" and totals["refund"] == "140.00"
+    # The role filter holds in the file, and a person who may read no refund gets none of them.
+    assert table(client.get("/api/approvals?format=csv&role=nobody", headers=dana).text) == []
+    ann = table(client.get("/api/approvals?format=csv", headers={"Authorization": "Bearer tok-ann"}).text)
+    assert [r["task"] for r in ann] == [
+        a["task_id"]
+        for a in client.get("/api/approvals", headers={"Authorization": "Bearer tok-ann"}).json()["approvals"]
+    ]
+
+
+def test_the_access_trail_csv_is_the_whole_trail_for_an_auditor_and_refused_to_anyone_else(
+    client: TestClient, eng: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "FIRST_PAGE", 2)
+    monkeypatch.setattr(export, "EXPORT_PAGE", 2)
+    people = People(eng.store)
+    people.add("pat", ["support"], by="root")
+    people.grant("pat", "refund_approver", by="olga")
+    people.revoke("pat", "support", by="olga")
+    people.disable("pat", by="olga")
+    audrey = {"Authorization": "Bearer tok-audrey"}
+    answer = client.get("/api/access/trail", params={"format": "csv"}, headers=audrey)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/csv")
+    rows = table(answer.text)
+    entries = client.get("/api/access/trail", headers=audrey).json()["entries"]
+    assert [(r["id"], r["by"], r["action"], r["subject"]) for r in rows] == [
+        (str(e["id"]), e["by"], e["action"], e["subject"]) for e in entries
+    ]
+    assert [r["action"] for r in rows] == ["person.added", "role.granted", "role.revoked", "person.disabled"]
+    assert '"refund_approver"' in rows[1]["details"] and re.match(r"^\d{4}-\d\d-\d\dT.*Z$", rows[0]["at"])
+    refused = client.get("/api/access/trail", params={"format": "csv"}, headers={"Authorization": "Bearer tok-dana"})
+    assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN"

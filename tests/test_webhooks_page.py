@@ -4,6 +4,8 @@ replays nothing; anyone else, and anyone confined to a tenant, is refused it."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from collections.abc import Iterator
 from html import unescape
@@ -95,3 +97,26 @@ def test_anyone_else_or_a_tenants_admin_is_refused_the_page(client: TestClient, 
     login(client, who)
     assert 'href="/webhooks"' not in client.get("/inbox").text
     assert client.get("/webhooks").status_code == 403
+
+
+def test_the_deliveries_listed_download_as_csv_with_the_pages_filters_and_its_refusals(
+    client: TestClient, eng: Engine
+) -> None:
+    subscribe(eng.store, f"https://hooks.example.com{SECRET_PATH}", ["task.ended"], "slack", "ops")
+    eng.outbox.forget()
+    ended = [eng.start("review", {}, actor="dana") for _ in range(3)]
+    for task_id in ended:
+        eng.cancel(task_id, "dana", "not needed")
+    login(client, "wanda")
+    page = client.get("/webhooks").text
+    found = re.search(r'<a href="([^"]*)" id="download-csv"', page)
+    assert found is not None
+    answer = client.get(unescape(found.group(1)))
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(answer.text)))
+    assert [r["id"] for r in rows] == re.findall(r'<tr id="delivery-([^"]+)"', page)
+    assert sorted(r["task"] for r in rows) == sorted(ended) and {r["status"] for r in rows} == {"pending"}
+    assert SECRET_PATH not in answer.text  # no URL at all, let alone its secret path
+    assert list(csv.DictReader(io.StringIO(client.get("/webhooks?status=failed&format=csv").text))) == []
+    login(client, "dana")
+    assert client.get("/webhooks", params={"format": "csv"}).status_code == 403

@@ -1,4 +1,5 @@
-"""CSV export of the back office's lists: the work queue and the task list, as the person may see them.
+"""CSV export of the back office's lists as the person may see them: the work queue, the task list, the
+approvals waiting, the access trail and the webhook deliveries.
 
 A download is the list its page shows with the same filters, sort and search, every page of it: the rows are
 read in keyset pages of `EXPORT_PAGE` (never the whole list in memory) and written out as they come, so the first
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -25,6 +27,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from engine.api.schemas import WorkKind
 from engine.api.tokens import Principal
 from engine.api.views import (
     _EXPONENT,
@@ -37,10 +40,13 @@ from engine.api.views import (
     queue_row,
     task_query,
 )
+from engine.api.webhooks_page import webhooks_page
 from engine.core import access
-from engine.core.definition import Workflow
-from engine.runtime import queries
+from engine.core.definition import Approval, Workflow
+from engine.core.people import AccessChange
+from engine.runtime import queries, shown
 from engine.runtime.engine import Engine
+from engine.runtime.people import People
 from engine.runtime.queries import TaskQuery
 
 #: Rows read per keyset page while a file is written: what the export holds in memory at once. The first page
@@ -231,11 +237,7 @@ def queue_csv(
         if len(page) < size:
             break
         after, size = page[-1].row.task_id, EXPORT_PAGE
-    blank = [""] * (len(QUEUE_COLUMNS) - 1 + len(fields))
-    for code in sorted(totals):
-        sums = totals[code]
-        cells = [c for m in money for c in ((amount(sums[m.label], code), code) if m.label in sums else ("", ""))]
-        yield csv_line([f"total {code}", *blank, *cells, ""])
+    yield from _totals(totals, money, len(QUEUE_COLUMNS) - 1 + len(fields), tail=1)
 
 
 # -- the task list ---------------------------------------------------------------------------------
@@ -268,3 +270,150 @@ def tasks_csv(engine: Engine, where: TaskFilter, principal: Principal) -> Iterat
         if len(page) < query.limit:
             break
         query = replace(query, after=page[-1].row.task_id, limit=EXPORT_PAGE)
+
+
+# -- the approvals waiting ---------------------------------------------------------------------------
+APPROVAL_COLUMNS = (
+    "task",
+    "workflow",
+    "version",
+    "state",
+    "role",
+    "started by",
+    "proposed by",
+    "tool",
+    "arguments",
+    "digest",
+)
+
+
+def _approval_places(engine: Engine, principal: Principal, role: str | None) -> list[tuple[Workflow, str]]:
+    """The approval states whose tasks `principal` may read (of `role`, if given), as the API's list selects."""
+    names = queries.readable(engine, principal.caller)
+    return [
+        (d, s.name)
+        for d in engine.registry
+        if names is None or d.name in names
+        for s in d.all_states
+        if isinstance(s, Approval) and (role is None or s.role == role)
+    ]
+
+
+def approvals_csv(engine: Engine, principal: Principal, role: str | None = None) -> Iterator[str]:
+    """`GET /api/approvals` as one file: every approval waiting that the person may read, oldest first, a page at
+    a time, with the prepared call's arguments (as shown to them: restricted values withheld) and its digest, and
+    the money its card declares, with one totals row per currency."""
+    places = _approval_places(engine, principal, role)
+    listed = [(d.name, d.version, s) for d, s in places]
+    money = money_columns([(d, s, WorkKind.APPROVAL, True) for d, s in places], listed)
+    yield csv_line([*APPROVAL_COLUMNS, *(c for m in money for c in (m.label, f"{m.label} currency"))])
+    bounds = queries.scope(engine, principal.caller)
+    totals: dict[str, dict[str, int]] = {}
+    after: str | None = None
+    size = FIRST_PAGE
+    while True:
+        found, last = engine.approvals_page(
+            role=role, after=after, limit=size, workflows=bounds.workflows, tenants=bounds.tenants
+        )
+        for item in shown.pending(engine, found, principal.caller):
+            name, _, version = str(item["workflow"]).rpartition("@")
+            place = (name, int(version), str(item["state"]))
+            prepared = item.get("prepared") if isinstance(item.get("prepared"), Mapping) else None
+            cells: list[object] = []
+            for m in money:
+                got = _money_of({"prepared": prepared}, *m.paths[place]) if place in m.paths and prepared else None
+                if got is None:
+                    cells += ["", ""]
+                    continue
+                minor, code = got
+                cells += [amount(minor, code), code]
+                per = totals.setdefault(code, {})
+                per[m.label] = per.get(m.label, 0) + minor
+            yield csv_line(
+                [
+                    item["task_id"],
+                    name,
+                    version,
+                    item["state"],
+                    item["role"],
+                    item["started_by"],
+                    item.get("proposed_by") or "",
+                    prepared.get("tool", "") if prepared else "",
+                    json.dumps(prepared.get("arguments"), sort_keys=True, ensure_ascii=False) if prepared else "",
+                    item.get("digest") or "",
+                    *cells,
+                ]
+            )
+        if last is None:
+            break
+        after, size = last, EXPORT_PAGE
+    yield from _totals(totals, money, len(APPROVAL_COLUMNS) - 1, tail=0)
+
+
+def _totals(
+    totals: Mapping[str, Mapping[str, int]], money: Sequence[MoneyColumn], blank: int, tail: int
+) -> Iterator[str]:
+    """One row per currency: `total EUR`, `blank` empty cells, each money column's sum, `tail` empty cells."""
+    for code in sorted(totals):
+        sums = totals[code]
+        cells = [c for m in money for c in ((amount(sums[m.label], code), code) if m.label in sums else ("", ""))]
+        yield csv_line([f"total {code}", *[""] * blank, *cells, *[""] * tail])
+
+
+# -- the access trail -------------------------------------------------------------------------------
+TRAIL_COLUMNS = ("id", "at", "by", "action", "subject", "details")
+
+
+def trail_csv(engine: Engine) -> Iterator[str]:
+    """The whole access trail, oldest first, a page at a time (the caller is an auditor: the route checks)."""
+    people = People(engine.store)
+    yield csv_line(TRAIL_COLUMNS)
+    after: int | None = None
+    size = FIRST_PAGE
+    while True:
+        page: list[AccessChange] = people.trail(after=after, limit=size)
+        for c in page:
+            yield csv_line(
+                [c.id, instant(c.at), c.by, str(c.action), c.subject, json.dumps(dict(c.details), sort_keys=True)]
+            )
+        if len(page) < size:
+            break
+        after, size = page[-1].id, EXPORT_PAGE
+
+
+# -- the webhook deliveries -----------------------------------------------------------------------
+DELIVERY_COLUMNS = (
+    "id",
+    "subscription",
+    "kind",
+    "task",
+    "status",
+    "attempts",
+    "created",
+    "next attempt",
+    "delivered",
+    "last error",
+)
+
+
+def deliveries_csv(engine: Engine, principal: Principal, *, status: str = "", subscription: str = "") -> Iterator[str]:
+    """The deliveries the webhooks page lists with the same filters (the newest, `webhooks_page.SHOWN`), newest
+    first. Refused as the page is, before the file starts."""
+    page = webhooks_page(engine, principal, status=status, subscription=subscription)
+    yield csv_line(DELIVERY_COLUMNS)
+    for d in page.deliveries:
+        yield csv_line([d[k] if d[k] is not None else "" for k in _DELIVERY_KEYS])
+
+
+_DELIVERY_KEYS = (
+    "id",
+    "subscription",
+    "kind",
+    "task_id",
+    "status",
+    "attempts",
+    "created_at",
+    "next_attempt_at",
+    "delivered_at",
+    "last_error",
+)

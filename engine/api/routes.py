@@ -73,7 +73,15 @@ from engine.api.auth import (
     same_token,
     throttled,
 )
-from engine.api.csv_export import CSV_FORMAT, csv_response, queue_csv, tasks_csv
+from engine.api.csv_export import (
+    CSV_FORMAT,
+    approvals_csv,
+    csv_response,
+    deliveries_csv,
+    queue_csv,
+    tasks_csv,
+    trail_csv,
+)
 from engine.api.oidc import Flow, OidcClient, sync_person
 from engine.api.paths import TaskId, TaskIdText
 from engine.api.schemas import (
@@ -677,7 +685,7 @@ def task_diagram_body(task_id: VisibleTask, ctx: Ctx, _who: Reader) -> dict[str,
 
 
 # -- the API over approvals ------------------------------------------------------------------------
-@approval_api.get("/approvals", response_model=ApprovalPage, responses=refusals(STORED, LOG_BROKEN))
+@approval_api.get("/approvals", response_model=ApprovalPage, responses={**refusals(STORED, LOG_BROKEN), **CSV_ANSWER})
 def approvals(
     request: Request,
     ctx: Ctx,
@@ -685,9 +693,13 @@ def approvals(
     role: Annotated[str | None, Query(max_length=200, description="Only decisions this role takes.")] = None,
     cursor: Cursor = "",
     limit: Limit = PAGE_SIZE,
-) -> dict[str, Any]:
+    format: Format = None,
+) -> Any:
     """Tasks waiting at an approval state, oldest first, each with the prepared call and its digest; a page at
-    a time, like the task list."""
+    a time, like the task list. With `format=csv`, every approval the filters select as one CSV file, with a
+    totals row per currency where the cards declare money (`cursor` and `limit` do not apply)."""
+    if format == CSV_FORMAT:
+        return csv_response(approvals_csv(ctx.engine, who, role), "approvals")
     after = decode_cursor(cursor) if cursor else None
     if after is not None and not queries.exists(ctx.engine, after, who.caller):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
@@ -904,15 +916,19 @@ def workflow_diagram_body(
 TRAIL_MAX_LIMIT = 1000
 
 
-@access_api.get("/access/trail", response_model=AccessTrailPage, responses=refusals(API, Code.FORBIDDEN))
+@access_api.get(
+    "/access/trail", response_model=AccessTrailPage, responses={**refusals(API, Code.FORBIDDEN), **CSV_ANSWER}
+)
 def access_trail(
     ctx: Ctx,
     who: Reader,
     after: Annotated[int, Query(ge=0, description="The id of the last entry of the previous page.")] = 0,
     limit: Annotated[int, Query(ge=1, le=TRAIL_MAX_LIMIT, description="Page size.")] = 100,
-) -> dict[str, Any]:
+    format: Format = None,
+) -> Any:
     """Every change of people, roles, tenants, passwords and database tokens, oldest first: who made it, when,
-    what. For callers holding the `auditor` role; anyone else is refused (403 FORBIDDEN)."""
+    what. For callers holding the `auditor` role; anyone else is refused (403 FORBIDDEN). With `format=csv`, the
+    whole trail as one CSV file (`after` and `limit` do not apply)."""
     if AUDITOR not in who.roles:
         raise Refused(
             f"{who.actor!r} may not read the access trail: role {AUDITOR!r} required",
@@ -920,6 +936,8 @@ def access_trail(
             actor=who.actor,
             role=AUDITOR,
         )
+    if format == CSV_FORMAT:
+        return csv_response(trail_csv(ctx.engine), "access-trail")
     found = People(ctx.engine.store).trail(after=after or None, limit=limit + 1)
     page = found[:limit]
     return {
@@ -1313,10 +1331,16 @@ def webhooks_view(
     session: PageSession,
     status: Annotated[str, Query(max_length=20)] = "",
     subscription: Annotated[str, Query(max_length=64, pattern=TEXT_PATTERN)] = "",
+    format: Format = None,
 ) -> Response:
-    """The install's webhook subscriptions and newest deliveries (`engine.api.webhooks_page`)."""
+    """The install's webhook subscriptions and newest deliveries (`engine.api.webhooks_page`); with
+    `format=csv`, the deliveries listed as a CSV file."""
+    if format == CSV_FORMAT:
+        lines = deliveries_csv(ctx.engine, session.principal, status=status, subscription=subscription)
+        return csv_response(lines, "webhook-deliveries")
     page = webhooks_page(ctx.engine, session.principal, status=status, subscription=subscription)
-    return render(request, "webhooks.html", session=session, page=page, statuses=WEBHOOK_STATUSES)
+    download = list_link("/webhooks", {"status": status, "subscription": subscription, "format": CSV_FORMAT})
+    return render(request, "webhooks.html", session=session, page=page, statuses=WEBHOOK_STATUSES, download=download)
 
 
 @pages.post("/webhooks/replay")
