@@ -24,8 +24,10 @@ from engine.core.flow import (
     quota_key,
     quota_take,
     quota_wait,
+    recent_serves,
     remaining,
     settlement,
+    share_window,
 )
 from engine.core.model_interface import Message, ModelRequest, Usage
 
@@ -102,6 +104,31 @@ def test_within_a_priority_groups_take_turns_so_a_batch_cannot_starve_a_small_te
     urgent = Waiter("k", "urgent", 10, "tenant:big", 99.0, 0.0)
     order = [w.task_id for w in queue([*big, *small, urgent])]
     assert order[:7] == ["urgent", "big-0", "small-0", "big-1", "small-1", "big-2", "small-2"]
+
+
+def test_a_tenant_served_less_lately_goes_first_until_it_has_caught_up() -> None:
+    """Fair share over the last minute: a newcomer beside a batch that has been served 600 calls is served first,
+    not one call in two; once it has been served as much, the two take turns again."""
+    big = [Waiter("k", f"big-{i}", 0, "tenant:big", float(i), 0.0, served=600.0) for i in range(700)]
+    small = [Waiter("k", f"small-{i}", 0, "tenant:small", 800.0 + i, 0.0) for i in range(100)]
+    order = [w.task_id for w in queue([*big, *small])]
+    assert order[:100] == [f"small-{i}" for i in range(100)]
+    caught_up = [Waiter("k", f"small-{i}", 0, "tenant:small", 800.0 + i, 0.0, served=600.0) for i in range(3)]
+    order = [w.task_id for w in queue([*big[:3], *caught_up])]
+    assert order == ["big-0", "small-0", "big-1", "small-1", "big-2", "small-2"]
+    # A higher priority still goes before any share.
+    urgent = Waiter("k", "urgent", 10, "tenant:big", 999.0, 0.0, served=5000.0)
+    assert queue([*small, urgent])[0].task_id == "urgent"
+
+
+def test_a_groups_recent_serves_are_a_sliding_minute() -> None:
+    at = 75.0  # window 1, a quarter of the way in
+    assert share_window(at) == 1
+    assert recent_serves(1, 10, 30, at) == pytest.approx(10 + 30 * 0.75)  # the window before still counts 3/4
+    assert recent_serves(0, 40, 0, at) == pytest.approx(30.0)  # served last window only: 3/4 of it in the minute
+    assert recent_serves(-1, 40, 40, at) == 0.0  # nothing for two windows: no share used
+    assert recent_serves(1, 10, 30, 60.0) == pytest.approx(40.0)  # the window just begun: all of the one before
+    assert recent_serves(2, 5, 10, at) == pytest.approx(5 + 10 * 0.75)  # written by a clock a little ahead
 
 
 def test_a_waiter_not_coming_back_soon_does_not_hold_a_turn() -> None:

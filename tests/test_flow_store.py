@@ -164,6 +164,30 @@ def test_the_queue_keeps_each_waiters_priority_and_group_and_its_place(store: Fl
     assert sorted(w.task_id for w in everyone) == ["b", "c"]
 
 
+def test_a_group_served_from_the_line_is_charged_and_a_newcomer_goes_first(store: FlowStore) -> None:
+    """Fair share: each call served from the line counts for its group (`wait_leave`), and the line orders the
+    groups by what each was served lately, so a tenant arriving beside a served batch is not held to half."""
+    logs = cast(Store, store)
+    for task_id, tenant in (("b1", "batch"), ("b2", "batch"), ("b3", "batch"), ("b4", "batch"), ("s1", "small")):
+        log = Log(task_id, workflow="bulk")
+        logs.create(replace(log.row(), tenant=tenant), log.first)
+    for served in ("b1", "b2"):
+        store.wait_join(KEY, served, 10, {})
+        store.wait_leave(KEY, served)
+    store.wait_join(KEY, "b3", 10, {})
+    store.wait_join(KEY, "b4", 10, {})
+    waiters, _ = store.wait_join(KEY, "s1", 10, {})
+    shares = {w.task_id: w.served for w in waiters}
+    assert shares["b3"] == shares["b4"] == pytest.approx(2.0, abs=0.1) and shares["s1"] == 0.0
+    assert [w.task_id for w in queue(waiters)] == ["s1", "b3", "b4"]
+    # Leaving without a place in the line charges nobody.
+    store.wait_leave(KEY, "never-waited")
+    _, _, rows = store.flow_rows()
+    assert {w.task_id: round(w.served) for w in rows} == {"b3": 2, "b4": 2, "s1": 0}
+    line, _ = store.waits_of("s1")
+    assert [w.task_id for w in queue(line)] == ["s1", "b3", "b4"]
+
+
 def test_the_rows_read_for_status_hold_every_breaker_bucket_and_waiter(store: FlowStore) -> None:
     store.breaker_failed("anthropic:claude-x", BreakerSettings(failures=1))
     store.quota_take(KEY, Limits(requests_per_minute=60), Amounts(), 30)

@@ -12,7 +12,9 @@ through a cool-down or a bucket through a minute without waiting for either:
   per-minute rates and capped at `burst_seconds` worth of them, plus a count of calls in flight. A call takes
   one request and its estimated tokens before it is sent, and is settled with what the provider reports.
 - **Who goes first.** Calls refused for quota join a queue: higher priority first; within a priority, the
-  groups (tenants, or workflows for tasks of no tenant) take turns, so one group's batch cannot starve another.
+  groups (tenants, or workflows for tasks of no tenant) share by what each was served lately (fair share over
+  a sliding minute): a group that was served less goes first until it has caught up, so one group's batch
+  cannot starve another, and a newcomer is not held to half of a quota another has been using all along.
 """
 
 from __future__ import annotations
@@ -498,7 +500,8 @@ def adapted(row: QuotaRow, left: Mapping[str, float]) -> QuotaRow:
 
 @dataclass(frozen=True)
 class Waiter:
-    """A task waiting for quota on one key: its priority, its group (tenant, else workflow) and since when."""
+    """A task waiting for quota on one key: its priority, its group (tenant, else workflow), since when, when it
+    looks again, and how many calls its group was served from this key's line lately (`recent_serves`)."""
 
     key: str
     task_id: str
@@ -506,18 +509,43 @@ class Waiter:
     group: str
     since: float
     until: float
+    served: float = 0.0
+
+
+#: The window over which a group's serves count for its fair share: a provider's quota is per minute.
+SHARE_WINDOW_SECONDS = 60.0
+
+
+def share_window(at: float) -> int:
+    """The window `at` falls in: serves are counted per window (`recent_serves`)."""
+    return int(at // SHARE_WINDOW_SECONDS)
+
+
+def recent_serves(window: int, in_window: int, in_window_before: int, at: float) -> float:
+    """How many calls a group was served over the sliding minute before `at`, from its counts of the window it
+    was last served in and of the one before (a sliding-window counter: the previous window weighted by how much
+    of it the minute still covers). A group not served for two windows counts 0."""
+    now = share_window(at)
+    still = 1.0 - (at - now * SHARE_WINDOW_SECONDS) / SHARE_WINDOW_SECONDS
+    if window >= now:
+        return in_window + in_window_before * still
+    if window == now - 1:
+        return in_window * still
+    return 0.0
 
 
 def queue(waiters: Sequence[Waiter]) -> list[Waiter]:
-    """The waiters in the order they are served: higher priority first; within a priority, the groups take turns
-    (each group's first waiter, then each group's second, ...), each group's own in the order they came; ties
-    between groups by who has waited longest."""
-    ranked: list[tuple[int, int, float, str, Waiter]] = []
+    """The waiters in the order they are served: higher priority first; within a priority, by fair share: a
+    waiter's turn is its group's recent serves plus the number of its group's waiters ahead of it, so a group
+    served less lately goes first until it has caught up, and groups served alike take turns (each group's
+    first waiter, then each group's second, ...); each group's own in the order they came; ties by who has
+    waited longest."""
+    ranked: list[tuple[int, float, float, str, Waiter]] = []
     seen: dict[tuple[int, str], int] = {}
     for w in sorted(waiters, key=lambda w: (w.since, w.task_id)):
         rank = seen.get((w.priority, w.group), 0)
         seen[(w.priority, w.group)] = rank + 1
-        ranked.append((-w.priority, rank, w.since, w.task_id, w))
+        ranked.append((-w.priority, w.served + rank, w.since, w.task_id, w))
     ranked.sort(key=lambda r: r[:4])
     return [r[4] for r in ranked]
 

@@ -18,6 +18,12 @@ from dataclasses import dataclass
 QUOTA_COLUMNS = "key, requests, input_tokens, output_tokens, in_flight, in_flight_until, refilled_at, paused_until"
 BREAKER_COLUMNS = "key, state, failures, open_until, probe_until, changed_at"
 WAIT_COLUMNS = "key, task_id, priority, grp, since, until"
+#: A waiter as `engine.store.sql_flow.waiter` reads it: its row, then its group's serves (`flow_shares`, NULL if
+#: the group was never served from this line).
+WAIT_SELECT = (
+    "SELECT w.key, w.task_id, w.priority, w.grp, w.since, w.until, s.win, s.served, s.served_before"
+    " FROM flow_waits w LEFT JOIN flow_shares s ON s.key = w.key AND s.grp = w.grp"
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Statements:
     WAIT_LIST: str
     WAIT_UNTIL: str
     WAIT_LEAVE: str
+    SHARE_CHARGE: str
     TASK_PRIORITY: str
     ALL_BREAKERS: str
     ALL_QUOTAS: str
@@ -117,15 +124,26 @@ def statements(now: str, least: str, greatest: str) -> Statements:
             f" ON CONFLICT (key, task_id) DO UPDATE SET until = {now} + :wait, priority = :priority"
         ),
         WAIT_PURGE=f"DELETE FROM flow_waits WHERE key = :key AND until < {now} - :stale",
-        WAIT_LIST=f"SELECT {WAIT_COLUMNS} FROM flow_waits WHERE key = :key",
+        WAIT_LIST=f"{WAIT_SELECT} WHERE w.key = :key",
         WAIT_UNTIL=f"UPDATE flow_waits SET until = {now} + :wait WHERE key = :key AND task_id = :task_id",
-        WAIT_LEAVE="DELETE FROM flow_waits WHERE key = :key AND task_id = :task_id",
+        WAIT_LEAVE="DELETE FROM flow_waits WHERE key = :key AND task_id = :task_id RETURNING grp",
+        # One more call served to the group in window :win (`engine.core.flow.share_window` of the clock): the
+        # window moved on by one, this window's count becomes the one before; by more, both start again. A
+        # writer whose clock read is older than the row's window counts in the row's window (never backwards).
+        SHARE_CHARGE=(
+            "INSERT INTO flow_shares (key, grp, win, served, served_before) VALUES (:key, :grp, :win, 1, 0)"
+            " ON CONFLICT (key, grp) DO UPDATE SET"
+            " served_before = CASE WHEN flow_shares.win >= :win THEN flow_shares.served_before"
+            " WHEN flow_shares.win = :win - 1 THEN flow_shares.served ELSE 0 END,"
+            " served = CASE WHEN flow_shares.win >= :win THEN flow_shares.served + 1 ELSE 1 END,"
+            " win = CASE WHEN flow_shares.win >= :win THEN flow_shares.win ELSE :win END"
+        ),
         TASK_PRIORITY="SELECT priority, tenant, workflow FROM tasks WHERE task_id = :task_id",
         ALL_BREAKERS=f"SELECT {BREAKER_COLUMNS}, {now} FROM flow_breakers ORDER BY key",
         ALL_QUOTAS=f"SELECT {QUOTA_COLUMNS}, {now}, limits FROM flow_quotas ORDER BY key",
-        ALL_WAITS=f"SELECT {WAIT_COLUMNS} FROM flow_waits ORDER BY key, since",
+        ALL_WAITS=f"{WAIT_SELECT} ORDER BY w.key, w.since",
         WAITS_OF=(
-            f"SELECT {WAIT_COLUMNS} FROM flow_waits"
-            " WHERE key IN (SELECT key FROM flow_waits WHERE task_id = :task_id) ORDER BY key, since"
+            f"{WAIT_SELECT}"
+            " WHERE w.key IN (SELECT key FROM flow_waits WHERE task_id = :task_id) ORDER BY w.key, w.since"
         ),
     )

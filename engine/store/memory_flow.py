@@ -21,7 +21,9 @@ from engine.core.flow import (
     breaker_succeeded,
     new_bucket,
     quota_take,
+    recent_serves,
     refilled,
+    share_window,
 )
 from engine.core.webhooks import Outgoing
 
@@ -39,6 +41,8 @@ class MemoryFlow:
         self._breakers: dict[str, BreakerRow] = {}
         self._buckets: dict[str, QuotaRow] = {}
         self._waits: dict[tuple[str, str], Waiter] = {}
+        #: (key, group) -> (window, served in it, served in the one before): `flow_shares`.
+        self._shares: dict[tuple[str, str], tuple[int, int, int]] = {}
         #: Seconds added to the wall clock: a test moves time forward without waiting for it.
         self.clock_offset = 0.0
 
@@ -146,7 +150,12 @@ class MemoryFlow:
                 if w.key == key and w.until < at - STALE_SECONDS:
                     del self._waits[k]
             bucket = self._buckets.get(key)
-            return [w for w in self._waits.values() if w.key == key], replace(bucket, at=at) if bucket else None
+            waiters = [self._served(w, at) for w in self._waits.values() if w.key == key]
+            return waiters, replace(bucket, at=at) if bucket else None
+
+    def _served(self, w: Waiter, at: float) -> Waiter:
+        share = self._shares.get((w.key, w.group))
+        return replace(w, served=recent_serves(*share, at)) if share is not None else w
 
     def wait_until(self, key: str, task_id: str, wait: float) -> None:
         with self._flow_lock:
@@ -155,19 +164,27 @@ class MemoryFlow:
 
     def wait_leave(self, key: str, task_id: str) -> None:
         with self._flow_lock:
-            self._waits.pop((key, task_id), None)
+            if (left := self._waits.pop((key, task_id), None)) is None:
+                return
+            win = share_window(self.flow_clock())
+            was, served, before = self._shares.get((key, left.group), (win, 0, 0))
+            if was >= win:
+                self._shares[(key, left.group)] = (was, served + 1, before)
+            else:
+                self._shares[(key, left.group)] = (win, 1, served if was == win - 1 else 0)
 
     def waits_of(self, task_id: str) -> tuple[list[Waiter], float]:
         with self._flow_lock:
+            at = self.flow_clock()
             keys = {w.key for w in self._waits.values() if w.task_id == task_id}
-            return [w for w in self._waits.values() if w.key in keys], self.flow_clock()
+            return [self._served(w, at) for w in self._waits.values() if w.key in keys], at
 
     def flow_rows(self) -> tuple[list[BreakerRow], list[QuotaRow], list[Waiter]]:
         with self._flow_lock:
             at = self.flow_clock()
             breakers = [replace(self._breakers[k], at=at) for k in sorted(self._breakers)]
             buckets = [replace(self._buckets[k], at=at) for k in sorted(self._buckets)]
-            waits = sorted(self._waits.values(), key=lambda w: (w.key, w.since))
+            waits = sorted((self._served(w, at) for w in self._waits.values()), key=lambda w: (w.key, w.since))
             return breakers, buckets, waits
 
 

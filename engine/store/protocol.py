@@ -604,7 +604,8 @@ class FlowStore(Protocol):
         ...
 
     def wait_leave(self, key: str, task_id: str) -> None:
-        """`task_id` got its quota: out of the queue."""
+        """`task_id` got its quota: out of the queue, and one more call served to its group in the current share
+        window (`engine.core.flow.recent_serves`, which every waiter's `served` is read with)."""
         ...
 
     def flow_rows(self) -> tuple[list[BreakerRow], list[QuotaRow], list[Waiter]]:

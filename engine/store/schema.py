@@ -356,6 +356,18 @@ flow_waits = Table(
     Index("ix_flow_waits_task_id", "task_id"),
 )
 
+#: How many calls each group (tenant, else workflow) was served from a quota's line lately (migration 0017):
+#: the count of window `win` (`engine.core.flow.share_window`) and of the window before, for fair share.
+flow_shares = Table(
+    "flow_shares",
+    metadata,
+    Column("key", String(300), primary_key=True),
+    Column("grp", String(200), primary_key=True),
+    Column("win", BigInteger, nullable=False),
+    Column("served", Integer, nullable=False),
+    Column("served_before", Integer, nullable=False),
+)
+
 #: Webhook subscriptions (migration 0015): a URL, the kinds it wants (JSON list of `engine.core.webhooks`
 #: interests as typed), its body format, and its signing secrets (JSON, newest first, each with when it stops).
 webhook_subscriptions = Table(

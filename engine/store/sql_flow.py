@@ -15,7 +15,18 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, text
 
-from engine.core.flow import Amounts, BreakerRow, BreakerSettings, Limits, QuotaRow, Waiter, new_bucket, quota_take
+from engine.core.flow import (
+    Amounts,
+    BreakerRow,
+    BreakerSettings,
+    Limits,
+    QuotaRow,
+    Waiter,
+    new_bucket,
+    quota_take,
+    recent_serves,
+    share_window,
+)
 from engine.core.webhooks import Outgoing
 from engine.store.flow_sql import Statements
 from engine.store.schema import webhook_outbox
@@ -69,8 +80,10 @@ def breaker_row(r: Any) -> BreakerRow:
     return BreakerRow(r[0], r[1], int(r[2]), float(r[3]), float(r[4]), float(r[5]), float(r[6]))
 
 
-def waiter(r: Any) -> Waiter:
-    return Waiter(r[0], r[1], int(r[2]), r[3], float(r[4]), float(r[5]))
+def waiter(r: Any, at: float) -> Waiter:
+    """A waiter row (`flow_sql.WAIT_SELECT`) with its group's recent serves as of the store's clock `at`."""
+    served = recent_serves(int(r[6]), int(r[7]), int(r[8]), at) if r[6] is not None else 0.0
+    return Waiter(r[0], r[1], int(r[2]), r[3], float(r[4]), float(r[5]), served)
 
 
 class SqlFlow:
@@ -200,8 +213,9 @@ class SqlFlow:
                 {"key": key, "task_id": task_id, "priority": priority, "grp": group, "wait": wait},
             )
             conn.execute(text(flow.WAIT_PURGE), {"key": key, "stale": STALE_SECONDS})
-            waiters = [waiter(r) for r in conn.execute(text(flow.WAIT_LIST), {"key": key})]
             bucket = conn.execute(text(flow.QUOTA_READ), {"key": key}).first()
+            at = float(bucket[-1]) if bucket is not None else float(conn.execute(text(flow.NOW)).scalar_one())
+            waiters = [waiter(r, at) for r in conn.execute(text(flow.WAIT_LIST), {"key": key})]
         return waiters, quota_row(bucket) if bucket is not None else None
 
     def wait_until(self, key: str, task_id: str, wait: float) -> None:
@@ -209,22 +223,27 @@ class SqlFlow:
             conn.execute(text(self._flow.WAIT_UNTIL), {"key": key, "task_id": task_id, "wait": wait})
 
     def wait_leave(self, key: str, task_id: str) -> None:
+        flow = self._flow
         with self._errors(), self._writer() as conn:
-            conn.execute(text(self._flow.WAIT_LEAVE), {"key": key, "task_id": task_id})
+            group = conn.execute(text(flow.WAIT_LEAVE), {"key": key, "task_id": task_id}).scalar()
+            if group is not None:
+                win = share_window(float(conn.execute(text(flow.NOW)).scalar_one()))
+                conn.execute(text(flow.SHARE_CHARGE), {"key": key, "grp": group, "win": win})
 
     def waits_of(self, task_id: str) -> tuple[list[Waiter], float]:
         flow = self._flow
         with self._errors(), self._reader() as conn:
-            waiters = [waiter(r) for r in conn.execute(text(flow.WAITS_OF), {"task_id": task_id})]
-            at = conn.execute(text(flow.NOW)).scalar_one()
-        return waiters, float(at)
+            at = float(conn.execute(text(flow.NOW)).scalar_one())
+            waiters = [waiter(r, at) for r in conn.execute(text(flow.WAITS_OF), {"task_id": task_id})]
+        return waiters, at
 
     def flow_rows(self) -> tuple[list[BreakerRow], list[QuotaRow], list[Waiter]]:
         flow = self._flow
         with self._errors(), self._reader() as conn:
             breakers = [breaker_row(r) for r in conn.execute(text(flow.ALL_BREAKERS))]
             quotas = [quota_row(r) for r in conn.execute(text(flow.ALL_QUOTAS))]
-            waits = [waiter(r) for r in conn.execute(text(flow.ALL_WAITS))]
+            at = float(conn.execute(text(flow.NOW)).scalar_one())
+            waits = [waiter(r, at) for r in conn.execute(text(flow.ALL_WAITS))]
         return breakers, quotas, waits
 
 
