@@ -48,8 +48,9 @@ from engine import (
 from engine.core.canonical import GENESIS_HASH, canonical_json, sha256_hex
 from engine.core.definition import START
 from engine.core.events import Event, stored_body, with_stored_data
-from engine.core.fold import TaskState, apply, initial
+from engine.core.fold import apply, initial
 from engine.core.payloads import EventData
+from engine.core.task import TaskState
 from engine.core.timers import next_run_at
 
 DEFAULT_PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

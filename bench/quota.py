@@ -229,7 +229,9 @@ def workers(url: str, port: int, workdir: Path) -> Iterator[None]:
 def truncate(url: str) -> None:
     with psycopg.connect(libpq(url), autocommit=True) as conn:
         conn.execute("SET session_replication_role = replica")
-        conn.execute("TRUNCATE events, snapshots, tasks, workers, flow_breakers, flow_quotas, flow_waits, flow_shares CASCADE")
+        conn.execute(
+            "TRUNCATE events, snapshots, tasks, workers, flow_breakers, flow_quotas, flow_waits, flow_shares CASCADE"
+        )
 
 
 def counts(url: str) -> dict[str, int]:

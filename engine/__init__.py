@@ -50,7 +50,6 @@ if TYPE_CHECKING:
         RetryBudget,
         State,
         StateKind,
-        Status,
         Terminal,
         Tool,
         Wait,
@@ -67,11 +66,12 @@ if TYPE_CHECKING:
         StoreError,
     )
     from engine.core.events import Event
-    from engine.core.fold import TaskState, fold
+    from engine.core.fold import fold
     from engine.core.model_interface import ModelAdapter, ModelRequest, ModelResponse
     from engine.core.payloads import EventData, event_code
     from engine.core.replay import ReplayReport
     from engine.core.summary import summarise
+    from engine.core.task import Status, TaskState
     from engine.core.tools import (
         Acting,
         CurrencyCode,
@@ -126,7 +126,7 @@ _EXPORTS: dict[str, str] = {
     "Restricted": "engine.core.definition:Restricted",
     "State": "engine.core.definition:State",
     "StateKind": "engine.core.definition:StateKind",
-    "Status": "engine.core.definition:Status",
+    "Status": "engine.core.task:Status",
     "Terminal": "engine.core.definition:Terminal",
     "Tool": "engine.core.definition:Tool",
     "Wait": "engine.core.definition:Wait",
@@ -140,7 +140,7 @@ _EXPORTS: dict[str, str] = {
     "Refused": "engine.core.errors:Refused",
     "StoreError": "engine.core.errors:StoreError",
     "Event": "engine.core.events:Event",
-    "TaskState": "engine.core.fold:TaskState",
+    "TaskState": "engine.core.task:TaskState",
     "fold": "engine.core.fold:fold",
     "ModelAdapter": "engine.core.model_interface:ModelAdapter",
     "ModelRequest": "engine.core.model_interface:ModelRequest",

@@ -20,8 +20,8 @@ from engine.core import commands
 from engine.core.canonical import now
 from engine.core.children import child_task_id, intent, parent_link
 from engine.core.errors import Code, RailyardError
-from engine.core.fold import TaskState
 from engine.core.summary import summarise
+from engine.core.task import TaskState
 from engine.runtime.children import ChildRunner
 from tests.support import child_workflows
 from tests.support.child_workflows import children_of

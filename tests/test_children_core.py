@@ -13,7 +13,8 @@ from engine.core.commands import settle, start, start_child
 from engine.core.decide import decide
 from engine.core.errors import Code, Refused
 from engine.core.events import seal
-from engine.core.fold import TaskState, apply
+from engine.core.fold import apply
+from engine.core.task import TaskState
 from tests.support.child_workflows import ParentInput, child_input, claim, payout
 
 AT = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

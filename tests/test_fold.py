@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from engine.core.canonical import GENESIS_HASH, now
 from engine.core.definition import START
 from engine.core.events import Event, seal
-from engine.core.fold import Fold, TaskState, apply, fold, initial
+from engine.core.fold import Fold, apply, fold, initial
 from engine.core.payloads import as_event_data
+from engine.core.task import TaskState
 from tests.support.sample_workflows import COUNTER
 
 #: What a counter's events can carry: a tick's arguments, a tool's result or error, a prepared call, a model turn.

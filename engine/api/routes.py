@@ -143,9 +143,9 @@ from engine.api.webhooks_page import send_again, webhooks_page
 from engine.core.access import AUDITOR, Caller
 from engine.core.approvals import DECISIONS
 from engine.core.canonical import format_instant
-from engine.core.definition import StateKind, Status, Workflow
+from engine.core.definition import StateKind, Workflow
 from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
-from engine.core.fold import TaskState
+from engine.core.task import Status, TaskState
 from engine.runtime import queries, shown
 from engine.runtime.engine import Engine
 from engine.runtime.people import People

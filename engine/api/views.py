@@ -68,13 +68,13 @@ from engine.core.definition import (
 from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
-from engine.core.fold import TaskState
 from engine.core.forks import last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.lineage import Chain, chain_of, declared
 from engine.core.payloads import event_code
 from engine.core.quality import turn_tag
 from engine.core.remarks import is_remark
 from engine.core.summary import compact, details, summarise
+from engine.core.task import TaskState
 from engine.runtime import queries
 from engine.runtime.engine import Engine, TaskView
 from engine.runtime.queries import QueuedTask, QueueQuery, TaskQuery, WorkClaim, readable

@@ -35,9 +35,9 @@ from engine.core.definition import SPAWN, Workflow
 from engine.core.errors import Code, IntegrityError, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fanout import child_records
-from engine.core.fold import TaskState
 from engine.core.replay import OriginCheck, ReplayReport
 from engine.core.rows import TaskRow
+from engine.core.task import TaskState
 from engine.observability import hooks
 from engine.store.protocol import Store
 

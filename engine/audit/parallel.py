@@ -39,8 +39,9 @@ from engine.core.chain import Finding
 from engine.core.definition import FORK
 from engine.core.errors import Code
 from engine.core.events import Event
-from engine.core.fold import TaskState, predates_effects
+from engine.core.fold import predates_effects
 from engine.core.replay import LogCheck, Lookup, ReplayReport
+from engine.core.task import TaskState
 from engine.store import Snapshot, Store, TaskRow
 from engine.store.protocol import AUDIT_PAGE
 

@@ -21,9 +21,10 @@ from engine.core.definition import CHILD_TRIGGER_PREFIX, MIGRATE, SPAWN, SPAWNED
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.fanout import join_findings
-from engine.core.fold import Resolve, TaskState, apply, fold, initial, migration_target, pinned_at_start
+from engine.core.fold import Resolve, apply, fold, initial, migration_target, pinned_at_start
 from engine.core.forks import origin_findings, repeat_hazard, writes
 from engine.core.replay import LinkCheck, Lookup, OriginCheck, ReplayReport, replay_stream
+from engine.core.task import TaskState
 from engine.store import Snapshot, Store, TaskRow
 
 #: An archived task's events, read back from its file (`Engine._archived_events`); [] when it is not archived.

@@ -17,8 +17,8 @@ from typing import Any, Literal
 from engine.core.access import AUDITOR, holds
 from engine.core.definition import Approval, Workflow
 from engine.core.errors import Code, Refused
-from engine.core.fold import TaskState
 from engine.core.payloads import ApprovalRecord
+from engine.core.task import TaskState
 
 Verdict = Literal["approve", "reject"]
 

@@ -7,8 +7,9 @@ from datetime import datetime
 
 from engine.core.canonical import parse_instant
 from engine.core.definition import Agent, Workflow
-from engine.core.fold import TaskState, call_key, turn_tokens
+from engine.core.fold import call_key, turn_tokens
 from engine.core.payloads import EventData, PreparedCallData
+from engine.core.task import TaskState
 
 
 def exceeded(

@@ -41,7 +41,7 @@ from engine.core.payloads import ChildRecord, EventData, ParentLink
 from engine.core.tools.prepared import action_id_for
 
 if TYPE_CHECKING:
-    from engine.core.fold import TaskState
+    from engine.core.task import TaskState
 
 
 def child_task_id(parent_id: str, action_id: str) -> str:

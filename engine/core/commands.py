@@ -27,10 +27,11 @@ from engine.core.definition import CANCEL, FORK, REDRIVE, START, Tool, Workflow
 from engine.core.effects import SETTLE
 from engine.core.errors import Code, Refused
 from engine.core.events import Event, seal
-from engine.core.fold import TaskState, initial
+from engine.core.fold import initial
 from engine.core.forks import fork_data, last_entry, redrive_problem, repeat_hazard, writes
 from engine.core.payloads import ChildRecord, EventData, ParentLink, Settled
 from engine.core.rows import TaskRow
+from engine.core.task import TaskState
 from engine.core.timers import next_run_at
 
 

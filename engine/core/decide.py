@@ -21,11 +21,11 @@ from pydantic import BaseModel, ValidationError
 
 from engine.core.access import Caller, fire_refusal, is_models, override_role
 from engine.core.approvals import self_approval
+from engine.core.arguments import IDENTITY_FIELDS, redact
 from engine.core.definition import (
     CANCEL,
     CHILD_TRIGGER_PREFIX,
     EXPIRED,
-    IDENTITY_FIELDS,
     SPAWN,
     SPAWNED,
     TOOL_OUTCOMES,
@@ -36,12 +36,11 @@ from engine.core.definition import (
     Tool,
     Workflow,
     guard_name,
-    redact,
 )
 from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, Refused
-from engine.core.fold import TaskState
 from engine.core.payloads import EventData, PreparedCallData
+from engine.core.task import TaskState
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.core.arguments import IDENTITY_FIELDS
 from engine.core.canonical import canonical_json, sha256_hex
 from engine.core.effects import (
     CANCEL_REQUESTED,
@@ -31,9 +32,9 @@ from engine.core.effects import (
 )
 from engine.core.errors import DefinitionError
 from engine.core.flow import is_priority
+from engine.core.task import Status, TaskState
 
 if TYPE_CHECKING:
-    from engine.core.fold import TaskState
     from engine.core.machine import CompiledMachine
     from engine.core.tools.catalog import ToolCatalog
 
@@ -44,14 +45,6 @@ class StateKind(StrEnum):
     APPROVAL = "approval"
     WAIT = "wait"
     CHILD = "child"
-    TERMINAL = "terminal"
-
-
-class Status(StrEnum):
-    """What a worker may do with a task, derived from the kind of its current state."""
-
-    RUNNABLE = "runnable"  # agent and tool states: a worker advances them
-    BLOCKED = "blocked"  # approval, wait and child states: they wait for a human, a signal, a child or a deadline
     TERMINAL = "terminal"
 
 
@@ -71,10 +64,6 @@ CANCEL = "cancel"
 EXPIRED = "expired"
 TOOL_OUTCOMES = ("succeeded", "failed", "unknown")
 CANCELLED_STATE = "cancelled"
-#: Who is acting, for whom: these come from the trusted caller's context, never from arguments.
-IDENTITY_FIELDS = frozenset(
-    {"actor", "tenant", "tenant_id", "customer", "customer_id", "role", "roles", "user", "user_id"}
-)
 # The agent sub-machine's triggers and generated states (see `Agent`).
 REPAIR = "repair"
 DEMOTE = "demote"
@@ -254,26 +243,6 @@ class Action:
     def targets(self) -> list[str]:
         """Where this action can lead: its target, and its risk route if it has one."""
         return [self.target, self.risk_target] if self.risk_target else [self.target]
-
-
-REDACTED = "[redacted]"
-
-
-def sensitive_fields(model: type[BaseModel] | None) -> frozenset[str]:
-    """Fields declared with `Field(json_schema_extra={"sensitive": True})`: never written to the log."""
-    if model is None:
-        return frozenset()
-    return frozenset(
-        name
-        for name, f in model.model_fields.items()
-        if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("sensitive") is True
-    )
-
-
-def redact(model: type[BaseModel] | None, values: dict[str, Any]) -> dict[str, Any]:
-    """`values` with the model's sensitive fields replaced, for the log; guards still see the real values."""
-    hidden = sensitive_fields(model)
-    return {k: (REDACTED if k in hidden else v) for k, v in values.items()} if hidden else values
 
 
 @dataclass(frozen=True)
@@ -888,9 +857,19 @@ class Workflow:
         """
         compiled = self._machine
         if compiled is None:
-            from engine.core.machine import compile_machine
+            from engine.core.machine import Shape, compile_machine
 
-            compiled = compile_machine(self)
+            moves = list(self.transitions())
+            compiled = compile_machine(
+                Shape(
+                    ref=self.ref,
+                    states=[s.name for s in self.all_states],
+                    initial=self.initial_state,
+                    edges=[(source, action.name, target) for source, action in moves for target in action.targets()],
+                    anyone=frozenset((source, action.name) for source, action in moves if action.role == ANYONE),
+                    children={s.name: (s.workflow, s.version) for s in self.all_states if isinstance(s, Child)},
+                )
+            )
             object.__setattr__(self, "_machine", compiled)
         return compiled
 

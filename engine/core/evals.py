@@ -18,13 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.arguments import IDENTITY_FIELDS, REDACTED, redact
 from engine.core.canonical import GENESIS_HASH
-from engine.core.definition import IDENTITY_FIELDS, REDACTED, Agent, Status, Workflow, redact
+from engine.core.definition import Agent, Workflow
 from engine.core.errors import Code, Refused
 from engine.core.events import Event
-from engine.core.fold import TaskState
 from engine.core.forcing import model_actions
 from engine.core.quality import base_state, leaves_state
+from engine.core.task import Status, TaskState
 from engine.core.visibility import Withholding
 
 #: The format every case file names, so a file from a later, different format is refused rather than misread.

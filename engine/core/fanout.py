@@ -41,7 +41,7 @@ from engine.core.payloads import ChildRecord, EventData, FanOutRecord
 from engine.core.tools.prepared import action_id_for
 
 if TYPE_CHECKING:
-    from engine.core.fold import TaskState
+    from engine.core.task import TaskState
 
 JOINED = "joined"
 FAILED = "failed"

@@ -37,10 +37,11 @@ from pydantic import BaseModel
 
 from engine.core.definition import Action, Agent, Workflow
 from engine.core.errors import Code
-from engine.core.fold import NOTE_FACT, TaskState
+from engine.core.fold import NOTE_FACT
 from engine.core.model_interface import Message, ModelRequest, ResponseSchema, ToolSpec
 from engine.core.payloads import Escalated
 from engine.core.profiles import CapabilityProfile
+from engine.core.task import TaskState
 from engine.core.tools.results import (
     NOTE_NOTICE,
     RESULT_NOTICE,

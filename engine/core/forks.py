@@ -21,8 +21,8 @@ from engine.core.definition import Tool, Workflow
 from engine.core.effects import OPEN, next_effect
 from engine.core.errors import Code
 from engine.core.events import Event
-from engine.core.fold import TaskState
 from engine.core.payloads import Carried, EventData, ForkOrigin
+from engine.core.task import TaskState
 
 #: The searchable field a fork's task row carries (no workflow declares it: `~` is not a field name): the
 #: source's task id, so the next fork of the same source finds the earlier ones (`Engine._sibling_hazard`).

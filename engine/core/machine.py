@@ -1,47 +1,57 @@
-"""Compile a workflow definition into a `transitions` machine, once per version.
+"""Compile a workflow's shape into a `transitions` machine, once per version.
 
 The machine holds the structure (states, triggers, sources, destinations) and
 draws the diagrams. It has no model attached: a task's current state is the
 fold of its events, never a live object, so one machine serves every task of
 that version. The runtime asks it which triggers a state allows.
+
+It is compiled from a `Shape`, plain data the definition gives it
+(`Workflow.machine`), not from the definition itself: the definitions depend
+on the machine, never the other way round.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from transitions import Machine
-
-if TYPE_CHECKING:
-    from engine.core.definition import Workflow
 
 GraphFormat = Literal["mermaid", "dot"]
 #: Built-in triggers left off diagrams unless a task took them (see `graph`).
 UNDRAWN = frozenset({"cancel_requested", "settle"})
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What a machine is compiled from: a version's name (`refund@2`), its states in order, its first state, each
+    transition as (source, trigger, target) in the definition's order, the (source, trigger) pairs any signed-in
+    person may fire, and each child state's child workflow (name, version; None: the newest at the start)."""
+
+    ref: str
+    states: Sequence[str]
+    initial: str
+    edges: Sequence[tuple[str, str, str]]
+    anyone: frozenset[tuple[str, str]] = frozenset()
+    children: Mapping[str, tuple[str, int | None]] = field(default_factory=dict)
+
+
 class CompiledMachine:
     """A definition's shared `transitions.Machine` plus the per-state trigger lists read from it."""
 
-    def __init__(self, workflow: Workflow) -> None:
-        self._workflow = workflow
-        self._states = [s.name for s in workflow.all_states]
+    def __init__(self, shape: Shape) -> None:
+        self._shape = shape
+        self._states = list(shape.states)
         self._transitions = [
-            {"trigger": action.name, "source": source, "dest": target}
-            for source, action in workflow.transitions()
-            for target in action.targets()
+            {"trigger": trigger, "source": source, "dest": dest} for source, trigger, dest in shape.edges
         ]
-        from engine.core.definition import ANYONE
-
-        self._anyone = frozenset(
-            (source, action.name) for source, action in workflow.transitions() if action.role == ANYONE
-        )
+        self._anyone = shape.anyone
         self.machine = Machine(
             model=None,
             states=self._states,
             transitions=self._transitions,
-            initial=workflow.initial_state,
+            initial=shape.initial,
             auto_transitions=False,
             send_event=True,
         )
@@ -61,9 +71,7 @@ class CompiledMachine:
     def child_workflows(self) -> dict[str, tuple[str, int | None]]:
         """Each child state's child workflow: state name -> (workflow name, version; None: the newest at the start).
         What the diagrams draw on a child state, and what the pages link to (`/workflows/NAME`)."""
-        from engine.core.definition import Child
-
-        return {s.name: (s.workflow, s.version) for s in self._workflow.all_states if isinstance(s, Child)}
+        return dict(self._shape.children)
 
     def _label(self, state: str) -> str | None:
         """A child state's label on the diagrams: its name and the workflow it starts (`claim_refund: refund@2`)."""
@@ -126,13 +134,13 @@ class CompiledMachine:
             model=_Marker(),
             states=[{"name": s, "label": label} if (label := self._label(s)) else s for s in self._states],
             transitions=transitions,
-            initial=self._workflow.initial_state,
+            initial=self._shape.initial,
             auto_transitions=False,
             graph_engine=engine,
-            title=self._workflow.ref,
+            title=self._shape.ref,
             show_conditions=False,
         )
-        if current is not None and current != self._workflow.initial_state:
+        if current is not None and current != self._shape.initial:
             gm.set_state(current)
         graph = gm.get_graph(force_new=True)
         if taken:
@@ -157,5 +165,5 @@ class CompiledMachine:
         return str(graph.source)
 
 
-def compile_machine(workflow: Workflow) -> CompiledMachine:
-    return CompiledMachine(workflow)
+def compile_machine(shape: Shape) -> CompiledMachine:
+    return CompiledMachine(shape)

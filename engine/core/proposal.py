@@ -15,13 +15,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.core.arguments import redact, sensitive_fields
 from engine.core.decide import decide
-from engine.core.definition import HAND_OFF, REPAIR, Agent, Workflow, redact, sensitive_fields
+from engine.core.definition import HAND_OFF, REPAIR, Agent, Workflow
 from engine.core.errors import Code, Refused
-from engine.core.fold import TaskState
 from engine.core.forcing import ENVELOPE_ERROR, MODE_OF_RUNG, Rung, model_actions
 from engine.core.model_interface import Message, ModelResponse, ToolCall
 from engine.core.payloads import EventData
+from engine.core.task import TaskState
 from engine.core.text import clean
 
 REPAIRABLE = frozenset(

@@ -20,8 +20,8 @@ from engine.core.decide import Decision
 from engine.core.definition import COMMENT, WORK_CLAIMED, WORK_RELEASED, Workflow
 from engine.core.errors import Code, Refused
 from engine.core.events import Event
-from engine.core.fold import TaskState
 from engine.core.payloads import ClaimRecord
+from engine.core.task import TaskState
 
 #: The triggers that record a remark: never a transition, never what makes a decision stale.
 REMARKS = frozenset({COMMENT, WORK_CLAIMED, WORK_RELEASED})

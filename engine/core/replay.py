@@ -50,11 +50,12 @@ from engine.core.definition import (
 from engine.core.effects import is_open
 from engine.core.errors import Code
 from engine.core.events import Event
-from engine.core.fold import Fold, TaskState, initial, predates_effects
+from engine.core.fold import Fold, initial, predates_effects
 from engine.core.forks import concerns_writes, repeat_hazard, writes
 from engine.core.records import quick_init
 from engine.core.remarks import REMARKS
 from engine.core.rows import Snapshot, TaskRow
+from engine.core.task import TaskState
 
 #: How replay finds the definition a task is pinned to (`Registry.find`).
 Lookup = Callable[[str, int], Workflow | None]

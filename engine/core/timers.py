@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from engine.core.definition import Approval, Child, Status, Wait, Workflow
+from engine.core.definition import Approval, Child, Wait, Workflow
+from engine.core.task import Status
 
 
 def next_run_at(definition: Workflow, state: str, entered_at: datetime, due: datetime | None = None) -> datetime | None:

@@ -28,11 +28,11 @@ from typing import Any
 from engine.core.access import Caller, sees_restricted
 from engine.core.definition import Restricted, Workflow
 from engine.core.events import Event
-from engine.core.fold import TaskState
 from engine.core.payloads import EventData, as_event_data
+from engine.core.task import TaskState
 
 #: What a person without the role is shown in place of a restricted value, on every page, API answer, CLI read
-#: and export. Not `[redacted]` (`engine.core.definition.REDACTED`): that one marks a sensitive value the log
+#: and export. Not `[redacted]` (`engine.core.arguments.REDACTED`): that one marks a sensitive value the log
 #: never held; this one a value the log holds and this reader may not see.
 RESTRICTED = "[restricted]"
 #: Restricted text at least this long is also withheld where it was copied into other text.

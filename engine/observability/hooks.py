@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from engine.core.events import Event
 from engine.core.flow import Amounts
-from engine.core.fold import TaskState
 from engine.core.model_errors import ModelError
 from engine.core.model_interface import ModelResponse, Usage
 from engine.core.payloads import event_code
 from engine.core.replay import ReplayReport
 from engine.core.rows import Claim
+from engine.core.task import TaskState
 
 if TYPE_CHECKING:
     from engine.observability.metrics import Metrics

@@ -41,11 +41,11 @@ from opentelemetry.util.types import AttributeValue
 
 from engine.core.errors import Code, RailyardError
 from engine.core.events import Event
-from engine.core.fold import TaskState
 from engine.core.model_errors import ModelError
 from engine.core.model_interface import ModelResponse
 from engine.core.replay import ReplayReport
 from engine.core.rows import Claim
+from engine.core.task import TaskState
 
 TRACER_NAME = "railyard"
 #: OTEL_TRACES_EXPORTER names and the entry point (group `opentelemetry_traces_exporter`) each one loads.

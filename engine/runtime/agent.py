@@ -28,7 +28,6 @@ from engine.core.canonical import now
 from engine.core.decide import Decision
 from engine.core.definition import BACKOFF, DEMOTE, LIMIT, PROVIDER_ERROR, Agent
 from engine.core.errors import Code, Refused
-from engine.core.fold import TaskState
 from engine.core.forcing import (
     MODE_OF_RUNG,
     STRICT_SCHEMA,
@@ -48,6 +47,7 @@ from engine.core.payloads import EventData, TokenUsage, Turn
 from engine.core.profiles import CapabilityProfile, load_profiles, profile_for
 from engine.core.proposal import interpret
 from engine.core.retries import BASE_SECONDS, CAP_SECONDS, durable_delay, next_retry, waiting
+from engine.core.task import TaskState
 from engine.observability import hooks
 from engine.runtime.flow import WAITED, Flow
 from engine.runtime.offload import INLINE, Offload, run_sync

@@ -34,9 +34,9 @@ from engine.core.children import (
 from engine.core.decide import decide, validate_payload
 from engine.core.definition import CANCEL, EXPIRED, SPAWN, SPAWNED, Child, Workflow
 from engine.core.errors import Code, ConcurrencyConflict, IntegrityError, RailyardError, Refused
-from engine.core.fold import TaskState
 from engine.core.payloads import ChildRecord
 from engine.core.rows import TaskRow
+from engine.core.task import TaskState
 from engine.runtime import config, fanout
 from engine.runtime.leases import current_epoch
 from engine.runtime.offload import INLINE, Offload

@@ -50,7 +50,7 @@ from engine.core.errors import (
 from engine.core.events import Event, seal
 from engine.core.fanout import child_records
 from engine.core.flow import check_priority, with_declared
-from engine.core.fold import TaskState, apply, fold, pinned_at_start, predates_effects
+from engine.core.fold import apply, fold, pinned_at_start, predates_effects
 from engine.core.forks import (
     EXECUTED_OR_MAY,
     FORKED_FROM,
@@ -64,6 +64,7 @@ from engine.core.quality import entered_at
 from engine.core.replay import ReplayReport
 from engine.core.retries import due_at, waiting
 from engine.core.summary import summarise
+from engine.core.task import TaskState
 from engine.core.timers import next_run_at
 from engine.core.webhooks import Outgoing
 from engine.observability import hooks

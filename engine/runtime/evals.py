@@ -26,12 +26,13 @@ from engine.core.definition import Agent, Workflow
 from engine.core.errors import Category, RailyardError
 from engine.core.evals import Expectation, expectation, task_of
 from engine.core.events import Event, seal
-from engine.core.fold import TaskState, apply
+from engine.core.fold import apply
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData
 from engine.core.quality import TurnFigures, base_state, fold_quality
 from engine.core.retries import waiting
 from engine.core.rows import TaskRow
+from engine.core.task import TaskState
 from engine.runtime.agent import AgentRunner, RetryPolicy
 from engine.runtime.flow import Flow
 

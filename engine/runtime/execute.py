@@ -28,8 +28,8 @@ from typing import Any, Literal, TypeVar
 
 from engine.core.errors import Code, Refused
 from engine.core.payloads import Outcome
-from engine.core.tools.catalog import Reconciled, ToolDef, ToolFailed, ToolKind
-from engine.core.tools.prepared import Acting, PreparedToolCall, ToolInvocation
+from engine.core.tools.call import Acting, PreparedToolCall, ToolInvocation, ToolKind
+from engine.core.tools.catalog import Reconciled, ToolDef, ToolFailed
 from engine.core.tools.results import accept_result, clean_text
 
 log = logging.getLogger("railyard.tools")

@@ -16,8 +16,8 @@ from engine.core.decide import validate_payload
 from engine.core.definition import EXPIRED, SPAWN, SPAWNED, Child
 from engine.core.errors import Code, Refused
 from engine.core.fanout import budget_refusal, ended, intent, join_outcome, pending_fan_out, spawned_data
-from engine.core.fold import TaskState
 from engine.core.payloads import FanOutRecord
+from engine.core.task import TaskState
 from engine.runtime.leases import current_epoch
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from engine.core.definition import Workflow
 from engine.core.errors import Code, RailyardError
 from engine.core.events import Event
 from engine.core.flow import BreakerRow
-from engine.core.fold import TaskState
+from engine.core.task import TaskState
 from engine.core.webhooks import (
     FORMATS,
     Delivery,

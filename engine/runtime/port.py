@@ -11,8 +11,8 @@ from typing import Protocol
 
 from engine.core.decide import Decision
 from engine.core.definition import Workflow
-from engine.core.fold import TaskState
 from engine.core.payloads import EventData
+from engine.core.task import TaskState
 
 
 class TaskPort(Protocol):

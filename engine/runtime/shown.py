@@ -15,8 +15,8 @@ from engine.core.access import Caller, Scope, sees_restricted
 from engine.core.definition import Workflow
 from engine.core.errors import RailyardError
 from engine.core.events import Event
-from engine.core.fold import TaskState
 from engine.core.rows import Snapshot, TaskRow
+from engine.core.task import TaskState
 from engine.core.visibility import Withholding, withholding
 from engine.runtime.engine import Engine, TaskView
 

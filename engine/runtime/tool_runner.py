@@ -39,10 +39,10 @@ from engine.core.canonical import format_instant, now
 from engine.core.definition import CALL, LIMIT, RECONCILE, Tool
 from engine.core.effects import lands_until
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, Refused
-from engine.core.fold import TaskState
 from engine.core.payloads import Asserted, EventData
-from engine.core.tools.catalog import ToolDef, ToolKind
-from engine.core.tools.prepared import Acting, PreparedToolCall
+from engine.core.task import TaskState
+from engine.core.tools.call import Acting, PreparedToolCall, ToolKind
+from engine.core.tools.catalog import ToolDef
 from engine.observability import hooks
 from engine.runtime.execute import ToolOutcome, execute, outcome_of, reconcile
 from engine.runtime.offload import INLINE, Offload

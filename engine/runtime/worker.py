@@ -40,13 +40,13 @@ from functools import partial
 from typing import Any
 
 from engine.core.canonical import now
-from engine.core.definition import EXPIRED, LIMIT, Child, StateKind, Status
+from engine.core.definition import EXPIRED, LIMIT, Child, StateKind
 from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, RailyardError, Refused
-from engine.core.fold import TaskState
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData
 from engine.core.profiles import load_profiles
 from engine.core.rows import Claim, WorkerReport
+from engine.core.task import Status, TaskState
 from engine.observability import hooks
 from engine.providers.loops import close_loop_clients
 from engine.runtime import config

@@ -7,13 +7,14 @@
 
 Running a call (I/O, with timeouts and unknown outcomes) is `engine.runtime.execute`.
 
-This package imports `engine.core.definition` (identity fields, redaction) and
-`engine.core.proposal` (text cleaning), so neither of those, nor what they
-import, may import `engine.core.tools` at module level.
+A call as made (`call.py`) builds on nothing here; the catalog declares tools that take one; `prepared.py`
+compiles arguments against the catalog into one. The package builds on `engine.core.arguments` (identity
+fields, redaction) and `engine.core.text`, never on the definitions, which may import it.
 """
 
-from engine.core.tools.catalog import Reconciled, ToolCatalog, ToolDef, ToolFailed, ToolKind
-from engine.core.tools.prepared import Acting, PreparedToolCall, ToolInvocation, action_id_for, prepare, resolve
+from engine.core.tools.call import Acting, PreparedToolCall, ToolInvocation, ToolKind
+from engine.core.tools.catalog import Reconciled, ToolCatalog, ToolDef, ToolFailed
+from engine.core.tools.prepared import action_id_for, prepare, resolve
 from engine.core.tools.results import RESULT_NOTICE, accept_result, wrap_error_for_model, wrap_for_model
 from engine.core.tools.types import CurrencyCode, MinorUnits, Money, UtcTimestamp
 

@@ -20,27 +20,20 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
+from engine.core.arguments import IDENTITY_FIELDS
 from engine.core.canonical import canonical_json, sha256_hex
-from engine.core.definition import IDENTITY_FIELDS
 from engine.core.errors import Code, DefinitionError, Refused
+from engine.core.tools.call import ToolKind
 
 if TYPE_CHECKING:
-    from engine.core.tools.prepared import ToolInvocation
+    from engine.core.tools.call import ToolInvocation
 
 #: Tool and catalog names: the same shape as state and action names, and valid as a provider function name.
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-
-class ToolKind(StrEnum):
-    """`read` tools may be retried within a limit; `write` tools change the world and are never blindly repeated."""
-
-    READ = "read"
-    WRITE = "write"
 
 
 class ToolFailed(Exception):
