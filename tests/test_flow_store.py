@@ -3,6 +3,8 @@ pace model calls, checked the same way on each. The clock is the store's own, so
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -11,7 +13,7 @@ from typing import cast
 
 import pytest
 
-from engine.core.flow import Amounts, BreakerSettings, Limits, queue
+from engine.core.flow import Amounts, BreakerSettings, Limits, Place, Waiter, place_in, queue
 from engine.store import Store
 from engine.store.protocol import FlowStore
 from tests.support.races import together
@@ -145,20 +147,32 @@ def test_what_the_provider_says_is_left_holds_the_bucket_down(store: FlowStore) 
     assert [store.quota_take(KEY, limits, Amounts(), 30)[0] for _ in range(3)] == [True, True, False]
 
 
+def join(store: FlowStore, task_id: str, priorities: dict[str, int] | None = None, wait: float = 10) -> Place:
+    """`task_id` in the line of KEY, its place counted as a look counts it (every waiter ahead, any look)."""
+    place, _ = store.wait_join(KEY, task_id, wait, priorities or {}, lookahead=math.inf, grace=60.0)
+    return place
+
+
+def line_of(store: FlowStore) -> list[Waiter]:
+    return [w for w in store.flow_rows()[2] if w.key == KEY]
+
+
 def test_the_queue_keeps_each_waiters_priority_and_group_and_its_place(store: FlowStore, tmp_path: Path) -> None:
     logs = cast(Store, store)
     for task_id, tenant, priority in (("a", "acme", None), ("b", None, 5), ("c", "acme", None)):
         log = Log(task_id, workflow="bulk")
         logs.create(replace(log.row(), tenant=tenant, priority=priority), log.first)
-    store.wait_join(KEY, "a", 10, {"bulk": 1})
-    store.wait_join(KEY, "b", 10, {"bulk": 1})
-    waiters, _ = store.wait_join(KEY, "c", 10, {"bulk": 1})
+    join(store, "a", {"bulk": 1})
+    join(store, "b", {"bulk": 1})
+    place = join(store, "c", {"bulk": 1})
+    assert (place.coming, place.ahead, place.others) == (2, 2, True)  # b (priority 5), then a, before c
+    waiters = line_of(store)
     by_task = {w.task_id: (w.priority, w.group) for w in waiters}
     assert by_task == {"a": (1, "tenant:acme"), "b": (5, "workflow:bulk"), "c": (1, "tenant:acme")}
     assert [w.task_id for w in queue(waiters)] == ["b", "a", "c"]
     first_since = next(w.since for w in waiters if w.task_id == "a")
-    again, _ = store.wait_join(KEY, "a", 20, {})  # looking again keeps its place in the line
-    assert next(w.since for w in again if w.task_id == "a") == first_since
+    again = join(store, "a", {}, wait=20)  # looking again keeps its place in the line
+    assert again.since == first_since and next(w.since for w in line_of(store) if w.task_id == "a") == first_since
     store.wait_leave(KEY, "a")
     _, _, everyone = store.flow_rows()
     assert sorted(w.task_id for w in everyone) == ["b", "c"]
@@ -172,11 +186,13 @@ def test_a_group_served_from_the_line_is_charged_and_a_newcomer_goes_first(store
         log = Log(task_id, workflow="bulk")
         logs.create(replace(log.row(), tenant=tenant), log.first)
     for served in ("b1", "b2"):
-        store.wait_join(KEY, served, 10, {})
+        join(store, served)
         store.wait_leave(KEY, served)
-    store.wait_join(KEY, "b3", 10, {})
-    store.wait_join(KEY, "b4", 10, {})
-    waiters, _ = store.wait_join(KEY, "s1", 10, {})
+    join(store, "b3")
+    join(store, "b4")
+    assert join(store, "s1").ahead == 0  # the newcomer is first
+    assert join(store, "b4").ahead == 2
+    waiters = line_of(store)
     shares = {w.task_id: w.served for w in waiters}
     assert shares["b3"] == shares["b4"] == pytest.approx(2.0, abs=0.1) and shares["s1"] == 0.0
     assert [w.task_id for w in queue(waiters)] == ["s1", "b3", "b4"]
@@ -195,3 +211,29 @@ def test_the_rows_read_for_status_hold_every_breaker_bucket_and_waiter(store: Fl
     assert [(b.key, b.state) for b in breakers] == [("anthropic:claude-x", "open")]
     assert [(q.key, q.in_flight) for q in buckets] == [(KEY, 1)]
     assert waits == []
+
+
+def test_the_place_a_store_counts_is_the_place_the_line_gives(store: FlowStore) -> None:
+    """A look reads its place, not the line: the store counts it in one statement (the SQL stores in the
+    database). Whatever the line (priorities, groups, serves, looks due soon, late or far off), that count is
+    what `engine.core.flow.place_in` says of the line the store holds."""
+    logs = cast(Store, store)
+    pick = random.Random(7)
+    ids = [f"t{n:02d}" for n in range(40)]
+    for task_id in ids:
+        log = Log(task_id, workflow="bulk")
+        row = replace(log.row(), tenant=pick.choice(["a", "b", "c", None]), priority=pick.choice([None, None, 0, 5]))
+        logs.create(row, log.first)
+    for task_id in ids:
+        place, _ = store.wait_join(
+            KEY, task_id, pick.choice([0.0, 1.0, 30.0, 500.0]), {"bulk": 1}, lookahead=5.0, grace=2.0
+        )
+        if pick.random() < 0.2:
+            store.wait_leave(KEY, task_id)  # served: its group's share grows
+    for task_id in pick.sample(ids, 15):
+        place, _ = store.wait_join(KEY, task_id, 3.0, {"bulk": 1}, lookahead=5.0, grace=2.0)
+        line, at = store.waits_of(task_id)
+        expected = place_in(line, task_id, at, lookahead=5.0, grace=2.0)
+        # The store's clock moved on between the two reads by a few milliseconds at most.
+        assert (place.coming, place.ahead, place.others) == (expected.coming, expected.ahead, expected.others), task_id
+        assert place.since == pytest.approx(expected.since)

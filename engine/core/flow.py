@@ -521,12 +521,17 @@ def share_window(at: float) -> int:
     return int(at // SHARE_WINDOW_SECONDS)
 
 
+def share_point(at: float) -> tuple[int, float]:
+    """The window `at` falls in, and how much of the window before the sliding minute still covers."""
+    now = share_window(at)
+    return now, 1.0 - (at - now * SHARE_WINDOW_SECONDS) / SHARE_WINDOW_SECONDS
+
+
 def recent_serves(window: int, in_window: int, in_window_before: int, at: float) -> float:
     """How many calls a group was served over the sliding minute before `at`, from its counts of the window it
     was last served in and of the one before (a sliding-window counter: the previous window weighted by how much
     of it the minute still covers). A group not served for two windows counts 0."""
-    now = share_window(at)
-    still = 1.0 - (at - now * SHARE_WINDOW_SECONDS) / SHARE_WINDOW_SECONDS
+    now, still = share_point(at)
     if window >= now:
         return in_window + in_window_before * still
     if window == now - 1:
@@ -548,6 +553,35 @@ def queue(waiters: Sequence[Waiter]) -> list[Waiter]:
         ranked.append((-w.priority, w.served + rank, w.since, w.task_id, w))
     ranked.sort(key=lambda r: r[:4])
     return [r[4] for r in ranked]
+
+
+@dataclass(frozen=True)
+class Place:
+    """A waiter's place in its line as a look decides with it (`Store.wait_join`): how many are served before it
+    and are coming for their turn within the look's horizon (`coming`) or at all (`ahead`, `position`'s two
+    readings), whether anyone else waits, and since when it has waited."""
+
+    coming: int
+    ahead: int
+    others: bool
+    since: float
+
+
+def place_in(waiters: Sequence[Waiter], task_id: str, at: float, lookahead: float, grace: float) -> Place:
+    """`task_id`'s `Place` in `waiters` (one line): what a store computes in its own statement (the SQL stores do
+    it in the database, so a look never reads the whole line); the memory store and the tests use this."""
+    line = queue(waiters)
+    coming = ahead = 0
+    since = at
+    for w in line:
+        if w.task_id == task_id:
+            since = w.since
+            break
+        if at - grace <= w.until:
+            ahead += 1
+            if w.until <= at + lookahead:
+                coming += 1
+    return Place(coming, ahead, any(w.task_id != task_id for w in waiters), since)
 
 
 def position(waiters: Sequence[Waiter], task_id: str, at: float, lookahead: float, grace: float = 5.0) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,7 +37,6 @@ from engine.core.flow import (
     counts_for_breaker,
     estimate,
     merged,
-    position,
     quota_key,
     quota_wait,
     remaining,
@@ -231,23 +229,29 @@ class Flow:
                     await self._wait("quota", key, quota_wait(row, limits, amounts, row.at))
                     continue
             assert task_id is not None
-            waiters, bucket = await io.store(
-                lambda: self.store.wait_join(key, task_id, 2 * slot, self.settings.priorities)
-            )
-            at = bucket.at if bucket is not None else await io.store(self.store.flow_clock)
-            self._queued[key] = any(w.task_id != task_id for w in waiters)
-            grace = max(5.0, 2 * slot)
             # Those ahead who are coming for their turn now decide whether this call may take it; all those ahead
-            # decide when it looks again, so that the line's order is the order of the looks.
-            coming = position(waiters, task_id, at, lookahead=2 * slot + 1.0, grace=grace)
-            ahead = position(waiters, task_id, at, lookahead=math.inf, grace=grace)
+            # decide when it looks again, so that the line's order is the order of the looks. The store counts
+            # them (`Store.wait_join`): a look reads one row however long the line.
+            grace = max(5.0, 2 * slot)
+            join = partial(
+                self.store.wait_join,
+                key,
+                task_id,
+                2 * slot,
+                self.settings.priorities,
+                lookahead=2 * slot + 1.0,
+                grace=grace,
+            )
+            place, bucket = await io.store(join)
+            at = bucket.at if bucket is not None else await io.store(self.store.flow_clock)
+            self._queued[key] = place.others
+            coming, ahead = place.coming, place.ahead
             free = affordable(bucket, limits, amounts, at)
             if coming < free:
                 taken, bucket = await io.store(lambda: self.store.quota_take(key, limits, amounts, hold))
                 if taken:
                     await io.store(lambda: self.store.wait_leave(key, task_id))
-                    since = next((w.since for w in waiters if w.task_id == task_id), at)
-                    return max(at - since, 0.0)
+                    return max(at - place.since, 0.0)
                 free = 0
             assert bucket is not None
             wait = max(quota_wait(bucket, limits, amounts, at), (ahead + 1 - free) * slot)

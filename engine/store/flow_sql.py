@@ -42,6 +42,7 @@ class Statements:
     WAIT_JOIN: str
     WAIT_PURGE: str
     WAIT_LIST: str
+    WAIT_PLACE: str
     WAIT_UNTIL: str
     WAIT_LEAVE: str
     SHARE_CHARGE: str
@@ -125,6 +126,24 @@ def statements(now: str, least: str, greatest: str) -> Statements:
         ),
         WAIT_PURGE=f"DELETE FROM flow_waits WHERE key = :key AND until < {now} - :stale",
         WAIT_LIST=f"{WAIT_SELECT} WHERE w.key = :key",
+        # A waiter's place (`engine.core.flow.place_in`, the same order as `queue`), counted in the database so a
+        # look reads one row, not the line: a waiter's turn is its group's recent serves (`recent_serves`, with
+        # the clock's window :win and the weight :still of the one before) plus its group's waiters ahead of it.
+        WAIT_PLACE=(
+            "WITH line AS (SELECT w.task_id, w.priority, w.since, w.until,"
+            " (CASE WHEN s.win IS NULL THEN 0.0 WHEN s.win >= :win THEN s.served + s.served_before * :still"
+            " WHEN s.win = :win - 1 THEN s.served * :still ELSE 0.0 END)"
+            " + (ROW_NUMBER() OVER (PARTITION BY w.priority, w.grp ORDER BY w.since, w.task_id) - 1) AS turn"
+            " FROM flow_waits w LEFT JOIN flow_shares s ON s.key = w.key AND s.grp = w.grp WHERE w.key = :key),"
+            " me AS (SELECT priority, turn, since, task_id FROM line WHERE task_id = :task_id)"
+            " SELECT COALESCE(SUM(CASE WHEN line.until >= :at - :grace AND line.until <= :at + :lookahead"
+            " THEN 1 ELSE 0 END), 0),"
+            " COALESCE(SUM(CASE WHEN line.until >= :at - :grace THEN 1 ELSE 0 END), 0),"
+            " (SELECT COUNT(*) FROM line), (SELECT since FROM me)"
+            " FROM line, me WHERE line.priority > me.priority OR (line.priority = me.priority AND"
+            " (line.turn < me.turn OR (line.turn = me.turn AND (line.since < me.since"
+            " OR (line.since = me.since AND line.task_id < me.task_id)))))"
+        ),
         WAIT_UNTIL=f"UPDATE flow_waits SET until = {now} + :wait WHERE key = :key AND task_id = :task_id",
         WAIT_LEAVE="DELETE FROM flow_waits WHERE key = :key AND task_id = :task_id RETURNING grp",
         # One more call served to the group in window :win (`engine.core.flow.share_window` of the clock): the

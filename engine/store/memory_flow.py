@@ -14,12 +14,14 @@ from engine.core.flow import (
     BreakerRow,
     BreakerSettings,
     Limits,
+    Place,
     QuotaRow,
     Waiter,
     adapted,
     breaker_failed,
     breaker_succeeded,
     new_bucket,
+    place_in,
     quota_take,
     recent_serves,
     refilled,
@@ -133,8 +135,15 @@ class MemoryFlow:
             self._buckets[key] = adapted(now_row, _limited(left, limits))
 
     def wait_join(
-        self, key: str, task_id: str, wait: float, priorities: Mapping[str, int]
-    ) -> tuple[list[Waiter], QuotaRow | None]:
+        self,
+        key: str,
+        task_id: str,
+        wait: float,
+        priorities: Mapping[str, int],
+        *,
+        lookahead: float,
+        grace: float,
+    ) -> tuple[Place, QuotaRow | None]:
         with self._flow_lock:
             at = self.flow_clock()
             task = self._tasks.get(task_id)
@@ -151,7 +160,8 @@ class MemoryFlow:
                     del self._waits[k]
             bucket = self._buckets.get(key)
             waiters = [self._served(w, at) for w in self._waits.values() if w.key == key]
-            return waiters, replace(bucket, at=at) if bucket else None
+            place = place_in(waiters, task_id, at, lookahead, grace)
+            return place, replace(bucket, at=at) if bucket else None
 
     def _served(self, w: Waiter, at: float) -> Waiter:
         share = self._shares.get((w.key, w.group))

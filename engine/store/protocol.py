@@ -18,7 +18,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 from engine.core.checkpoints import Head, Header
 from engine.core.errors import ConcurrencyConflict, LeaseLost
 from engine.core.events import Event
-from engine.core.flow import Amounts, BreakerRow, BreakerSettings, Limits, QuotaRow, Waiter
+from engine.core.flow import Amounts, BreakerRow, BreakerSettings, Limits, Place, QuotaRow, Waiter
 from engine.core.people import AccessChange, Person, StoredToken
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.core.webhooks import Delivery, Outgoing, Subscription
@@ -592,11 +592,21 @@ class FlowStore(Protocol):
         ...
 
     def wait_join(
-        self, key: str, task_id: str, wait: float, priorities: Mapping[str, int]
-    ) -> tuple[list[Waiter], QuotaRow | None]:
+        self,
+        key: str,
+        task_id: str,
+        wait: float,
+        priorities: Mapping[str, int],
+        *,
+        lookahead: float,
+        grace: float,
+    ) -> tuple[Place, QuotaRow | None]:
         """Put `task_id` in the queue of `key` (or move its next look to `wait` seconds from now, keeping its
-        place), its priority its own (`tasks.priority`) or its workflow's from `priorities`; the queue as it
-        stands, and the bucket. Waiters long past their look (a task that ended meanwhile) are dropped."""
+        place), its priority its own (`tasks.priority`) or its workflow's from `priorities`; its place in the
+        queue as it stands (`engine.core.flow.place_in`: those served before it and due back within `lookahead`
+        seconds, or at all, not overdue by more than `grace`), and the bucket. Waiters long past their look (a
+        task that ended meanwhile) are dropped. The line itself is not read back: a look costs the same whatever
+        its length."""
         ...
 
     def wait_until(self, key: str, task_id: str, wait: float) -> None:

@@ -20,11 +20,13 @@ from engine.core.flow import (
     BreakerRow,
     BreakerSettings,
     Limits,
+    Place,
     QuotaRow,
     Waiter,
     new_bucket,
     quota_take,
     recent_serves,
+    share_point,
     share_window,
 )
 from engine.core.webhooks import Outgoing
@@ -200,8 +202,15 @@ class SqlFlow:
 
     # -- the queue ------------------------------------------------------
     def wait_join(
-        self, key: str, task_id: str, wait: float, priorities: Mapping[str, int]
-    ) -> tuple[list[Waiter], QuotaRow | None]:
+        self,
+        key: str,
+        task_id: str,
+        wait: float,
+        priorities: Mapping[str, int],
+        *,
+        lookahead: float,
+        grace: float,
+    ) -> tuple[Place, QuotaRow | None]:
         flow = self._flow
         with self._errors(), self._writer() as conn:
             found = conn.execute(text(flow.TASK_PRIORITY), {"task_id": task_id}).first()
@@ -215,8 +224,19 @@ class SqlFlow:
             conn.execute(text(flow.WAIT_PURGE), {"key": key, "stale": STALE_SECONDS})
             bucket = conn.execute(text(flow.QUOTA_READ), {"key": key}).first()
             at = float(bucket[-1]) if bucket is not None else float(conn.execute(text(flow.NOW)).scalar_one())
-            waiters = [waiter(r, at) for r in conn.execute(text(flow.WAIT_LIST), {"key": key})]
-        return waiters, quota_row(bucket) if bucket is not None else None
+            win, still = share_point(at)
+            params = {
+                "key": key,
+                "task_id": task_id,
+                "win": win,
+                "still": still,
+                "at": at,
+                "grace": grace,
+                "lookahead": min(lookahead, UNLIMITED),
+            }
+            coming, ahead, count, since = conn.execute(text(flow.WAIT_PLACE), params).one()
+        place = Place(int(coming), int(ahead), int(count) > 1, float(since) if since is not None else at)
+        return place, quota_row(bucket) if bucket is not None else None
 
     def wait_until(self, key: str, task_id: str, wait: float) -> None:
         with self._errors(), self._writer() as conn:
