@@ -17,7 +17,7 @@ import pytest
 from engine import Engine, Registry, StaticRoles
 from engine.cli import app
 from engine.core.canonical import now
-from engine.core.flow import Amounts, BreakerSettings, FlowSettings, Limits
+from engine.core.flow import Amounts, BreakerSettings, FlowSettings, Limits, quota_key
 from engine.core.model_errors import ModelError
 from engine.core.model_interface import Message, ModelRequest, ModelResponse, ToolCall, Usage
 from engine.providers.anthropic_adapter import AnthropicAdapter
@@ -208,6 +208,45 @@ def test_a_calls_reservation_is_settled_with_the_usage_the_provider_reported(tmp
         assert bucket.input_tokens == pytest.approx(60_000 - 1234, abs=2)
         assert bucket.output_tokens == pytest.approx(60_000 - 56, abs=2)
         assert bucket.in_flight == 0
+    finally:
+        store.close()
+
+
+def test_the_breakers_probe_is_made_at_once_not_sent_to_the_back_of_the_line_for_quota(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an outage every caller waits for the probe's answer. A probe that queued for quota behind tasks
+    whose turns were due gave the probe up, and the next looker's probe queued too: bench/quota.py's outage run
+    (600 tasks) ended with the breaker half open and nothing answered. A probe the bucket can pay is made."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    limits = Limits(requests_per_minute=60, burst_seconds=2)  # room for 2 calls: fewer than the 5 due in line
+    settings = FlowSettings(
+        breaker=BreakerSettings(failures=1, cool_down_seconds=0.2), quotas={f"openai:{MODEL}": limits}
+    )
+    store = SqlStore(db_url)
+    try:
+        assert isinstance(store, FlowStore)
+        flow = Flow(store, settings)
+        adapter = Finishing()
+        store.breaker_failed(f"openai:{MODEL}", settings.breaker)  # the outage opened it
+        line = quota_key("openai", MODEL, limits, None)
+        assert store.quota_take(line, limits, Amounts(), 60.0)[0]  # one of the 2 calls' room is spent
+        for n in range(5):  # tasks ahead in the line for quota, due back now
+            store.wait_join(line, f"ahead-{n}", 0.5, {}, lookahead=5.0, grace=5.0)
+        flow._queued[line] = True  # this process has seen the line (a worker's earlier look)
+        time.sleep(0.3)  # the cool-down is over: the next caller is the probe
+
+        async def look() -> str:
+            with holding(Lease("prober", "w", 1)):
+                try:
+                    await flow.call(adapter, REQUEST, lambda: adapter.complete(REQUEST), INLINE)
+                except FlowWait as waiting:
+                    return f"wait:{waiting.reason}"
+            return "answered"
+
+        assert run_sync(look()) == "answered" and adapter.calls == 1
+        (breaker,) = store.flow_rows()[0]
+        assert breaker.state == "closed"
     finally:
         store.close()
 

@@ -161,7 +161,7 @@ class Flow:
             amounts = estimate(request)
             hold = float(getattr(adapter, "timeout", 60.0) or 60.0) + HOLD_MARGIN
             try:
-                queued = await self._quota_admits(key, limits, amounts, hold, io)
+                queued = await self._quota_admits(key, limits, amounts, hold, io, probe=probe)
             except BaseException:
                 if probe:  # the probe never went: let another caller take it at once
                     self._breakers.pop(breaker_key, None)
@@ -212,15 +212,19 @@ class Flow:
         return row, at
 
     # -- quotas -----------------------------------------------------------
-    async def _quota_admits(self, key: str, limits: Limits, amounts: Amounts, hold: float, io: Offload) -> float:
+    async def _quota_admits(
+        self, key: str, limits: Limits, amounts: Amounts, hold: float, io: Offload, *, probe: bool = False
+    ) -> float:
         """Return once the bucket gave the call its share: how long the task stood in line for it (0.0: it did
         not); raise `FlowWait` (or sleep, without a lease) while the quota is short. A worker's task queues for it
-        by priority and group (`engine.core.flow.queue`)."""
+        by priority and group (`engine.core.flow.queue`). The breaker's probe does not queue when the bucket can
+        pay: every other caller waits for its answer, so a probe sent to the back of the line would hold them all
+        (and it gives the probe up, and the next looker's probe waits in line too)."""
         lease = held()
         task_id = lease.task_id if lease is not None else None
         slot = slot_seconds(limits, amounts)
         while True:
-            queued = task_id is not None and self._queued.get(key, False)
+            queued = task_id is not None and self._queued.get(key, False) and not probe
             if not queued:
                 taken, row = await io.store(lambda: self.store.quota_take(key, limits, amounts, hold))
                 if taken:
