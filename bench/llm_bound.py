@@ -60,6 +60,7 @@ from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 
 from engine import Engine, RailyardError, Registry, StaticRoles, event_code, migrations
+from engine.runtime import queries
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -277,7 +278,7 @@ class Approver:
 
     def _approve_all(self) -> None:
         while not self._stop.is_set():
-            page, _ = self.engine.approvals_page(role=APPROVER, limit=500)
+            page, _ = queries.approvals(self.engine, role=APPROVER, limit=500)
             for pending in page:
                 try:
                     self.engine.approve(

@@ -37,6 +37,7 @@ from engine.api.tokens import hash_token
 from engine.audit.export import export_lines, verify_export
 from engine.core.access import Caller, Scope, start_tenant
 from engine.providers.scripted import call
+from engine.runtime import queries
 from engine.runtime.worker import Worker
 from tests.support import reference
 from tests.support.reference import DAMAGED, refund
@@ -153,6 +154,24 @@ def test_another_tenants_approver_and_operator_find_no_task_and_nothing_is_writt
         assert (error.code, error.message) == (Code.TASK_NOT_FOUND, f"no task {task_id!r}"), name
     assert tenanted.history(task_id) == before
     assert tenanted.approve(task_id, "aldo", digest).state == "executing"  # the task's own tenant's approver
+
+
+def test_each_approver_is_listed_the_approvals_of_their_tenants_only_a_page_at_a_time(tenanted: Engine) -> None:
+    """`railyard approvals --as`, GET /api/approvals, its CSV and the inbox all read `queries.approvals`."""
+    acme = [to_approval(tenanted, "acme_portal"), to_approval(tenanted, "acme_portal")]
+    globex = to_approval(tenanted, "globex_portal")
+
+    def listed(person: str | None, **page: Any) -> tuple[list[str], str | None]:
+        caller = tenanted.caller(person) if person is not None else None
+        found, last = queries.approvals(tenanted, caller, **page)
+        return [a["task_id"] for a in found], last
+
+    assert listed("aldo") == (acme, None) and listed("gina") == ([globex], None)
+    assert listed(None) == ([*acme, globex], None)  # the trusted process: every tenant, oldest first
+    first, cursor = listed("aldo", limit=1)
+    assert first == acme[:1] and cursor == acme[0]
+    assert listed("aldo", limit=1, after=cursor) == (acme[1:], None)
+    assert listed("gina", role="refund_operator") == ([], None)  # no approval state of that role
 
 
 def test_a_fork_stays_in_its_sources_tenant(tenanted: Engine) -> None:

@@ -44,7 +44,7 @@ from engine.api.webhooks_page import webhooks_page
 from engine.core import access
 from engine.core.definition import Approval, Workflow
 from engine.core.people import AccessChange
-from engine.runtime import queries, shown
+from engine.runtime import queries
 from engine.runtime.engine import Engine
 from engine.runtime.people import People
 from engine.runtime.queries import TaskQuery
@@ -307,15 +307,12 @@ def approvals_csv(engine: Engine, principal: Principal, role: str | None = None)
     listed = [(d.name, d.version, s) for d, s in places]
     money = money_columns([(d, s, WorkKind.APPROVAL, True) for d, s in places], listed)
     yield csv_line([*APPROVAL_COLUMNS, *(c for m in money for c in (m.label, f"{m.label} currency"))])
-    bounds = queries.scope(engine, principal.caller)
     totals: dict[str, dict[str, int]] = {}
     after: str | None = None
     size = FIRST_PAGE
     while True:
-        found, last = engine.approvals_page(
-            role=role, after=after, limit=size, workflows=bounds.workflows, tenants=bounds.tenants
-        )
-        for item in shown.pending(engine, found, principal.caller):
+        found, last = queries.approvals(engine, principal.caller, role=role, after=after, limit=size)
+        for item in found:
             name, _, version = str(item["workflow"]).rpartition("@")
             place = (name, int(version), str(item["state"]))
             prepared = item.get("prepared") if isinstance(item.get("prepared"), Mapping) else None

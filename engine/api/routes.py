@@ -703,11 +703,8 @@ def approvals(
     after = decode_cursor(cursor) if cursor else None
     if after is not None and not queries.exists(ctx.engine, after, who.caller):
         raise Refused("the cursor names no task here: start from the first page", code=Code.PAYLOAD_INVALID)
-    bounds = queries.scope(ctx.engine, who.caller)
-    found, last = ctx.engine.approvals_page(
-        role=role, after=after, limit=limit, workflows=bounds.workflows, tenants=bounds.tenants
-    )
-    page = [one_name(a) for a in shown.pending(ctx.engine, found, who.caller)]
+    found, last = queries.approvals(ctx.engine, who.caller, role=role, after=after, limit=limit)
+    page = [one_name(a) for a in found]
     more = encode_cursor(last) if last is not None else None
     return {
         "approvals": page,

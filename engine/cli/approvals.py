@@ -25,12 +25,11 @@ def approvals(
 
     The table names each task and digest by its first 8 and 12 characters, which `approve` and the other commands
     take as they are; --wide adds them whole, --json gives them whole."""
-    from engine.runtime import queries, shown
+    from engine.runtime import queries
 
     with open_engine() as engine:
         caller = engine.caller(reader) if reader is not None else None
-        readable = [p for p in engine.approvals(role=role) if queries.exists(engine, p["task_id"], caller)]
-        pending = shown.pending(engine, readable, caller)
+        pending, _ = queries.approvals(engine, caller, role=role)
     render.approvals(pending, as_json, wide)
 
 

@@ -10,7 +10,7 @@ unless the workflow says so. The checks are pure; `Engine.approve` and
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -172,3 +172,17 @@ def pending_view(definition: Workflow, task: TaskState) -> dict[str, Any]:
         "input": task.input,
         "decisions": definition.triggers(task.state),
     }
+
+
+def approval_places(
+    definitions: Iterable[Workflow], role: str | None = None, workflows: Set[str] | None = None
+) -> list[tuple[str, int, str]]:
+    """Every approval state (workflow, version, state) of `definitions` that `role` decides (None: any role), of
+    the workflows named in `workflows` (None: all): the places whose blocked tasks wait for a decision."""
+    return [
+        (definition.name, definition.version, state.name)
+        for definition in definitions
+        if workflows is None or definition.name in workflows
+        for state in definition.states
+        if isinstance(state, Approval) and (role is None or state.role == role)
+    ]

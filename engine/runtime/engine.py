@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any, Literal
 from engine.audit.auditor import Auditor
 from engine.core import commands, remarks
 from engine.core.access import Caller, in_tenants, operator_refusal
-from engine.core.approvals import DECISIONS, pending_view
+from engine.core.approvals import DECISIONS
 from engine.core.canonical import canonical_json, format_instant, now
 from engine.core.children import is_spawned
 from engine.core.commands import NewTask
@@ -31,7 +31,6 @@ from engine.core.definition import (
     MIGRATE,
     SPAWN,
     Agent,
-    Approval,
     Child,
     StateKind,
     Tool,
@@ -591,60 +590,11 @@ class Engine:
         self, *, role: str | None = None, after: str | None = None, limit: int | None = None
     ) -> list[dict[str, Any]]:
         """Tasks awaiting a human decision (optionally for one role), each with the prepared call; with `after`
-        (a task id) only those after it, oldest first; at most `limit`."""
-        found = self.awaiting_approval(role=role, after=after, limit=limit)
-        return [pending_view(definition, task) for definition, task in found]
+        (a task id) only those after it, oldest first; at most `limit`. The read is `queries.approvals`'s, for the
+        trusted process (every task)."""
+        from engine.runtime import queries  # the read side builds on the engine
 
-    def approvals_page(
-        self,
-        *,
-        role: str | None = None,
-        after: str | None = None,
-        limit: int,
-        workflows: Set[str] | None = None,
-        tenants: Set[str] | None = None,
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """A page of `approvals` and the task id the next page starts after (None at the end). The page is cut
-        where the store's list is, not where the loaded tasks are: a task skipped on this page (it moved, or its
-        version's code changed) does not end the list early. `workflows`, `tenants`: only tasks of these (what a
-        caller may read, `runtime.queries.scope`)."""
-        ids = self.store.blocked_in(
-            self._approval_states(role, workflows),
-            after=after,
-            limit=limit + 1,
-            tenants=sorted(tenants) if tenants is not None else None,
-        )
-        more = len(ids) > limit
-        ids = ids[:limit]
-        found = self._approval_tasks(ids, role)
-        return [pending_view(definition, task) for definition, task in found], (ids[-1] if more and ids else None)
-
-    def _approval_states(self, role: str | None, workflows: Set[str] | None = None) -> list[tuple[str, int, str]]:
-        return [
-            (definition.name, definition.version, state.name)
-            for definition in self.registry
-            if workflows is None or definition.name in workflows
-            for state in definition.states
-            if isinstance(state, Approval) and (role is None or state.role == role)
-        ]
-
-    def awaiting_approval(
-        self, *, role: str | None = None, after: str | None = None, limit: int | None = None
-    ) -> Iterator[tuple[Workflow, TaskState]]:
-        """The tasks standing at an approval gate (of `role`), oldest first, each loaded once with its definition.
-        A task that moved between the store's read and its load is skipped, so a page may hold fewer than `limit`."""
-        return self._approval_tasks(self.store.blocked_in(self._approval_states(role), after=after, limit=limit), role)
-
-    def _approval_tasks(self, task_ids: Iterable[str], role: str | None) -> Iterator[tuple[Workflow, TaskState]]:
-        for task_id in task_ids:
-            try:
-                task = self.load(task_id)
-            except Refused:
-                continue  # the code of its version changed without a new version (DEFINITION_CHANGED)
-            definition = self.definition_of(task)
-            state = definition.state(task.state)
-            if isinstance(state, Approval) and (role is None or state.role == role):  # it may have moved since
-                yield definition, task
+        return queries.approvals(self, None, role=role, after=after, limit=limit)[0]
 
     def _decide_approval(
         self,

@@ -23,11 +23,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from engine.core.access import Caller, Scope, read_scope, readable_workflows
+from engine.core.approvals import approval_places, pending_view
 from engine.core.canonical import format_instant
+from engine.core.definition import Approval
 from engine.core.errors import Code, RailyardError, Refused
 from engine.core.events import Event
 from engine.core.flow import BreakerRow, Limits, Waiter, in_flight_now, parse_limits, queue, refilled
 from engine.core.rows import TaskRow, WorkerReport
+from engine.runtime import shown
 from engine.runtime.engine import Engine, TaskView
 from engine.store.protocol import QUEUE_SORTS, FlowStore, ListedTask, QueuedTask, QueueQuery, TaskQuery, WorkClaim
 
@@ -38,6 +41,7 @@ __all__ = [
     "QueuedTask",
     "TaskQuery",
     "WorkClaim",
+    "approvals",
     "blocked_in",
     "events_after",
     "exists",
@@ -130,6 +134,41 @@ def blocked_in(
         waiting_before=waiting_before,
         tenants=_sorted(tenants),
     )
+
+
+def approvals(
+    engine: Engine,
+    caller: Caller | None = None,
+    *,
+    role: str | None = None,
+    after: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the tasks waiting for a human decision (of `role`), oldest first, each with the prepared call, as
+    `caller` is shown them (`shown.pending`), of the tasks it may read; and the task id the next page starts after
+    (None at the end; `limit` None: every one, in one page).
+
+    The page is cut where the store's list is, not where the loaded tasks are: a task skipped on this page (it
+    moved since the list was read, or its version's code changed without a new version) does not end the list
+    early, so a page may hold fewer than `limit`."""
+    bounds = scope(engine, caller)
+    places = approval_places(engine.registry, role, bounds.workflows)
+    ids = engine.store.blocked_in(
+        places, after=after, limit=limit + 1 if limit is not None else None, tenants=_sorted(bounds.tenants)
+    )
+    more = limit is not None and len(ids) > limit
+    ids = ids[:limit] if limit is not None else ids
+    found = []
+    for task_id in ids:
+        try:
+            task = engine.load(task_id)
+        except Refused:
+            continue  # DEFINITION_CHANGED: the code of its version changed without a new version
+        definition = engine.definition_of(task)
+        state = definition.state(task.state)
+        if isinstance(state, Approval) and (role is None or state.role == role):  # it may have moved since
+            found.append(pending_view(definition, task))
+    return shown.pending(engine, found, caller), (ids[-1] if more and ids else None)
 
 
 def _in_scope(engine: Engine, query: QueueQuery, caller: Caller | None) -> QueueQuery:

@@ -82,7 +82,7 @@ def events(engine: Engine, task_id: str, caller: Caller | None) -> list[Event]:
 
 
 def pending(engine: Engine, items: Sequence[Mapping[str, Any]], caller: Caller | None) -> list[dict[str, Any]]:
-    """Approvals waiting (`Engine.approvals_page`) as `caller` is shown them."""
+    """Approvals waiting (`queries.approvals`) as `caller` is shown them."""
     out = []
     for item in items:
         name, _, version = str(item["workflow"]).rpartition("@")
