@@ -184,13 +184,11 @@ def append(
         raise
 
 
-#: How SQLAlchemy's SQLite dialect stores a DateTime; the raw path writes the same text so both read alike.
-_SQLITE_INSTANT = "%Y-%m-%d %H:%M:%S.%f"
-
-
 def instant(at: datetime) -> str:
-    """A time as SQLite stores it (and as a parameter compared with stored times): UTC text."""
-    return utc(at).strftime(_SQLITE_INSTANT)
+    """A time as SQLite stores it (and as a parameter compared with stored times): UTC text, as SQLAlchemy's SQLite
+    dialect stores a DateTime (`YYYY-MM-DD HH:MM:SS.ffffff`), so that both read alike. `isoformat` writes that text
+    in half the time `strftime` takes, and an append formats three times."""
+    return utc(at).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 #: The claim's selection inside BEGIN IMMEDIATE (the write lock serialises claimers).
