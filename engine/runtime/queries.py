@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from engine.core.access import Caller, Scope, read_scope, readable_workflows
-from engine.core.approvals import approval_places, pending_view
+from engine.core.approvals import approval_places
 from engine.core.canonical import format_instant
 from engine.core.definition import Approval
 from engine.core.errors import Code, RailyardError, Refused
@@ -151,11 +151,8 @@ def approvals(
     The page is cut where the store's list is, not where the loaded tasks are: a task skipped on this page (it
     moved since the list was read, or its version's code changed without a new version) does not end the list
     early, so a page may hold fewer than `limit`."""
-    bounds = scope(engine, caller)
-    places = approval_places(engine.registry, role, bounds.workflows)
-    ids = engine.store.blocked_in(
-        places, after=after, limit=limit + 1 if limit is not None else None, tenants=_sorted(bounds.tenants)
-    )
+    places = approval_places(engine.registry, role, readable(engine, caller))
+    ids = blocked_in(engine, places, caller=caller, after=after, limit=limit + 1 if limit is not None else None)
     more = limit is not None and len(ids) > limit
     ids = ids[:limit] if limit is not None else ids
     found = []
@@ -167,8 +164,8 @@ def approvals(
         definition = engine.definition_of(task)
         state = definition.state(task.state)
         if isinstance(state, Approval) and (role is None or state.role == role):  # it may have moved since
-            found.append(pending_view(definition, task))
-    return shown.pending(engine, found, caller), (ids[-1] if more and ids else None)
+            found.append(shown.pending(engine, definition, task, caller))
+    return found, (ids[-1] if more and ids else None)
 
 
 def _in_scope(engine: Engine, query: QueueQuery, caller: Caller | None) -> QueueQuery:

@@ -8,10 +8,11 @@ way on each. None as the caller is the trusted process itself: it is shown every
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from engine.core.access import Caller, Scope, sees_restricted
+from engine.core.approvals import pending_view
 from engine.core.definition import Workflow
 from engine.core.errors import RailyardError
 from engine.core.events import Event
@@ -81,19 +82,14 @@ def events(engine: Engine, task_id: str, caller: Caller | None) -> list[Event]:
     return hidden.events(log)
 
 
-def pending(engine: Engine, items: Sequence[Mapping[str, Any]], caller: Caller | None) -> list[dict[str, Any]]:
-    """Approvals waiting (`queries.approvals`) as `caller` is shown them."""
-    out = []
-    for item in items:
-        name, _, version = str(item["workflow"]).rpartition("@")
-        definition = definition_named(engine, name, int(version)) if version.isdigit() else None
-        if caller is None or definition is None or sees_restricted(definition, caller):
-            out.append(dict(item))
-            continue
-        found = engine.load(str(item["task_id"]))
-        hidden = withholding(definition, caller, engine.events_of(found), found)
-        out.append(hidden.pending(item) if hidden is not None else dict(item))
-    return out
+def pending(engine: Engine, definition: Workflow, task: TaskState, caller: Caller | None) -> dict[str, Any]:
+    """An approval waiting (`engine.core.approvals.pending_view`, `queries.approvals`) as `caller` is shown it: the
+    task as just loaded, so that a restricted reader's view costs its events, not a second load."""
+    item = pending_view(definition, task)
+    if caller is None or sees_restricted(definition, caller):
+        return item
+    hidden = withholding(definition, caller, engine.events_of(task), task)
+    return hidden.pending(item) if hidden is not None else item
 
 
 def withholding_for(engine: Engine, caller: Caller | None, row: TaskRow) -> Withholding | None:
