@@ -60,6 +60,8 @@ from harness import (
     target,
     tick_engine,
 )
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
 from engine import (
     Engine,
@@ -227,6 +229,21 @@ def _figure_line(label: str, fig: dict[str, Any]) -> str:
     return f"    {label:<66} {fig['median']:>6} {spread:<13} {fig['client_cpu_us']:>6.0f} us {busy}"
 
 
+def task_updates(pg_url: str) -> dict[str, int]:
+    """How many UPDATEs of `tasks` the PostgreSQL series made, and how many were HOT (the new row version on the
+    same page, no index written: issue #33, migration 0018). Read once the writers' connections have closed,
+    which is when their statistics are flushed."""
+    engine = create_engine(pg_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'")
+            ).one()
+    finally:
+        engine.dispose()
+    return {"updates": int(row[0]), "hot": int(row[1])}
+
+
 def measure_all(plan: Plan, pg_url: str | None, sqlite_url: str) -> dict[str, Any]:
     cfg = Config(pg_url=pg_url, sqlite_url=sqlite_url)
     for backend in (["pg"] if pg_url else []) + ["sqlite"]:
@@ -246,6 +263,8 @@ def measure_all(plan: Plan, pg_url: str | None, sqlite_url: str) -> dict[str, An
         out["sqlite"] = {k.split(":")[1]: v for (k, _), v in figures.items()}
     finally:
         pool.close()
+    if pg_url is not None:
+        out["postgresql_updates"] = task_updates(pg_url)
     print(f"  loading a task with {LOAD_EVENTS:,} events ...", file=sys.stderr, flush=True)
     out["load"] = {"sqlite": measure_load(sqlite_url, plan)}
     if pg_url is not None:
@@ -289,7 +308,15 @@ def ratios_and_targets(
         return target(name, ratios.get(name), ">=", threshold, note, per_round.get(name))
 
     pg_load = fig["load"].get("postgresql")
+    updates = fig.get("postgresql_updates")
     targets = [
+        target(
+            "pg_hot_update_share",
+            round(updates["hot"] / updates["updates"], 3) if updates and updates["updates"] else None,
+            ">=",
+            0.9,
+            "issue #33: UPDATEs of tasks that were HOT (no index written), every PostgreSQL series of the run",
+        ),
         ratio_target("pg_1w_transition_vs_naive", 1.0, "Engine.transition / (a) raw naive, PostgreSQL, 1 writer"),
         ratio_target(
             "pg_1w_transition_vs_best", 0.7, "Engine.transition / (b) raw best (one CTE), PostgreSQL, 1 writer"
@@ -362,6 +389,9 @@ def report(
             print(f"  {w} writer" + (" processes, one task each" if w > 1 else ""))
             for key, one in fig["postgresql"][str(w)].items():
                 print(_figure_line(LABELS[key], one))
+    updates = fig.get("postgresql_updates")
+    if updates:
+        print(f"  UPDATEs of tasks: {updates['updates']:,}, of which HOT (no index written): {updates['hot']:,}")
     print("SQLite (WAL, synchronous=NORMAL), 1 writer")
     print(header)
     for key, one in fig["sqlite"].items():

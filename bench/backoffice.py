@@ -109,17 +109,18 @@ def raw(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> Callable[[], Any]:
     return call
 
 
+#: `place` is a blocked task's state, the key of the blocked indexes (migration 0018).
 RAW_QUEUE = """
 SELECT t.task_id, t.workflow, t.version, t.state, t.seq, t.created_at, t.updated_at, t.next_run_at, t.started_by
 FROM tasks t
-WHERE t.status = 'blocked' AND (t.workflow, t.version, t.state) IN (('bench_scale', 1, 'review'))
+WHERE t.status = 'blocked' AND (t.workflow, t.version, t.place) IN (('bench_scale', 1, 'review'))
 ORDER BY coalesce(t.next_run_at, '9999-12-31'::timestamptz), t.created_at, t.task_id
 LIMIT 51
 """
 RAW_COUNTS = """
-SELECT workflow, version, state, count(*) FROM tasks
-WHERE status = 'blocked' AND (workflow, version, state) IN (('bench_scale', 1, 'review'))
-GROUP BY workflow, version, state
+SELECT workflow, version, place, count(*) FROM tasks
+WHERE status = 'blocked' AND (workflow, version, place) IN (('bench_scale', 1, 'review'))
+GROUP BY workflow, version, place
 """
 RAW_KEPT_COUNTS = """
 SELECT workflow, version, state, sum(tasks) FROM blocked_counts

@@ -63,13 +63,13 @@ def test_upgrade_from_empty_to_head_and_back(empty_db: str) -> None:
         "flow_shares",
         "alembic_version",
     }
-    assert migrations.current(empty_db) == "0017"
+    assert migrations.current(empty_db) == "0018"
     migrations.check(empty_db)  # raises if the metadata and the migrated schema differ
     migrations.downgrade(empty_db, "base")
     assert tables(empty_db) == {"alembic_version"}
     assert migrations.current(empty_db) is None
     migrations.upgrade(empty_db)  # and up again: downgrade left nothing behind
-    assert migrations.current(empty_db) == "0017"
+    assert migrations.current(empty_db) == "0018"
 
 
 def test_upgrading_a_database_that_holds_ended_tasks_counts_them_once(empty_db: str) -> None:
@@ -157,7 +157,7 @@ def test_ended_tasks_inserted_in_bulk_are_counted(empty_db: str) -> None:
 def test_upgrade_is_idempotent(empty_db: str) -> None:
     migrations.upgrade(empty_db)
     migrations.upgrade(empty_db)
-    assert migrations.current(empty_db) == "0017"
+    assert migrations.current(empty_db) == "0018"
 
 
 @pytest.mark.parametrize("url", ["sqlite:///offline.db", "postgresql+psycopg://u@h/db"])

@@ -94,6 +94,28 @@ def test_an_append_moves_the_row_and_its_events_follow_in_seq_order(store: Store
     assert store.events("t-1", after_seq=1, upto_seq=3) == log.events[1:3]
 
 
+def test_a_task_that_stays_due_keeps_the_due_time_it_has_and_one_put_off_or_parked_takes_the_new_one(
+    store: Store,
+) -> None:
+    """A task due since T0 that moves and is asked to be due now stays due since T0 (the claims' order counts from
+    when it first became due, and the due index is not rewritten); asked for later, or for never, it takes that."""
+    log = started(store, "t-1", next_run_at=T0)
+    store.append("t-1", 1, log.take(1), status="runnable", next_run_at=now())
+    row = store.row("t-1")
+    assert row is not None and row.next_run_at == T0
+    put_off = now() + timedelta(minutes=5)
+    store.append("t-1", 2, log.take(1), status="runnable", next_run_at=put_off)
+    row = store.row("t-1")
+    assert row is not None and row.next_run_at == put_off
+    store.append("t-1", 3, log.take(1), status="blocked", next_run_at=None)
+    row = store.row("t-1")
+    assert row is not None and row.next_run_at is None
+    due_again = now()
+    store.append("t-1", 4, log.take(1), status="runnable", next_run_at=due_again)
+    row = store.row("t-1")
+    assert row is not None and row.next_run_at == due_again
+
+
 def test_an_append_at_a_stale_seq_writes_nothing_and_says_where_the_task_is(store: Store) -> None:
     log = started(store, "t-1")
     store.append("t-1", 1, log.take(2), status="runnable")
@@ -819,11 +841,14 @@ def test_status_counts_per_workflow_and_status(store: Store) -> None:
     triage = Log("t", workflow="triage")
     store.create(triage.row(status="blocked"), triage.first)
     store.claim("w1", limit=1, lease_seconds=60, at=T0 + timedelta(minutes=5))  # b, until T0 + 6 min
+    # The oldest due task no worker holds: b is held (a held task that keeps moving stays due since it first
+    # became due, so counting it would report a wait that is service).
     assert store.status_counts(T0 + timedelta(minutes=5, seconds=30)) == [
-        {"workflow": "refund", "status": "runnable", "tasks": 3, "leased": 1, "oldest_due": T0},
+        {"workflow": "refund", "status": "runnable", "tasks": 3, "leased": 1, "oldest_due": T0 + timedelta(minutes=2)},
         {"workflow": "triage", "status": "blocked", "tasks": 1, "leased": 0, "oldest_due": None},
     ]
-    assert store.status_counts(T0 + timedelta(minutes=7))[0]["leased"] == 0  # the lease expired
+    expired = store.status_counts(T0 + timedelta(minutes=7))[0]  # b's lease ran out: it waits for a worker again
+    assert (expired["leased"], expired["oldest_due"]) == (0, T0)
 
 
 def test_ended_tasks_are_counted_per_workflow_as_they_end(store: Store) -> None:

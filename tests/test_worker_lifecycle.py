@@ -293,7 +293,10 @@ def test_status_lists_leased_tasks_and_live_workers(eng: Engine) -> None:
     assert claim.task_id == task_id
     [row] = [c for c in eng.store.status_counts() if c["workflow"] == "counter"]
     assert (row["status"], row["tasks"], row["leased"]) == ("runnable", 1, 1)
-    assert row["oldest_due"] is not None
+    assert row["oldest_due"] is None  # held: no runnable task waits for a worker
+    eng.store.release(task_id, claim.epoch)
+    [row] = [c for c in eng.store.status_counts() if c["workflow"] == "counter"]
+    assert (row["leased"], row["oldest_due"]) == (0, eng.store.row(task_id).next_run_at)  # type: ignore[union-attr]
 
 
 def test_a_worker_without_the_tasks_version_leaves_it_alone_without_counting_a_failure(eng: Engine) -> None:

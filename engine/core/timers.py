@@ -22,3 +22,16 @@ def next_run_at(definition: Workflow, state: str, entered_at: datetime, due: dat
     if isinstance(spec, Approval | Wait) and spec.deadline is not None:
         return entered_at + spec.deadline
     return None
+
+
+def still_due(due: datetime | None, asked: datetime | None, at: datetime) -> datetime | None:
+    """The due time a task keeps when an append asks for `asked` at `at`: a task already due since `due` and asked
+    to be due now (not later) stays due since `due`.
+
+    So the due time changes only when the task starts or stops being due, or is put off: a task that moves while
+    it stays runnable changes no indexed column (migration 0018), and the claims' order, longest-due first, counts
+    from when it first became due. The SQL stores write the same rule as a CASE in the append statement.
+    """
+    if due is not None and asked is not None and due <= asked <= at:
+        return due
+    return asked

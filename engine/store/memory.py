@@ -27,6 +27,7 @@ from engine.core.events import Event, with_stored_data
 from engine.core.people import AccessChange, Person, StoredToken
 from engine.core.remarks import REMARKS
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
+from engine.core.timers import still_due
 from engine.core.webhooks import Outgoing
 from engine.store.decode import audit_data, stored_data
 from engine.store.memory_flow import MemoryFlow
@@ -253,7 +254,8 @@ class MemoryStore(MemoryFlow, MemoryWebhooks):
                 raise _refused(f"a snapshot at seq {snapshot[0]} of {task_id} exists")
             last = new_events[-1]
             task.seq, task.state, task.status, task.last_hash = last.seq, last.to_state, status, last.hash
-            task.updated_at, task.next_run_at = now(), _utc_or_none(next_run_at)
+            task.updated_at = now()
+            task.next_run_at = still_due(task.next_run_at, _utc_or_none(next_run_at), task.updated_at)
             if status == "terminal":  # a task that ends drops its lease (and its failed steps) in the same write
                 task.lease_owner = task.lease_expires_at = None
                 task.failures = 0
@@ -580,13 +582,13 @@ class MemoryStore(MemoryFlow, MemoryWebhooks):
                 groups.setdefault((task.workflow, task.status), []).append(task)
             counts = []
             for (workflow, status), found in sorted(groups.items()):
-                due = [t.next_run_at for t in found if t.next_run_at is not None]
+                due = [t.next_run_at for t in found if t.next_run_at is not None and not _held(t, at)]
                 counts.append(
                     {
                         "workflow": workflow,
                         "status": status,
                         "tasks": len(found),
-                        "leased": sum(1 for t in found if t.lease_expires_at is not None and t.lease_expires_at > at),
+                        "leased": sum(1 for t in found if _held(t, at)),
                         "oldest_due": min(due) if due else None,
                     }
                 )
@@ -974,3 +976,7 @@ def _log(task: _Task, with_snapshots: bool, lower: int | None, upto: int | None)
         placed += [(seq, 1, Snapshot(task.task_id, seq, *doc)) for seq, doc in task.snapshots.items() if within(seq)]
     placed.sort(key=lambda p: (p[0], p[1]))
     return [item for _, _, item in placed]
+
+
+def _held(task: _Task, at: datetime) -> bool:
+    return task.lease_expires_at is not None and task.lease_expires_at > at

@@ -128,9 +128,10 @@ def append_statement(n_events: int, with_snapshot: bool, n_outbox: int = 0) -> s
     if another writer moved the row first, no row is updated and nothing is
     inserted. Data-modifying CTEs run exactly once, in one transaction
     (autocommit), in one round trip. It returns the number of events written.
-    Parameters: seq, state, status, last_hash, updated_at, next_run_at, status twice (a terminal task drops
-    its lease), task_id, expected_seq, lease_epoch twice (None: no fence), then 9 per event, then 4 for the
-    snapshot, then 6 per webhook message (`engine.store.sql_webhooks`), written only if the row moved.
+    Parameters: seq, state, status, last_hash, updated_at; next_run_at twice, updated_at, next_run_at (the due
+    rule, `still_due`); status thrice (a terminal task drops its lease); task_id, expected_seq, lease_epoch twice
+    (None: no fence); then 9 per event, then 4 for the snapshot, then 6 per webhook message
+    (`engine.store.sql_webhooks`), written only if the row moved.
     """
     row = "(%s::int, %s::timestamptz, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text, %s::text)"
     snapshot = (
@@ -150,7 +151,9 @@ def append_statement(n_events: int, with_snapshot: bool, n_outbox: int = 0) -> s
     )
     return (
         "WITH upd AS (UPDATE tasks SET seq = %s, state = %s, status = %s, last_hash = %s, updated_at = %s,"
-        " next_run_at = %s::timestamptz,"
+        # A task already due and asked to be due now keeps its due time (`engine.core.timers.still_due`).
+        " next_run_at = CASE WHEN next_run_at <= %s::timestamptz AND %s::timestamptz <= %s::timestamptz"
+        " THEN next_run_at ELSE %s::timestamptz END,"
         " lease_owner = CASE WHEN %s::text = 'terminal' THEN NULL ELSE lease_owner END,"
         " lease_expires_at = CASE WHEN %s::text = 'terminal' THEN NULL ELSE lease_expires_at END,"
         " failures = CASE WHEN %s::text = 'terminal' THEN 0 ELSE failures END"
@@ -183,6 +186,9 @@ def append(
         last.to_state,
         status,
         last.hash,
+        at,
+        next_run_at,
+        next_run_at,
         at,
         next_run_at,
         status,

@@ -194,7 +194,8 @@ class Store(Protocol):
         written by id is kept) and move the task row, together (or neither).
 
         `ConcurrencyConflict` when the row is no longer at `expected_seq`; with `lease_epoch`, `LeaseLost` when
-        only the lease moved. A task that ends drops its lease in the same write.
+        only the lease moved. A task that ends drops its lease in the same write. A task already due and asked to
+        be due now keeps the due time it has (`engine.core.timers.still_due`).
         """
         ...
 
@@ -334,7 +335,8 @@ class Store(Protocol):
         ...
 
     def status_counts(self, at: datetime | None = None) -> list[dict[str, Any]]:
-        """Per workflow and status: how many tasks, how many of them leased, and the oldest due time."""
+        """Per workflow and status: how many tasks, how many of them leased, and the oldest due time of those not
+        leased (a task that keeps moving under its lease stays due since it first became due: `still_due`)."""
         ...
 
     # -- the work queue: pages, counts, claims ----------------------------

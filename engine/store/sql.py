@@ -769,10 +769,10 @@ class SqlStore(SqlFlow, SqlWebhooks):
         # The status as a literal: the partial index of blocked tasks (migration 0010) then serves a generic plan too.
         query = select(tasks.c.task_id).where(
             tasks.c.status == literal_column("'blocked'"),
-            tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(states)),
+            tuple_(tasks.c.workflow, tasks.c.version, tasks.c.place).in_(list(states)),
         )
         if waiting_before is not None:
-            query = query.where(tasks.c.updated_at < waiting_before)
+            query = query.where(tasks.c.waiting_since < waiting_before)
         if tenants is not None:
             query = query.where(tasks.c.tenant.in_(list(tenants)))
         if by_deadline:
@@ -808,14 +808,17 @@ class SqlStore(SqlFlow, SqlWebhooks):
         no lease and is never due.
         """
         at = at or now()
-        leased = func.sum(case((tasks.c.lease_expires_at > at, 1), else_=0))
+        held = tasks.c.lease_expires_at > at
+        leased = func.sum(case((held, 1), else_=0))
+        # A held task that keeps moving stays due since it first became due (`still_due`): it is not waiting.
+        waiting_due = func.min(case((held, null()), else_=tasks.c.next_run_at))
         live = (
             select(
                 tasks.c.workflow,
                 tasks.c.status,
                 func.count().label("tasks"),
                 leased.label("leased"),
-                func.min(tasks.c.next_run_at).label("oldest_due"),
+                waiting_due.label("oldest_due"),
             )
             # A literal, not a parameter: a generic plan of a prepared statement must still prove ix_tasks_due's
             # predicate (a parameter could be any status), as the claim's SQL does.
@@ -855,10 +858,10 @@ class SqlStore(SqlFlow, SqlWebhooks):
         partial index of blocked tasks (migration 0010) serves a generic plan too."""
         where: list[ColumnElement[bool]] = [
             tasks.c.status == literal_column("'blocked'"),
-            tuple_(tasks.c.workflow, tasks.c.version, tasks.c.state).in_(list(query.places)),
+            tuple_(tasks.c.workflow, tasks.c.version, tasks.c.place).in_(list(query.places)),
         ]
         if query.waiting_before is not None:
-            where.append(tasks.c.updated_at < query.waiting_before)
+            where.append(tasks.c.waiting_since < query.waiting_before)
         if query.tenants is not None:
             where.append(tasks.c.tenant.in_(list(query.tenants)))
         found: list[Select[Any]] = []
@@ -941,9 +944,9 @@ class SqlStore(SqlFlow, SqlWebhooks):
             statement = kept.group_by(c.workflow, c.version, c.state)
         else:
             statement = (
-                select(tasks.c.workflow, tasks.c.version, tasks.c.state, func.count().label("n"))
+                select(tasks.c.workflow, tasks.c.version, tasks.c.place.label("state"), func.count().label("n"))
                 .where(*self._queue_where(query))
-                .group_by(tasks.c.workflow, tasks.c.version, tasks.c.state)
+                .group_by(tasks.c.workflow, tasks.c.version, tasks.c.place)
             )
         with self._errors(), self._reader() as conn:
             return {(r.workflow, int(r.version), r.state): int(r.n) for r in conn.execute(statement) if r.n}
@@ -1526,10 +1529,11 @@ def _queue_key(table: Any, sort: str, due: Callable[[ColumnElement[Any]], Column
     if sort == "deadline":
         return due(table.c.next_run_at)
     column: ColumnElement[Any] = {
-        "waiting": table.c.updated_at,
+        # While blocked, `waiting_since` is `updated_at` and `place` is `state` (migration 0018): the indexed copies.
+        "waiting": table.c.waiting_since,
         "created": table.c.created_at,
         "workflow": table.c.workflow,
-        "state": table.c.state,
+        "state": table.c.place,
     }[sort]
     return column
 

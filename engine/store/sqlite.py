@@ -95,7 +95,9 @@ def load_many(cur: Any, task_ids: Sequence[str]) -> list[list[Any]]:
 # A task that ends drops its lease in the same write, and its count of failed steps with it: nothing is left held by
 # a worker that dies right after, and the worker has nothing to release (`Worker._hold`).
 MOVE_TASK = (
-    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ?, next_run_at = ?,"
+    "UPDATE tasks SET seq = ?, state = ?, status = ?, last_hash = ?, updated_at = ?,"
+    # A task already due and asked to be due now keeps its due time (`engine.core.timers.still_due`).
+    " next_run_at = CASE WHEN next_run_at <= ? AND ? <= ? THEN next_run_at ELSE ? END,"
     " lease_owner = CASE WHEN ? = 'terminal' THEN NULL ELSE lease_owner END,"
     " lease_expires_at = CASE WHEN ? = 'terminal' THEN NULL ELSE lease_expires_at END,"
     " failures = CASE WHEN ? = 'terminal' THEN 0 ELSE failures END"
@@ -139,6 +141,9 @@ def append(
                 last.to_state,
                 status,
                 last.hash,
+                at,
+                due,
+                due,
                 at,
                 due,
                 status,
