@@ -186,3 +186,31 @@ def test_refund_v1_migrated_to_v2_mid_flight_replays_and_exports_clean(db_url: s
 
         only_v2 = Registry([REFUND_V2])
         assert "DEFINITION_MISSING" in [c for r in verify_export(lines, only_v2.find) for c in r.codes]
+
+
+def test_only_the_workflows_operators_migrate_and_only_the_tasks_of_their_tenants(db_url: str) -> None:
+    """Migrating sends a task on under other rules: it needs the role that sends a stopped task on (`redrive`'s,
+    here `refund_operator`), and a task of a tenant the caller is not of is, to them, no task. Each refusal leaves
+    the log as it was."""
+    from workflows import REFUND_V1 as REFUND_1
+    from workflows import REFUND_V2 as REFUND_2
+    from workflows.scripts import REFUND_DAMAGED_ORDER_INPUT
+
+    roles = {
+        "olga": {"refund_operator"},
+        "gus": {"refund_operator"},
+        "dana": {"refund_approver"},
+        "portal": {"customer_portal"},
+    }
+    authoriser = StaticRoles(roles, tenants={"gus": {"globex"}})
+    with Engine(db_url, Registry([REFUND_1, REFUND_2]), authoriser=authoriser) as eng:
+        task_id = eng.start("refund", REFUND_DAMAGED_ORDER_INPUT, actor="portal", version=1, tenant="acme")
+        mapping = {s.name: s.name for s in REFUND_1.states}
+        before = eng.history(task_id)
+        for actor, code in (("bob", Code.FORBIDDEN), ("dana", Code.FORBIDDEN), ("gus", Code.TASK_NOT_FOUND)):
+            with pytest.raises(RailyardError) as caught:
+                eng.migrate(task_id, 2, mapping, actor=actor, reason="refund@2 rolls out")
+            assert caught.value.code is code, actor
+        assert eng.history(task_id) == before and eng.get(task_id).version == 1
+        moved = eng.migrate(task_id, 2, mapping, actor="olga", reason="refund@2 rolls out")
+        assert (moved.version, eng.history(task_id)[-1].actor) == (2, "olga")

@@ -115,6 +115,22 @@ def test_claims_and_take_overs_are_events_that_keep_the_claim_live_and_replay_cl
     assert report.ok, report.findings
 
 
+def test_someone_who_may_not_read_the_workflow_claims_nothing_and_leaves_no_claim_behind(eng: Engine) -> None:
+    """ann holds no role and sam works tickets: to them an expense is no task. Their claims are refused before
+    the queue's claim table is written, so nobody is shown on the item and the approvers can still take it."""
+    task_id = expense_in_review(eng)
+    before = eng.history(task_id)
+    for actor in ("ann", "sam"):
+        with pytest.raises(Refused) as refused:
+            eng.claim_work(task_id, actor)
+        assert refused.value.code is Code.TASK_NOT_FOUND, actor
+    with pytest.raises(Refused) as refused:
+        eng.claim_work(task_id, "audrey")  # an auditor reads the task and acts on nothing
+    assert refused.value.code is Code.FORBIDDEN
+    assert eng.history(task_id) == before
+    assert eng.claim_work(task_id, "dana").actor == "dana"  # not WORK_CLAIMED: no claim was left behind
+
+
 def test_a_note_from_the_api_and_the_page_is_shown_in_the_timeline(client: TestClient, eng: Engine) -> None:
     task_id = expense_in_review(eng)
     dana = {"Authorization": "Bearer tok-dana"}

@@ -51,7 +51,6 @@ from engine.core.access import AUDITOR
 from engine.core.canonical import now
 from engine.core.errors import Code, Refused
 from engine.runtime.engine import Engine
-from engine.runtime.people import People
 from engine.store.protocol import PageSession as StoredSession
 from engine.store.protocol import Store
 
@@ -299,7 +298,7 @@ def directory_over(engine: Engine, tokens: TokenTable) -> Directory:
     if isinstance(engine.authoriser, Directory) and engine.authoriser.tokens is tokens:
         return engine.authoriser
     previous = engine.authoriser.fallback if isinstance(engine.authoriser, Directory) else engine.authoriser
-    directory = Directory(tokens, People(engine.store), previous)
+    directory = Directory(tokens, engine.people, previous)
     engine.authoriser = directory
     return directory
 

@@ -46,7 +46,6 @@ from engine.core.definition import Approval, Workflow
 from engine.core.people import AccessChange
 from engine.runtime import queries
 from engine.runtime.engine import Engine
-from engine.runtime.people import People
 from engine.runtime.queries import TaskQuery
 
 #: Rows read per keyset page while a file is written: what the export holds in memory at once. The first page
@@ -363,7 +362,7 @@ TRAIL_COLUMNS = ("id", "at", "by", "action", "subject", "details")
 
 def trail_csv(engine: Engine) -> Iterator[str]:
     """The whole access trail, oldest first, a page at a time (the caller is an auditor: the route checks)."""
-    people = People(engine.store)
+    people = engine.people
     yield csv_line(TRAIL_COLUMNS)
     after: int | None = None
     size = FIRST_PAGE

@@ -148,7 +148,6 @@ from engine.core.errors import Code, ConcurrencyConflict, RailyardError, Refused
 from engine.core.task import Status, TaskState
 from engine.runtime import queries, shown
 from engine.runtime.engine import Engine
-from engine.runtime.people import People
 from engine.runtime.queries import WorkClaim, readable, require_visible
 from engine.runtime.registry import Registry
 
@@ -935,7 +934,7 @@ def access_trail(
         )
     if format == CSV_FORMAT:
         return csv_response(trail_csv(ctx.engine), "access-trail")
-    found = People(ctx.engine.store).trail(after=after or None, limit=limit + 1)
+    found = ctx.engine.people.trail(after=after or None, limit=limit + 1)
     page = found[:limit]
     return {
         "entries": [c.to_dict() for c in page],

@@ -167,13 +167,12 @@ def _database_tokens(*, required: bool) -> list[StoredToken]:
     """The database's tokens. Listing a tokens file needs no database: one that cannot be read then leaves its
     tokens out, said on stderr; without a file, it is the command's error."""
     from engine.runtime.engine import Engine
-    from engine.runtime.people import People
     from engine.runtime.roles import StaticRoles
 
     try:
         url = database_url() if required else checked_database_url()
         with Engine(url, authoriser=StaticRoles()) as engine:
-            return People(engine.store).tokens()
+            return engine.people.tokens()
     except RailyardError as error:
         if required:
             fail(error)

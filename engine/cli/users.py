@@ -59,11 +59,10 @@ def who(by: str | None) -> str:
 @contextmanager
 def people() -> Iterator[People]:
     """The people of RAILYARD_DATABASE_URL; a `RailyardError` inside the block ends the command through `fail`."""
-    from engine.runtime.people import People
 
     with open_engine() as engine:
         try:
-            yield People(engine.store)
+            yield engine.people
         except RailyardError as error:
             fail(error)
 

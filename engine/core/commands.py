@@ -23,7 +23,7 @@ from engine.core.access import Caller, operator_refusal, start_tenant
 from engine.core.approvals import check_decision, full_digest
 from engine.core.canonical import GENESIS_HASH
 from engine.core.decide import Decision, decide, validate_payload
-from engine.core.definition import CANCEL, FORK, REDRIVE, START, Tool, Workflow
+from engine.core.definition import CANCEL, FORK, MIGRATE, REDRIVE, START, Tool, Workflow
 from engine.core.effects import SETTLE
 from engine.core.errors import Code, Refused
 from engine.core.events import Event, seal
@@ -323,6 +323,35 @@ def redrive(
     # what they were.
     data: EventData = {"reason": reason, "redrive_from_seq": entered, "reset": dict(task.usage)}
     return Decision(trigger=REDRIVE, from_state=task.state, to_state=to_state, data=data)
+
+
+def migrate(
+    source: Workflow, target: Workflow, task: TaskState, state_map: Mapping[str, str], *, caller: Caller, reason: str
+) -> Decision:
+    """Move `task` from `source` to `target`, another version of its workflow: the state it maps to, one `migrate`
+    event that names both versions and digests, the map and the reason. Refused as `migration_problem` says, then
+    to a caller without the workflow's operator role (the role that sends a stopped task on: `redrive`'s)."""
+    problem = migration_problem(source, target, task, state_map, reason)
+    if problem is not None:
+        raise Refused(
+            f"cannot migrate {task.ref} to {target.ref}: {problem}",
+            code=Code.MIGRATION_INVALID,
+            task_id=task.task_id,
+            state=task.state,
+        )
+    refusal = operator_refusal(source, task.state, MIGRATE, caller, task.task_id)
+    if refusal is not None:
+        raise refusal
+    data: EventData = {
+        "from": source.ref,
+        "to": target.ref,
+        "from_digest": source.digest,
+        "to_version": target.version,
+        "to_digest": target.digest,
+        "state_map": dict(state_map),
+        "reason": reason,
+    }
+    return Decision(trigger=MIGRATE, from_state=task.state, to_state=state_map[task.state], data=data)
 
 
 def migration_problem(

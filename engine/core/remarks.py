@@ -58,16 +58,23 @@ def decisive_after(events: Iterable[Event], seq: int) -> Event | None:
 
 
 def _may_remark(definition: Workflow, task: TaskState, caller: Caller, what: str) -> None:
+    may_remark(definition, task.task_id, task.state, task.terminal, caller, what)
+
+
+def may_remark(definition: Workflow, task_id: str, state: str, ended: bool, caller: Caller, what: str) -> None:
+    """Refuse a remark (`what`: a note, a claim) by an auditor, who acts on nothing, by someone who may not read
+    the workflow's tasks (to them there is no such task), or on a task that has ended. `Engine.claim_work` asks it
+    of the task's row before the claim's side table is written, so a refused claimer leaves no claim behind."""
     if caller.read_only:
         raise Refused(f"{caller.actor!r} reads and never acts: it makes no {what}", code=Code.FORBIDDEN)
     if not may_read([definition], caller):
-        raise Refused(f"no task {task.task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task.task_id)
-    if task.terminal:
+        raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
+    if ended:
         raise Refused(
-            f"task {task.task_id} has ended (in {task.state!r}): nothing is recorded after a terminal state",
+            f"task {task_id} has ended (in {state!r}): nothing is recorded after a terminal state",
             code=Code.TASK_TERMINAL,
-            task_id=task.task_id,
-            state=task.state,
+            task_id=task_id,
+            state=state,
         )
 
 

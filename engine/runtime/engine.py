@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.audit.auditor import Auditor
 from engine.core import commands, remarks
@@ -28,7 +28,6 @@ from engine.core.decide import Decision, decide
 from engine.core.definition import (
     CHILD_TRIGGER_PREFIX,
     FORK,
-    MIGRATE,
     SPAWN,
     Agent,
     Child,
@@ -88,6 +87,9 @@ log = logging.getLogger("railyard.engine")
 transitions_log = logging.getLogger("railyard.transitions")
 
 MAX_ACTOR_LENGTH = 200
+
+if TYPE_CHECKING:
+    from engine.runtime.people import People
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +190,20 @@ class Engine:
         self._kept_agent: AgentRunner | None = None
         self._flow: Flow | None = None
         self._flow_given: dict[str, Any] = {}  # `give_flow_settings`: the command line's
+        self._people: People | None = None
 
     def close(self) -> None:
         self.store.close()
+
+    @property
+    def people(self) -> People:
+        """The people and database tokens of this store and their access trail (`engine.runtime.people`), which
+        the API, its CSV export and the `users` and `tokens` commands read and change through the engine."""
+        if self._people is None:
+            from engine.runtime.people import People  # it builds on this module (the actor's length)
+
+            self._people = People(self.store)
+        return self._people
 
     def __enter__(self) -> Engine:
         return self
@@ -317,17 +330,7 @@ class Engine:
         """
         started = time.perf_counter()
         definition = self.definition_of(task)
-        event = seal(
-            task_id=task.task_id,
-            seq=task.seq + 1,
-            at=now(),
-            actor=actor,
-            from_state=decision.from_state,
-            trigger=decision.trigger,
-            to_state=decision.to_state,
-            data=decision.data,
-            prev_hash=task.last_hash,
-        )
+        event = self._sealed(task, decision, actor)
         after = apply(definition, task, event)
         snapshot = None
         if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
@@ -353,6 +356,21 @@ class Engine:
         if after.terminal and task.parent is not None:
             self._wake_parent(task.parent)
         return after
+
+    @staticmethod
+    def _sealed(task: TaskState, decision: Decision, actor: str) -> Event:
+        """The event a decision on `task` becomes: the next seq, chained to the task's last hash, now."""
+        return seal(
+            task_id=task.task_id,
+            seq=task.seq + 1,
+            at=now(),
+            actor=actor,
+            from_state=decision.from_state,
+            trigger=decision.trigger,
+            to_state=decision.to_state,
+            data=decision.data,
+            prev_hash=task.last_hash,
+        )
 
     def _wake_parent(self, parent: Mapping[str, Any]) -> None:
         """A child ended: its parent, waiting in the child state that started it, is due now (`Store.wake`). A wake
@@ -723,17 +741,7 @@ class Engine:
                 continue
             if (busy := remarks.busy_refusal(task_id, row.lease_owner, row.lease_expires_at, now())) is not None:
                 raise busy
-            event = seal(
-                task_id=task_id,
-                seq=task.seq + 1,
-                at=now(),
-                actor=caller.actor,
-                from_state=decision.from_state,
-                trigger=decision.trigger,
-                to_state=decision.to_state,
-                data=decision.data,
-                prev_hash=task.last_hash,
-            )
+            event = self._sealed(task, decision, caller.actor)
             after = apply(definition, task, event)
             snapshot = None
             if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
@@ -765,14 +773,12 @@ class Engine:
         makes no decision stale (`engine.core.remarks`)."""
         _check_actor(actor)
         caller = self._caller(actor)
-        if caller.read_only:
-            raise Refused(f"{actor!r} reads and never acts: it claims no work", code=Code.FORBIDDEN, actor=actor)
         row = self.store.row(task_id)
         if row is None:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
         self._within_tenants(task_id, row.tenant, caller)
-        if row.status == "terminal":
-            raise Refused(f"task {task_id} has ended: there is no work to claim", code=Code.TASK_TERMINAL)
+        definition = self._definition(row.workflow, row.version, row.digest)
+        remarks.may_remark(definition, task_id, row.state, row.status == "terminal", caller, "claim")
         reason = take_over.strip() if take_over is not None else None
         if take_over is not None and not reason:
             raise Refused("taking over someone's claim needs a reason", code=Code.PAYLOAD_INVALID, task_id=task_id)
@@ -877,36 +883,11 @@ class Engine:
         the old version and those after it against the new one.
         """
         _check_actor(actor)
-        task = self.load(task_id)
-        source = self.definition_of(task)
+        caller = self._caller(actor)
+        task = self._as_seen(task_id, None, caller)
         target = self.registry.get(task.workflow, to_version)
-        problem = commands.migration_problem(source, target, task, state_map, reason)
-        if problem is not None:
-            raise Refused(
-                f"cannot migrate {task.ref} to {target.ref}: {problem}",
-                code=Code.MIGRATION_INVALID,
-                task_id=task_id,
-                state=task.state,
-            )
-        event = seal(
-            task_id=task_id,
-            seq=task.seq + 1,
-            at=now(),
-            actor=actor,
-            from_state=task.state,
-            trigger=MIGRATE,
-            to_state=state_map[task.state],
-            data={
-                "from": source.ref,
-                "to": target.ref,
-                "from_digest": source.digest,
-                "to_version": target.version,
-                "to_digest": target.digest,
-                "state_map": dict(state_map),
-                "reason": reason,
-            },
-            prev_hash=task.last_hash,
-        )
+        decision = commands.migrate(self.definition_of(task), target, task, state_map, caller=caller, reason=reason)
+        event = self._sealed(task, decision, actor)
         after = apply(target, task, event)
         self.store.repin(
             task_id,
