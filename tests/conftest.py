@@ -28,6 +28,7 @@ from tests.support.sqlite import migrated_sqlite
 CORE_TESTS = frozenset(
     {
         "test_children_core.py",
+        "test_commands.py",
         "test_decide.py",
         "test_flow_core.py",
         "test_fold.py",

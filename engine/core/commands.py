@@ -380,6 +380,52 @@ def migration_problem(
     return None
 
 
+def fork_refusal(definition: Workflow, row: TaskRow, at_seq: int, *, caller: Caller, reason: str) -> Refused | None:
+    """Why `caller` may not fork the task of `row` (on `definition`) at `at_seq`, from its row alone: the role
+    (`redrive`'s chain), a reason, a seq it has, and a task that has ended: a source that goes on and a fork of
+    it could both reach a write neither has prepared yet, and both would be paid."""
+    refusal = operator_refusal(definition, row.state, FORK, caller, row.task_id)
+    if refusal is not None:
+        return refusal
+
+    def invalid(problem: str) -> Refused:
+        return Refused(
+            f"cannot fork task {row.task_id} at seq {at_seq}: {problem}", code=Code.FORK_INVALID, task_id=row.task_id
+        )
+
+    if not isinstance(reason, str) or not reason.strip():
+        return invalid("a reason is required")
+    if isinstance(at_seq, bool) or not isinstance(at_seq, int) or not 1 <= at_seq <= row.seq:
+        return invalid(f"the task has events 1 to {row.seq}")
+    if row.status != "terminal":
+        # A task that is stuck is sent back with `redrive` instead.
+        return invalid(
+            f"the task is still running (in {row.state!r}): a fork and its source would both go on; fork a task "
+            "that has ended (cancel it first), or send a stuck one back with `railyard redrive`"
+        )
+    return None
+
+
+def fork_source_refusal(source: TaskState, source_id: str, hazard: str | None) -> Refused | None:
+    """Why a fork of task `source_id` from `source` (its state as of the fork's seq) may not be made: nothing would
+    run from a terminal state, or `hazard`, why going on from there could make a write again (read by the engine
+    from the source's log and its other forks, `engine.core.forks`)."""
+    if source.terminal:
+        return Refused(
+            f"cannot fork task {source_id} at seq {source.seq}: the task was in terminal state {source.state!r} "
+            "there: nothing would run; fork earlier",
+            code=Code.FORK_INVALID,
+            task_id=source_id,
+        )
+    if hazard is not None:
+        return Refused(
+            f"cannot fork task {source_id} at seq {source.seq}: {hazard}",
+            code=Code.WRITE_WOULD_REPEAT,
+            task_id=source_id,
+        )
+    return None
+
+
 def fork(
     origin: Workflow,
     target: Workflow,
@@ -393,8 +439,8 @@ def fork(
     forked_from: str,
 ) -> NewTask:
     """A new task from `source`, the source task's state as of the fork's seq, on `target` (the newest version
-    of its workflow, or the one asked for, checked as a migration is). The caller's role and the source's own
-    hazards (a running source, a write that could repeat) are the engine's to check before: they read the store."""
+    of its workflow, or the one asked for, checked as a migration is), once `fork_refusal` (of the source's row)
+    and `fork_source_refusal` (of its state there) found nothing."""
     if target.version != origin.version:
         problem = migration_problem(origin, target, source, {source.state: source.state}, reason)
         if problem is not None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from engine.audit.auditor import Auditor
 from engine.core import commands, remarks
-from engine.core.access import Caller, in_tenants, operator_refusal
+from engine.core.access import Caller, in_tenants
 from engine.core.approvals import DECISIONS
 from engine.core.canonical import canonical_json, format_instant, now
 from engine.core.children import is_spawned
@@ -27,7 +27,6 @@ from engine.core.commands import NewTask
 from engine.core.decide import Decision, decide
 from engine.core.definition import (
     CHILD_TRIGGER_PREFIX,
-    FORK,
     SPAWN,
     Agent,
     Child,
@@ -919,45 +918,25 @@ class Engine:
             raise Refused(f"no task {task_id!r}", code=Code.TASK_NOT_FOUND, task_id=task_id)
         caller = self._caller(actor)
         self._within_tenants(task_id, row.tenant, caller)
-        refusal = operator_refusal(
-            self._definition(row.workflow, row.version, row.digest), row.state, FORK, caller, task_id
-        )
+        definition = self._definition(row.workflow, row.version, row.digest)
+        refusal = commands.fork_refusal(definition, row, at_seq, caller=caller, reason=reason)
         if refusal is not None:
             raise refusal
-
-        def invalid(problem: str) -> Refused:
-            return Refused(
-                f"cannot fork task {task_id} at seq {at_seq}: {problem}", code=Code.FORK_INVALID, task_id=task_id
-            )
-
-        if not isinstance(reason, str) or not reason.strip():
-            raise invalid("a reason is required")
-        if isinstance(at_seq, bool) or not isinstance(at_seq, int) or not 1 <= at_seq <= row.seq:
-            raise invalid(f"the task has events 1 to {row.seq}")
-        if row.status != "terminal":
-            # A source that goes on and a fork of it could both reach a write neither has prepared yet: each
-            # would make its own, and both would be paid. A task that is stuck is sent back with `redrive`.
-            raise invalid(
-                f"the task is still running (in {row.state!r}): a fork and its source would both go on; fork a task "
-                "that has ended (cancel it first), or send a stuck one back with `railyard redrive`"
-            )
         source = self.audit.as_of(task_id, seq=at_seq)
-        if source.terminal:
-            raise invalid(f"the task was in terminal state {source.state!r} there: nothing would run; fork earlier")
-        hazard = repeat_hazard(
-            writes(self._events(task_id), at_seq),
-            at_seq,
-            source.prepared["action_id"] if source.prepared else None,
-            source_live=False,
-        ) or self._sibling_hazard(task_id)
-        if hazard is not None:
-            raise Refused(
-                f"cannot fork task {task_id} at seq {at_seq}: {hazard}", code=Code.WRITE_WOULD_REPEAT, task_id=task_id
-            )
-        origin = self.definition_of(source)
+        hazard = None
+        if not source.terminal:
+            hazard = repeat_hazard(
+                writes(self._events(task_id), at_seq),
+                at_seq,
+                source.prepared["action_id"] if source.prepared else None,
+                source_live=False,
+            ) or self._sibling_hazard(task_id)
+        refusal = commands.fork_source_refusal(source, task_id, hazard)
+        if refusal is not None:
+            raise refusal
         target = self.registry.get(source.workflow, version)
         created = commands.fork(
-            origin,
+            self.definition_of(source),
             target,
             source,
             source_id=task_id,
