@@ -186,8 +186,11 @@ def test_a_quota_holds_across_three_worker_processes_and_every_task_finishes(
         for j in range(i + 1, len(arrivals)):
             seen = j - i + 1
             assert seen <= rate * BURST + rate * (arrivals[j] - arrivals[i] + SENDING) + 1, (i, j, arrivals)
-    # ... and the quota was used, not left idle: 20 calls at 4 a second take about 5 s.
-    assert arrivals[-1] - arrivals[0] < 15
+    # ... and the quota was used, not left idle: 20 calls at 4 a second take about 5 s (4-9 s here with both CPUs
+    # busy with other work). A quota left idle for its window (60 s), or a task put off by a retry's backoff each
+    # time, would take far longer. The bound leaves room for a CI machine running the whole suite beside the three
+    # workers on 2 CPUs, where 16.5 s and 19.9 s were seen on 2026-12-06 (it was 15 s).
+    assert arrivals[-1] - arrivals[0] < 30
 
 
 # -- reservations settled with the reported usage ----------------------------------------------------------------
