@@ -36,13 +36,13 @@ from engine.core.webhooks import (
     parse_interest,
     rotated,
 )
-from engine.store.protocol import Store
+from engine.store.protocol import WebhookStore
 
 
 class Outbox:
     """The subscriptions a process matches events against, and the messages an event brings."""
 
-    def __init__(self, store: Store, refresh_seconds: float) -> None:
+    def __init__(self, store: WebhookStore, refresh_seconds: float) -> None:
         self.store = store
         self.refresh_seconds = refresh_seconds
         self._lock = threading.Lock()
@@ -123,7 +123,7 @@ def failed_write(event: Event, after: TaskState | None) -> Mapping[str, Any] | N
 
 # -- what an operator does with subscriptions (`railyard webhooks`) -------------------------------------------------
 def subscribe(
-    store: Store, url: str, kinds: Sequence[str], format: str, by: str, secret: str | None = None
+    store: WebhookStore, url: str, kinds: Sequence[str], format: str, by: str, secret: str | None = None
 ) -> Subscription:
     """Keep a new subscription, everything checked first (a refusal keeps nothing); its secret is `secret` or a
     new random one."""
@@ -141,14 +141,14 @@ def subscribe(
     return sub
 
 
-def find(store: Store, subscription_id: str) -> Subscription:
+def find(store: WebhookStore, subscription_id: str) -> Subscription:
     for sub in store.webhooks():
         if sub.id == subscription_id:
             return sub
     raise RailyardError(f"no webhook subscription {subscription_id!r}", code=Code.WEBHOOK_NOT_FOUND)
 
 
-def rotate(store: Store, subscription_id: str, overlap: timedelta, secret: str | None = None) -> tuple[str, int]:
+def rotate(store: WebhookStore, subscription_id: str, overlap: timedelta, secret: str | None = None) -> tuple[str, int]:
     """Give a subscription a new secret; the old ones go on signing for `overlap` (both signatures are sent).
     Returns the new secret and how many secrets sign now."""
     sub = find(store, subscription_id)
@@ -159,12 +159,12 @@ def rotate(store: Store, subscription_id: str, overlap: timedelta, secret: str |
     return fresh, len(secrets)
 
 
-def unsubscribe(store: Store, subscription_id: str) -> None:
+def unsubscribe(store: WebhookStore, subscription_id: str) -> None:
     if not store.remove_webhook(subscription_id):
         raise RailyardError(f"no webhook subscription {subscription_id!r}", code=Code.WEBHOOK_NOT_FOUND)
 
 
-def replay(store: Store, message_ids: Sequence[str]) -> int:
+def replay(store: WebhookStore, message_ids: Sequence[str]) -> int:
     """Send messages again (same id and body, a new delivery window); every id must be known, else nothing moves."""
     known = {d.message.id for d in store.deliveries(ids=message_ids, limit=len(message_ids))}
     missing = [m for m in message_ids if m not in known]
@@ -175,13 +175,13 @@ def replay(store: Store, message_ids: Sequence[str]) -> int:
 
 
 # -- what the CLI reads (through here, not the store) ---------------------------------------------------------------
-def subscriptions_of(store: Store) -> list[Subscription]:
+def subscriptions_of(store: WebhookStore) -> list[Subscription]:
     """Every subscription, oldest first."""
     return store.webhooks()
 
 
 def deliveries_of(
-    store: Store, *, subscription_id: str | None = None, status: str | None = None, limit: int = 100
+    store: WebhookStore, *, subscription_id: str | None = None, status: str | None = None, limit: int = 100
 ) -> list[Delivery]:
     """The newest messages first, of one subscription or status if given."""
     return store.deliveries(subscription_id=subscription_id, status=status, limit=limit)

@@ -39,7 +39,7 @@ from engine.core.people import (
     tenant_problem,
 )
 from engine.runtime.engine import MAX_ACTOR_LENGTH
-from engine.store.protocol import Store
+from engine.store.protocol import BackOffice
 
 log = logging.getLogger("railyard.people")
 
@@ -89,7 +89,7 @@ class People:
     """The people and database tokens of a store, and their access trail (see the module's docstring)."""
 
     def __init__(
-        self, store: Store, *, clock: Callable[[], datetime] = now, hasher: PasswordHasher | None = None
+        self, store: BackOffice, *, clock: Callable[[], datetime] = now, hasher: PasswordHasher | None = None
     ) -> None:
         self.store = store
         self._clock = clock
@@ -424,7 +424,7 @@ def _moved(name: str) -> RailyardError:
 
 
 def sync_external(
-    people: People | Store,
+    people: People | BackOffice,
     name: str,
     roles: Iterable[str],
     tenants: Iterable[str] | None,

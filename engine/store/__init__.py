@@ -1,11 +1,12 @@
-"""The event store: one protocol (`Store`) and its backends, the SQL store over SQLite or PostgreSQL (`SqlStore`,
+"""The event store: one protocol (`Store`, the sum of its roles: `TaskLog`, `Leases`, `AuditLog`, `BackOffice`,
+`WebhookStore`; `FlowStore` apart) and its backends, the SQL store over SQLite or PostgreSQL (`SqlStore`,
 its SQL in one module per dialect) and the in-memory store (`MemoryStore`); the records they return are the
 core's (`engine.core.rows`)."""
 
 from engine.core.rows import Loaded, Snapshot, TaskRow
 from engine.store.database import dialect_of, make_engine, normalize_url, redact_url
 from engine.store.memory import MemoryStore
-from engine.store.protocol import Store
+from engine.store.protocol import AuditLog, BackOffice, Leases, Store, TaskLog, WebhookStore
 from engine.store.sql import SqlStore
 
 #: The URL of a new, empty in-memory store.
@@ -19,12 +20,17 @@ def open_store(url: str) -> Store:
 
 __all__ = [
     "MEMORY_URL",
+    "AuditLog",
+    "BackOffice",
+    "Leases",
     "Loaded",
     "MemoryStore",
     "Snapshot",
     "SqlStore",
     "Store",
+    "TaskLog",
     "TaskRow",
+    "WebhookStore",
     "dialect_of",
     "make_engine",
     "normalize_url",

@@ -6,6 +6,11 @@ optimistic concurrency: `engine.store.sql.SqlStore` over SQLite or PostgreSQL,
 `memory://`). Code above the store asks a store what it can do
 (`supports_notify`, `supports_fork`), never which database is behind it.
 `tests/test_store_contract.py` holds every backend to the same behaviour.
+
+`Store` is the sum of the roles a store plays, each its own protocol: the task logs (`TaskLog`), who works on
+what (`Leases`), what an auditor reads and keeps (`AuditLog`), the people's side (`BackOffice`) and webhooks
+(`WebhookStore`); `FlowStore` is apart and optional. Code that needs one role takes that one (`People` a
+`BackOffice`, the webhook outbox a `WebhookStore`), so what it may touch is in its signature.
 """
 
 from __future__ import annotations
@@ -145,17 +150,15 @@ class Wakeups(Protocol):
     def stop(self) -> None: ...
 
 
-class Store(Protocol):
-    """Durable, append-only task logs with optimistic concurrency."""
+class TaskLog(Protocol):
+    """The task logs themselves: a task created, its events appended under optimistic concurrency (and a lease
+    epoch), moved to another version; its row, its log and snapshots read back. What every command and step needs."""
 
-    #: Whether `wakeups` can tell idle workers that a task became claimable; without it, workers only poll.
-    supports_notify: bool
     #: Whether a forked process (parallel replay) can go on reading the same data, after `after_fork`.
     supports_fork: bool
 
     def close(self) -> None: ...
 
-    # -- writes ---------------------------------------------------------
     def create(
         self, row: TaskRow, first: Event, fields: Mapping[str, str] | None = None, outbox: Sequence[Outgoing] = ()
     ) -> None:
@@ -199,7 +202,35 @@ class Store(Protocol):
         """
         ...
 
-    # -- leases ---------------------------------------------------------
+    def row(self, task_id: str) -> TaskRow | None: ...
+
+    def load(self, task_id: str) -> Loaded | None:
+        """The task row, its newest snapshot and the events after that snapshot up to the row's seq, in one view."""
+        ...
+
+    def load_many(self, task_ids: Sequence[str]) -> dict[str, Loaded]:
+        """`load` of each task by its id, in one round trip (what a worker reads for the tasks a claim gave it);
+        a task that does not exist is not in the answer. Each task is read in one view, as by `load`."""
+        ...
+
+    def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
+        """The task's events with `after_seq < seq <= upto_seq`, in order."""
+        ...
+
+    def snapshots(self, task_id: str) -> list[Snapshot]: ...
+
+    def after_fork(self) -> None:
+        """In a forked process: stop using the parent's connections (only where `supports_fork`)."""
+        ...
+
+
+class Leases(Protocol):
+    """Who works on which task: claims with a lease and its fencing epoch, heartbeats, hand-backs and timers, the
+    wake-ups that tell idle workers, and the workers' reports."""
+
+    #: Whether `wakeups` can tell idle workers that a task became claimable; without it, workers only poll.
+    supports_notify: bool
+
     def claim(
         self,
         owner: str,
@@ -229,44 +260,22 @@ class Store(Protocol):
         waits for it (`engine.runtime.children`). Whether it was so woken; any other task is left as it is."""
         ...
 
-    # -- archive --------------------------------------------------------
-    def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
-        """Ended tasks whose last event is older than `before` and whose events are still here, oldest first."""
+    def wakeups(self, wake: Callable[[], None], workflows: Sequence[str] | None = None) -> Wakeups:
+        """What wakes a worker when a task of `workflows` becomes claimable (only where `supports_notify`)."""
         ...
 
-    def mark_archived(self, archived: Sequence[tuple[str, int]], file: str, sha256: str) -> int:
-        """Tombstone each (task_id, seq) and drop its events and snapshots; a task that moved is left alone."""
+    def report_worker(self, report: WorkerReport) -> None: ...
+
+    def workers(self, *, seen_since: datetime, stopped: bool = False) -> list[WorkerReport]:
+        """The workers that reported since `seen_since` and are still running; with `stopped`, those that
+        stopped since as well (a supervisor sums its processes' last reports)."""
         ...
 
-    def archive_of(self, task_id: str) -> ArchiveRef | None:
-        """The archive holding the task's events, if it was archived."""
-        ...
 
-    def archived(
-        self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
-    ) -> Iterator[tuple[TaskRow, ArchiveRef]]:
-        """Archived tasks and their archives, ordered by (archive file, task id)."""
-        ...
+class AuditLog(Protocol):
+    """What an auditor reads and keeps: the logs page by page and as of a time, the heads and hashes a
+    checkpoint signs, the checkpoints, and the archive of ended tasks."""
 
-    # -- reads ----------------------------------------------------------
-    def row(self, task_id: str) -> TaskRow | None: ...
-
-    def load(self, task_id: str) -> Loaded | None:
-        """The task row, its newest snapshot and the events after that snapshot up to the row's seq, in one view."""
-        ...
-
-    def load_many(self, task_ids: Sequence[str]) -> dict[str, Loaded]:
-        """`load` of each task by its id, in one round trip (what a worker reads for the tasks a claim gave it);
-        a task that does not exist is not in the answer. Each task is read in one view, as by `load`."""
-        ...
-
-    def events(self, task_id: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Event]:
-        """The task's events with `after_seq < seq <= upto_seq`, in order."""
-        ...
-
-    def snapshots(self, task_id: str) -> list[Snapshot]: ...
-
-    # -- audit reads ----------------------------------------------------
     def audit_stream(
         self,
         *,
@@ -292,6 +301,51 @@ class Store(Protocol):
     def seq_at(self, task_id: str, at: datetime) -> int | None:
         """The seq of the task's last event written at or before `at` (None: the task did not exist yet)."""
         ...
+
+    def heads(self) -> Iterator[Head]:
+        """Every task's head (task id, seq, last hash), archived ones included, in task id byte order, streamed:
+        what a checkpoint commits to."""
+        ...
+
+    def log_heads(self) -> Iterator[tuple[Head, str | None]]:
+        """`heads`, each with the hash of the event at the head's seq as the log holds it (None when it holds
+        none: an archived task, or a log cut under its row): what a checkpoint's judgement reads."""
+        ...
+
+    def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """The hash of each (task_id, seq) event the database holds (archived logs are in their files)."""
+        ...
+
+    def record_checkpoint(self, header: Header, file: str) -> None:
+        """Note a checkpoint written to `file` (the file is the evidence; the row says which was last)."""
+        ...
+
+    def last_checkpoint(self) -> tuple[Header, str] | None:
+        """The newest checkpoint noted, and its file name."""
+        ...
+
+    def archivable(self, before: datetime, *, limit: int) -> list[TaskRow]:
+        """Ended tasks whose last event is older than `before` and whose events are still here, oldest first."""
+        ...
+
+    def mark_archived(self, archived: Sequence[tuple[str, int]], file: str, sha256: str) -> int:
+        """Tombstone each (task_id, seq) and drop its events and snapshots; a task that moved is left alone."""
+        ...
+
+    def archive_of(self, task_id: str) -> ArchiveRef | None:
+        """The archive holding the task's events, if it was archived."""
+        ...
+
+    def archived(
+        self, *, workflow: str | None = None, since: datetime | None = None, page_size: int = AUDIT_PAGE
+    ) -> Iterator[tuple[TaskRow, ArchiveRef]]:
+        """Archived tasks and their archives, ordered by (archive file, task id)."""
+        ...
+
+
+class BackOffice(Protocol):
+    """What the people's side reads and keeps: task lists and counts, the work queue and who is on an item, page
+    sessions and failed logins, people, database tokens and their access trail."""
 
     def task_ids(self, *, workflow: str | None = None, status: str | None = None) -> list[str]: ...
 
@@ -339,7 +393,6 @@ class Store(Protocol):
         leased (a task that keeps moving under its lease stays due since it first became due: `still_due`)."""
         ...
 
-    # -- the work queue: pages, counts, claims ----------------------------
     def queue_page(self, query: QueueQuery) -> list[QueuedTask]:
         """One keyset page of the blocked tasks `query` selects, in its order, at most `limit`, each with its
         fields, its head event and its live claim (one at `query.at` whose seq is still the task's)."""
@@ -368,7 +421,6 @@ class Store(Protocol):
         event, `engine.core.remarks`), which ends no claim. A claim at any other seq is left as it is."""
         ...
 
-    # -- page sessions --------------------------------------------------
     def open_session(self, session: PageSession) -> None:
         """Keep a new page session (and forget the ones that expired before it was opened)."""
         ...
@@ -389,7 +441,6 @@ class Store(Protocol):
         """The session's pending message, cleared in the same step: it is shown once."""
         ...
 
-    # -- failed logins --------------------------------------------------
     def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
         """Record one failed login at `at` under each key, and forget every failure before `forget_before`."""
         ...
@@ -402,7 +453,6 @@ class Store(Protocol):
         """Forget the failures recorded under `key` (a login to that account went through)."""
         ...
 
-    # -- people, database tokens and the access trail --------------------
     def person(self, name: str) -> Person | None:
         """The person of this name (exactly), or None."""
         ...
@@ -440,42 +490,10 @@ class Store(Protocol):
         """The access trail in the order it was written (of `subject`, if given), after the entry `after`."""
         ...
 
-    # -- worker reports -------------------------------------------------
-    def heads(self) -> Iterator[Head]:
-        """Every task's head (task id, seq, last hash), archived ones included, in task id byte order, streamed:
-        what a checkpoint commits to."""
-        ...
 
-    def log_heads(self) -> Iterator[tuple[Head, str | None]]:
-        """`heads`, each with the hash of the event at the head's seq as the log holds it (None when it holds
-        none: an archived task, or a log cut under its row): what a checkpoint's judgement reads."""
-        ...
+class WebhookStore(Protocol):
+    """Webhook subscriptions and the outbox of their deliveries (`engine.core.webhooks`)."""
 
-    def event_hashes(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
-        """The hash of each (task_id, seq) event the database holds (archived logs are in their files)."""
-        ...
-
-    def record_checkpoint(self, header: Header, file: str) -> None:
-        """Note a checkpoint written to `file` (the file is the evidence; the row says which was last)."""
-        ...
-
-    def last_checkpoint(self) -> tuple[Header, str] | None:
-        """The newest checkpoint noted, and its file name."""
-        ...
-
-    def report_worker(self, report: WorkerReport) -> None: ...
-
-    def workers(self, *, seen_since: datetime, stopped: bool = False) -> list[WorkerReport]:
-        """The workers that reported since `seen_since` and are still running; with `stopped`, those that
-        stopped since as well (a supervisor sums its processes' last reports)."""
-        ...
-
-    # -- capabilities ---------------------------------------------------
-    def wakeups(self, wake: Callable[[], None], workflows: Sequence[str] | None = None) -> Wakeups:
-        """What wakes a worker when a task of `workflows` becomes claimable (only where `supports_notify`)."""
-        ...
-
-    # -- webhooks (`engine.core.webhooks`) ------------------------------------
     def add_webhook(self, sub: Subscription) -> None: ...
 
     def webhooks(self) -> list[Subscription]:
@@ -520,9 +538,11 @@ class Store(Protocol):
         """Make a message pending again from `at` (same id, same body); False: no such message."""
         ...
 
-    def after_fork(self) -> None:
-        """In a forked process: stop using the parent's connections (only where `supports_fork`)."""
-        ...
+
+class Store(TaskLog, Leases, AuditLog, BackOffice, WebhookStore, Protocol):
+    """Durable, append-only task logs with optimistic concurrency, and what is kept beside them: every role a
+    backend plays (`TaskLog`, `Leases`, `AuditLog`, `BackOffice`, `WebhookStore`; `FlowStore` is apart, and
+    optional). Code that needs one role asks for that one."""
 
 
 def conflict(task_id: str, expected: int, epoch: int | None, found: Sequence[Any] | None) -> ConcurrencyConflict:
