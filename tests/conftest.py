@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, Registry, StaticRoles, migrations
+from engine.store import Store
 from tests.support.postgres import create_pg_database, drop_pg_database, truncate
 from tests.support.sample_workflows import ROLES, all_workflows
 from tests.support.sqlite import migrated_sqlite
+from tests.support.stores import BACKENDS, store_for
 
 #: The test files of the pure core (engine/core): no database, no subprocess, no server, no model. They carry the
 #: `core` marker; `make test-core` (`pytest -m core`) collects these files alone and runs them in seconds, and
@@ -85,6 +87,14 @@ def core_stays_pure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
     monkeypatch.setattr(sqlite3, "connect", refuse("opened a SQLite database"))
     monkeypatch.setattr(socket.socket, "connect", refuse("connected a socket"))
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """An empty store of each backend (memory, SQLite, PostgreSQL): the store contract's (`tests/test_store_*.py`,
+    one file per role of `engine.store.protocol`)."""
+    with store_for(request, tmp_path) as empty:
+        yield empty
 
 
 @pytest.fixture(scope="session")

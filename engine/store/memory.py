@@ -5,7 +5,7 @@ out (`memory://`: each such store starts empty and ends with its process). It
 keeps rows the way the database does (event data as the canonical JSON text that
 was hashed, times in UTC) and reads them back through the same decoding, so the
 events it returns are the ones a SQL store would return, hash for hash.
-`tests/test_store_contract.py` runs the same checks on it as on SQLite and
+The store contract (`tests/test_store_*.py`) runs the same checks on it as on SQLite and
 PostgreSQL. Nothing is durable, and no other process can see it: workers poll it
 (`supports_notify` is false) and replay runs in one process (`supports_fork`).
 """

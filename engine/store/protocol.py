@@ -5,7 +5,7 @@ optimistic concurrency: `engine.store.sql.SqlStore` over SQLite or PostgreSQL,
 `engine.store.memory.MemoryStore` in the process's memory (for unit tests, and
 `memory://`). Code above the store asks a store what it can do
 (`supports_notify`, `supports_fork`), never which database is behind it.
-`tests/test_store_contract.py` holds every backend to the same behaviour.
+The store contract (`tests/test_store_*.py`, one file per role) holds every backend to the same behaviour.
 
 `Store` is the sum of the roles a store plays, each its own protocol: the task logs (`TaskLog`), who works on
 what (`Leases`), what an auditor reads and keeps (`AuditLog`), the people's side (`BackOffice`) and webhooks

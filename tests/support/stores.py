@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine import Engine, Event
+from engine import ConcurrencyConflict, Engine, Event
 from engine.core.canonical import GENESIS_HASH
 from engine.core.events import seal
 from engine.core.payloads import as_event_data
@@ -135,3 +135,14 @@ def ended(store: Store, task_id: str, workflow: str = "refund") -> Log:
     store.create(log.row(next_run_at=T0), log.first)
     store.append(task_id, 1, [log.next("finish", "done")], status="terminal")
     return log
+
+
+LATER = T0 + timedelta(hours=1)
+
+
+def refusal(call: object) -> ConcurrencyConflict:
+    """The conflict `call` is refused with."""
+    assert callable(call)
+    with pytest.raises(ConcurrencyConflict) as caught:
+        call()
+    return caught.value
