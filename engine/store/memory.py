@@ -13,7 +13,6 @@ PostgreSQL. Nothing is durable, and no other process can see it: workers poll it
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,28 +23,26 @@ from engine.core.canonical import canonical_json, now, parse_instant, utc
 from engine.core.checkpoints import Head, Header
 from engine.core.errors import Code, StoreError
 from engine.core.events import Event, with_stored_data
-from engine.core.people import AccessChange, Person, StoredToken
 from engine.core.remarks import REMARKS
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.core.timers import still_due
 from engine.core.webhooks import Outgoing
 from engine.store.decode import audit_data, stored_data
 from engine.store.memory_flow import MemoryFlow
+from engine.store.memory_people import MemoryPeople
 from engine.store.memory_webhooks import MemoryWebhooks
 from engine.store.protocol import (
     AUDIT_PAGE,
     NO_DEADLINE,
     ListedTask,
-    PageSession,
     QueuedTask,
     QueueQuery,
     TaskQuery,
     Wakeups,
     WorkClaim,
     conflict,
+    key_refused,
 )
-
-log = logging.getLogger("railyard.store")
 
 
 class _Stored(NamedTuple):
@@ -150,7 +147,7 @@ class _Task:
         return [Snapshot(self.task_id, seq, *self.snapshots[seq]) for seq in sorted(self.snapshots)]
 
 
-class MemoryStore(MemoryFlow, MemoryWebhooks):
+class MemoryStore(MemoryFlow, MemoryWebhooks, MemoryPeople):
     """Task logs in memory, with the semantics of `SqlStore`. Thread-safe: every verb holds one lock."""
 
     supports_notify = False
@@ -161,13 +158,9 @@ class MemoryStore(MemoryFlow, MemoryWebhooks):
         self._tasks: dict[str, _Task] = {}
         self._workers: dict[str, tuple[WorkerReport, str]] = {}  # a report and its counts as text
         self._checkpoints: list[tuple[Header, str]] = []
-        self._sessions: dict[str, tuple[PageSession, str | None]] = {}  # a session and its pending flash
-        self._login_failures: list[tuple[str, datetime]] = []
-        self._people: dict[str, Person] = {}
-        self._tokens: dict[str, StoredToken] = {}
-        self._trail: list[AccessChange] = []
         MemoryFlow.__init__(self)
         MemoryWebhooks.__init__(self)
+        MemoryPeople.__init__(self)
         self._claims: dict[str, WorkClaim] = {}
 
     def close(self) -> None:
@@ -179,7 +172,7 @@ class MemoryStore(MemoryFlow, MemoryWebhooks):
     ) -> None:
         with self._lock:
             if row.task_id in self._tasks or first.task_id != row.task_id:
-                raise _refused(f"task {row.task_id} exists")
+                raise key_refused(f"task {row.task_id} exists")
             task = _Task(
                 row.task_id,
                 row.workflow,
@@ -217,7 +210,7 @@ class MemoryStore(MemoryFlow, MemoryWebhooks):
             if task is None or task.seq != expected_seq:
                 raise conflict(task_id, expected_seq, None, _found(task))
             if event.task_id != task_id or any(e.seq == event.seq for e in task.events):
-                raise _refused(f"event {event.seq} of {task_id} exists")
+                raise key_refused(f"event {event.seq} of {task_id} exists")
             task.seq, task.state, task.status, task.last_hash = event.seq, event.to_state, status, event.hash
             task.updated_at, task.next_run_at = now(), _utc_or_none(next_run_at)
             task.version, task.digest = version, digest
@@ -249,9 +242,9 @@ class MemoryStore(MemoryFlow, MemoryWebhooks):
             ):
                 raise conflict(task_id, expected_seq, lease_epoch, _found(task))
             if task.events and task.events[-1].seq > expected_seq:
-                raise _refused(f"events after seq {expected_seq} of {task_id} exist")
+                raise key_refused(f"events after seq {expected_seq} of {task_id} exist")
             if snapshot is not None and snapshot[0] in task.snapshots:
-                raise _refused(f"a snapshot at seq {snapshot[0]} of {task_id} exists")
+                raise key_refused(f"a snapshot at seq {snapshot[0]} of {task_id} exists")
             last = new_events[-1]
             task.seq, task.state, task.status, task.last_hash = last.seq, last.to_state, status, last.hash
             task.updated_at = now()
@@ -727,131 +720,6 @@ class MemoryStore(MemoryFlow, MemoryWebhooks):
             ordered = sorted(self._checkpoints, key=lambda c: (parse_instant(c[0].at), c[0].tree_size))
         return ordered[-1] if ordered else None
 
-    # -- page sessions --------------------------------------------------
-    def open_session(self, session: PageSession) -> None:
-        with self._lock:
-            for key, (kept, _) in list(self._sessions.items()):
-                if kept.expires_at <= session.created_at:
-                    del self._sessions[key]
-            if session.id_hash in self._sessions:
-                raise _refused("the session exists")
-            self._sessions[session.id_hash] = (
-                replace(session, created_at=utc(session.created_at), expires_at=utc(session.expires_at), flash=None),
-                session.flash,
-            )
-
-    def page_session(self, id_hash: str, at: datetime) -> PageSession | None:
-        with self._lock:
-            kept = self._sessions.get(id_hash)
-        return replace(kept[0], flash=kept[1]) if kept is not None and kept[0].expires_at > utc(at) else None
-
-    def end_session(self, id_hash: str) -> None:
-        with self._lock:
-            self._sessions.pop(id_hash, None)
-
-    def set_flash(self, id_hash: str, message: str) -> None:
-        with self._lock:
-            kept = self._sessions.get(id_hash)
-            if kept is not None:
-                self._sessions[id_hash] = (kept[0], message)
-
-    def take_flash(self, id_hash: str) -> str | None:
-        with self._lock:
-            kept = self._sessions.get(id_hash)
-            if kept is None:
-                return None
-            self._sessions[id_hash] = (kept[0], None)
-            return kept[1]
-
-    # -- failed logins --------------------------------------------------
-    def note_login_failure(self, keys: Sequence[str], at: datetime, *, forget_before: datetime) -> None:
-        with self._lock:
-            kept = [(k, t) for k, t in self._login_failures if t >= utc(forget_before)]
-            self._login_failures = kept + [(k, utc(at)) for k in keys]
-
-    def login_failures(self, keys: Sequence[str], after: datetime) -> dict[str, list[datetime]]:
-        wanted = set(keys)
-        found: dict[str, list[datetime]] = {}
-        with self._lock:
-            for key, at in sorted(self._login_failures, key=lambda f: f[1]):
-                if key in wanted and at > utc(after):
-                    found.setdefault(key, []).append(at)
-        return found
-
-    def clear_login_failures(self, key: str) -> None:
-        with self._lock:
-            self._login_failures = [(k, t) for k, t in self._login_failures if k != key]
-
-    # -- people, database tokens and the access trail --------------------
-    def person(self, name: str) -> Person | None:
-        with self._lock:
-            return self._people.get(name)
-
-    def people(self) -> list[Person]:
-        with self._lock:
-            return [self._people[name] for name in sorted(self._people)]
-
-    def write_person(self, person: Person, changes: Sequence[AccessChange], *, revision: int | None) -> bool:
-        with self._lock:
-            kept = self._people.get(person.name)
-            if (kept is None) != (revision is None) or (kept is not None and kept.revision != revision):
-                return False
-            created = kept.created_at if kept is not None else person.created_at
-            self._people[person.name] = replace(
-                person,
-                created_at=utc(created) if created is not None else None,
-                updated_at=utc(person.updated_at) if person.updated_at is not None else None,
-            )
-            self._append_trail(changes)
-        return True
-
-    def api_token(self, sha256: str) -> StoredToken | None:
-        with self._lock:
-            return self._tokens.get(sha256)
-
-    def api_tokens(self, *, actor: str | None = None) -> list[StoredToken]:
-        with self._lock:
-            found = [t for t in self._tokens.values() if actor is None or t.actor == actor]
-        return sorted(found, key=lambda t: (t.created_at, t.sha256))
-
-    def add_api_token(self, token: StoredToken, change: AccessChange) -> bool:
-        with self._lock:
-            if token.sha256 in self._tokens:
-                return False
-            self._tokens[token.sha256] = replace(
-                token,
-                created_at=utc(token.created_at),
-                expires_at=utc(token.expires_at) if token.expires_at is not None else None,
-            )
-            self._append_trail([change])
-        return True
-
-    def revoke_api_token(self, sha256: str, at: datetime, by: str, change: AccessChange) -> bool:
-        with self._lock:
-            kept = self._tokens.get(sha256)
-            if kept is None or kept.revoked_at is not None:
-                return False
-            self._tokens[sha256] = replace(kept, revoked_at=utc(at), revoked_by=by)
-            self._append_trail([change])
-        return True
-
-    def access_trail(
-        self, *, subject: str | None = None, after: int | None = None, limit: int | None = None
-    ) -> list[AccessChange]:
-        with self._lock:
-            found = [
-                c
-                for c in self._trail
-                if (subject is None or c.subject == subject) and (after is None or (c.id or 0) > after)
-            ]
-        return found[:limit] if limit is not None else found
-
-    def _append_trail(self, changes: Sequence[AccessChange]) -> None:
-        for change in changes:
-            # As the database keeps it: the details as JSON text read back, the time in UTC.
-            details = json.loads(canonical_json(dict(change.details)))
-            self._trail.append(replace(change, at=utc(change.at), details=details, id=len(self._trail) + 1))
-
     # -- worker reports -------------------------------------------------
     def report_worker(self, report: WorkerReport) -> None:
         """Insert or refresh a worker's row; a refresh changes what a heartbeat changes, not who the worker is."""
@@ -935,12 +803,6 @@ def _selected(t: _Task, q: TaskQuery) -> bool:
 
 def _utc_or_none(at: datetime | None) -> datetime | None:
     return utc(at) if at is not None else None
-
-
-def _refused(why: str) -> StoreError:
-    """What the database answers to a write that breaks a key (the SQL store's words; the detail to the log)."""
-    log.warning("integrity error: %.200s", why)
-    return StoreError("the database refused the write (constraint violated)", code=Code.DATABASE_ERROR)
 
 
 def _log(task: _Task, with_snapshots: bool, lower: int | None, upto: int | None) -> list[Event | Snapshot]:

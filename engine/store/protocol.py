@@ -15,19 +15,22 @@ what (`Leases`), what an auditor reads and keeps (`AuditLog`), the people's side
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, Self, runtime_checkable
 
 from engine.core.checkpoints import Head, Header
-from engine.core.errors import ConcurrencyConflict, LeaseLost
+from engine.core.errors import Code, ConcurrencyConflict, LeaseLost, StoreError
 from engine.core.events import Event
 from engine.core.flow import Amounts, BreakerRow, BreakerSettings, Limits, Place, QuotaRow, Waiter
 from engine.core.people import AccessChange, Person, StoredToken
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
 from engine.core.webhooks import Delivery, Outgoing, Subscription
 from engine.core.webhooks import Secret as WebhookSecret
+
+log = logging.getLogger("railyard.store")
 
 #: Audit reads: task rows per keyset page (what parallel replay hands to a job).
 #: Where `blocked_in(by_deadline=True)` puts a task without a deadline: after every real one.
@@ -543,6 +546,13 @@ class Store(TaskLog, Leases, AuditLog, BackOffice, WebhookStore, Protocol):
     """Durable, append-only task logs with optimistic concurrency, and what is kept beside them: every role a
     backend plays (`TaskLog`, `Leases`, `AuditLog`, `BackOffice`, `WebhookStore`; `FlowStore` is apart, and
     optional). Code that needs one role asks for that one."""
+
+
+def key_refused(why: str) -> StoreError:
+    """What the database answers to a write that breaks a key, in the SQL store's words (the detail to the log):
+    what the memory store raises where a database would refuse."""
+    log.warning("integrity error: %.200s", why)
+    return StoreError("the database refused the write (constraint violated)", code=Code.DATABASE_ERROR)
 
 
 def conflict(task_id: str, expected: int, epoch: int | None, found: Sequence[Any] | None) -> ConcurrencyConflict:
