@@ -268,6 +268,17 @@ def test_the_work_queue_pages_in_every_order_without_repeats_and_counts_by_place
     assert row.head is not None and row.head == store.events("q-4")[-1]
 
 
+def test_the_next_page_after_a_cursor_task_that_was_acted_on_still_holds_what_followed_it(store: Store) -> None:
+    """A person acts on the last row of a page (longest waiting last), then asks for the next page: that task is no
+    longer blocked, so its indexed copies (`place`, `waiting_since`) are NULL; the cursor is read from its row."""
+    _queue(store)
+    assert queued(store, sort="waiting", descending=True, limit=3) == ["q-7", "q-6", "q-4"]
+    acted = Log("q-4", state="approve")
+    store.append("q-4", 1, [acted.next("approve", "working")], status="runnable")
+    page = queued(store, sort="waiting", descending=True, after="q-4", limit=3)
+    assert "q-3" in page and "q-4" not in page, page
+
+
 def test_a_claim_is_one_persons_until_it_expires_the_task_moves_or_someone_takes_it_over(store: Store) -> None:
     _queue(store)
     until = T0 + timedelta(minutes=30)

@@ -110,7 +110,7 @@ def test_a_heartbeat_extends_only_the_leases_its_worker_still_holds(store: Store
 
 def test_a_release_frees_the_lease_only_at_its_epoch_and_keeps_the_epoch(store: Store) -> None:
     log = started(store, "t-1", next_run_at=T0)
-    [claim] = store.claim("w1", limit=1, lease_seconds=600, at=T0)
+    [claim] = store.claim("w1", limit=1, lease_seconds=600, at=now())
     assert store.postpone("t-1", claim.epoch, T0, failed=True) == 1
     store.release("t-1", claim.epoch - 1)  # not ours: nothing happens
     row = store.row("t-1")
@@ -119,7 +119,8 @@ def test_a_release_frees_the_lease_only_at_its_epoch_and_keeps_the_epoch(store: 
     row = store.row("t-1")
     assert row is not None
     assert (row.lease_owner, row.lease_expires_at, row.lease_epoch, row.failures) == (None, None, claim.epoch, 1)
-    [again] = store.claim("w2", limit=1, lease_seconds=600, at=T0)  # free at once, not after the lease's time
+    # Free at once, not after the lease's 600 s; due from its release (`handed_back`).
+    [again] = store.claim("w2", limit=1, lease_seconds=600, at=now() + timedelta(seconds=1))
     assert again.epoch == claim.epoch + 1
     store.release("t-1", again.epoch)  # a step that went through clears the failures
     row = store.row("t-1")
@@ -163,3 +164,29 @@ def test_a_wake_makes_a_task_blocked_in_the_named_state_due_and_leaves_every_oth
         "due-sooner": T0 - timedelta(hours=1),  # a wake never puts a task off
         "runnable": LATER,
     }
+
+
+def test_a_task_handed_back_while_due_goes_behind_the_tasks_that_became_due_meanwhile(store: Store) -> None:
+    """A task keeps its first due time while it moves under its lease (`still_due`); given back still due, it is
+    due from then, so the tasks that became due while it ran are claimed first. One put off keeps its time."""
+    log = started(store, "long", next_run_at=T0)
+    [claim] = store.claim("w1", limit=1, lease_seconds=60, at=T0)
+    for seq in range(1, 4):
+        store.append("long", seq, log.take(1), status="runnable", next_run_at=now(), lease_epoch=claim.epoch)
+    row = store.row("long")
+    assert row is not None and row.next_run_at == T0
+    started(store, "new", next_run_at=T0 + timedelta(minutes=1))
+    before = now()
+    store.release("long", claim.epoch)
+    row = store.row("long")
+    assert row is not None and row.next_run_at is not None and row.next_run_at >= before
+    [first] = store.claim("w2", limit=1, lease_seconds=60, at=now() + timedelta(seconds=1))
+    assert first.task_id == "new"
+    started(store, "put-off", next_run_at=T0)
+    [held] = store.claim("w3", limit=1, lease_seconds=60, at=T0)  # `long` is due only from its release now
+    assert held.task_id == "put-off"
+    later = now() + timedelta(hours=1)
+    store.postpone("put-off", held.epoch, later)
+    store.release("put-off", held.epoch)
+    row = store.row("put-off")
+    assert row is not None and row.next_run_at == later

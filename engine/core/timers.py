@@ -35,3 +35,12 @@ def still_due(due: datetime | None, asked: datetime | None, at: datetime) -> dat
     if due is not None and asked is not None and due <= asked <= at:
         return due
     return asked
+
+
+def handed_back(due: datetime | None, at: datetime) -> datetime | None:
+    """The due time of a task a worker gives back at `at`: one due since earlier is due from now, at the back of
+    the line (it kept its first due time while it moved under the lease, `still_due`, and would otherwise be
+    claimed before every task that became due meanwhile); one put off, or not due, keeps its time."""
+    if due is not None and due < at:
+        return at
+    return due

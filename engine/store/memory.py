@@ -25,7 +25,7 @@ from engine.core.errors import Code, StoreError
 from engine.core.events import Event, with_stored_data
 from engine.core.remarks import REMARKS
 from engine.core.rows import ArchiveRef, Claim, Loaded, Snapshot, TaskRow, WorkerReport
-from engine.core.timers import still_due
+from engine.core.timers import handed_back, still_due
 from engine.core.webhooks import Outgoing
 from engine.store.decode import audit_data, stored_data
 from engine.store.memory_flow import MemoryFlow
@@ -307,6 +307,7 @@ class MemoryStore(MemoryFlow, MemoryWebhooks, MemoryPeople):
             task = self._tasks.get(task_id)
             if task is not None and task.lease_epoch == epoch:
                 task.lease_owner = task.lease_expires_at = None
+                task.next_run_at = handed_back(task.next_run_at, now())
                 if step_succeeded:
                     task.failures = 0
 

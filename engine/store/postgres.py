@@ -250,9 +250,13 @@ def claim(
 
 #: Give a lease back: only while still held at the claimed epoch (a lease taken over is not ours to free);
 #: a step that went through also clears the count of consecutive failures. Parameters: succeeded, task, epoch.
+#: A task handed back while still due goes to the back of the line: it kept its first due time while it moved
+#: under the lease (`engine.core.timers.still_due`), and is due again from now (`engine.core.timers.handed_back`).
 RELEASE = (
     "UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,"
-    " failures = CASE WHEN %s THEN 0 ELSE failures END WHERE task_id = %s AND lease_epoch = %s"
+    " failures = CASE WHEN %s THEN 0 ELSE failures END,"
+    " next_run_at = CASE WHEN next_run_at < %s THEN %s ELSE next_run_at END"
+    " WHERE task_id = %s AND lease_epoch = %s"
 )
 
 

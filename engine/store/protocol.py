@@ -251,7 +251,8 @@ class Leases(Protocol):
         ...
 
     def release(self, task_id: str, epoch: int, *, step_succeeded: bool = True) -> None:
-        """Give the lease back (only if still held at `epoch`); a step that went through clears the failures."""
+        """Give the lease back (only if still held at `epoch`); a step that went through clears the failures. A task
+        still due is due again from now, at the back of the line (`engine.core.timers.handed_back`)."""
         ...
 
     def postpone(self, task_id: str, epoch: int, until: datetime, *, failed: bool = False) -> int:

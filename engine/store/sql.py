@@ -309,7 +309,8 @@ class SqlStore(SqlFlow, SqlWebhooks, SqlPeople):
             raw = self.engine.raw_connection()
             try:
                 cur: Any = raw.cursor()
-                cur.execute(self.sql.RELEASE, (step_succeeded, task_id, epoch))
+                at = self.sql.instant(now())
+                cur.execute(self.sql.RELEASE, (step_succeeded, at, at, task_id, epoch))
             finally:
                 raw.close()
 
@@ -880,7 +881,7 @@ class SqlStore(SqlFlow, SqlWebhooks, SqlPeople):
             other = tasks.alias("cursor")
             last = other.c.task_id == query.after
             theirs = tuple_(
-                select(_queue_key(other, query.sort, self.sql.queue_due)).where(last).scalar_subquery(),
+                select(_queue_key(other, query.sort, self.sql.queue_due, cursor=True)).where(last).scalar_subquery(),
                 select(other.c.created_at).where(last).scalar_subquery(),
                 query.after,
             )
@@ -1293,18 +1294,23 @@ class _AfterNumbers:
         return False
 
 
-def _queue_key(table: Any, sort: str, due: Callable[[ColumnElement[Any]], ColumnElement[Any]]) -> ColumnElement[Any]:
+def _queue_key(
+    table: Any, sort: str, due: Callable[[ColumnElement[Any]], ColumnElement[Any]], *, cursor: bool = False
+) -> ColumnElement[Any]:
     """The column a work queue sorts by: no deadline sorts after every real one (a far-off instant stands in for
     it), so the keyset stays one tuple comparison. Each order has a partial index of blocked tasks that ends in
-    (created_at, task_id) (migration 0014), so a page reads its rows from the index, not every waiting task."""
+    (created_at, task_id) (migration 0014), so a page reads its rows from the index, not every waiting task.
+
+    While blocked, `waiting_since` is `updated_at` and `place` is `state` (migration 0018): the indexed copies the
+    page's rows are read by. The `cursor` task's own values are read from its row by key, from the columns
+    themselves: a cursor task that has moved on since its page is no longer blocked, and its copies are NULL."""
     if sort == "deadline":
         return due(table.c.next_run_at)
     column: ColumnElement[Any] = {
-        # While blocked, `waiting_since` is `updated_at` and `place` is `state` (migration 0018): the indexed copies.
-        "waiting": table.c.waiting_since,
+        "waiting": table.c.updated_at if cursor else table.c.waiting_since,
         "created": table.c.created_at,
         "workflow": table.c.workflow,
-        "state": table.c.place,
+        "state": table.c.state if cursor else table.c.place,
     }[sort]
     return column
 
