@@ -131,6 +131,25 @@ def test_someone_who_may_not_read_the_workflow_claims_nothing_and_leaves_no_clai
     assert eng.claim_work(task_id, "dana").actor == "dana"  # not WORK_CLAIMED: no claim was left behind
 
 
+def test_a_claim_while_a_worker_runs_the_step_is_refused_and_leaves_no_claim_behind(eng: Engine) -> None:
+    """The work claim is refused (TASK_BUSY) before the queue's claim table is written: once the worker lets the
+    task go, another person's claim is not met by a claim nobody holds."""
+    import time
+
+    from tests.support.reference import DAMAGED
+
+    task_id = eng.start("refund", DAMAGED, actor="ann")
+    [claim] = eng.store.claim("worker-7", limit=1, lease_seconds=1.0)
+    assert claim.task_id == task_id
+    before = eng.history(task_id)
+    with pytest.raises(Refused) as refused:
+        eng.claim_work(task_id, "dana")
+    assert refused.value.code is Code.TASK_BUSY
+    assert eng.history(task_id) == before
+    time.sleep(1.1)  # the worker's lease ran out
+    assert eng.claim_work(task_id, "erin").actor == "erin"  # not WORK_CLAIMED by dana
+
+
 def test_a_note_from_the_api_and_the_page_is_shown_in_the_timeline(client: TestClient, eng: Engine) -> None:
     task_id = expense_in_review(eng)
     dana = {"Authorization": "Bearer tok-dana"}

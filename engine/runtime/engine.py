@@ -778,6 +778,9 @@ class Engine:
         self._within_tenants(task_id, row.tenant, caller)
         definition = self._definition(row.workflow, row.version, row.digest)
         remarks.may_remark(definition, task_id, row.state, row.status == "terminal", caller, "claim")
+        # Asked of the row before the claim table is written, as `_remark` asks it again before the event.
+        if (busy := remarks.busy_refusal(task_id, row.lease_owner, row.lease_expires_at, now())) is not None:
+            raise busy
         reason = take_over.strip() if take_over is not None else None
         if take_over is not None and not reason:
             raise Refused("taking over someone's claim needs a reason", code=Code.PAYLOAD_INVALID, task_id=task_id)
