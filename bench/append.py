@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from harness import (
     ACTOR,
     BENCH_WORKFLOW,
@@ -52,6 +53,7 @@ from harness import (
     bench_database,
     bench_parser,
     check_raw_matches_engine,
+    libpq,
     machine,
     pg_server_url,
     print_background,
@@ -60,8 +62,6 @@ from harness import (
     target,
     tick_engine,
 )
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
 
 from engine import (
     Engine,
@@ -233,14 +233,11 @@ def task_updates(pg_url: str) -> dict[str, int]:
     """How many UPDATEs of `tasks` the PostgreSQL series made, and how many were HOT (the new row version on the
     same page, no index written: issue #33, migration 0018). Read once the writers' connections have closed,
     which is when their statistics are flushed."""
-    engine = create_engine(pg_url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            row = conn.execute(
-                text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'")
-            ).one()
-    finally:
-        engine.dispose()
+    with psycopg.connect(libpq(pg_url)) as conn:
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks'"
+        ).fetchone()
+    assert row is not None
     return {"updates": int(row[0]), "hot": int(row[1])}
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine, Registry, StaticRoles, migrations
+from engine import Engine, Registry, StaticRoles
 from engine.store import Store
-from tests.support.postgres import create_pg_database, drop_pg_database, truncate
+from tests.support.postgres import migrated_pg_database, truncate
 from tests.support.sample_workflows import ROLES, all_workflows
 from tests.support.sqlite import migrated_sqlite
 from tests.support.stores import BACKENDS, store_for
@@ -100,12 +100,15 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[str]:
     """One migrated PostgreSQL database for the session (tables are emptied between tests)."""
-    url = create_pg_database()
-    try:
-        migrations.upgrade(url)
+    with migrated_pg_database() as url:
         yield url
-    finally:
-        drop_pg_database(url)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A migrated PostgreSQL database of the test's own (its statistics and processes are its alone)."""
+    with migrated_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

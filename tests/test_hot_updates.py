@@ -5,27 +5,14 @@ engine's own append statement."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pytest
 
 from engine.core.canonical import now
-from engine.store import SqlStore, migrations, postgres
-from tests.support.postgres import create_pg_database, drop_pg_database, libpq
+from engine.store import SqlStore, postgres
+from tests.support.postgres import libpq
 from tests.support.stores import T0, Log, started
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A database of its own, migrated (skipped without a server, or failed where it is required)."""
-    url = create_pg_database()
-    try:
-        migrations.upgrade(url)
-        yield url
-    finally:
-        drop_pg_database(url)
 
 
 def _updates_in_transaction(conn: psycopg.Connection[Any]) -> tuple[int, int]:

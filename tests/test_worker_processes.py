@@ -10,30 +10,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from engine import Engine, Registry, migrations
-from tests.support.postgres import create_pg_database, drop_pg_database
+from engine import Engine, Registry
 from tests.support.sample_workflows import COUNTER
 
 REPO = Path(__file__).resolve().parent.parent
 RAILYARD = str(Path(sys.executable).with_name("railyard"))
 TICK: dict[str, object] = {"tool_calls": [{"name": "tick", "arguments": {"n": 1}}]}
 FINISH: dict[str, object] = {"tool_calls": [{"name": "finish", "arguments": {}}]}
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    url = create_pg_database()
-    try:
-        migrations.upgrade(url)
-        yield url
-    finally:
-        drop_pg_database(url)
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 120.0, what: str = "") -> None:

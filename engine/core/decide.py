@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -39,6 +40,7 @@ from engine.core.definition import (
 )
 from engine.core.effects import CANCEL_REQUESTED, SETTLE
 from engine.core.errors import Code, Refused
+from engine.core.events import Event, seal
 from engine.core.payloads import EventData, PreparedCallData
 from engine.core.task import TaskState
 
@@ -51,6 +53,20 @@ class Decision:
     from_state: str
     to_state: str
     data: EventData
+
+    def sealed(self, task: TaskState, actor: str, at: datetime) -> Event:
+        """The event this decision on `task` becomes: the next seq, chained to the task's last hash."""
+        return seal(
+            task_id=task.task_id,
+            seq=task.seq + 1,
+            at=at,
+            actor=actor,
+            from_state=self.from_state,
+            trigger=self.trigger,
+            to_state=self.to_state,
+            data=self.data,
+            prev_hash=task.last_hash,
+        )
 
 
 def decide(

@@ -44,7 +44,7 @@ from engine.core.errors import (
     Refused,
     StoreError,
 )
-from engine.core.events import Event, seal
+from engine.core.events import Event
 from engine.core.fanout import child_records
 from engine.core.flow import check_priority, with_declared
 from engine.core.fold import apply, fold, pinned_at_start, predates_effects
@@ -329,7 +329,7 @@ class Engine:
         """
         started = time.perf_counter()
         definition = self.definition_of(task)
-        event = self._sealed(task, decision, actor)
+        event = decision.sealed(task, actor, now())
         after = apply(definition, task, event)
         snapshot = None
         if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
@@ -355,21 +355,6 @@ class Engine:
         if after.terminal and task.parent is not None:
             self._wake_parent(task.parent)
         return after
-
-    @staticmethod
-    def _sealed(task: TaskState, decision: Decision, actor: str) -> Event:
-        """The event a decision on `task` becomes: the next seq, chained to the task's last hash, now."""
-        return seal(
-            task_id=task.task_id,
-            seq=task.seq + 1,
-            at=now(),
-            actor=actor,
-            from_state=decision.from_state,
-            trigger=decision.trigger,
-            to_state=decision.to_state,
-            data=decision.data,
-            prev_hash=task.last_hash,
-        )
 
     def _wake_parent(self, parent: Mapping[str, Any]) -> None:
         """A child ended: its parent, waiting in the child state that started it, is due now (`Store.wake`). A wake
@@ -740,7 +725,7 @@ class Engine:
                 continue
             if (busy := remarks.busy_refusal(task_id, row.lease_owner, row.lease_expires_at, now())) is not None:
                 raise busy
-            event = self._sealed(task, decision, caller.actor)
+            event = decision.sealed(task, caller.actor, now())
             after = apply(definition, task, event)
             snapshot = None
             if after.seq // self.snapshot_every > task.seq // self.snapshot_every:
@@ -889,7 +874,7 @@ class Engine:
         task = self._as_seen(task_id, None, caller)
         target = self.registry.get(task.workflow, to_version)
         decision = commands.migrate(self.definition_of(task), target, task, state_map, caller=caller, reason=reason)
-        event = self._sealed(task, decision, actor)
+        event = decision.sealed(task, actor, now())
         after = apply(target, task, event)
         self.store.repin(
             task_id,

@@ -25,7 +25,7 @@ from engine.core.decide import Decision, decide
 from engine.core.definition import Agent, Workflow
 from engine.core.errors import Category, RailyardError
 from engine.core.evals import Expectation, expectation, task_of
-from engine.core.events import Event, seal
+from engine.core.events import Event
 from engine.core.fold import apply
 from engine.core.model_interface import ModelAdapter
 from engine.core.payloads import EventData
@@ -53,17 +53,7 @@ class Sandbox:
         return self.definition
 
     def commit(self, task: TaskState, decision: Decision, *, actor: str) -> TaskState:
-        event = seal(
-            task_id=task.task_id,
-            seq=task.seq + 1,
-            at=now(),
-            actor=actor,
-            from_state=decision.from_state,
-            trigger=decision.trigger,
-            to_state=decision.to_state,
-            data=decision.data,
-            prev_hash=task.last_hash,
-        )
+        event = decision.sealed(task, actor, now())
         self.events.append(event)
         return apply(self.definition, task, event)
 

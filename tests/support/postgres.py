@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from engine.store import migrations
 from engine.store.schema import metadata
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -40,6 +43,18 @@ def pg_reachable() -> str | None:
             return None
     except psycopg.Error as exc:
         return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+@contextmanager
+def migrated_pg_database() -> Iterator[str]:
+    """A fresh database on the test server at the schema's head, dropped after (skipped without a server, or
+    failed where it is required)."""
+    url = create_pg_database()
+    try:
+        migrations.upgrade(url)
+        yield url
+    finally:
+        drop_pg_database(url)
 
 
 def create_pg_database() -> str:
